@@ -1,0 +1,48 @@
+"""outbox: a local, fsync'd, crash-safe log of records, one writer per shard.
+
+It imports nothing from ``shardworker`` and never touches a database.
+
+* ``ShardWriter.open(dir, shard)``: the only writer of a shard; ``append`` then ``commit``
+  (one write, one fdatasync: a group commit). Records are acknowledged when ``commit``
+  returns.
+* ``OutboxReader.open(dir)``: the one flusher of a directory; ``poll``, then
+  ``mark_flushed`` once the records are committed elsewhere, then ``checkpoint``.
+* ``status(dir)`` and ``verify(dir)``: read-only inspection, no lock needed.
+* ``has_room(dir, min_free_bytes)``: the free-space watermark callers check before
+  taking on work that will need the outbox.
+
+Layout of a directory (0700; files 0600)::
+
+    shard-0003.lock                 writer lock of shard 3 (flock)
+    shard-0003-0000000007.seg       segment 7 of shard 3
+    flusher.lock                    the flusher lock (flock)
+    checkpoint.json                 the flusher's positions (a hint)
+    torn/                           torn tails cut off by recovery, kept for inspection
+    quarantine/                     corrupt segments, moved aside and reported
+"""
+
+from outbox.errors import (
+    OutboxCorrupt,
+    OutboxError,
+    OutboxFull,
+    OutboxLocked,
+    OutboxSyncError,
+    OutboxUnserializable,
+)
+from outbox.fsutil import free_bytes
+from outbox.inspect import OutboxStatus, ShardStatus, VerifyReport, status, verify
+from outbox.reader import OutboxReader, Record
+from outbox.recovery import RecoveryEvent
+from outbox.writer import ShardWriter, WriterConfig
+
+
+def has_room(directory: str, min_free_bytes: int) -> bool:
+    """Whether ``directory``'s file system has at least ``min_free_bytes`` free."""
+    return free_bytes(directory) >= min_free_bytes
+
+
+__all__ = [
+    "OutboxCorrupt", "OutboxError", "OutboxFull", "OutboxLocked", "OutboxReader", "OutboxStatus",
+    "OutboxSyncError", "OutboxUnserializable", "Record", "RecoveryEvent", "ShardStatus", "ShardWriter",
+    "VerifyReport", "WriterConfig", "has_room", "status", "verify",
+]

@@ -1,0 +1,45 @@
+"""The flusher's durable checkpoint: per shard, the first record not yet flushed.
+
+The checkpoint is only a hint: the database decides what was applied. Losing it (or an
+older copy surviving a crash) replays records, and replays must be harmless.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import orjson
+
+from outbox import fsutil
+
+CHECKPOINT_NAME = "checkpoint.json"
+
+
+@dataclass(frozen=True, order=True)
+class Position:
+    """A place in a shard's log: segment number, byte offset, next sequence number."""
+
+    segno: int
+    offset: int
+    seq: int
+
+
+def load(directory: str) -> dict[int, Position]:
+    """The saved positions, or an empty map when there is no checkpoint yet."""
+    path = os.path.join(directory, CHECKPOINT_NAME)
+    try:
+        with open(path, "rb") as f:
+            doc = orjson.loads(f.read())
+    except FileNotFoundError:
+        return {}
+    except orjson.JSONDecodeError:
+        # A damaged hint costs a replay from the oldest segment, never data.
+        return {}
+    return {int(k): Position(*v) for k, v in doc.get("shards", {}).items()}
+
+
+def save(directory: str, positions: dict[int, Position]) -> None:
+    """Durably replace the checkpoint (tmp, fsync, rename, fsync dir)."""
+    doc = {"version": 1, "shards": {str(k): [p.segno, p.offset, p.seq] for k, p in positions.items()}}
+    fsutil.atomic_write(directory, CHECKPOINT_NAME, orjson.dumps(doc))

@@ -1,0 +1,124 @@
+"""Read-only inspection of an outbox directory: ``status`` and ``verify``.
+
+Both work without any lock and without a database, so an operator can run them while a
+worker is up, or on a directory copied from a dead host.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+from outbox import checkpoint, fsutil
+from outbox.checkpoint import Position
+from outbox.frame import Kind
+from outbox.reader import FLUSHER_LOCK
+from outbox.recovery import QUARANTINE_DIR, TORN_DIR
+from outbox.segment import State, list_segments, lock_name, parse, parse_segment_name, read_file, segment_name
+
+
+@dataclass(frozen=True)
+class ShardStatus:
+    """Pending (unflushed) records of one shard."""
+
+    shard: int
+    pending: int
+    pending_bytes: int
+    oldest_age_s: float | None
+    segments: int
+    writer_alive: bool
+
+
+@dataclass(frozen=True)
+class OutboxStatus:
+    """The whole directory at a glance."""
+
+    directory: str
+    shards: list[ShardStatus]
+    quarantined: list[str]
+    torn_tails: list[str]
+    flusher_alive: bool
+
+    @property
+    def pending(self) -> int:
+        return sum(s.pending for s in self.shards)
+
+
+def status(directory: str, *, now: float | None = None) -> OutboxStatus:
+    """Count records after the checkpoint, per shard (the checkpoint may lag a live flusher)."""
+    now = time.time() if now is None else now
+    saved = checkpoint.load(directory)
+    shards = [_shard_status(directory, shard, segs, saved.get(shard, Position(0, 0, 0)), now)
+              for shard, segs in sorted(list_segments(directory).items())]
+    return OutboxStatus(directory, shards, _listing(directory, QUARANTINE_DIR), _listing(directory, TORN_DIR),
+                        fsutil.is_locked(os.path.join(directory, FLUSHER_LOCK)))
+
+
+def _shard_status(directory: str, shard: int, segs: list[int], pos: Position, now: float) -> ShardStatus:
+    pending = nbytes = 0
+    oldest: int | None = None
+    for segno in segs:
+        if segno < pos.segno:
+            continue
+        try:
+            buf = read_file(os.path.join(directory, segment_name(shard, segno)))
+        except FileNotFoundError:
+            continue  # deleted by a live flusher meanwhile
+        start, seq = (pos.offset, pos.seq) if segno == pos.segno else (0, 0)
+        for frame in parse(buf, shard, segno, start, seq).frames:
+            if frame.kind is Kind.DATA:
+                pending += 1
+                nbytes += frame.end - frame.offset
+                oldest = frame.ts_ms if oldest is None else min(oldest, frame.ts_ms)
+    age = None if oldest is None else max(0.0, now - oldest / 1000)
+    alive = fsutil.is_locked(os.path.join(directory, lock_name(shard)))
+    return ShardStatus(shard, pending, nbytes, age, len(segs), alive)
+
+
+def _listing(directory: str, sub: str) -> list[str]:
+    path = os.path.join(directory, sub)
+    return sorted(os.listdir(path)) if os.path.isdir(path) else []
+
+
+@dataclass(frozen=True)
+class SegmentReport:
+    """What ``verify`` found in one segment file."""
+
+    path: str  # relative to the outbox directory
+    state: str  # clean, torn, corrupt
+    sealed: bool
+    records: int
+    bad_offset: int | None
+    reason: str
+
+
+@dataclass
+class VerifyReport:
+    segments: list[SegmentReport] = field(default_factory=list)
+
+    @property
+    def corrupt(self) -> list[SegmentReport]:
+        bad = State.CORRUPT.value
+        return [s for s in self.segments if s.state == bad or s.path.startswith(QUARANTINE_DIR)]
+
+    @property
+    def torn(self) -> list[SegmentReport]:
+        return [s for s in self.segments if s.state == State.TORN.value]
+
+
+def verify(directory: str) -> VerifyReport:
+    """Checksum every frame of every segment, quarantined ones included."""
+    report = VerifyReport()
+    for sub in ("", QUARANTINE_DIR):
+        folder = os.path.join(directory, sub)
+        if not os.path.isdir(folder):
+            continue
+        for name in sorted(os.listdir(folder)):
+            parsed = parse_segment_name(name)
+            if parsed is None:
+                continue
+            scan = parse(read_file(os.path.join(folder, name)), *parsed)
+            report.segments.append(SegmentReport(os.path.join(sub, name) if sub else name, scan.state.value,
+                                                 scan.sealed, len(scan.data), scan.bad_offset, scan.reason))
+    return report

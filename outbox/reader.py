@@ -1,0 +1,261 @@
+"""The reader: the flusher's side of the outbox.
+
+Usage::
+
+    with OutboxReader.open(directory) as reader:   # takes the directory's flusher lock
+        records = reader.poll(500)                 # unflushed records, in order per shard
+        apply_to_database(records)                 # caller commits them
+        reader.mark_flushed(records)               # only after the commit
+        reader.checkpoint()                        # durable; deletes fully flushed segments
+
+The reader follows segments still being written, covers shards that no longer have a
+writer (recovering and sealing their last segment), and quarantines corrupt segments,
+reporting each in ``problems``. ``mark_flushed`` must receive records in the order
+``poll`` returned them, per shard.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import deque
+from dataclasses import dataclass, field
+
+import orjson
+
+from outbox import checkpoint, fsutil
+from outbox.checkpoint import Position
+from outbox.errors import OutboxLocked
+from outbox.frame import HEADER, HEADER_SIZE, MAX_PAYLOAD_BYTES, Kind, decode_at
+from outbox.recovery import RecoveryEvent, quarantine, recover_shard
+from outbox.segment import State, list_segments, lock_name, parse, read_file, segment_name
+
+log = logging.getLogger(__name__)
+
+FLUSHER_LOCK = "flusher.lock"
+_READ_CHUNK = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One outcome read from the outbox."""
+
+    shard: int
+    segno: int
+    seq: int
+    ts_ms: int
+    payload: bytes
+    end: int
+
+    def value(self) -> object:
+        return orjson.loads(self.payload)
+
+
+@dataclass
+class _Shard:
+    cursor: Position  # next byte to read
+    flushed: Position  # first record not yet flushed
+    fd: int | None = None
+    fd_segno: int = -1
+    # Yielded but unflushed records, and segment boundaries crossed after them.
+    inflight: deque[Position] = field(default_factory=deque)
+
+
+class OutboxReader:
+    """Reads unflushed records of every shard in one outbox directory."""
+
+    def __init__(self, directory: str, lock_fd: int) -> None:
+        self.directory = directory
+        self._lock_fd: int | None = lock_fd
+        self._shards: dict[int, _Shard] = {}
+        self._next_start = 0
+        self.problems: list[RecoveryEvent] = []
+        for shard, pos in checkpoint.load(directory).items():
+            self._shards[shard] = _Shard(pos, pos)
+
+    @classmethod
+    def open(cls, directory: str) -> OutboxReader:
+        """Take the directory's flusher lock; ``OutboxLocked`` if another flusher has it."""
+        fsutil.ensure_dir(directory)
+        lock_fd = fsutil.try_lock(os.path.join(directory, FLUSHER_LOCK))
+        if lock_fd is None:
+            raise OutboxLocked(f"another flusher or worker holds the outbox {directory}")
+        return cls(directory, lock_fd)
+
+    def poll(self, max_records: int) -> list[Record]:
+        """Up to ``max_records`` records not yet returned, in order within each shard."""
+        segments = list_segments(self.directory)
+        for shard in segments:
+            self._shards.setdefault(shard, _Shard(Position(0, 0, 0), Position(0, 0, 0)))
+        order = sorted(self._shards)
+        if not order:
+            return []
+        start = self._next_start % len(order)
+        self._next_start += 1
+        out: list[Record] = []
+        for shard in order[start:] + order[:start]:
+            if len(out) >= max_records:
+                break
+            out.extend(self._read_shard(shard, segments.get(shard, []), max_records - len(out)))
+        return out
+
+    def _read_shard(self, shard: int, segs: list[int], budget: int) -> list[Record]:
+        state = self._shards[shard]
+        out: list[Record] = []
+        while len(out) < budget:
+            current = [s for s in segs if s >= state.cursor.segno]
+            if not current:
+                return out
+            if current[0] != state.cursor.segno:  # segment gone (quarantined) or first read
+                self._cross(state, current[0])
+            records, stop = self._read_segment(shard, state, budget - len(out))
+            out.extend(records)
+            if stop == "more":
+                continue
+            if stop == "sealed" or (stop == "end" and len(current) > 1):
+                nxt = current[1] if len(current) > 1 else state.cursor.segno + 1
+                self._cross(state, nxt)
+                if len(current) == 1:
+                    return out
+                continue
+            if stop == "damage" and self._handle_damage(shard, state, segs):
+                segs = list_segments(self.directory).get(shard, [])
+                continue
+            return out
+        return out
+
+    def _cross(self, state: _Shard, segno: int) -> None:
+        """Move the read cursor to the start of segment ``segno``."""
+        self._close_fd(state)
+        state.cursor = Position(segno, 0, 0)
+        if state.inflight:
+            state.inflight.append(state.cursor)
+        else:
+            state.flushed = state.cursor
+
+    def _read_segment(self, shard: int, state: _Shard, budget: int) -> tuple[list[Record], str]:
+        """Read frames at the cursor; stop reason: more, sealed, end or damage."""
+        fd = self._fd_for(shard, state)
+        if fd is None:
+            return [], "end"
+        base = state.cursor.offset
+        buf = os.pread(fd, _READ_CHUNK, base)
+        full = len(buf) == _READ_CHUNK
+        if full:
+            buf = self._extend_for_first_frame(fd, buf, base)
+        pos, out = 0, list[Record]()
+        while pos < len(buf) and len(out) < budget:
+            frame = decode_at(buf, pos, shard, state.cursor.segno)
+            if frame is None and full and pos > 0:
+                return out, "more"  # a frame straddles the chunk boundary: read again from it
+            if frame is None or frame.seq != state.cursor.seq:
+                return out, "damage"  # torn, in progress, corrupt or a gap: the caller decides
+            pos = frame.end
+            state.cursor = Position(state.cursor.segno, base + pos, frame.seq + 1)
+            if frame.kind is Kind.SEAL:
+                return out, "sealed"
+            if frame.kind is Kind.DATA:
+                segno = state.cursor.segno
+                out.append(Record(shard, segno, frame.seq, frame.ts_ms, frame.payload, base + pos))
+                state.inflight.append(state.cursor)
+        return out, "more" if pos < len(buf) or full else "end"
+
+    @staticmethod
+    def _extend_for_first_frame(fd: int, buf: bytes, base: int) -> bytes:
+        """Re-read when the first frame alone is bigger than one chunk."""
+        length = HEADER.unpack_from(buf, 0)[0]
+        if HEADER_SIZE + length > len(buf) and length <= MAX_PAYLOAD_BYTES:
+            return os.pread(fd, HEADER_SIZE + length, base)
+        return buf
+
+    def _fd_for(self, shard: int, state: _Shard) -> int | None:
+        if state.fd is None or state.fd_segno != state.cursor.segno:
+            self._close_fd(state)
+            path = os.path.join(self.directory, segment_name(shard, state.cursor.segno))
+            try:
+                state.fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                return None
+            state.fd_segno = state.cursor.segno
+        return state.fd
+
+    def _handle_damage(self, shard: int, state: _Shard, segs: list[int]) -> bool:
+        """Invalid bytes at the cursor. True if the shard's segments changed and can be re-read."""
+        segno = state.cursor.segno
+        if segno != segs[-1]:
+            return self._handle_finished_damage(shard, state, segs)
+        lock_fd = fsutil.try_lock(os.path.join(self.directory, lock_name(shard)))
+        if lock_fd is None:
+            return False  # the live writer is mid-write, or damage waits for it to finish
+        try:
+            events = recover_shard(self.directory, shard)
+        finally:
+            os.close(lock_fd)
+        self.problems.extend(e for e in events if e.action in ("quarantined", "truncated"))
+        self._close_fd(state)
+        return bool(events)
+
+    def _handle_finished_damage(self, shard: int, state: _Shard, segs: list[int]) -> bool:
+        """Damage in a segment its writer left: quarantine if corrupt, else treat as ended."""
+        segno = state.cursor.segno
+        scan = parse(read_file(os.path.join(self.directory, segment_name(shard, segno))), shard, segno)
+        self._close_fd(state)
+        if scan.state is State.CORRUPT:
+            quarantine(self.directory, shard, segno)
+            event = RecoveryEvent(shard, segno, "quarantined", scan.bad_offset or 0, scan.reason)
+            log.error("outbox shard %s segment %s quarantined at offset %s: %s",
+                      shard, segno, event.offset, event.detail)
+            self.problems.append(event)
+        # Otherwise the writer abandoned it after a failed fsync: its valid prefix is all.
+        self._cross(state, segs[segs.index(segno) + 1])
+        return True
+
+    def mark_flushed(self, records: list[Record]) -> None:
+        """Record that ``records`` are committed in the database (in poll order per shard)."""
+        for rec in records:
+            state = self._shards[rec.shard]
+            expected = state.inflight.popleft()
+            if (expected.segno, expected.offset) != (rec.segno, rec.end):
+                raise ValueError("mark_flushed records must come in poll order per shard")
+            state.flushed = expected
+            while state.inflight and state.inflight[0].offset == 0:
+                state.flushed = state.inflight.popleft()
+
+    @property
+    def unflushed_inflight(self) -> int:
+        return sum(1 for s in self._shards.values() for p in s.inflight if p.offset)
+
+    def checkpoint(self) -> int:
+        """Save flushed positions durably, then delete finished segments; returns deletions."""
+        checkpoint.save(self.directory, {k: s.flushed for k, s in self._shards.items()})
+        deleted = 0
+        for shard, segs in list_segments(self.directory).items():
+            state = self._shards.get(shard)
+            if state is None:
+                continue
+            # Keep each shard's newest segment, so segment numbers never go backwards.
+            for segno in segs[:-1]:
+                if segno < state.flushed.segno:
+                    os.unlink(os.path.join(self.directory, segment_name(shard, segno)))
+                    deleted += 1
+        if deleted:
+            fsutil.fsync_dir(self.directory)
+        return deleted
+
+    def _close_fd(self, state: _Shard) -> None:
+        if state.fd is not None:
+            os.close(state.fd)
+            state.fd, state.fd_segno = None, -1
+
+    def close(self) -> None:
+        for state in self._shards.values():
+            self._close_fd(state)
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def __enter__(self) -> OutboxReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

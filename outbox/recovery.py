@@ -1,0 +1,104 @@
+"""Crash recovery of a shard's unsealed segments, run while holding the shard's lock.
+
+A writer that died leaves its last segment unsealed, possibly with a torn tail (bytes of
+a frame that never finished). Recovery copies such a tail aside into ``torn/``, truncates
+it, and seals the segment so readers know it is complete. A segment whose damage is
+followed by valid frames is corrupt: it is moved into ``quarantine/`` and reported.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+from outbox import fsutil
+from outbox.frame import Kind, encode
+from outbox.segment import Scan, State, list_segments, parse, read_file, segment_name
+
+log = logging.getLogger(__name__)
+
+TORN_DIR = "torn"
+QUARANTINE_DIR = "quarantine"
+
+
+@dataclass(frozen=True)
+class RecoveryEvent:
+    """One thing recovery did to a segment."""
+
+    shard: int
+    segno: int
+    action: str  # "truncated", "quarantined", "removed-empty", "sealed"
+    offset: int
+    detail: str
+
+
+def recover_shard(directory: str, shard: int) -> list[RecoveryEvent]:
+    """Seal every unsealed segment of ``shard``; the caller must hold the shard's lock."""
+    events: list[RecoveryEvent] = []
+    for segno in list_segments(directory).get(shard, []):
+        path = os.path.join(directory, segment_name(shard, segno))
+        scan = parse(read_file(path), shard, segno)
+        if scan.sealed and scan.state is State.CLEAN:
+            continue
+        events.extend(_recover_segment(directory, path, scan))
+    for event in events:
+        level = logging.ERROR if event.action == "quarantined" else logging.WARNING
+        log.log(level, "outbox shard %s segment %s %s at offset %s: %s",
+                event.shard, event.segno, event.action, event.offset, event.detail)
+    return events
+
+
+def _recover_segment(directory: str, path: str, scan: Scan) -> list[RecoveryEvent]:
+    if scan.state is State.CORRUPT:
+        quarantine(directory, scan.shard, scan.segno)
+        return [RecoveryEvent(scan.shard, scan.segno, "quarantined", scan.bad_offset or 0, scan.reason)]
+    events = []
+    if scan.state is State.TORN:
+        _copy_tail_aside(directory, path, scan)
+        events.append(RecoveryEvent(scan.shard, scan.segno, "truncated", scan.valid_end,
+                                    f"{scan.size - scan.valid_end} torn bytes copied to {TORN_DIR}/"))
+    if not scan.frames:  # not even a header: the writer died while creating it
+        os.unlink(path)
+        fsutil.fsync_dir(directory)
+        return [*events, RecoveryEvent(scan.shard, scan.segno, "removed-empty", 0, "no valid frame")]
+    _truncate_and_seal(path, scan)
+    return [*events, RecoveryEvent(scan.shard, scan.segno, "sealed", scan.valid_end, "")]
+
+
+def _copy_tail_aside(directory: str, path: str, scan: Scan) -> None:
+    torn = os.path.join(directory, TORN_DIR)
+    fsutil.ensure_dir(torn)
+    with open(path, "rb") as src:
+        src.seek(scan.valid_end)
+        tail = src.read()
+    name = f"{os.path.basename(path)}.{scan.valid_end}.{time.time_ns()}.tail"
+    fsutil.atomic_write(torn, name, tail)
+
+
+def _truncate_and_seal(path: str, scan: Scan) -> None:
+    last = scan.frames[-1]
+    seal = encode(scan.shard, scan.segno, Kind.SEAL, last.seq + 1, time.time_ns() // 1_000_000, b"")
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.ftruncate(fd, scan.valid_end)
+        os.lseek(fd, scan.valid_end, os.SEEK_SET)
+        if os.write(fd, seal) != len(seal):
+            os.ftruncate(fd, scan.valid_end)
+            raise OSError("short write while sealing a recovered segment")
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+
+
+def quarantine(directory: str, shard: int, segno: int) -> str:
+    """Move a segment into ``quarantine/`` durably; returns its new path."""
+    qdir = os.path.join(directory, QUARANTINE_DIR)
+    fsutil.ensure_dir(qdir)
+    name = segment_name(shard, segno)
+    target = os.path.join(qdir, name)
+    os.replace(os.path.join(directory, name), target)
+    fsutil.fsync_dir(qdir)
+    fsutil.fsync_dir(directory)
+    return target

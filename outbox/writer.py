@@ -1,0 +1,217 @@
+"""The shard writer: the only process appending to one shard's segments.
+
+Usage::
+
+    with ShardWriter.open(directory, shard=3) as w:
+        w.append({"job": 1, "result": 42})
+        w.append({"job": 2, "result": 43})
+        w.commit()              # one os.write + one fdatasync: both acknowledged
+
+``commit`` is the group commit: records appended since the last commit are written with
+one ``os.write`` and made durable with one ``fdatasync``. Only when it returns are they
+acknowledged. On a short write or ENOSPC the segment is truncated back to the last
+acknowledged byte and ``OutboxFull`` is raised; on an fsync error the segment is abandoned
+(never written again) and ``OutboxSyncError`` is raised. Either way the batch is dropped
+from the writer and nothing in it is acknowledged: the caller decides what happens to it.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+import orjson
+
+from outbox import fsutil
+from outbox.errors import OutboxFull, OutboxLocked, OutboxSyncError, OutboxUnserializable
+from outbox.frame import HEADER_SIZE, Kind, encode
+from outbox.recovery import recover_shard
+from outbox.segment import list_segments, lock_name, segment_name
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WriterConfig:
+    """Writer settings; sizes in bytes."""
+
+    segment_bytes: int = 64 * 1024 * 1024
+    # Room kept free for a seal frame and the flusher's checkpoint: 1 MiB covers both many times.
+    reserve_bytes: int = 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if self.segment_bytes < 4096:
+            raise ValueError("segment_bytes must be at least 4096")
+        if self.reserve_bytes < 0:
+            raise ValueError("reserve_bytes must be >= 0")
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class ShardWriter:
+    """Appends records to one shard; holds that shard's flock while open."""
+
+    def __init__(self, directory: str, shard: int, lock_fd: int, config: WriterConfig) -> None:
+        self.directory, self.shard, self.config = directory, shard, config
+        self._lock_fd: int | None = lock_fd
+        self._fd: int | None = None
+        self._segno = -1
+        self._size = 0  # bytes acknowledged (durable) in the current segment
+        self._seq = 0  # next sequence number in the current segment
+        self._pending: list[tuple[int, bytes]] = []  # (ts_ms, payload)
+
+    @classmethod
+    def open(cls, directory: str, shard: int, config: WriterConfig | None = None) -> ShardWriter:
+        """Take the shard's lock, recover its last segment, and start a fresh one.
+
+        Raises ``OutboxLocked`` if another live process writes this shard.
+        """
+        fsutil.ensure_dir(directory)
+        lock_fd = fsutil.try_lock(os.path.join(directory, lock_name(shard)))
+        if lock_fd is None:
+            raise OutboxLocked(f"outbox shard {shard} in {directory} is held by another writer")
+        writer = cls(directory, shard, lock_fd, config or WriterConfig())
+        try:
+            recover_shard(directory, shard)
+            segs = list_segments(directory).get(shard, [])
+            writer._start_segment((segs[-1] + 1) if segs else 1)
+        except BaseException:
+            writer.close()
+            raise
+        return writer
+
+    @property
+    def segno(self) -> int:
+        return self._segno
+
+    def append(self, value: object) -> None:
+        """Queue one record for the next commit.
+
+        Raises ``OutboxUnserializable`` (and queues nothing) if orjson cannot encode it.
+        """
+        try:
+            payload = orjson.dumps(value)
+        except TypeError as exc:
+            raise OutboxUnserializable(f"outcome is not JSON-serializable: {exc}") from exc
+        self.append_bytes(payload)
+
+    def append_bytes(self, payload: bytes) -> None:
+        """Queue one record of raw bytes for the next commit."""
+        self._pending.append((_now_ms(), payload))
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def commit(self) -> int:
+        """Write and fdatasync the queued records with one write; return how many.
+
+        When this returns, every queued record is durable (acknowledged). When it raises,
+        none of them is, and the queue is empty.
+        """
+        if not self._pending:
+            return 0
+        pending, self._pending = self._pending, []
+        if self._fd is None:
+            # The last segment was abandoned after a failed write or fsync: never reuse it.
+            self._start_segment(self._segno + 1)
+        size = sum(HEADER_SIZE + len(p) for _, p in pending)
+        if self._size + size > self.config.segment_bytes and self._seq > 1:
+            self.seal()
+            self._start_segment(self._segno + 1)
+        frames = [encode(self.shard, self._segno, Kind.DATA, self._seq + i, ts, p)
+                  for i, (ts, p) in enumerate(pending)]
+        self._write_durably(b"".join(frames))
+        self._seq += len(frames)
+        return len(frames)
+
+    def _write_durably(self, data: bytes) -> None:
+        assert self._fd is not None, "writer is closed or abandoned"
+        self._check_room(len(data))
+        try:
+            written = fsutil.write_all(self._fd, data)
+        except OSError as exc:
+            self._truncate_back()
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise OutboxFull(f"outbox disk full in {self.directory}: {exc.strerror}") from exc
+            raise
+        if written != len(data):
+            self._truncate_back()
+            raise OutboxFull(f"outbox disk full in {self.directory}: short write "
+                             f"({written} of {len(data)} bytes)")
+        try:
+            os.fdatasync(self._fd)
+        except OSError as exc:
+            self._abandon()
+            raise OutboxSyncError(f"fdatasync failed on outbox shard {self.shard} segment "
+                                  f"{self._segno}: {exc}; segment abandoned") from exc
+        self._size += len(data)
+
+    def _check_room(self, nbytes: int) -> None:
+        if fsutil.free_bytes(self.directory) < nbytes + self.config.reserve_bytes:
+            raise OutboxFull(f"outbox disk nearly full in {self.directory}: less than "
+                             f"{nbytes + self.config.reserve_bytes} bytes free")
+
+    def _truncate_back(self) -> None:
+        """Cut the segment back to its last acknowledged byte after a failed write."""
+        assert self._fd is not None
+        try:
+            os.ftruncate(self._fd, self._size)
+            os.lseek(self._fd, self._size, os.SEEK_SET)
+        except OSError:
+            self._abandon()
+            raise
+
+    def _abandon(self) -> None:
+        """Stop using the current segment; the next commit opens a new one."""
+        if self._fd is not None:
+            os.close(self._fd)
+        self._fd = None
+
+    def seal(self) -> None:
+        """Append a SEAL frame (durably) and close the segment: it is never written again."""
+        if self._fd is None:
+            return
+        frame = encode(self.shard, self._segno, Kind.SEAL, self._seq, _now_ms(), b"")
+        self._write_durably(frame)
+        self._seq += 1
+        os.close(self._fd)
+        self._fd = None
+
+    def _start_segment(self, segno: int) -> None:
+        name = segment_name(self.shard, segno)
+        fd = os.open(os.path.join(self.directory, name),
+                     os.O_WRONLY | os.O_CREAT | os.O_EXCL, fsutil.FILE_MODE)
+        self._fd, self._segno, self._size, self._seq = fd, segno, 0, 0
+        # The directory entry must be durable before any record in it is acknowledged.
+        fsutil.fsync_dir(self.directory)
+        self._write_durably(encode(self.shard, segno, Kind.HEADER, 0, _now_ms(), b""))
+        self._seq = 1
+
+    def close(self) -> None:
+        """Seal the current segment (best effort) and release the shard lock."""
+        self._pending = []
+        try:
+            if self._fd is not None:
+                self.seal()
+        except (OSError, OutboxFull, OutboxSyncError) as exc:
+            # Unsealed is safe: the next writer of this shard recovers and seals it.
+            log.warning("could not seal outbox shard %s segment %s: %s", self.shard, self._segno, exc)
+        finally:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
