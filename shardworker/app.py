@@ -1,0 +1,84 @@
+"""The handler API: ``App`` registers handlers by kind.
+
+::
+
+    app = App()
+
+    @app.handler("thumbnail", max_attempts=5, timeout_s=30)
+    def thumbnail(job: Job) -> dict:
+        return {"bytes": 123}
+
+A handler returns any JSON-serializable value (stored in ``jobs.result``) or raises to
+fail the attempt. ``retry_delay`` maps an attempt number to seconds before the retry.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from shardworker.errors import AppLoadError, ConfigError
+from shardworker.model import Job
+from shardworker.retry import job_retry_delay
+
+Handler = Callable[[Job], Any]
+
+
+@dataclass(frozen=True)
+class HandlerSpec:
+    """One registered handler and its per-kind policy."""
+
+    kind: str
+    fn: Handler
+    max_attempts: int | None = None  # None: the job row's max_attempts decides
+    timeout_s: float | None = None
+    retry_delay: Callable[[int], float] = job_retry_delay
+
+
+class App:
+    """A set of handlers, looked up by job kind."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[str, HandlerSpec] = {}
+
+    def handler(self, kind: str, *, max_attempts: int | None = None, timeout_s: float | None = None,
+                retry_delay: Callable[[int], float] | None = None) -> Callable[[Handler], Handler]:
+        """Register the decorated function as the handler of ``kind``."""
+        if max_attempts is not None and max_attempts < 1:
+            raise ConfigError(f"handler {kind!r}: max_attempts must be >= 1")
+        if timeout_s is not None and timeout_s <= 0:
+            raise ConfigError(f"handler {kind!r}: timeout_s must be > 0")
+
+        def register(fn: Handler) -> Handler:
+            if kind in self.handlers:
+                raise ConfigError(f"handler {kind!r} is registered twice")
+            self.handlers[kind] = HandlerSpec(kind, fn, max_attempts, timeout_s, retry_delay or job_retry_delay)
+            return fn
+
+        return register
+
+    @property
+    def kinds(self) -> list[str]:
+        return sorted(self.handlers)
+
+
+def load_app(ref: str) -> App:
+    """Import ``module[:attr]`` (attr defaults to ``app``) and return the App it names."""
+    module_name, _, attr = ref.partition(":")
+    if not module_name:
+        raise AppLoadError(f"--app {ref!r}: expected MODULE[:ATTR]")
+    if "" not in sys.path:
+        sys.path.insert(0, "")  # like `python -m`: modules in the current directory load
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise AppLoadError(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}") from exc
+    app = getattr(module, attr or "app", None)
+    if not isinstance(app, App):
+        raise AppLoadError(f"{module_name}:{attr or 'app'} is not a shardworker App")
+    if not app.handlers:
+        raise AppLoadError(f"{ref}: the App has no handlers")
+    return app

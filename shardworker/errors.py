@@ -1,0 +1,62 @@
+"""Errors of shardworker.
+
+Hierarchy::
+
+    ShardworkerError                  one-line message; the CLI prints it and exits 1
+    ├── ConfigError                   an option or setting is invalid
+    ├── AppLoadError                  --app cannot be imported or holds no App
+    ├── EnqueueError                  a job (or a line of a bulk file) is invalid
+    ├── OutboxBusy                    a worker or another drain holds the outbox directory
+    ├── DrainTimeout                  outcomes remained when --timeout ran out
+    └── StoreError                    PostgreSQL said no (translated from psycopg)
+        ├── DatabaseUnavailable       cannot connect or the connection broke: retryable
+        ├── SchemaMissing             the schema is missing or older than the code
+        └── OutcomeRejected           the database refuses an outcome for good (bad data)
+
+Each class's docstring is its default message.
+"""
+
+from __future__ import annotations
+
+
+class ShardworkerError(Exception):
+    """shardworker error."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+class ConfigError(ShardworkerError):
+    """Invalid configuration."""
+
+
+class AppLoadError(ShardworkerError):
+    """Cannot load the application."""
+
+
+class EnqueueError(ShardworkerError):
+    """Invalid job."""
+
+
+class OutboxBusy(ShardworkerError):
+    """A worker or another drain holds this outbox directory."""
+
+
+class DrainTimeout(ShardworkerError):
+    """Outcomes remain in the outbox after the timeout."""
+
+
+class StoreError(ShardworkerError):
+    """The database refused the operation."""
+
+
+class DatabaseUnavailable(StoreError):
+    """The database is unreachable."""
+
+
+class SchemaMissing(StoreError):
+    """The shardworker schema is missing or out of date: run `shardworker migrate`."""
+
+
+class OutcomeRejected(StoreError):
+    """The database rejected an outcome for good."""

@@ -1,0 +1,77 @@
+"""Domain values that cross process boundaries: plain, frozen, picklable.
+
+``Job`` is what a handler receives. ``Outcome`` is what a child writes to its outbox and
+the flusher applies; its wire form is a short orjson list, so a record is a few dozen
+bytes plus the result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A claimed job, as the handler sees it."""
+
+    id: int
+    kind: str
+    queue: str
+    payload: Any
+    attempt: int
+    max_attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    """A claimed job on its way to a child: the payload stays JSON text until the child."""
+
+    id: int
+    kind: str
+    queue: str
+    payload_json: str
+    attempt: int
+    max_attempts: int
+
+    def to_job(self) -> Job:
+        return Job(self.id, self.kind, self.queue, orjson.loads(self.payload_json), self.attempt,
+                   self.max_attempts)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The result of one attempt.
+
+    ``ok`` with ``result_json`` (the handler's return value, JSON text), or not ``ok`` with
+    ``error`` and ``retry_delay_s``: seconds until the retry, or -1 for "do not retry".
+    """
+
+    job_id: int
+    attempt: int
+    ok: bool
+    result_json: str | None = None
+    error: str | None = None
+    retry_delay_s: float = 0.0
+
+    def to_wire(self) -> list[Any]:
+        return [self.job_id, self.attempt, self.ok, self.result_json, self.error, self.retry_delay_s]
+
+    @classmethod
+    def from_wire(cls, value: Any) -> Outcome:
+        if not (isinstance(value, list) and len(value) == 6):
+            raise ValueError(f"not an outcome record: {value!r:.80}")
+        job_id, attempt, ok, result_json, error, delay = value
+        return cls(int(job_id), int(attempt), bool(ok), result_json, error, float(delay))
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyResult:
+    """What one batch of outcomes did: applied, replayed (already applied), stale."""
+
+    applied: int = 0
+    replayed: int = 0
+    stale: int = 0
+    stale_ids: tuple[int, ...] = ()

@@ -1,0 +1,349 @@
+"""The PostgreSQL store: the only module that imports psycopg.
+
+Everything else talks to ``PgStore`` in domain values (``ClaimedJob``, ``Outcome``,
+``ApplyResult``) and sees ``shardworker.errors`` exceptions: connection failures become
+``DatabaseUnavailable`` (retryable), a missing schema ``SchemaMissing``, data the
+database refuses ``OutcomeRejected`` or ``EnqueueError``.
+
+A store owns one connection, opened lazily and re-opened after a failure. Never share
+a store across processes: children get none, and the flusher opens its own after spawn.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import select
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import errors as pgerr
+
+from shardworker.errors import (
+    DatabaseUnavailable,
+    EnqueueError,
+    OutcomeRejected,
+    SchemaMissing,
+    StoreError,
+)
+from shardworker.model import ApplyResult, ClaimedJob, Outcome
+from shardworker.sql import query
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+_MIGRATION_NAME = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
+_MIGRATION_LOCK = 0x5348_4157  # advisory lock key: "SHAW"
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Connection settings; every wait is bounded so an outage never hangs a loop."""
+
+    dsn: str
+    connect_timeout_s: int = 5
+    statement_timeout_s: float = 30.0
+    application_name: str = "shardworker"
+
+    def __post_init__(self) -> None:
+        if self.connect_timeout_s < 1:
+            raise ValueError("connect_timeout_s must be >= 1")
+        if self.statement_timeout_s <= 0:
+            raise ValueError("statement_timeout_s must be > 0")
+
+
+def redact_dsn(dsn: str) -> str:
+    """The DSN with any password replaced by ``***``, for messages and logs."""
+    dsn = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", dsn)
+    return re.sub(r"(password\s*=\s*)('[^']*'|\S+)", r"\1***", dsn, flags=re.IGNORECASE)
+
+
+@contextlib.contextmanager
+def translate_errors() -> Iterator[None]:
+    """Turn psycopg errors into shardworker errors at the store boundary."""
+    try:
+        yield
+    except (pgerr.UndefinedTable, pgerr.InvalidSchemaName, pgerr.UndefinedColumn) as exc:
+        raise SchemaMissing() from exc
+    except (pgerr.SerializationFailure, pgerr.DeadlockDetected) as exc:
+        err = StoreError(f"transient conflict: {exc.diag.message_primary or exc}")
+        err.transient = True  # type: ignore[attr-defined]
+        raise err from exc
+    except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+        raise DatabaseUnavailable(f"database unavailable: {_first_line(exc)}") from exc
+    except psycopg.Error as exc:
+        raise StoreError(f"database error: {_first_line(exc)}") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return redact_dsn(text[0]) if text else type(exc).__name__
+
+
+class PgStore:
+    """Job storage on one PostgreSQL connection."""
+
+    def __init__(self, config: StoreConfig) -> None:
+        self.config = config
+        self._conn: psycopg.Connection[Any] | None = None
+        self._listening = False
+
+    # connection management -------------------------------------------------
+
+    def connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self.close()
+            with translate_errors():
+                self._conn = psycopg.connect(
+                    self.config.dsn, autocommit=True, connect_timeout=self.config.connect_timeout_s,
+                    application_name=self.config.application_name,
+                    options=f"-c statement_timeout={int(self.config.statement_timeout_s * 1000)}",
+                    # Keepalives notice a black-holed peer within ~20 s even when idle.
+                    keepalives=1, keepalives_idle=10, keepalives_interval=5, keepalives_count=2,
+                )
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+        self._conn, self._listening = None, False
+
+    @contextlib.contextmanager
+    def _cursor(self) -> Iterator[psycopg.Cursor[Any]]:
+        try:
+            with translate_errors():
+                conn = self.connection()
+                with conn.cursor() as cur:
+                    yield cur
+        except DatabaseUnavailable:
+            self.close()
+            raise
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[psycopg.Cursor[Any]]:
+        try:
+            with translate_errors():
+                conn = self.connection()
+                with conn.transaction(), conn.cursor() as cur:
+                    yield cur
+        except DatabaseUnavailable:
+            self.close()
+            raise
+
+    # schema ------------------------------------------------------------------
+
+    def migrate(self) -> list[str]:
+        """Apply pending ``migrations/*.sql`` in order, each in its own transaction."""
+        applied: list[str] = []
+        with self._cursor() as cur:
+            cur.execute("SELECT pg_advisory_lock(%s)", (_MIGRATION_LOCK,))
+            try:
+                done = self._applied_versions(cur)
+                for version, path in available_migrations():
+                    if version not in done:
+                        self._apply_migration(cur, version, path)
+                        applied.append(path.name)
+            finally:
+                cur.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATION_LOCK,))
+        return applied
+
+    @staticmethod
+    def _applied_versions(cur: psycopg.Cursor[Any]) -> set[int]:
+        cur.execute("SELECT to_regclass('shardworker.migrations') IS NOT NULL")
+        row = cur.fetchone()
+        if not row or not row[0]:
+            return set()
+        cur.execute("SELECT version FROM shardworker.migrations")
+        return {r[0] for r in cur.fetchall()}
+
+    def _apply_migration(self, cur: psycopg.Cursor[Any], version: int, path: Path) -> None:
+        with cur.connection.transaction():
+            cur.execute(path.read_text(encoding="utf-8").encode())
+            cur.execute("INSERT INTO shardworker.migrations (version, name) VALUES (%s, %s)",
+                        (version, path.name))
+
+    def check_schema(self) -> None:
+        """Raise ``SchemaMissing`` unless every migration this code knows is applied."""
+        latest = max(v for v, _ in available_migrations())
+        with self._cursor() as cur:
+            cur.execute("SELECT to_regclass('shardworker.migrations') IS NOT NULL")
+            row = cur.fetchone()
+            if not row or not row[0]:
+                raise SchemaMissing()
+            cur.execute(query("schema_version"))
+            row = cur.fetchone()
+        if row is None or row[0] is None or row[0] < latest:
+            raise SchemaMissing(f"the shardworker schema is at version {row[0] if row else None}, "
+                                f"the code needs {latest}: run `shardworker migrate`")
+
+    # enqueue -----------------------------------------------------------------
+
+    def enqueue(self, kind: str, payload_json: str, *, queue: str, priority: int, max_attempts: int,
+                run_at: datetime | None, delay_s: float, dedupe_key: str | None) -> int | None:
+        """Insert one job and notify; its id, or None when the dedupe key is live."""
+        params = {"kind": kind, "queue": queue, "payload": payload_json, "priority": priority,
+                  "max_attempts": max_attempts, "run_at": run_at, "delay_s": delay_s,
+                  "dedupe_key": dedupe_key}
+        with self._cursor() as cur:
+            try:
+                cur.execute(query("job_insert"), params)
+            except (psycopg.DataError, psycopg.IntegrityError) as exc:
+                raise EnqueueError(f"job rejected: {_first_line(exc)}") from exc
+            row = cur.fetchone()
+        return None if row is None else int(row[0])
+
+    def enqueue_many(self, rows: Iterable[Sequence[Any]]) -> int:
+        """COPY rows (kind, queue, payload_json, priority, max_attempts, run_at, dedupe_key)
+        in one transaction; returns how many were inserted (dedupe skips the rest)."""
+        with self._transaction() as cur:
+            cur.execute(query("job_stage_create"))
+            try:
+                with cur.copy(query("job_stage_copy")) as copy:
+                    for row in rows:
+                        copy.write_row(row)
+            except (psycopg.DataError, psycopg.IntegrityError) as exc:
+                raise EnqueueError(f"bulk enqueue rejected: {_first_line(exc)}") from exc
+            cur.execute(query("job_stage_insert"))
+            row = cur.fetchone()
+            cur.execute(query("notify_jobs"))
+        return int(row[0]) if row else 0
+
+    # claiming ----------------------------------------------------------------
+
+    def claim(self, kinds: Sequence[str], queues: Sequence[str] | None, worker_id: str,
+              limit: int) -> list[ClaimedJob]:
+        """Claim up to ``limit`` due jobs: status running, attempt + 1, locked_by worker_id."""
+        params = {"kinds": list(kinds), "queues": list(queues) if queues else None,
+                  "worker_id": worker_id, "limit": limit}
+        with self._cursor() as cur:
+            cur.execute(query("job_claim"), params)
+            return [ClaimedJob(*row) for row in cur.fetchall()]
+
+    def release(self, jobs: Sequence[tuple[int, int]], worker_id: str) -> int:
+        """Give back (id, attempt) claims whose handler never started."""
+        if not jobs:
+            return 0
+        with self._cursor() as cur:
+            cur.execute(query("job_release"), {"ids": [j for j, _ in jobs],
+                                               "attempts": [a for _, a in jobs], "worker_id": worker_id})
+            return cur.rowcount
+
+    def requeue_orphans(self, worker_id: str, error: str) -> list[int]:
+        """Requeue (or fail, when out of attempts) this worker's running jobs."""
+        with self._cursor() as cur:
+            cur.execute(query("job_requeue_orphans"), {"worker_id": worker_id, "error": error})
+            return [r[0] for r in cur.fetchall()]
+
+    def count_active(self, kinds: Sequence[str], queues: Sequence[str] | None, worker_id: str) -> int:
+        """Jobs due now for these kinds, plus jobs running for this worker."""
+        with self._cursor() as cur:
+            cur.execute(query("job_count_active"), {"kinds": list(kinds),
+                                                    "queues": list(queues) if queues else None,
+                                                    "worker_id": worker_id})
+            row = cur.fetchone()
+        return int(row[0]) if row else 0
+
+    # applying outcomes -------------------------------------------------------
+
+    def apply_outcomes(self, outcomes: Sequence[Outcome]) -> ApplyResult:
+        """Apply a batch in one fenced statement. Zero-row outcomes are replays or stale."""
+        if not outcomes:
+            return ApplyResult()
+        params = {"ids": [o.job_id for o in outcomes], "attempts": [o.attempt for o in outcomes],
+                  "oks": [o.ok for o in outcomes], "results": [o.result_json for o in outcomes],
+                  "errors": [o.error for o in outcomes], "delays": [o.retry_delay_s for o in outcomes]}
+        with self._cursor() as cur:
+            try:
+                cur.execute(query("job_apply_outcomes"), params)
+            except (psycopg.DataError, pgerr.ProgramLimitExceeded) as exc:
+                raise OutcomeRejected(f"outcome rejected: {_first_line(exc)}") from exc
+            rows = cur.fetchall()
+        return _classify(rows)
+
+    # notifications -----------------------------------------------------------
+
+    def listen(self) -> None:
+        """Subscribe this connection to enqueue notifications."""
+        with self._cursor() as cur:
+            cur.execute(query("listen_jobs"))
+        self._listening = True
+
+    def wait_notify(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for an enqueue notification; True if one came."""
+        if not self._listening:
+            self.listen()
+        conn = self.connection()
+        with translate_errors():
+            got = any(True for _ in conn.notifies(timeout=0, stop_after=1000))
+            if got:
+                return True
+            ready, _, _ = select.select([conn.fileno()], [], [], timeout_s)
+            return bool(ready) and any(True for _ in conn.notifies(timeout=0, stop_after=1000))
+
+    # stats, heartbeats, rescue ----------------------------------------------
+
+    def stats(self) -> list[tuple[str, str, int]]:
+        """(queue, status, count) rows."""
+        with self._cursor() as cur:
+            cur.execute(query("job_stats"))
+            return [(q, s, int(n)) for q, s, n in cur.fetchall()]
+
+    def heartbeat(self, worker_id: str, hostname: str, pid: int) -> None:
+        with self._cursor() as cur:
+            cur.execute(query("worker_heartbeat"), {"worker_id": worker_id, "hostname": hostname, "pid": pid})
+
+    def forget_worker(self, worker_id: str) -> None:
+        with self._cursor() as cur:
+            cur.execute(query("worker_forget"), {"worker_id": worker_id})
+
+    def try_rescue_lock(self) -> bool:
+        """Take (or confirm) the cluster-wide rescuer lock on this connection."""
+        with self._cursor() as cur:
+            cur.execute(query("rescue_lock"))
+            row = cur.fetchone()
+        return bool(row and row[0])
+
+    def heartbeats(self) -> dict[str, datetime]:
+        with self._cursor() as cur:
+            cur.execute(query("worker_heartbeats"))
+            return {w: t for w, t in cur.fetchall()}
+
+    def rescue_workers(self, worker_ids: Sequence[str]) -> list[int]:
+        """Requeue the running jobs of ``worker_ids`` and drop their heartbeat rows."""
+        with self._cursor() as cur:
+            cur.execute(query("rescue_workers"), {"worker_ids": list(worker_ids)})
+            return [r[0] for r in cur.fetchall()]
+
+    def execute_admin(self, sql: str) -> list[tuple[Any, ...]]:
+        """Run one trusted, static statement (tests and operators only)."""
+        with self._cursor() as cur:
+            cur.execute(sql.encode())
+            return cur.fetchall() if cur.description else []
+
+
+def _classify(rows: Sequence[tuple[Any, ...]]) -> ApplyResult:
+    applied = replayed = 0
+    stale: list[int] = []
+    for job_id, attempt, was_applied, current_attempt in rows:
+        if was_applied:
+            applied += 1
+        elif current_attempt is not None and current_attempt == attempt:
+            replayed += 1  # this attempt was finished before: a replay after a lost checkpoint
+        else:
+            stale.append(job_id)  # a newer attempt owns the job, or the job is gone
+    return ApplyResult(applied, replayed, len(stale), tuple(stale))
+
+
+def available_migrations() -> list[tuple[int, Path]]:
+    """(version, path) of every migration file, in order."""
+    found = []
+    for path in sorted(MIGRATIONS_DIR.glob("*.sql")):
+        m = _MIGRATION_NAME.match(path.name)
+        if m:
+            found.append((int(m.group(1)), path))
+    if not found:
+        raise SchemaMissing(f"no migrations found in {MIGRATIONS_DIR}")
+    return found

@@ -1,0 +1,152 @@
+-- schema_version --
+-- The newest migration applied, or NULL when none is.
+SELECT max(version) AS version FROM shardworker.migrations;
+
+-- job_claim --
+-- Claim due queued jobs of the given kinds (and queues), oldest first, for one worker.
+WITH due AS (
+    SELECT id FROM shardworker.jobs
+    WHERE status = 'queued' AND run_at <= now()
+      AND kind = ANY(%(kinds)s::text[])
+      AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+    ORDER BY priority, run_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE shardworker.jobs j
+SET status = 'running', attempt = j.attempt + 1, locked_by = %(worker_id)s,
+    attempted_at = now(), updated_at = now()
+FROM due WHERE j.id = due.id
+RETURNING j.id, j.kind, j.queue, j.payload::text, j.attempt, j.max_attempts;
+
+-- job_apply_outcomes --
+-- Apply a batch of outcomes, fenced: only the attempt that produced an outcome, and only
+-- while it is still running. A row that does not match was applied before (a replay) or
+-- its attempt lost its lease (stale); the outer SELECT tells which without failing.
+WITH o AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(oks)s::bool[],
+                         %(results)s::jsonb[], %(errors)s::text[], %(delays)s::float8[])
+        AS o(id, attempt, ok, result, error, delay_s)
+), applied AS (
+    UPDATE shardworker.jobs j
+    SET status = CASE WHEN o.ok THEN 'done'
+                      WHEN j.attempt < j.max_attempts AND o.delay_s >= 0 THEN 'queued'
+                      ELSE 'failed' END,
+        result = CASE WHEN o.ok THEN o.result ELSE j.result END,
+        last_error = CASE WHEN o.ok THEN j.last_error ELSE o.error END,
+        run_at = CASE WHEN NOT o.ok AND j.attempt < j.max_attempts AND o.delay_s >= 0
+                      THEN now() + make_interval(secs => o.delay_s) ELSE j.run_at END,
+        finished_at = CASE WHEN o.ok OR j.attempt >= j.max_attempts OR o.delay_s < 0
+                           THEN now() ELSE NULL END,
+        locked_by = NULL, updated_at = now()
+    FROM o
+    WHERE j.id = o.id AND j.attempt = o.attempt AND j.status = 'running'
+    RETURNING j.id, j.attempt
+)
+SELECT o.id, o.attempt, applied.id IS NOT NULL AS applied, cur.attempt AS current_attempt
+FROM o
+LEFT JOIN applied ON applied.id = o.id AND applied.attempt = o.attempt
+LEFT JOIN shardworker.jobs cur ON cur.id = o.id;
+
+-- job_release --
+-- Give back claimed jobs whose handler never started: the claim is undone, attempt too.
+UPDATE shardworker.jobs
+SET status = 'queued', attempt = attempt - 1, locked_by = NULL, updated_at = now()
+WHERE id = ANY(%(ids)s::bigint[]) AND status = 'running' AND locked_by = %(worker_id)s
+  AND attempt = ANY(%(attempts)s::int[]);
+
+-- job_requeue_orphans --
+-- At startup, after the outbox is drained: this worker's running jobs have no outcome, so
+-- their handlers never finished. Retry them (the lost run counts as an attempt).
+UPDATE shardworker.jobs
+SET status = CASE WHEN attempt < max_attempts THEN 'queued' ELSE 'failed' END,
+    last_error = %(error)s, locked_by = NULL, updated_at = now(),
+    finished_at = CASE WHEN attempt < max_attempts THEN NULL ELSE now() END
+WHERE status = 'running' AND locked_by = %(worker_id)s
+RETURNING id;
+
+-- job_insert --
+-- Enqueue one job; NULL id when a live job already holds the dedupe key.
+WITH ins AS (
+    INSERT INTO shardworker.jobs (kind, queue, payload, priority, max_attempts, run_at, dedupe_key)
+    VALUES (%(kind)s, %(queue)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s,
+            coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay_s)s), %(dedupe_key)s)
+    ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('queued', 'running') DO NOTHING
+    RETURNING id, queue
+)
+SELECT id, pg_notify('shardworker_jobs', queue) FROM ins;
+
+-- job_stage_create --
+-- A session-local staging table for bulk enqueue through COPY.
+CREATE TEMP TABLE shardworker_stage (
+    kind text, queue text, payload jsonb, priority int, max_attempts int,
+    run_at timestamptz, dedupe_key text
+) ON COMMIT DROP;
+
+-- job_stage_copy --
+-- COPY rows into the staging table.
+COPY shardworker_stage (kind, queue, payload, priority, max_attempts, run_at, dedupe_key) FROM STDIN;
+
+-- job_stage_insert --
+-- Move staged rows into the jobs table, skipping live dedupe-key duplicates.
+WITH ins AS (
+    INSERT INTO shardworker.jobs (kind, queue, payload, priority, max_attempts, run_at, dedupe_key)
+    SELECT kind, queue, payload, priority, max_attempts, coalesce(run_at, now()), dedupe_key
+    FROM shardworker_stage
+    ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('queued', 'running') DO NOTHING
+    RETURNING 1
+)
+SELECT count(*) FROM ins;
+
+-- notify_jobs --
+-- Wake listening workers.
+SELECT pg_notify('shardworker_jobs', '');
+
+-- listen_jobs --
+-- Subscribe to enqueue notifications.
+LISTEN shardworker_jobs;
+
+-- job_stats --
+-- Job counts by queue and status.
+SELECT queue, status, count(*) FROM shardworker.jobs GROUP BY queue, status ORDER BY queue, status;
+
+-- job_count_active --
+-- Jobs due now or running for this worker: what --exit-when-idle waits on.
+SELECT
+  (SELECT count(*) FROM shardworker.jobs
+    WHERE status = 'queued' AND run_at <= now() AND kind = ANY(%(kinds)s::text[])
+      AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))) +
+  (SELECT count(*) FROM shardworker.jobs WHERE status = 'running' AND locked_by = %(worker_id)s);
+
+-- worker_heartbeat --
+-- Record that this worker is alive.
+INSERT INTO shardworker.workers (worker_id, hostname, pid, heartbeat_at)
+VALUES (%(worker_id)s, %(hostname)s, %(pid)s, now())
+ON CONFLICT (worker_id) DO UPDATE
+SET hostname = excluded.hostname, pid = excluded.pid, heartbeat_at = now();
+
+-- worker_forget --
+-- Remove this worker's heartbeat row at clean shutdown.
+DELETE FROM shardworker.workers WHERE worker_id = %(worker_id)s;
+
+-- rescue_lock --
+-- Only one rescuer at a time across hosts: a session advisory lock held while connected.
+SELECT pg_try_advisory_lock(hashtext('shardworker.rescuer'));
+
+-- worker_heartbeats --
+-- Every worker's last heartbeat.
+SELECT worker_id, heartbeat_at FROM shardworker.workers;
+
+-- rescue_workers --
+-- Requeue the running jobs of workers the rescuer watched stay silent; the lost run counts
+-- as a failed attempt. Their heartbeat rows go too; a worker that comes back re-registers.
+WITH gone AS (
+    DELETE FROM shardworker.workers WHERE worker_id = ANY(%(worker_ids)s::text[])
+)
+UPDATE shardworker.jobs
+SET status = CASE WHEN attempt < max_attempts THEN 'queued' ELSE 'failed' END,
+    last_error = 'rescued: worker ' || locked_by || ' stopped heartbeating',
+    locked_by = NULL, updated_at = now(),
+    finished_at = CASE WHEN attempt < max_attempts THEN NULL ELSE now() END
+WHERE status = 'running' AND locked_by = ANY(%(worker_ids)s::text[])
+RETURNING id;
