@@ -27,7 +27,7 @@ import orjson
 
 from outbox import fsutil
 from outbox.errors import OutboxFull, OutboxLocked, OutboxSyncError, OutboxUnserializable
-from outbox.frame import HEADER_SIZE, Kind, encode
+from outbox.frame import HEADER_SIZE, MAX_PAYLOAD_BYTES, Kind, encode
 from outbox.recovery import recover_shard
 from outbox.segment import list_segments, lock_name, segment_name
 
@@ -101,7 +101,13 @@ class ShardWriter:
         self.append_bytes(payload)
 
     def append_bytes(self, payload: bytes) -> None:
-        """Queue one record of raw bytes for the next commit."""
+        """Queue one record of raw bytes for the next commit.
+
+        Raises ``ValueError`` (and queues nothing) for a payload over ``MAX_PAYLOAD_BYTES``:
+        readers would take such a frame for damage.
+        """
+        if len(payload) > MAX_PAYLOAD_BYTES:
+            raise ValueError(f"outbox record of {len(payload)} bytes is over MAX_PAYLOAD_BYTES")
         self._pending.append((_now_ms(), payload))
 
     @property
