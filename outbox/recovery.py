@@ -4,6 +4,10 @@ A writer that died leaves its last segment unsealed, possibly with a torn tail (
 a frame that never finished). Recovery copies such a tail aside into ``torn/``, truncates
 it, and seals the segment so readers know it is complete. A segment whose damage is
 followed by valid frames is corrupt: it is moved into ``quarantine/`` and reported.
+
+Recovery never frees a segment number: a segment left without even a header is sealed
+empty, and ``highest_segno`` counts quarantined segments, so a shard's numbers only grow
+and a reader's cursor never points past a segment written later.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ class RecoveryEvent:
 
     shard: int
     segno: int
-    action: str  # "truncated", "quarantined", "removed-empty", "sealed"
+    action: str  # "truncated", "quarantined", "sealed"
     offset: int
     detail: str
 
@@ -59,10 +63,6 @@ def _recover_segment(directory: str, path: str, scan: Scan) -> list[RecoveryEven
         _copy_tail_aside(directory, path, scan)
         events.append(RecoveryEvent(scan.shard, scan.segno, "truncated", scan.valid_end,
                                     f"{scan.size - scan.valid_end} torn bytes copied to {TORN_DIR}/"))
-    if not scan.frames:  # not even a header: the writer died while creating it
-        os.unlink(path)
-        fsutil.fsync_dir(directory)
-        return [*events, RecoveryEvent(scan.shard, scan.segno, "removed-empty", 0, "no valid frame")]
     _truncate_and_seal(path, scan)
     return [*events, RecoveryEvent(scan.shard, scan.segno, "sealed", scan.valid_end, "")]
 
@@ -78,8 +78,17 @@ def _copy_tail_aside(directory: str, path: str, scan: Scan) -> None:
 
 
 def _truncate_and_seal(path: str, scan: Scan) -> None:
-    last = scan.frames[-1]
-    seal = encode(scan.shard, scan.segno, Kind.SEAL, last.seq + 1, time.time_ns() // 1_000_000, b"")
+    """Cut ``path`` after its last valid frame and seal it, durably.
+
+    A segment without even a header (its writer died while creating it) gets a header
+    first: it stays as an empty sealed segment rather than freeing its number.
+    """
+    now_ms = time.time_ns() // 1_000_000
+    if scan.frames:
+        seal = encode(scan.shard, scan.segno, Kind.SEAL, scan.frames[-1].seq + 1, now_ms, b"")
+    else:
+        seal = (encode(scan.shard, scan.segno, Kind.HEADER, 0, now_ms, b"")
+                + encode(scan.shard, scan.segno, Kind.SEAL, 1, now_ms, b""))
     fd = os.open(path, os.O_WRONLY)
     try:
         os.ftruncate(fd, scan.valid_end)
@@ -90,6 +99,15 @@ def _truncate_and_seal(path: str, scan: Scan) -> None:
         os.fdatasync(fd)
     finally:
         os.close(fd)
+
+
+def highest_segno(directory: str, shard: int) -> int:
+    """The highest segment number ``shard`` has used in ``directory``, quarantined ones too; 0 if none."""
+    found = list_segments(directory).get(shard, [])
+    qdir = os.path.join(directory, QUARANTINE_DIR)
+    if os.path.isdir(qdir):
+        found = found + list_segments(qdir).get(shard, [])
+    return max(found, default=0)
 
 
 def quarantine(directory: str, shard: int, segno: int) -> str:

@@ -28,8 +28,8 @@ import orjson
 from outbox import fsutil
 from outbox.errors import OutboxFull, OutboxLocked, OutboxSyncError, OutboxUnserializable
 from outbox.frame import HEADER_SIZE, MAX_PAYLOAD_BYTES, Kind, encode
-from outbox.recovery import recover_shard
-from outbox.segment import list_segments, lock_name, segment_name
+from outbox.recovery import highest_segno, recover_shard
+from outbox.segment import lock_name, segment_name
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +78,7 @@ class ShardWriter:
         writer = cls(directory, shard, lock_fd, config or WriterConfig())
         try:
             recover_shard(directory, shard)
-            segs = list_segments(directory).get(shard, [])
-            writer._start_segment((segs[-1] + 1) if segs else 1)
+            writer._start_segment(highest_segno(directory, shard) + 1)
         except BaseException:
             writer.close()
             raise
