@@ -90,6 +90,13 @@ class PgStore:
         self._conn: psycopg.Connection[Any] | None = None
         self._listening = False
 
+    @classmethod
+    def borrowing(cls, conn: Any) -> PgStore:
+        """A store over a caller's open psycopg connection (autocommit expected)."""
+        store = cls(StoreConfig("borrowed-connection"))
+        store._conn = conn
+        return store
+
     # connection management -------------------------------------------------
 
     def connection(self) -> psycopg.Connection[Any]:

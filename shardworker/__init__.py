@@ -1,0 +1,10 @@
+"""shardworker: a PostgreSQL job worker whose finished jobs never run again because the
+database was away. See ``App`` for the handler API and ``enqueue`` to add jobs."""
+
+from shardworker.app import App
+from shardworker.client import JobSpec, enqueue, enqueue_many
+from shardworker.model import Job
+from shardworker.routing import shard_for
+
+__all__ = ["App", "Job", "JobSpec", "enqueue", "enqueue_many", "shard_for"]
+__version__ = "0.1.0"

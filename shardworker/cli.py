@@ -1,0 +1,167 @@
+"""The ``shardworker`` command line: thin click commands over library functions.
+
+Every command takes ``--dsn`` (env ``SHARDWORKER_DSN``); without one it starts or
+reuses an embedded PostgreSQL under ``.shardworker/`` and says so. Exit codes: 0 success,
+1 operational error (one line, no traceback), 2 usage error.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Any
+
+import click
+import orjson
+
+from shardworker.cli_common import one_line_errors, resolve_dsn
+
+log = logging.getLogger("shardworker")
+
+dsn_option = click.option("--dsn", envvar="SHARDWORKER_DSN", default=None,
+                          help="PostgreSQL DSN (env SHARDWORKER_DSN). Default: embedded server in .shardworker/.")
+outbox_option = click.option("--outbox-dir", envvar="SHARDWORKER_OUTBOX_DIR", default=".shardworker/outbox",
+                             show_default=True, help="Outbox directory (env SHARDWORKER_OUTBOX_DIR).")
+
+
+def _store(dsn: str) -> Any:
+    from shardworker.pg_store import PgStore, StoreConfig
+
+    return PgStore(StoreConfig(dsn))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-v", "--verbose", is_flag=True, help="Log debug messages.")
+@click.version_option(package_name="shardworker")
+def main(verbose: bool) -> None:
+    """shardworker: a PostgreSQL job worker that never re-runs a finished job because the
+    database was away."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+
+
+@main.command()
+@dsn_option
+@one_line_errors
+def migrate(dsn: str | None) -> None:
+    """Apply migrations/*.sql in order (idempotent)."""
+    dsn = resolve_dsn(dsn, migrate=False)
+    store = _store(dsn)
+    try:
+        applied = store.migrate()
+    finally:
+        store.close()
+    click.echo(f"applied {len(applied)} migration(s)" + (f": {', '.join(applied)}" if applied else ""))
+
+
+@main.command()
+@click.argument("kind", required=False)
+@click.argument("payload_json", required=False)
+@click.option("--count", type=click.IntRange(min=1), default=1, show_default=True, help="Enqueue N copies.")
+@click.option("--file", "file_", type=click.File("rb"), default=None,
+              help="Bulk JSONL file (or -): one object a line with kind, payload and optional fields.")
+@click.option("--queue", default="default", show_default=True, help="Queue name.")
+@click.option("--priority", type=int, default=0, show_default=True, help="Smaller runs first.")
+@click.option("--max-attempts", type=click.IntRange(min=1), default=25, show_default=True, help="Attempts allowed.")
+@click.option("--delay", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Seconds before the job may run.")
+@click.option("--dedupe-key", default=None, help="Skip when a live job holds this key.")
+@dsn_option
+@one_line_errors
+def enqueue(kind: str | None, payload_json: str | None, count: int, file_: Any, queue: str, priority: int,
+            max_attempts: int, delay: float, dedupe_key: str | None, dsn: str | None) -> None:
+    """Enqueue KIND with PAYLOAD_JSON, or a bulk --file; prints the count enqueued."""
+    from datetime import UTC, datetime, timedelta
+
+    from shardworker.client import JobSpec, enqueue_many, parse_jsonl
+    from shardworker.errors import EnqueueError
+
+    if file_ is not None:
+        if kind or payload_json:
+            raise click.UsageError("give KIND/PAYLOAD_JSON or --file, not both")
+        specs = parse_jsonl(file_)
+    else:
+        if not kind:
+            raise click.UsageError("KIND is required (or --file)")
+        try:
+            payload = orjson.loads(payload_json) if payload_json is not None else None
+        except orjson.JSONDecodeError as exc:
+            raise EnqueueError(f"PAYLOAD_JSON is not valid JSON: {exc}") from exc
+        run_at = datetime.now(UTC) + timedelta(seconds=delay) if delay else None
+        if count > 1 and dedupe_key:
+            raise click.UsageError("--dedupe-key with --count > 1 would enqueue one job")
+        specs = [JobSpec(kind, payload, queue, priority, max_attempts, run_at, dedupe_key)] * count
+    dsn = resolve_dsn(dsn)
+    click.echo(enqueue_many(dsn, specs))
+
+
+@main.command()
+@click.option("--app", "app_ref", required=True, help="MODULE[:ATTR] holding the App (ATTR defaults to app).")
+@click.option("--procs", type=click.IntRange(min=1, max=512), default=2, show_default=True,
+              help="Child processes running handlers.")
+@outbox_option
+@click.option("--queues", default=None, help="Comma-separated queues to claim from (default: all).")
+@click.option("--worker-id", default=None, help="Worker id (default: stored in the outbox directory).")
+@click.option("--exit-when-idle", is_flag=True, help="Exit 0 once nothing is due or running and the outbox is empty.")
+@click.option("--shutdown-timeout", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              help="Seconds to finish jobs in hand at shutdown.")
+@click.option("--rescue-after", type=click.FloatRange(min=1), default=120.0, show_default=True,
+              help="Seconds of watched heartbeat silence before another worker's jobs are rescued.")
+@click.option("--backoff-cap", type=click.FloatRange(min=0.01), default=5.0, show_default=True,
+              help="Maximum seconds between database retries.")
+@click.option("--min-free-mb", type=click.IntRange(min=0), default=64, show_default=True,
+              help="Stop claiming when the outbox disk has less free space than this.")
+@dsn_option
+@one_line_errors
+def run(app_ref: str, procs: int, outbox_dir: str, queues: str | None, worker_id: str | None,
+        exit_when_idle: bool, shutdown_timeout: float, rescue_after: float, backoff_cap: float,
+        min_free_mb: int, dsn: str | None) -> None:
+    """Run the worker: a parent, N children and one flusher."""
+    from shardworker.app import load_app
+    from shardworker.config import WorkerConfig
+    from shardworker.supervisor import Supervisor
+
+    app = load_app(app_ref)
+    config = WorkerConfig(
+        dsn=resolve_dsn(dsn), app_ref=app_ref, procs=procs, outbox_dir=outbox_dir,
+        queues=tuple(q.strip() for q in queues.split(",")) if queues else None, worker_id=worker_id,
+        exit_when_idle=exit_when_idle, shutdown_timeout_s=shutdown_timeout, rescue_after_s=rescue_after,
+        backoff_cap_s=backoff_cap, backoff_base_s=min(0.05, backoff_cap), min_free_bytes=min_free_mb * 1024 * 1024)
+    started = time.monotonic()
+    summary = Supervisor(config, app).run()
+    elapsed = time.monotonic() - started
+    click.echo(f"worker stopped: {summary.done} jobs done in {elapsed:.1f}s, {summary.released} released, "
+               f"{summary.pending_outcomes} outcomes pending in the outbox", err=True)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@dsn_option
+@one_line_errors
+def stats(as_json: bool, dsn: str | None) -> None:
+    """Job counts by status (and queue)."""
+    store = _store(resolve_dsn(dsn))
+    try:
+        store.check_schema()
+        rows = store.stats()
+    finally:
+        store.close()
+    totals: dict[str, int] = {s: 0 for s in ("queued", "running", "done", "failed", "cancelled")}
+    queues: dict[str, dict[str, int]] = {}
+    for queue, status, n in rows:
+        totals[status] = totals.get(status, 0) + n
+        queues.setdefault(queue, {})[status] = n
+    if as_json:
+        click.echo(orjson.dumps({"total": totals, "queues": queues}).decode())
+        return
+    click.echo("  ".join(f"{s}={n}" for s, n in totals.items()))
+    for queue, counts in sorted(queues.items()):
+        click.echo(f"  {queue}: " + "  ".join(f"{s}={n}" for s, n in sorted(counts.items())))
+
+
+from shardworker.cli_outbox import outbox  # noqa: E402  (registers the outbox group)
+from shardworker.cli_demo import demo  # noqa: E402
+
+main.add_command(outbox)
+main.add_command(demo)

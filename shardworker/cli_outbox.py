@@ -1,0 +1,103 @@
+"""``shardworker outbox status|drain|verify``: operator commands that work with the
+database down (status, verify) or wait for it (drain)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+import orjson
+
+from shardworker.cli_common import one_line_errors, resolve_dsn
+
+outbox_dir_option = click.option("--outbox-dir", envvar="SHARDWORKER_OUTBOX_DIR", default=".shardworker/outbox",
+                                 show_default=True, help="Outbox directory (env SHARDWORKER_OUTBOX_DIR).")
+
+
+@click.group()
+def outbox() -> None:
+    """Inspect and drain the local outbox."""
+
+
+@outbox.command()
+@outbox_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@one_line_errors
+def status(outbox_dir: str, as_json: bool) -> None:
+    """Pending outcomes per shard, bytes, oldest age; works with the database down."""
+    import os
+
+    from outbox import status as outbox_status
+    from shardworker.errors import ShardworkerError
+    from shardworker.supervisor import WORKER_LOCK
+    from outbox.fsutil import is_locked
+
+    if not os.path.isdir(outbox_dir):
+        raise ShardworkerError(f"no outbox directory at {outbox_dir}")
+    st = outbox_status(outbox_dir)
+    worker = is_locked(os.path.join(outbox_dir, WORKER_LOCK))
+    if as_json:
+        click.echo(orjson.dumps({
+            "directory": outbox_dir, "pending": st.pending, "worker_running": worker,
+            "flusher_running": st.flusher_alive, "quarantined": st.quarantined, "torn_tails": st.torn_tails,
+            "shards": [{"shard": s.shard, "pending": s.pending, "bytes": s.pending_bytes,
+                        "oldest_age_s": s.oldest_age_s, "segments": s.segments,
+                        "writer_alive": s.writer_alive} for s in st.shards]}).decode())
+        return
+    click.echo(f"outbox {outbox_dir}: {st.pending} pending; worker {'running' if worker else 'not running'}, "
+               f"flusher {'running' if st.flusher_alive else 'not running'}")
+    for s in st.shards:
+        age = "-" if s.oldest_age_s is None else f"{s.oldest_age_s:.1f}s"
+        click.echo(f"  shard {s.shard:4d}: {s.pending} pending, {s.pending_bytes} bytes, oldest {age}, "
+                   f"{s.segments} segment(s){', writer alive' if s.writer_alive else ''}")
+    for name in st.quarantined:
+        click.echo(f"  QUARANTINED {name}")
+    for name in st.torn_tails:
+        click.echo(f"  torn tail kept: {name}")
+
+
+@outbox.command()
+@outbox_dir_option
+@click.option("--timeout", type=click.FloatRange(min=0), default=300.0, show_default=True,
+              help="Seconds to keep retrying while the database is unreachable.")
+@click.option("--dsn", envvar="SHARDWORKER_DSN", default=None, help="PostgreSQL DSN (env SHARDWORKER_DSN).")
+@one_line_errors
+def drain(outbox_dir: str, timeout: float, dsn: str | None) -> None:
+    """Apply every pending outcome and exit 0 when the outbox is empty."""
+    from outbox import status as outbox_status
+    from shardworker.drain import drain as drain_outbox
+
+    total = outbox_status(outbox_dir).pending if __import__("os").path.isdir(outbox_dir) else 0
+    dsn = resolve_dsn(dsn)
+    with click.progressbar(length=max(total, 1), label="draining", file=sys.stderr) as bar:
+        done = [0]
+
+        def progress(stats: object, _held: int) -> None:
+            flushed = getattr(stats, "flushed", 0)
+            bar.update(min(flushed, total) - done[0])
+            done[0] = min(flushed, total)
+
+        stats = drain_outbox(outbox_dir, dsn, timeout_s=timeout, progress=progress)
+    click.echo(f"drained {stats.flushed} outcomes: {stats.applied} applied, {stats.replayed} already applied, "
+               f"{stats.stale} stale, {stats.deadlettered} dead-lettered")
+
+
+@outbox.command()
+@outbox_dir_option
+@one_line_errors
+def verify(outbox_dir: str) -> None:
+    """Check every record's checksum; report torn tails and corruption (exit 1 on corruption)."""
+    import os
+
+    from outbox import verify as outbox_verify
+    from shardworker.errors import ShardworkerError
+
+    if not os.path.isdir(outbox_dir):
+        raise ShardworkerError(f"no outbox directory at {outbox_dir}")
+    report = outbox_verify(outbox_dir)
+    for seg in report.segments:
+        where = "" if seg.bad_offset is None else f" at offset {seg.bad_offset}: {seg.reason}"
+        click.echo(f"{seg.state:8s} {seg.path} ({seg.records} records{', sealed' if seg.sealed else ''}){where}")
+    if report.corrupt:
+        raise ShardworkerError(f"{len(report.corrupt)} corrupt or quarantined segment(s) in {outbox_dir}")
+    click.echo(f"ok: {len(report.segments)} segment(s), {len(report.torn)} torn tail(s)")

@@ -1,0 +1,74 @@
+"""Worker configuration: one frozen dataclass, validated at construction.
+
+Every duration carries its unit in its name. Defaults suit a production worker; tests
+shrink the backoff caps and timeouts to keep outages short.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shardworker.errors import ConfigError
+
+PARENT_SHARD = 9999  # the parent's own outbox shard, for outcomes of children that died
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Settings of ``shardworker run``."""
+
+    dsn: str
+    app_ref: str
+    procs: int = 2
+    outbox_dir: str = ".shardworker/outbox"
+    queues: tuple[str, ...] | None = None
+    worker_id: str | None = None
+    exit_when_idle: bool = False
+    claim_batch: int = 500
+    # Jobs sent to one child and not yet reported: 2 claim batches keeps a child busy
+    # while the next claim is in flight, and bounds what a shutdown must wait for.
+    prefetch_per_child: int = 1000
+    poll_interval_s: float = 1.0
+    group_commit_max_delay_s: float = 0.005
+    group_commit_max_records: int = 512
+    flush_batch: int = 1000
+    flush_idle_sleep_s: float = 0.005
+    checkpoint_interval_s: float = 0.2
+    # 0.05 s doubling to a 5 s cap: an ended outage is noticed within ~5 s.
+    backoff_base_s: float = 0.05
+    backoff_cap_s: float = 5.0
+    max_backlog: int = 100_000
+    min_free_bytes: int = 64 * 1024 * 1024
+    segment_bytes: int = 16 * 1024 * 1024
+    shutdown_timeout_s: float = 30.0
+    heartbeat_interval_s: float = 2.0
+    # Far above the 5 s backoff cap, so a worker riding out a blip is never rescued.
+    rescue_after_s: float = 120.0
+    connect_timeout_s: int = 5
+    statement_timeout_s: float = 30.0
+    log_interval_s: float = 10.0
+    extra: dict[str, str] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        checks = [
+            ("procs", self.procs >= 1, "must be >= 1"),
+            ("claim_batch", self.claim_batch >= 1, "must be >= 1"),
+            ("prefetch_per_child", self.prefetch_per_child >= 1, "must be >= 1"),
+            ("poll_interval_s", self.poll_interval_s > 0, "must be > 0"),
+            ("group_commit_max_delay_s", self.group_commit_max_delay_s >= 0, "must be >= 0"),
+            ("group_commit_max_records", self.group_commit_max_records >= 1, "must be >= 1"),
+            ("flush_batch", self.flush_batch >= 1, "must be >= 1"),
+            ("backoff_base_s", 0 < self.backoff_base_s <= self.backoff_cap_s, "must be > 0 and <= backoff_cap_s"),
+            ("min_free_bytes", self.min_free_bytes >= 0, "must be >= 0"),
+            ("segment_bytes", self.segment_bytes >= 4096, "must be >= 4096"),
+            ("shutdown_timeout_s", self.shutdown_timeout_s >= 0, "must be >= 0"),
+            ("heartbeat_interval_s", self.heartbeat_interval_s > 0, "must be > 0"),
+            ("rescue_after_s", self.rescue_after_s > 2 * self.heartbeat_interval_s,
+             "must be more than twice heartbeat_interval_s"),
+            ("procs", self.procs < PARENT_SHARD, f"must be < {PARENT_SHARD}"),
+        ]
+        for name, ok, why in checks:
+            if not ok:
+                raise ConfigError(f"{name} {why} (got {getattr(self, name)!r})")
+        if self.queues is not None and not all(self.queues):
+            raise ConfigError("queues must be non-empty names")

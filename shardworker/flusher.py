@@ -1,0 +1,224 @@
+"""The flusher: drains the outbox into PostgreSQL, batched, fenced, retried forever.
+
+``Flusher.run_once`` reads up to ``flush_batch`` records, applies them in one fenced
+statement, and only after the commit marks them flushed and (at most every
+``checkpoint_interval_s``) checkpoints. When the database is away, the same batch is
+retried with capped, jittered backoff: the flusher never gives up because PostgreSQL is
+down. An outcome the database refuses for good is written to ``deadletter/`` and applied
+as a failure instead, so the job does not stay running forever.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import orjson
+
+from outbox import OutboxReader, Record
+from outbox.fsutil import atomic_write, ensure_dir
+from shardworker.errors import OutcomeRejected, StoreError
+from shardworker.model import ApplyResult, Outcome
+from shardworker.retry import Backoff, is_retryable
+
+log = logging.getLogger(__name__)
+
+DEADLETTER_DIR = "deadletter"
+
+
+class OutcomeStore:
+    """What the flusher needs from a store (``PgStore`` provides it)."""
+
+    def apply_outcomes(self, outcomes: list[Outcome]) -> ApplyResult: ...  # pragma: no cover
+
+
+@dataclass
+class FlushStats:
+    applied: int = 0
+    replayed: int = 0
+    stale: int = 0
+    deadlettered: int = 0
+    flushed: int = 0  # records marked flushed (applied, replayed, stale or dead-lettered)
+    db_errors: int = 0
+    stale_ids: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class FlusherConfig:
+    flush_batch: int = 1000
+    checkpoint_interval_s: float = 0.2
+    backoff_base_s: float = 0.05
+    backoff_cap_s: float = 5.0
+
+
+class Flusher:
+    """Moves outcomes from an open ``OutboxReader`` into an ``OutcomeStore``."""
+
+    def __init__(self, reader: OutboxReader, store: OutcomeStore, config: FlusherConfig,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.reader, self.store, self.config = reader, store, config
+        self.clock, self.sleep = clock, sleep
+        self.backoff = Backoff(config.backoff_base_s, config.backoff_cap_s)
+        self.stats = FlushStats()
+        self._held: list[Record] = []  # read but not yet applied (kept across failures)
+        self._last_checkpoint = clock()
+        self._dirty = False
+
+    @property
+    def idle(self) -> bool:
+        return not self._held and not self._dirty
+
+    def run_once(self) -> int:
+        """Apply one batch; returns the records flushed (0 when idle or the database failed)."""
+        if not self._held:
+            self._held = self.reader.poll(self.config.flush_batch)
+        if not self._held:
+            self._maybe_checkpoint(force=True)
+            return 0
+        try:
+            result = self._apply(self._held)
+        except StoreError as exc:
+            if not is_retryable(exc):
+                raise
+            self.stats.db_errors += 1
+            delay = self.backoff.next_delay()
+            log.warning("flush of %d outcomes failed (attempt %d): %s; retrying in %.2fs",
+                        len(self._held), self.backoff.failures, exc, delay)
+            self.sleep(delay)
+            return 0
+        self._record(result)
+        if self.backoff.failures:
+            log.info("database reachable again; flushing resumed")
+        self.backoff.reset()
+        flushed, self._held = self._held, []
+        self.reader.mark_flushed(flushed)
+        self.stats.flushed += len(flushed)
+        self._dirty = True
+        self._maybe_checkpoint()
+        return len(flushed)
+
+    def _apply(self, records: list[Record]) -> ApplyResult:
+        outcomes = [self._decode(r) for r in records]
+        try:
+            return self.store.apply_outcomes(outcomes)
+        except OutcomeRejected:
+            return self._apply_one_by_one(outcomes)
+
+    def _decode(self, record: Record) -> Outcome:
+        try:
+            return Outcome.from_wire(orjson.loads(record.payload))
+        except (ValueError, TypeError) as exc:
+            # CRC-valid but not ours: keep the bytes, apply nothing for it.
+            self._deadletter(record.payload, f"undecodable record: {exc}")
+            return Outcome(-1, -1, False, error="undecodable", retry_delay_s=-1)
+
+    def _apply_one_by_one(self, outcomes: list[Outcome]) -> ApplyResult:
+        """Isolate the outcomes the database refuses; apply each refusal as a failure."""
+        total = ApplyResult()
+        for outcome in outcomes:
+            try:
+                result = self.store.apply_outcomes([outcome])
+            except OutcomeRejected as exc:
+                self._deadletter(orjson.dumps(outcome.to_wire()), str(exc))
+                result = self.store.apply_outcomes([Outcome(
+                    outcome.job_id, outcome.attempt, False, error=f"result rejected by the database: {exc}",
+                    retry_delay_s=-1)])
+            total = ApplyResult(total.applied + result.applied, total.replayed + result.replayed,
+                                total.stale + result.stale, total.stale_ids + result.stale_ids)
+        return total
+
+    def _deadletter(self, payload: bytes, reason: str) -> None:
+        directory = os.path.join(self.reader.directory, DEADLETTER_DIR)
+        ensure_dir(directory)
+        name = f"{time.time_ns()}.json"
+        atomic_write(directory, name, orjson.dumps({"reason": reason, "record": payload.decode(errors="replace")}))
+        self.stats.deadlettered += 1
+        log.error("outcome dead-lettered to %s/%s: %s", DEADLETTER_DIR, name, reason)
+
+    def _record(self, result: ApplyResult) -> None:
+        self.stats.applied += result.applied
+        self.stats.replayed += result.replayed
+        self.stats.stale += result.stale
+        if result.stale:
+            self.stats.stale_ids.extend(result.stale_ids[:100])
+            del self.stats.stale_ids[:-1000]
+            log.warning("%d stale outcomes ignored (a newer attempt owns the job): ids %s",
+                        result.stale, list(result.stale_ids[:10]))
+
+    def _maybe_checkpoint(self, force: bool = False) -> None:
+        now = self.clock()
+        if self._dirty and (force or now - self._last_checkpoint >= self.config.checkpoint_interval_s):
+            try:
+                self.reader.checkpoint()
+            except OSError as exc:
+                # Only a hint: a stale checkpoint costs harmless replays, never outcomes.
+                log.warning("outbox checkpoint not written (%s); will retry", exc)
+                return
+            self._last_checkpoint, self._dirty = now, False
+
+
+# --- the flusher process -----------------------------------------------------------
+
+# Indices into the shared array the parent reads.
+STAT_FLUSHED, STAT_IDLE, STAT_DB_OK, STAT_STALE, STAT_APPLIED, STAT_DRAINED, STAT_STOP, STAT_REPLAYED = range(8)
+STAT_WIDTH = 8
+STOP_WHEN_IDLE, STOP_NOW = 1.0, 2.0
+
+
+def open_reader(directory: str, wait_s: float) -> OutboxReader:
+    """Open the outbox reader, waiting while a previous flusher is still exiting."""
+    from outbox import OutboxLocked
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return OutboxReader.open(directory)
+        except OutboxLocked:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def flusher_main(directory: str, store_config: object, config: FlusherConfig, shared: object,
+                 idle_sleep_s: float) -> None:
+    """Entry point of the flusher process (spawned; opens its own connection)."""
+    from shardworker import procs
+    from shardworker.pg_store import PgStore, StoreConfig
+
+    procs.die_with_parent()
+    procs.ignore_stop_signals()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s flusher %(levelname)s %(message)s")
+    assert isinstance(store_config, StoreConfig)
+    stats: list[float] = shared  # type: ignore[assignment]
+    reader = open_reader(directory, wait_s=30.0)
+    store = PgStore(store_config)
+
+    def sleep(seconds: float) -> None:
+        procs.sleep_until(time.monotonic() + seconds, lambda: stats[STAT_STOP] >= STOP_NOW)
+
+    flusher = Flusher(reader, store, config, sleep=sleep)
+    try:
+        _flusher_loop(flusher, stats, idle_sleep_s)
+    finally:
+        store.close()
+        reader.close()
+
+
+def _flusher_loop(flusher: Flusher, stats: list[float], idle_sleep_s: float) -> None:
+    while True:
+        flushed = flusher.run_once()
+        s = flusher.stats
+        stats[STAT_FLUSHED], stats[STAT_STALE], stats[STAT_APPLIED] = s.flushed, s.stale, s.applied
+        stats[STAT_REPLAYED] = s.replayed
+        stats[STAT_DB_OK] = 0.0 if flusher.backoff.failures else 1.0
+        stats[STAT_IDLE] = 1.0 if flusher.idle else 0.0
+        if flusher.idle:
+            stats[STAT_DRAINED] = 1.0
+        stop = stats[STAT_STOP]
+        if stop >= STOP_NOW or (stop >= STOP_WHEN_IDLE and flusher.idle):
+            return
+        if not flushed and flusher.idle:
+            time.sleep(idle_sleep_s)

@@ -1,0 +1,63 @@
+"""The rescuer: requeues the running jobs of workers that went silent.
+
+One rescuer runs at a time across hosts (a session advisory lock). It rescues a worker
+only after *watching* its heartbeat stay unchanged for ``rescue_after_s`` while the
+rescuer itself stayed connected: silence the rescuer did not witness proves nothing.
+So a database outage, which silences every worker at once (the rescuer included),
+rescues nobody when it ends; only a worker that stayed silent while this one kept
+beating is rescued. Losing the connection (or the lock) forgets every observation.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Protocol
+
+log = logging.getLogger(__name__)
+
+
+class RescueStore(Protocol):
+    def try_rescue_lock(self) -> bool: ...
+    def heartbeats(self) -> dict[str, datetime]: ...
+    def rescue_workers(self, worker_ids: list[str]) -> list[int]: ...
+
+
+class Rescuer:
+    """Call ``run_once(now)`` after each successful heartbeat; ``now`` is monotonic seconds."""
+
+    def __init__(self, store: RescueStore, worker_id: str, rescue_after_s: float) -> None:
+        self.store, self.worker_id, self.rescue_after_s = store, worker_id, rescue_after_s
+        self._seen: dict[str, tuple[datetime, float]] = {}  # worker -> (heartbeat, first seen at)
+        self._has_lock = False
+
+    def connection_lost(self) -> None:
+        """Forget all observations: silence during our own outage proves nothing."""
+        self._seen.clear()
+        self._has_lock = False
+
+    def run_once(self, now: float) -> list[int]:
+        """Observe heartbeats; rescue workers watched silent long enough. Returns job ids."""
+        if not self._has_lock:
+            self._has_lock = self.store.try_rescue_lock()
+            if not self._has_lock:
+                return []
+        beats = self.store.heartbeats()
+        silent = []
+        for worker, beat in beats.items():
+            if worker == self.worker_id:
+                continue
+            seen = self._seen.get(worker)
+            if seen is None or seen[0] != beat:
+                self._seen[worker] = (beat, now)
+            elif now - seen[1] >= self.rescue_after_s:
+                silent.append(worker)
+        for gone in set(self._seen) - set(beats):
+            del self._seen[gone]
+        if not silent:
+            return []
+        rescued = self.store.rescue_workers(silent)
+        for worker in silent:
+            self._seen.pop(worker, None)
+        log.warning("rescued %d jobs of silent workers %s", len(rescued), ", ".join(sorted(silent)))
+        return rescued
