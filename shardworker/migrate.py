@@ -1,0 +1,14 @@
+"""Apply the schema migrations: ``apply_migrations(dsn)`` is ``shardworker migrate``."""
+
+from __future__ import annotations
+
+from shardworker.pg_store import PgStore, StoreConfig
+
+
+def apply_migrations(dsn: str) -> list[str]:
+    """Apply pending ``migrations/*.sql`` in order; returns the file names applied."""
+    store = PgStore(StoreConfig(dsn))
+    try:
+        return store.migrate()
+    finally:
+        store.close()
