@@ -1,0 +1,3 @@
+from shardworker.cli import main
+
+main()

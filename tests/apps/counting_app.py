@@ -1,0 +1,62 @@
+"""Handlers for the worker tests. Every run appends "job_id attempt" to a per-process file
+under $SW_TEST_COUNT_DIR, so a test can count exactly how often each handler ran."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from shardworker import App, Job
+
+app = App()
+
+
+def record(job: Job) -> None:
+    directory = os.environ["SW_TEST_COUNT_DIR"]
+    fd = os.open(os.path.join(directory, f"runs-{os.getpid()}.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, f"{job.id} {job.attempt}\n".encode())
+    finally:
+        os.close(fd)
+
+
+@app.handler("count")
+def count(job: Job) -> dict[str, object]:
+    record(job)
+    return {"id": job.id, "echo": job.payload}
+
+
+@app.handler("slow")
+def slow(job: Job) -> dict[str, object]:
+    record(job)
+    time.sleep(float((job.payload or {}).get("sleep", 0.02)))
+    return {"id": job.id}
+
+
+@app.handler("fail", max_attempts=3, retry_delay=lambda attempt: 0.05)
+def fail(job: Job) -> None:
+    record(job)
+    raise ValueError(f"boom on attempt {job.attempt}")
+
+
+@app.handler("crash_once", retry_delay=lambda attempt: 0.05)
+def crash_once(job: Job) -> str:
+    record(job)
+    if job.attempt == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return "survived"
+
+
+@app.handler("hang", timeout_s=1.0, retry_delay=lambda attempt: 0.05)
+def hang(job: Job) -> str:
+    record(job)
+    if job.attempt == 1:
+        time.sleep(60)
+    return "finished"
+
+
+@app.handler("unserializable")
+def unserializable(job: Job) -> object:
+    record(job)
+    return object()

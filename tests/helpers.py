@@ -1,0 +1,95 @@
+"""Helpers for tests that run real workers: processes, counting, database polling."""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+APPS_DIR = Path(__file__).parent / "apps"
+REPO = Path(__file__).parent.parent
+
+
+def worker_env(count_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["SW_TEST_COUNT_DIR"] = str(count_dir)
+    env["PYTHONPATH"] = os.pathsep.join([str(APPS_DIR), str(REPO), env.get("PYTHONPATH", "")])
+    env.pop("SHARDWORKER_DSN", None)
+    return env
+
+
+def start_worker(dsn: str, outbox_dir: Path, count_dir: Path, *args: str, procs: int = 2,
+                 log_path: Path | None = None) -> subprocess.Popen[bytes]:
+    """Start ``shardworker run`` as a real subprocess in its own process group."""
+    cmd = [sys.executable, "-m", "shardworker", "run", "--app", "counting_app", "--procs", str(procs),
+           "--outbox-dir", str(outbox_dir), "--dsn", dsn, *args]
+    log = open(log_path or (count_dir / "worker.log"), "ab")  # noqa: SIM115 (kept for the child's life)
+    return subprocess.Popen(cmd, env=worker_env(count_dir), stdout=log, stderr=log, start_new_session=True)
+
+
+def kill_worker_group(proc: subprocess.Popen[bytes]) -> None:
+    """kill -9 every process of the worker (parent, children, flusher)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(10)
+
+
+def runs(count_dir: Path) -> collections.Counter[tuple[int, int]]:
+    """How many times each (job id, attempt) ran."""
+    counter: collections.Counter[tuple[int, int]] = collections.Counter()
+    for path in count_dir.glob("runs-*.log"):
+        for line in path.read_text().split("\n"):
+            if line.strip():
+                job_id, attempt = line.split()
+                counter[(int(job_id), int(attempt))] += 1
+    return counter
+
+
+def runs_per_job(count_dir: Path) -> collections.Counter[int]:
+    per_job: collections.Counter[int] = collections.Counter()
+    for (job_id, _), n in runs(count_dir).items():
+        per_job[job_id] += n
+    return per_job
+
+
+def query(dsn: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=3) as conn:
+        return conn.execute(sql, params or None).fetchall()
+
+
+def status_counts(dsn: str) -> dict[str, int]:
+    return {s: n for s, n in query(dsn, "SELECT status, count(*) FROM shardworker.jobs GROUP BY status")}
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str, step_s: float = 0.1) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return
+        except psycopg.OperationalError:
+            pass
+        time.sleep(step_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def enqueue(dsn: str, kind: str, count: int, payload: Any = None, **options: Any) -> list[int]:
+    from shardworker.client import JobSpec, enqueue_many
+
+    enqueue_many(dsn, [JobSpec(kind, payload, **options) for _ in range(count)])
+    return [r[0] for r in query(dsn, "SELECT id FROM shardworker.jobs WHERE kind = %s ORDER BY id", kind)]
+
+
+def worker_log(count_dir: Path) -> str:
+    path = count_dir / "worker.log"
+    return path.read_text(errors="replace") if path.exists() else ""

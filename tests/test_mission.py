@@ -1,0 +1,90 @@
+"""The mission: a database outage pauses persistence; it never makes a finished job run again.
+
+These stop the real PostgreSQL server (``pg_ctl stop -m immediate``) in the middle of a run.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import orjson
+
+from outbox.segment import list_segments, parse, read_file, segment_name
+from shardworker.embedded import EmbeddedPostgres
+from tests.helpers import (
+    enqueue,
+    kill_worker_group,
+    runs,
+    runs_per_job,
+    start_worker,
+    status_counts,
+    wait_for,
+    worker_log,
+)
+
+BACKOFF_CAP_S = 1.0
+
+
+def acknowledged(outbox_dir: Path) -> set[tuple[int, int]]:
+    """(job id, attempt) of every outcome durable in the outbox."""
+    found = set()
+    for shard, segs in list_segments(str(outbox_dir)).items():
+        for segno in segs:
+            buf = read_file(str(outbox_dir / segment_name(shard, segno)))
+            for frame in parse(buf, shard, segno).data:
+                job_id, attempt, *_ = orjson.loads(frame.payload)
+                found.add((job_id, attempt))
+    return found
+
+
+def test_outage_longer_than_backoff_cap_reruns_nothing(private_pg: EmbeddedPostgres, tmp_path: Path) -> None:
+    """PostgreSQL stopped mid-run for over the backoff cap: the worker stays up, every job ends done,
+    and each handler ran exactly once."""
+    dsn, count_dir = private_pg.dsn, tmp_path / "counts"
+    count_dir.mkdir()
+    enqueue(dsn, "slow", 400, {"sleep": 0.01})
+    proc = start_worker(dsn, tmp_path / "outbox", count_dir, "--backoff-cap", str(BACKOFF_CAP_S), procs=2)
+    wait_for(lambda: status_counts(dsn).get("done", 0) >= 40, 30, "a first part done")
+    private_pg.stop("immediate")
+    down_at = time.monotonic()
+    wait_for(lambda: len(runs(count_dir)) == 400, 60, "children to finish what they hold")
+    time.sleep(max(0.0, 3 * BACKOFF_CAP_S - (time.monotonic() - down_at)))
+    assert proc.poll() is None, "the worker exited during the outage:\n" + worker_log(count_dir)
+    private_pg.start()
+    wait_for(lambda: status_counts(dsn) == {"done": 400}, 60, "every job done after the outage")
+    assert proc.poll() is None, worker_log(count_dir)
+    assert set(runs_per_job(count_dir).values()) == {1}, "a handler ran again after the outage"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0, worker_log(count_dir)
+
+
+def test_worker_killed_during_outage_reruns_nothing_acknowledged(
+        private_pg: EmbeddedPostgres, tmp_path: Path) -> None:
+    """Whole worker kill -9'd while PostgreSQL is down, restarted after: no handler whose outcome was in the
+    outbox runs again; every job ends done."""
+    dsn, count_dir, outbox_dir = private_pg.dsn, tmp_path / "counts", tmp_path / "outbox"
+    count_dir.mkdir()
+    enqueue(dsn, "slow", 300, {"sleep": 0.01})
+    proc = start_worker(dsn, outbox_dir, count_dir, "--backoff-cap", str(BACKOFF_CAP_S), procs=2)
+    wait_for(lambda: status_counts(dsn).get("done", 0) >= 30, 30, "a first part done")
+    private_pg.stop("immediate")
+    wait_for(lambda: len(runs(count_dir)) >= 200, 60, "handlers running into the outbox")
+    kill_worker_group(proc)
+    acked = acknowledged(outbox_dir)
+    ran_before = runs(count_dir)
+    assert len(acked) >= 150, "expected most outcomes waiting in the outbox"
+    private_pg.start()
+    restarted = start_worker(dsn, outbox_dir, count_dir, "--backoff-cap", str(BACKOFF_CAP_S),
+                             "--exit-when-idle", procs=2)
+    assert restarted.wait(90) == 0, worker_log(count_dir)
+    assert status_counts(dsn) == {"done": 300}
+    after = runs(count_dir)
+    for job_id, attempt in acked:
+        later = [a for (j, a) in after if j == job_id and a > attempt]
+        assert not later, f"job {job_id} ran again (attempts {later}) though attempt {attempt} was acknowledged"
+    assert all(n == 1 for n in after.values()), "a handler ran twice for one attempt"
+    reran = sorted(j for j, n in runs_per_job(count_dir).items() if n > 1)
+    assert all((j, 1) in ran_before and (j, 1) not in acked for j in reran)
+    assert len(reran) <= 2, f"only jobs in hand at the kill (one per child) may run again, got {reran}"
