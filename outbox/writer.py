@@ -189,13 +189,22 @@ class ShardWriter:
         self._fd = None
 
     def _start_segment(self, segno: int) -> None:
+        """Create segment ``segno`` with a durable header, or abandon it and raise.
+
+        Abandoning matters: a record written after a failed header would sit where the
+        header belongs, and recovery would quarantine the segment, acknowledged records and all.
+        """
         name = segment_name(self.shard, segno)
         fd = os.open(os.path.join(self.directory, name),
                      os.O_WRONLY | os.O_CREAT | os.O_EXCL, fsutil.FILE_MODE)
         self._fd, self._segno, self._size, self._seq = fd, segno, 0, 0
-        # The directory entry must be durable before any record in it is acknowledged.
-        fsutil.fsync_dir(self.directory)
-        self._write_durably(encode(self.shard, segno, Kind.HEADER, 0, _now_ms(), b""))
+        try:
+            # The directory entry must be durable before any record in it is acknowledged.
+            fsutil.fsync_dir(self.directory)
+            self._write_durably(encode(self.shard, segno, Kind.HEADER, 0, _now_ms(), b""))
+        except BaseException:
+            self._abandon()
+            raise
         self._seq = 1
 
     def close(self) -> None:
