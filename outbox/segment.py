@@ -80,8 +80,10 @@ def parse(buf: bytes, shard: int, segno: int, start: int = 0, next_seq: int = 0)
         frame = decode_at(buf, pos, shard, segno)
         if frame is None:
             return _classify_damage(scan, buf, pos)
-        if frame.seq != expect or (frame.kind is Kind.HEADER) != (expect == 0):
+        if frame.seq != expect:
             return _mark(scan, State.CORRUPT, pos, f"sequence {frame.seq} where {expect} expected")
+        if (frame.kind is Kind.HEADER) != (expect == 0):
+            return _mark(scan, State.CORRUPT, pos, f"{frame.kind.name} frame at sequence {expect}")
         scan.frames.append(frame)
         pos, expect = frame.end, expect + 1
         if frame.kind is Kind.SEAL:
