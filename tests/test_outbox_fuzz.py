@@ -117,6 +117,18 @@ def test_a_frame_copied_from_another_segment_never_validates():
     assert parse(data, SHARD + 1, SEGNO).frames == []
 
 
+def test_a_segment_must_start_with_its_header_and_count_without_gaps():
+    """A DATA frame in the header's place, or a skipped sequence number, is corruption."""
+    no_header = encode(SHARD, SEGNO, Kind.DATA, 0, 0, b"x") + encode(SHARD, SEGNO, Kind.DATA, 1, 0, b"y")
+    scan = parse(no_header, SHARD, SEGNO)
+    assert (scan.state, scan.bad_offset, scan.reason) == (State.CORRUPT, 0, "DATA frame at sequence 0")
+    built = build([b"a", b"b", b"c"])
+    start, end = built.bounds[2]
+    gap = parse(built.data[:start] + built.data[end:], SHARD, SEGNO)
+    assert (gap.state, gap.bad_offset, len(gap.frames)) == (State.CORRUPT, start, 2)
+    assert gap.reason == "sequence 3 where 2 expected"
+
+
 def install(directory: str, buf: bytes) -> str:
     """Put ``buf`` in place as SHARD's segment SEGNO, as a dead writer would have left it."""
     path = os.path.join(directory, segment_name(SHARD, SEGNO))
