@@ -43,7 +43,10 @@ def recover_shard(directory: str, shard: int) -> list[RecoveryEvent]:
     events: list[RecoveryEvent] = []
     for segno in list_segments(directory).get(shard, []):
         path = os.path.join(directory, segment_name(shard, segno))
-        scan = parse(read_file(path), shard, segno)
+        try:
+            scan = parse(read_file(path), shard, segno)
+        except FileNotFoundError:
+            continue  # the flusher deleted it meanwhile: it was sealed and fully flushed
         if scan.sealed and scan.state is State.CLEAN:
             continue
         events.extend(_recover_segment(directory, path, scan))
