@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import orjson
 
 from outbox import fsutil
-from outbox.errors import OutboxFull, OutboxLocked, OutboxSyncError, OutboxUnserializable
+from outbox.errors import OutboxError, OutboxFull, OutboxLocked, OutboxSyncError, OutboxUnserializable
 from outbox.frame import HEADER_SIZE, MAX_PAYLOAD_BYTES, Kind, encode
 from outbox.recovery import highest_segno, recover_shard
 from outbox.segment import lock_name, segment_name
@@ -117,11 +117,14 @@ class ShardWriter:
         """Write and fdatasync the queued records with one write; return how many.
 
         When this returns, every queued record is durable (acknowledged). When it raises,
-        none of them is, and the queue is empty.
+        none of them is, and the queue is empty. A closed writer raises ``OutboxError``: it
+        no longer holds the shard's lock.
         """
         if not self._pending:
             return 0
         pending, self._pending = self._pending, []
+        if self._lock_fd is None:
+            raise OutboxError(f"outbox writer of shard {self.shard} is closed")
         if self._fd is None:
             # The last segment was abandoned after a failed write or fsync: never reuse it.
             self._start_segment(self._segno + 1)
