@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 import outbox
-from outbox import OutboxLocked, OutboxReader, OutboxUnserializable, ShardWriter, WriterConfig
+from outbox import OutboxError, OutboxLocked, OutboxReader, OutboxUnserializable, ShardWriter, WriterConfig
 from outbox.frame import HEADER_SIZE, MAX_PAYLOAD_BYTES
 from outbox.segment import list_segments, scan_file, segment_name
 
@@ -345,6 +345,21 @@ def test_second_writer_for_the_same_shard_is_locked_out(tmp_path):
             ShardWriter.open(d, 3)
         ShardWriter.open(d, 4).close()
     ShardWriter.open(d, 3).close()
+
+
+def test_a_closed_writer_refuses_to_commit(tmp_path):
+    """After close() (its lock released) a writer writes nothing: another may own the shard now."""
+    d = str(tmp_path)
+    w = ShardWriter.open(d, 0)
+    w.close()
+    with ShardWriter.open(d, 0) as other:
+        w.append("stale")
+        with pytest.raises(OutboxError, match="closed"):
+            w.commit()
+        other.append("fresh")
+        other.commit()
+    assert values(read_all(d)) == ["fresh"]
+    assert list_segments(d)[0] == [1, 2]
 
 
 def test_unserializable_value_raises_and_writes_nothing(tmp_path):
