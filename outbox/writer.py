@@ -134,13 +134,15 @@ class ShardWriter:
             self._start_segment(self._segno + 1)
         frames = [encode(self.shard, self._segno, Kind.DATA, self._seq + i, ts, p)
                   for i, (ts, p) in enumerate(pending)]
-        self._write_durably(b"".join(frames))
+        self._write_durably(b"".join(frames), keep_reserve=True)
         self._seq += len(frames)
         return len(frames)
 
-    def _write_durably(self, data: bytes) -> None:
+    def _write_durably(self, data: bytes, *, keep_reserve: bool = False) -> None:
+        """One write and one fdatasync. Records keep ``reserve_bytes`` free; a seal or
+        header may use that reserve, which is what it is for."""
         assert self._fd is not None, "writer is closed or abandoned"
-        self._check_room(len(data))
+        self._check_room(len(data) + (self.config.reserve_bytes if keep_reserve else 0))
         try:
             written = fsutil.write_all(self._fd, data)
         except OSError as exc:
@@ -161,9 +163,9 @@ class ShardWriter:
         self._size += len(data)
 
     def _check_room(self, nbytes: int) -> None:
-        if fsutil.free_bytes(self.directory) < nbytes + self.config.reserve_bytes:
+        if fsutil.free_bytes(self.directory) < nbytes:
             raise OutboxFull(f"outbox disk nearly full in {self.directory}: less than "
-                             f"{nbytes + self.config.reserve_bytes} bytes free")
+                             f"{nbytes} bytes free")
 
     def _truncate_back(self) -> None:
         """Cut the segment back to its last acknowledged byte after a failed write."""
