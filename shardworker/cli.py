@@ -110,13 +110,17 @@ def enqueue(kind: str | None, payload_json: str | None, count: int, file_: Any, 
               help="Seconds of watched heartbeat silence before another worker's jobs are rescued.")
 @click.option("--backoff-cap", type=click.FloatRange(min=0.01), default=5.0, show_default=True,
               help="Maximum seconds between database retries.")
+@click.option("--network-timeout", type=click.IntRange(min=2), default=20, show_default=True,
+              help="Seconds before an unresponsive database connection is declared dead.")
+@click.option("--statement-timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
+              help="Seconds a database statement may run.")
 @click.option("--min-free-mb", type=click.IntRange(min=0), default=64, show_default=True,
               help="Stop claiming when the outbox disk has less free space than this.")
 @dsn_option
 @one_line_errors
 def run(app_ref: str, procs: int, outbox_dir: str, queues: str | None, worker_id: str | None,
         exit_when_idle: bool, shutdown_timeout: float, rescue_after: float, backoff_cap: float,
-        min_free_mb: int, dsn: str | None) -> None:
+        network_timeout: int, statement_timeout: float, min_free_mb: int, dsn: str | None) -> None:
     """Run the worker: a parent, N children and one flusher."""
     from shardworker.app import load_app
     from shardworker.config import WorkerConfig
@@ -127,7 +131,8 @@ def run(app_ref: str, procs: int, outbox_dir: str, queues: str | None, worker_id
         dsn=resolve_dsn(dsn), app_ref=app_ref, procs=procs, outbox_dir=outbox_dir,
         queues=tuple(q.strip() for q in queues.split(",")) if queues else None, worker_id=worker_id,
         exit_when_idle=exit_when_idle, shutdown_timeout_s=shutdown_timeout, rescue_after_s=rescue_after,
-        backoff_cap_s=backoff_cap, backoff_base_s=min(0.05, backoff_cap), min_free_bytes=min_free_mb * 1024 * 1024)
+        backoff_cap_s=backoff_cap, backoff_base_s=min(0.05, backoff_cap), min_free_bytes=min_free_mb * 1024 * 1024,
+        network_timeout_s=network_timeout, statement_timeout_s=statement_timeout, connect_timeout_s=min(5, network_timeout))
     started = time.monotonic()
     summary = Supervisor(config, app).run()
     elapsed = time.monotonic() - started

@@ -31,15 +31,20 @@ def status(outbox_dir: str, as_json: bool) -> None:
     from shardworker.errors import ShardworkerError
     from shardworker.supervisor import WORKER_LOCK
     from outbox.fsutil import is_locked
+    from shardworker.flusher import DEADLETTER_DIR, STALE_LOG
 
     if not os.path.isdir(outbox_dir):
         raise ShardworkerError(f"no outbox directory at {outbox_dir}")
     st = outbox_status(outbox_dir)
     worker = is_locked(os.path.join(outbox_dir, WORKER_LOCK))
+    stale = _count_lines(os.path.join(outbox_dir, STALE_LOG))
+    deadletters = len(os.listdir(os.path.join(outbox_dir, DEADLETTER_DIR))) if os.path.isdir(
+        os.path.join(outbox_dir, DEADLETTER_DIR)) else 0
     if as_json:
         click.echo(orjson.dumps({
             "directory": outbox_dir, "pending": st.pending, "worker_running": worker,
             "flusher_running": st.flusher_alive, "quarantined": st.quarantined, "torn_tails": st.torn_tails,
+            "stale_outcomes": stale, "deadlettered": deadletters,
             "shards": [{"shard": s.shard, "pending": s.pending, "bytes": s.pending_bytes,
                         "oldest_age_s": s.oldest_age_s, "segments": s.segments,
                         "writer_alive": s.writer_alive} for s in st.shards]}).decode())
@@ -54,6 +59,18 @@ def status(outbox_dir: str, as_json: bool) -> None:
         click.echo(f"  QUARANTINED {name}")
     for name in st.torn_tails:
         click.echo(f"  torn tail kept: {name}")
+    if stale:
+        click.echo(f"  {stale} stale outcome(s) ignored so far (their attempts were rescued); see {STALE_LOG}")
+    if deadletters:
+        click.echo(f"  {deadletters} outcome(s) dead-lettered in {DEADLETTER_DIR}/")
+
+
+def _count_lines(path: str) -> int:
+    try:
+        with open(path, "rb") as f:
+            return sum(1 for _ in f)
+    except FileNotFoundError:
+        return 0
 
 
 @outbox.command()

@@ -46,6 +46,7 @@ class WorkerConfig:
     rescue_after_s: float = 120.0
     connect_timeout_s: int = 5
     statement_timeout_s: float = 30.0
+    network_timeout_s: int = 20
     log_interval_s: float = 10.0
     extra: dict[str, str] = field(default_factory=dict, compare=False)
 

@@ -27,6 +27,7 @@ from shardworker.retry import Backoff, is_retryable
 log = logging.getLogger(__name__)
 
 DEADLETTER_DIR = "deadletter"
+STALE_LOG = "stale.log"
 
 
 class OutcomeStore:
@@ -147,6 +148,19 @@ class Flusher:
             del self.stats.stale_ids[:-1000]
             log.warning("%d stale outcomes ignored (a newer attempt owns the job): ids %s",
                         result.stale, list(result.stale_ids[:10]))
+            self._log_stale(result.stale_ids)
+
+    def _log_stale(self, ids: tuple[int, ...]) -> None:
+        """Append stale job ids to ``stale.log`` for ``outbox status`` (a report, not state)."""
+        path = os.path.join(self.reader.directory, STALE_LOG)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, "".join(f"{time.time():.3f} {job_id}\n" for job_id in ids).encode())
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            log.warning("could not record stale outcomes in %s: %s", STALE_LOG, exc)
 
     def _maybe_checkpoint(self, force: bool = False) -> None:
         now = self.clock()

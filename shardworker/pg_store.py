@@ -45,6 +45,9 @@ class StoreConfig:
     dsn: str
     connect_timeout_s: int = 5
     statement_timeout_s: float = 30.0
+    # A connection whose peer stops answering (a black hole) is declared dead after about
+    # this long, through TCP keepalives and TCP_USER_TIMEOUT, even mid-statement.
+    network_timeout_s: int = 20
     application_name: str = "shardworker"
 
     def __post_init__(self) -> None:
@@ -52,6 +55,8 @@ class StoreConfig:
             raise ValueError("connect_timeout_s must be >= 1")
         if self.statement_timeout_s <= 0:
             raise ValueError("statement_timeout_s must be > 0")
+        if self.network_timeout_s < 2:
+            raise ValueError("network_timeout_s must be >= 2")
 
 
 def redact_dsn(dsn: str) -> str:
@@ -75,6 +80,14 @@ def translate_errors() -> Iterator[None]:
         raise DatabaseUnavailable(f"database unavailable: {_first_line(exc)}") from exc
     except psycopg.Error as exc:
         raise StoreError(f"database error: {_first_line(exc)}") from exc
+
+
+def _tcp_liveness(timeout_s: int) -> dict[str, int]:
+    """libpq options that declare a silent peer dead after about ``timeout_s``:
+    keepalive probes start after timeout/2 idle, then 2 probes timeout/4 apart."""
+    return {"keepalives": 1, "keepalives_idle": max(1, timeout_s // 2),
+            "keepalives_interval": max(1, timeout_s // 4), "keepalives_count": 2,
+            "tcp_user_timeout": timeout_s * 1000}
 
 
 def _first_line(exc: BaseException) -> str:
@@ -107,8 +120,7 @@ class PgStore:
                     self.config.dsn, autocommit=True, connect_timeout=self.config.connect_timeout_s,
                     application_name=self.config.application_name,
                     options=f"-c statement_timeout={int(self.config.statement_timeout_s * 1000)}",
-                    # Keepalives notice a black-holed peer within ~20 s even when idle.
-                    keepalives=1, keepalives_idle=10, keepalives_interval=5, keepalives_count=2,
+                    **_tcp_liveness(self.config.network_timeout_s),
                 )
         return self._conn
 

@@ -96,7 +96,8 @@ class Supervisor:
     def __init__(self, config: WorkerConfig, app: App) -> None:
         self.config, self.app = config, app
         self.store_config = StoreConfig(config.dsn, connect_timeout_s=config.connect_timeout_s,
-                                        statement_timeout_s=config.statement_timeout_s)
+                                        statement_timeout_s=config.statement_timeout_s,
+                                        network_timeout_s=config.network_timeout_s)
         self.store = PgStore(self.store_config)
         self.worker_id = ""
         self.stopping = False
