@@ -10,13 +10,15 @@ Usage::
 ``commit`` is the group commit: records appended since the last commit are written with
 one ``os.write`` and made durable with one ``fdatasync``. Only when it returns are they
 acknowledged. On a short write or ENOSPC the segment is truncated back to the last
-acknowledged byte and ``OutboxFull`` is raised; on an fsync error the segment is abandoned
-(never written again) and ``OutboxSyncError`` is raised. Either way the batch is dropped
-from the writer and nothing in it is acknowledged: the caller decides what happens to it.
+acknowledged byte and ``OutboxFull`` is raised; on an fsync error the batch is cut off the
+same way, the segment is abandoned (never written again) and ``OutboxSyncError`` is raised.
+Either way the batch is dropped from the writer and nothing in it is acknowledged: the
+caller decides what happens to it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -157,7 +159,7 @@ class ShardWriter:
         try:
             os.fdatasync(self._fd)
         except OSError as exc:
-            self._abandon()
+            self._cut_and_abandon()
             raise OutboxSyncError(f"fdatasync failed on outbox shard {self.shard} segment "
                                   f"{self._segno}: {exc}; segment abandoned") from exc
         self._size += len(data)
@@ -176,6 +178,19 @@ class ShardWriter:
         except OSError:
             self._abandon()
             raise
+
+    def _cut_and_abandon(self) -> None:
+        """After an fsync error: cut the unsynced batch off (best effort), then abandon.
+
+        The kernel may have dropped the batch's pages while they still read back from cache.
+        Left in place, recovery would seal the segment after them and its fdatasync would
+        succeed without writing them: zeros before a seal, a corrupt segment, and its
+        acknowledged records quarantined.
+        """
+        assert self._fd is not None
+        with contextlib.suppress(OSError):
+            os.ftruncate(self._fd, self._size)
+        self._abandon()
 
     def _abandon(self) -> None:
         """Stop using the current segment; the next commit opens a new one."""
