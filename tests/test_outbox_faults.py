@@ -19,12 +19,22 @@ import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
 import outbox
-from outbox import OutboxFull, OutboxLocked, OutboxReader, OutboxSyncError, ShardWriter, WriterConfig, fsutil, recovery
+from outbox import (
+    OutboxError,
+    OutboxFull,
+    OutboxLocked,
+    OutboxReader,
+    OutboxSyncError,
+    ShardWriter,
+    WriterConfig,
+    fsutil,
+    recovery,
+)
 from outbox.segment import list_segments, scan_file, segment_name
 
 SMALL = WriterConfig(segment_bytes=4096, reserve_bytes=0)
@@ -57,6 +67,10 @@ class Crash(BaseException):
     """The power went out. A BaseException, so no ``except OSError`` in the outbox catches it."""
 
 
+class Died(BaseException):
+    """The process was killed during a call: its fds close, the page cache survives."""
+
+
 _REAL = {name: getattr(os, name) for name in ("open", "close", "write", "fdatasync", "fsync", "replace",
                                               "unlink", "ftruncate")}
 
@@ -67,22 +81,29 @@ class FaultFS:
     Durable state is what a power cut keeps: a file's content as of its last fsync or
     fdatasync, and a directory's entries as of its last fsync. Every wrapped call under
     ``root`` counts as one step; at step ``crash_at`` the call raises ``Crash`` instead of
-    running, and so does every later call.
+    running, and so does every later call. At a step in ``die_at`` the call raises ``Died``
+    instead (a write first lands a random prefix of its bytes, as kill -9 can leave it).
+
+    The n-th fsync or fdatasync of a file, for n in ``eio_at``, fails with EIO the way Linux
+    fails it: the unsynced pages stay readable in the page cache but never reach the disk,
+    and a later fsync that succeeds does not write them ("fsyncgate"). Only bytes written
+    again after the error become durable.
     """
 
-    def __init__(self, root: str, rng: random.Random, crash_at: int) -> None:
+    def __init__(self, root: str, rng: random.Random, crash_at: int, die_at: frozenset[int] = frozenset(),
+                 eio_at: frozenset[int] = frozenset()) -> None:
         self.root, self.rng, self.crash_at = os.path.realpath(root), rng, crash_at
-        self.steps = 0
+        self.die_at, self.eio_at = die_at, eio_at
+        self.steps = self.file_syncs = 0
         self.crashed = False
         self._ids = itertools.count(1)
         self.paths: dict[int, str] = {}  # fd -> the path it was opened with
         self.ids: dict[tuple[int, int], int] = {}  # live (st_dev, st_ino) -> file id
         self.content: dict[int, bytes] = {}  # file id -> durable bytes
+        self.lost: dict[int, list[tuple[int, int]]] = {}  # file id -> byte ranges EIO dropped
         self.dirs: dict[str, dict[str, int]] = {}  # directory -> durable entries (name -> file id)
         for directory, _, _ in os.walk(self.root):
             self._sync_dir(directory)
-            for fid in self.dirs[directory].values():
-                self.content[fid] = b""
             for name, fid in self.dirs[directory].items():
                 with open(os.path.join(directory, name), "rb") as f:
                     self.content[fid] = f.read()
@@ -96,11 +117,16 @@ class FaultFS:
             return path in self.paths
         return not kw and os.path.abspath(path).startswith(self.root + os.sep)
 
-    def _step(self) -> None:
+    def _step(self, torn_write: tuple[int, bytes] | None = None) -> None:
         self.steps += 1
         if self.crashed or self.steps >= self.crash_at:
             self.crashed = True
             raise Crash
+        if self.steps in self.die_at:
+            if torn_write:
+                fd, data = torn_write
+                _REAL["write"](fd, data[: self.rng.randint(0, len(data))])
+            raise Died
 
     def _id(self, st: os.stat_result) -> int:
         key = (st.st_dev, st.st_ino)
@@ -134,14 +160,24 @@ class FaultFS:
         _REAL["close"](fd)
 
     def _write(self, fd: int, data: bytes) -> int:
-        if self._mine(fd):
-            self._step()
-        return _REAL["write"](fd, data)
+        if not self._mine(fd):
+            return _REAL["write"](fd, data)
+        self._step(torn_write=(fd, data))
+        offset = os.lseek(fd, 0, os.SEEK_CUR)
+        written = _REAL["write"](fd, data)
+        self._clip_lost(fd, lambda a, b: [(a, min(b, offset)), (max(a, offset + written), b)])
+        return written
 
     def _ftruncate(self, fd: int, length: int) -> None:
         if self._mine(fd):
             self._step()
+            self._clip_lost(fd, lambda a, b: [(a, min(b, length))])
         _REAL["ftruncate"](fd, length)
+
+    def _clip_lost(self, fd: int, clip: Callable[[int, int], list[tuple[int, int]]]) -> None:
+        fid = self._id(os.fstat(fd))
+        if fid in self.lost:
+            self.lost[fid] = [(a, b) for old in self.lost[fid] for a, b in clip(*old) if a < b]
 
     def _fdatasync(self, fd: int) -> None:
         self._sync("fdatasync", fd)
@@ -154,13 +190,22 @@ class FaultFS:
             _REAL[name](fd)
             return
         self._step()
-        _REAL[name](fd)
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
+            _REAL[name](fd)
             self._sync_dir(self.paths[fd])
-        else:
-            with open(f"/proc/self/fd/{fd}", "rb") as f:  # the fd may be write-only
-                self.content[self._id(st)] = f.read()
+            return
+        fid = self._id(st)
+        self.file_syncs += 1
+        if self.file_syncs in self.eio_at:
+            self.lost.setdefault(fid, []).append((len(self.content.get(fid, b"")), st.st_size))
+            raise OSError(errno.EIO, "Input/output error (injected)")
+        _REAL[name](fd)
+        with open(f"/proc/self/fd/{fd}", "rb") as f:  # the fd may be write-only
+            data = bytearray(f.read())
+        for a, b in self.lost.get(fid, []):
+            data[a:b] = bytes(len(data[a:b]))  # never written back: zeros on disk
+        self.content[fid] = bytes(data)
 
     def _replace(self, src: str, dst: str, **kw: object) -> None:
         if self._mine(dst, kw):
@@ -208,32 +253,69 @@ def scratch_dir() -> tempfile.TemporaryDirectory[str]:
     return tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
 
 
+def kill(writer: ShardWriter) -> None:
+    """What kill -9 leaves of a writer: its fds closed, no seal, no cleanup."""
+    for fd in (writer._fd, writer._lock_fd):
+        if fd is not None:
+            os.close(fd)
+
+
 class Workload:
-    """Random appends, commits, writer restarts and flusher checkpoints on two shards."""
+    """Random appends, commits, writer restarts and flusher checkpoints on two shards.
+
+    A ``Died`` from the file layer kills the whole worker (writers and flusher) and starts a
+    new one, which recovers; so does an I/O error (an fsync EIO: exit, and let the restart
+    recover, as the durability rules allow). A ``Crash`` ends the run.
+    """
 
     def __init__(self, directory: str, rng: random.Random) -> None:
         self.directory, self.rng = directory, rng
         self.attempted: set[int] = set()
         self.acked: set[int] = set()
         self.checkpointed: set[int] = set()  # flushed, and a checkpoint() after it returned
-        self.in_checkpoint: set[int] = set()  # flushed, in the checkpoint() the crash interrupted
+        self.maybe_checkpointed: set[int] = set()  # flushed, in a checkpoint() that was cut short
         self.writers: dict[int, ShardWriter] = {}
         self.reader: OutboxReader | None = None
         self._next = 0
 
     def run(self, steps: int) -> None:
-        for shard in (0, 1):
-            self.writers[shard] = ShardWriter.open(self.directory, shard, SMALL)
-        self.reader = OutboxReader.open(self.directory)
+        self._start()
         for _ in range(steps):
-            roll, shard = self.rng.random(), self.rng.choice((0, 1))
-            if roll < 0.65:
-                self._commit(shard, self.rng.randint(1, 12))
-            elif roll < 0.85:
-                self._flush()
-            else:
-                self.writers[shard].close()
-                self.writers[shard] = ShardWriter.open(self.directory, shard, SMALL)
+            try:
+                self._one_step()
+            except (Died, OSError, OutboxError):
+                self._kill_all()
+                self._start()
+
+    def _start(self) -> None:
+        while True:
+            try:
+                for shard in (0, 1):
+                    if shard not in self.writers:
+                        self.writers[shard] = ShardWriter.open(self.directory, shard, SMALL)
+                if self.reader is None:
+                    self.reader = OutboxReader.open(self.directory)
+                return
+            except (Died, OSError, OutboxError):
+                self._kill_all()
+
+    def _kill_all(self) -> None:
+        for w in self.writers.values():
+            kill(w)
+        self.writers = {}
+        if self.reader is not None:
+            self.reader.close()  # closes fds only
+            self.reader = None
+
+    def _one_step(self) -> None:
+        roll, shard = self.rng.random(), self.rng.choice((0, 1))
+        if roll < 0.65:
+            self._commit(shard, self.rng.randint(1, 12))
+        elif roll < 0.85:
+            self._flush()
+        else:
+            self.writers.pop(shard).close()
+            self.writers[shard] = ShardWriter.open(self.directory, shard, SMALL)
 
     def _commit(self, shard: int, n: int) -> None:
         ids = list(range(self._next, self._next + n))
@@ -249,30 +331,35 @@ class Workload:
         records = drain(self.reader)
         done = records[: self.rng.randint(0, len(records))]
         self.reader.mark_flushed(done)
-        self.in_checkpoint = {r.value()["id"] for r in done}  # type: ignore[index]
+        ids = {r.value()["id"] for r in done}  # type: ignore[index]
+        self.maybe_checkpointed |= ids
         self.reader.checkpoint()
-        self.checkpointed |= self.in_checkpoint
-        self.in_checkpoint = set()
+        self.checkpointed |= ids
+        self.maybe_checkpointed -= ids
         # What was polled but not marked stays in flight; a new reader would replay it, so
         # drop this reader's memory of it by reopening.
         self.reader.close()
+        self.reader = None
         self.reader = OutboxReader.open(self.directory)
 
     def abandon(self) -> None:
-        """Close every fd the way a dying process does, running no outbox code that writes."""
+        """After the power cut: close every fd, running no outbox code that writes."""
         for w in self.writers.values():
-            with contextlib.suppress(Crash):
-                w.close()  # after the crash its seal raises Crash; the finally still closes fds
+            kill(w)
         if self.reader is not None:
             self.reader.close()
 
 
 @pytest.mark.parametrize("seed", range(150))
 def test_power_loss_keeps_every_acknowledged_record(seed, monkeypatch):
-    """After a power cut at a random step, a new reader yields each acknowledged record once."""
+    """After a power cut at a random step (after up to three kill -9s of the worker, each at a
+    random step), a new reader yields each acknowledged record once."""
     rng = random.Random(seed)
     with scratch_dir() as d:
-        fs = FaultFS(d, rng, crash_at=rng.randint(1, 350))
+        crash_at = rng.randint(1, 350)
+        die_at = frozenset(rng.sample(range(1, crash_at + 1), min(crash_at, rng.randint(0, 3))))
+        eio_at = frozenset(rng.sample(range(1, 80), rng.choice((0, 0, 1, 2))))
+        fs = FaultFS(d, rng, crash_at, die_at, eio_at)
         fs.install(monkeypatch)
         work = Workload(d, rng)
         with contextlib.suppress(Crash):
@@ -285,8 +372,8 @@ def test_power_loss_keeps_every_acknowledged_record(seed, monkeypatch):
         with OutboxReader.open(d) as reader:
             read = [r.value()["id"] for r in drain(reader)]  # type: ignore[index]
             assert not set(read) & work.checkpointed, "a checkpointed record came back"
-            # A checkpoint the crash interrupted may or may not have landed.
-            gone = work.checkpointed | (work.in_checkpoint - set(read))
+            # A checkpoint the crash or a death interrupted may or may not have landed.
+            gone = work.checkpointed | (work.maybe_checkpointed - set(read))
             assert_exactly_once(read + sorted(gone), work.acked, work.attempted)
             for shard in (0, 1):  # writers restart: recovery must not bring anything back
                 with ShardWriter.open(d, shard, SMALL) as w:
@@ -360,31 +447,47 @@ def ranges(lines: list[str], tag: str) -> set[int]:
     return out
 
 
+def flush_once(reader: OutboxReader, max_records: int = 500) -> list[int]:
+    """One flusher cycle: poll, 'commit' (return the ids), mark flushed, checkpoint."""
+    records = reader.poll(max_records)
+    reader.mark_flushed(records)
+    reader.checkpoint()
+    return [r.value()["id"] for r in records]  # type: ignore[index]
+
+
 def test_kill_9_of_a_writer_loses_no_acknowledged_record(tmp_path):
-    """Writers SIGKILLed at random instants, restarted each time: every acknowledged id read once."""
+    """Writers SIGKILLed at random instants while a flusher follows them, restarted each time:
+    every acknowledged id is read exactly once, and nothing never attempted."""
     d, rng = str(tmp_path), random.Random(1234)
     attempted: set[int] = set()
     acked: set[int] = set()
     read: list[int] = []
+    reader = OutboxReader.open(d)
     for round_ in range(15):
         child = spawn(CHILD_WRITER, d, str(round_ * 1_000_000), str(round_))
         assert child.stdout is not None
         assert child.stdout.readline() == "ready\n"
-        time.sleep(rng.uniform(0.0, 0.25))
+        deadline = time.monotonic() + rng.uniform(0.0, 0.25)
+        while time.monotonic() < deadline:
+            if round_ % 2:  # the flusher reads the segment the writer is appending to
+                read += flush_once(reader)
+            else:
+                time.sleep(0.002)
         child.send_signal(signal.SIGKILL)
         lines = child.stdout.readlines()
         child.wait()
         attempted |= ranges(lines, "attempt")
         acked |= ranges(lines, "ack")
         if round_ % 3 == 1:  # a flusher between rounds recovers the dead writer's shard itself
-            with OutboxReader.open(d) as reader:
-                records = drain(reader)
-                reader.mark_flushed(records)
-                reader.checkpoint()
-            read += [r.value()["id"] for r in records]  # type: ignore[index]
+            read += flush_once(reader, 10**6)
+        if round_ % 4 == 3:  # the flusher restarts too, from its checkpoint
+            reader.close()
+            reader = OutboxReader.open(d)
     assert len(acked) > 100, "the writer was killed before it acknowledged much: test proves little"
     ShardWriter.open(d, 0).close()  # the last restart: recovery of the last killed writer
-    read += read_ids(d)
+    read += flush_once(reader, 10**6)
+    reader.close()
+    assert read_ids(d) == []  # everything was flushed and checkpointed: no replay
     assert_exactly_once(read, acked, attempted)
     assert outbox.verify(d).corrupt == []
 
@@ -427,11 +530,15 @@ class Producer:
         self.writer = writer
         self.attempted: set[int] = set()
         self.acked: set[int] = set()
-        self.fulls = 0
+        self.failures: list[type[OutboxError]] = []
         self._next = 0
 
+    @property
+    def fulls(self) -> int:
+        return self.failures.count(OutboxFull)
+
     def batch(self, n: int, pad: int = 200) -> bool:
-        """Append and commit ``n`` records; False if the commit raised OutboxFull."""
+        """Append and commit ``n`` records; False if the commit raised OutboxFull or OutboxSyncError."""
         ids = range(self._next, self._next + n)
         self._next += n
         self.attempted.update(ids)
@@ -439,8 +546,8 @@ class Producer:
             self.writer.append({"id": i, "pad": "f" * pad})
         try:
             self.writer.commit()
-        except OutboxFull:
-            self.fulls += 1
+        except (OutboxFull, OutboxSyncError) as exc:
+            self.failures.append(type(exc))
             return False
         self.acked.update(ids)
         return True
@@ -566,39 +673,36 @@ def test_flusher_checkpoint_on_a_full_disk_fails_and_keeps_the_old_one(small_dis
 
 
 def test_fdatasync_eio_abandons_the_segment_and_later_commits_are_read(tmp_path, monkeypatch):
-    """EIO from fdatasync: OutboxSyncError, that segment is never written again, later commits read."""
+    """EIO from fdatasync: OutboxSyncError, the batch is cut off, that segment is never
+    written again, and later commits go to a new segment and are read."""
     d = str(tmp_path)
     w = ShardWriter.open(d, 0, SMALL)
     p = Producer(w)
     assert p.batch(3)
+    bad = os.path.join(d, segment_name(0, w.segno))
+    size = os.path.getsize(bad)
     failing = [OSError(errno.EIO, "Input/output error")]
     real = os.fdatasync
 
-    def flaky(fd: int) -> None:
+    def fdatasync_failing_once(fd: int) -> None:
         if failing:
             raise failing.pop()
         real(fd)
 
-    monkeypatch.setattr(os, "fdatasync", flaky)
-    bad = w.segno
-    ids = range(p._next, p._next + 4)
-    for i in ids:
-        w.append({"id": i})
-    with pytest.raises(OutboxSyncError):
-        w.commit()
-    p._next += 4
-    p.attempted.update(ids)
-    assert w.pending == 0
-    size = os.path.getsize(os.path.join(d, segment_name(0, bad)))
-    assert p.batch(3)
-    assert w.segno == bad + 1
+    monkeypatch.setattr(os, "fdatasync", fdatasync_failing_once)
+    segno = w.segno
+    assert not p.batch(4)
+    assert p.failures == [OutboxSyncError] and w.pending == 0
+    assert os.path.getsize(bad) == size  # the unsynced batch is not left for recovery to seal
+    assert p.batch(3) and p.batch(2)
+    assert w.segno == segno + 1
     w.close()
-    assert os.path.getsize(os.path.join(d, segment_name(0, bad))) == size
-    assert scan_file(d, 0, bad + 1).sealed
-    read = read_ids(d)
-    assert_exactly_once(read, p.acked, p.attempted)
+    assert os.path.getsize(bad) == size
+    assert scan_file(d, 0, segno + 1).sealed
+    assert sorted(read_ids(d)) == sorted(p.acked)
     ShardWriter.open(d, 0).close()  # recovery seals the abandoned segment; nothing is read twice
-    assert sorted(read_ids(d)) == sorted(read)
+    assert sorted(read_ids(d)) == sorted(p.acked)
+    assert outbox.verify(d).corrupt == []
 
 
 # --- a flusher and a restarting writer at the same time ------------------------------------
