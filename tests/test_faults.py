@@ -1,0 +1,312 @@
+"""The fault suite: real outages, kills, a full disk and corruption; each check able to fail.
+
+Every scenario ends with the same check (``assert_promise``): every job done with its own
+result, no (job, attempt) ran twice, nothing left running, and no job whose outcome was
+acknowledged ran again.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from shardworker.cli import main as cli
+from shardworker.embedded import EmbeddedPostgres
+from tests.helpers import (
+    enqueue,
+    kill_worker_group,
+    query,
+    runs,
+    runs_per_job,
+    start_worker,
+    status_counts,
+    wait_for,
+    worker_log,
+)
+from tests.test_mission import acknowledged
+
+FAST = ("--backoff-cap", "1", "--network-timeout", "3")
+
+
+def assert_promise(dsn: str, count_dir: Path, total: int, acked: set[tuple[int, int]] = frozenset(),
+                   max_reruns: int = 0) -> None:
+    """The end-of-scenario check of durability.md."""
+    rows = query(dsn, "SELECT id, status, result FROM shardworker.jobs")
+    assert len(rows) == total
+    bad = [r for r in rows if r[1] != "done" or r[2] != {"id": r[0]}]
+    assert not bad, f"{len(bad)} jobs not done with their own result, e.g. {bad[:3]}"
+    ran = runs(count_dir)
+    assert all(n == 1 for n in ran.values()), "a handler ran twice for one attempt"
+    for job_id, attempt in acked:
+        assert not [a for (j, a) in ran if j == job_id and a > attempt], f"acknowledged job {job_id} ran again"
+    reran = [j for j, n in runs_per_job(count_dir).items() if n > 1]
+    assert len(reran) <= max_reruns, f"{len(reran)} jobs ran again: {sorted(reran)[:10]}"
+
+
+@pytest.fixture
+def dirs(tmp_path: Path) -> tuple[Path, Path]:
+    (tmp_path / "counts").mkdir()
+    return tmp_path / "outbox", tmp_path / "counts"
+
+
+def test_repeated_short_outages_rerun_nothing(private_pg: EmbeddedPostgres, dirs: tuple[Path, Path]) -> None:
+    """PostgreSQL restarted (immediate) three times during a run: zero re-runs, the worker rides it out."""
+    dsn = private_pg.dsn
+    enqueue(dsn, "slow", 600, {"sleep": 0.01})
+    proc = start_worker(dsn, *dirs, *FAST, "--exit-when-idle", procs=2)
+    for _ in range(3):
+        time.sleep(0.8)
+        private_pg.stop("immediate")
+        time.sleep(1.5)
+        assert proc.poll() is None, worker_log(dirs[1])
+        private_pg.start()
+    assert proc.wait(90) == 0, worker_log(dirs[1])
+    assert_promise(dsn, dirs[1], 600)
+
+
+def _worker_processes(parent_pid: int) -> dict[str, list[int]]:
+    """The worker's children by role, read from /proc."""
+    roles: dict[str, list[int]] = {"child": [], "flusher": []}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == parent_pid and b"multiprocess" in cmdline:
+            roles["flusher" if _is_flusher(int(entry)) else "child"].append(int(entry))
+    return roles
+
+
+def _is_flusher(pid: int) -> bool:
+    """The flusher is the spawned process holding a connection to PostgreSQL (children never do)."""
+    try:
+        return any("5432" in line or ":" in line for line in _tcp_of(pid))
+    except OSError:
+        return False
+
+
+def _tcp_of(pid: int) -> list[str]:
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    lines = []
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            parts = line.split()
+            if parts[9] in inodes:
+                lines.append(parts[2])
+    return lines
+
+
+def test_random_kill9_of_children_flusher_and_parent(private_pg: EmbeddedPostgres, dirs: tuple[Path, Path]) -> None:
+    """kill -9 of a child, the flusher or the whole worker at random instants, with restarts: only jobs in
+    hand at a kill run again, at most once per kill per child."""
+    dsn, rng = private_pg.dsn, random.Random(7)
+    enqueue(dsn, "slow", 800, {"sleep": 0.005})
+    procs, reruns_allowed = 2, 0
+    proc = start_worker(dsn, *dirs, *FAST, procs=procs)
+    for round_ in range(6):
+        time.sleep(rng.uniform(0.5, 1.2))
+        if status_counts(dsn).get("done", 0) == 800:
+            break
+        roles = _worker_processes(proc.pid)
+        victim = ["child", "flusher", "parent"][round_ % 3]
+        if victim == "parent" or not roles[victim]:
+            kill_worker_group(proc)
+            reruns_allowed += procs
+            proc = start_worker(dsn, *dirs, *FAST, procs=procs)
+        else:
+            os.kill(rng.choice(roles[victim]), signal.SIGKILL)
+            reruns_allowed += 1 if victim == "child" else 0
+    wait_for(lambda: status_counts(dsn) == {"done": 800}, 90, "all jobs done after the kills")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0, worker_log(dirs[1])
+    assert_promise(dsn, dirs[1], 800, max_reruns=reruns_allowed)
+
+
+def test_kill_during_outage_then_drain_then_run_reruns_nothing(
+        private_pg: EmbeddedPostgres, dirs: tuple[Path, Path]) -> None:
+    """Whole worker killed during an outage; `outbox drain` after the database returns; a new run finishes
+    the rest; no acknowledged job runs again."""
+    dsn, (outbox_dir, count_dir) = private_pg.dsn, dirs
+    enqueue(dsn, "slow", 300, {"sleep": 0.01})
+    proc = start_worker(dsn, outbox_dir, count_dir, *FAST, procs=2)
+    wait_for(lambda: status_counts(dsn).get("done", 0) >= 30, 30, "a first part done")
+    private_pg.stop("immediate")
+    wait_for(lambda: len(runs(count_dir)) >= 200, 60, "handlers finishing into the outbox")
+    kill_worker_group(proc)
+    acked = acknowledged(outbox_dir)
+    private_pg.start()
+    result = CliRunner().invoke(cli, ["outbox", "drain", "--outbox-dir", str(outbox_dir), "--dsn", dsn,
+                                      "--timeout", "30"])
+    assert result.exit_code == 0, result.output
+    done_after_drain = status_counts(dsn).get("done", 0)
+    assert done_after_drain >= len(acked) - 1
+    proc = start_worker(dsn, outbox_dir, count_dir, *FAST, "--exit-when-idle", procs=2)
+    assert proc.wait(60) == 0, worker_log(count_dir)
+    assert_promise(dsn, count_dir, 300, acked, max_reruns=2)
+
+
+def test_dead_host_is_rescued_and_its_outbox_drains_stale(private_pg: EmbeddedPostgres, tmp_path: Path) -> None:
+    """Two hosts on one database; A dies for good holding jobs; B rescues them after --rescue-after; A's outbox,
+    drained later, yields only stale outcomes that change nothing."""
+    dsn = private_pg.dsn
+    a_outbox, b_outbox, counts = tmp_path / "a", tmp_path / "b", tmp_path / "counts"
+    counts.mkdir()
+    enqueue(dsn, "slow", 200, {"sleep": 0.05})
+    a = start_worker(dsn, a_outbox, counts, *FAST, "--worker-id", "host-a", procs=1)
+    wait_for(lambda: "queued" not in status_counts(dsn) and len(runs(counts)) >= 5, 30, "A holds the jobs")
+    b = start_worker(dsn, b_outbox, counts, *FAST, "--worker-id", "host-b", "--rescue-after", "5", procs=2)
+    time.sleep(1.0)
+    private_pg.stop("immediate")  # A's last outcomes stay in its outbox, unapplied
+    time.sleep(0.5)
+    kill_worker_group(a)
+    a_acked = acknowledged(a_outbox)
+    private_pg.start()
+    wait_for(lambda: status_counts(dsn) == {"done": 200}, 90, "B finishing A's rescued jobs")
+    b.send_signal(signal.SIGTERM)
+    assert b.wait(30) == 0, worker_log(counts)
+    rescued = query(dsn, "SELECT count(*) FROM shardworker.jobs WHERE attempt = 2")[0][0]
+    assert rescued > 0, "no job was rescued"
+    before = query(dsn, "SELECT id, attempt, status, result FROM shardworker.jobs ORDER BY id")
+    result = CliRunner().invoke(cli, ["outbox", "drain", "--outbox-dir", str(a_outbox), "--dsn", dsn,
+                                      "--timeout", "30"])
+    assert result.exit_code == 0, result.output
+    assert query(dsn, "SELECT id, attempt, status, result FROM shardworker.jobs ORDER BY id") == before
+    assert " 0 applied" in result.output and "stale" in result.output
+    assert a_acked, "A had acknowledged outcomes in its outbox"
+
+
+def test_outage_longer_than_rescue_after_rescues_nobody(private_pg: EmbeddedPostgres, tmp_path: Path) -> None:
+    """Two workers cut off by the same outage (longer than --rescue-after): nobody's jobs are rescued."""
+    dsn, counts = private_pg.dsn, tmp_path / "counts"
+    counts.mkdir()
+    enqueue(dsn, "slow", 400, {"sleep": 0.02})
+    args = (*FAST, "--rescue-after", "5", "--exit-when-idle")
+    a = start_worker(dsn, tmp_path / "a", counts, *args, "--worker-id", "host-a", procs=1)
+    b = start_worker(dsn, tmp_path / "b", counts, *args, "--worker-id", "host-b", procs=1)
+    wait_for(lambda: status_counts(dsn).get("done", 0) >= 20, 30, "both working")
+    private_pg.stop("immediate")
+    time.sleep(7)
+    private_pg.start()
+    assert a.wait(90) == 0 and b.wait(90) == 0, worker_log(counts)
+    assert query(dsn, "SELECT count(*) FROM shardworker.jobs WHERE last_error LIKE 'rescued%%'") == [(0,)]
+    assert_promise(dsn, counts, 400)
+
+
+def test_corrupt_segment_is_quarantined_and_other_shards_flow(
+        private_pg: EmbeddedPostgres, dirs: tuple[Path, Path]) -> None:
+    """A bit flip inside an acknowledged record: that segment is quarantined and reported by status and
+    verify; the other shards' outcomes still apply."""
+    from outbox.segment import list_segments, parse, read_file, segment_name
+
+    dsn, (outbox_dir, count_dir) = private_pg.dsn, dirs
+    enqueue(dsn, "slow", 200, {"sleep": 0.01})
+    proc = start_worker(dsn, outbox_dir, count_dir, *FAST, procs=2)
+    wait_for(lambda: status_counts(dsn).get("done", 0) >= 1, 30, "the worker working")
+    private_pg.stop("immediate")
+    wait_for(lambda: len(runs(count_dir)) == 200, 30, "all handlers ran into the outbox")
+    time.sleep(0.3)
+    kill_worker_group(proc)
+    segs = list_segments(str(outbox_dir))
+    path = outbox_dir / segment_name(0, segs[0][-1])
+    frames = parse(read_file(str(path)), 0, segs[0][-1]).data
+    assert len(frames) >= 20
+    victim = frames[-10].offset + 30  # inside a record the flusher had not applied yet
+    with open(path, "r+b") as f:
+        f.seek(victim)
+        byte = f.read(1)
+        f.seek(victim)
+        f.write(bytes([byte[0] ^ 0x40]))
+    private_pg.start()
+    runner = CliRunner()
+    drained = runner.invoke(cli, ["outbox", "drain", "--outbox-dir", str(outbox_dir), "--dsn", dsn, "--timeout", "30"])
+    assert drained.exit_code == 0, drained.output
+    verify = runner.invoke(cli, ["outbox", "verify", "--outbox-dir", str(outbox_dir)])
+    assert verify.exit_code == 1 and "quarantine/" in verify.output, verify.output
+    status = runner.invoke(cli, ["outbox", "status", "--outbox-dir", str(outbox_dir)])
+    assert "QUARANTINED" in status.output, status.output
+    shard1 = {job_id for job_id, _ in acknowledged(outbox_dir)}  # shard 0's segment is gone now
+    done = {r[0] for r in query(dsn, "SELECT id FROM shardworker.jobs WHERE status = 'done'")}
+    assert shard1 <= done, "the healthy shard's outcomes did not apply"
+    assert len(done) < 200, "outcomes of the quarantined segment applied"
+
+
+def _mount_tmpfs(path: Path, size_mb: int) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m,mode=0700", "tmpfs", str(path)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount tmpfs here: {done.stderr.strip()}")
+
+
+def _fill(path: Path, leave_bytes: int) -> None:
+    """Fill ``path``'s file system until at most ``leave_bytes`` are free."""
+    st = os.statvfs(path.parent)
+    free = st.f_bavail * st.f_frsize
+    with open(path, "wb") as f:
+        try:
+            f.write(b"\1" * max(0, free - leave_bytes))
+            f.flush()
+        except OSError:
+            pass  # full: exactly what we wanted
+
+
+def test_outbox_disk_full_stops_claiming_loses_nothing_and_resumes(
+        private_pg: EmbeddedPostgres, tmp_path: Path) -> None:
+    """Outbox on a small tmpfs filled up: the worker stops claiming and says why, children hold their outcomes
+    through ENOSPC, and everything lands once space returns."""
+    mount = tmp_path / "disk"
+    _mount_tmpfs(mount, 32)
+    try:
+        dsn, counts = private_pg.dsn, tmp_path / "counts"
+        counts.mkdir()
+        outbox_dir = mount / "outbox"
+        enqueue(dsn, "slow", 300, {"sleep": 0.01})
+        proc = start_worker(dsn, outbox_dir, counts, *FAST, "--min-free-mb", "8", procs=2)
+        wait_for(lambda: status_counts(dsn).get("done", 0) >= 20, 30, "a first part done")
+        filler = mount / "filler"
+        _fill(filler, leave_bytes=0)  # children hold jobs; their next commit finds no room
+        time.sleep(2)
+        done_while_full = status_counts(dsn).get("done", 0)
+        time.sleep(1)
+        assert status_counts(dsn).get("done", 0) == done_while_full, "outcomes applied without a durable record"
+        assert done_while_full < 300
+        log = worker_log(counts)
+        assert "not claiming: the outbox disk is nearly full" in log, log
+        assert "until space returns" in log, log
+        assert proc.poll() is None, log
+        filler.unlink()
+        wait_for(lambda: status_counts(dsn) == {"done": 300}, 60, "everything done once space returned")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, worker_log(counts)
+        assert set(runs_per_job(counts).values()) == {1}
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_soak_command_exists() -> None:
+    """The soak test is reachable with its README command (`python -m pytest -m soak`)."""
+    result = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "soak",
+                             str(Path(__file__).parent)], capture_output=True, text=True)
+    assert "test_soak" in result.stdout, result.stdout[-2000:]
