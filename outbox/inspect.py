@@ -118,7 +118,10 @@ def verify(directory: str) -> VerifyReport:
             parsed = parse_segment_name(name)
             if parsed is None:
                 continue
-            scan = parse(read_file(os.path.join(folder, name)), *parsed)
+            try:
+                scan = parse(read_file(os.path.join(folder, name)), *parsed)
+            except FileNotFoundError:
+                continue  # deleted by a live flusher meanwhile (a quarantined one is listed later)
             report.segments.append(SegmentReport(os.path.join(sub, name) if sub else name, scan.state.value,
                                                  scan.sealed, len(scan.data), scan.bad_offset, scan.reason))
     return report
