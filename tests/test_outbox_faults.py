@@ -33,6 +33,7 @@ from outbox import (
     ShardWriter,
     WriterConfig,
     fsutil,
+    inspect,
     recovery,
 )
 from outbox.segment import list_segments, scan_file, segment_name
@@ -732,6 +733,30 @@ def test_writer_recovery_tolerates_the_flusher_deleting_segments_meanwhile(tmp_p
         assert p.batch(2)
     reader.close()
     assert sorted(read_ids(d)) == sorted(p.acked)[-2:]
+
+
+def test_verify_tolerates_the_flusher_deleting_segments_meanwhile(tmp_path, monkeypatch):
+    """verify() runs beside a live flusher: a segment deleted between its listing and its read
+    is skipped, not an error."""
+    d = str(tmp_path)
+    with ShardWriter.open(d, 0, SMALL) as w:
+        p = Producer(w)
+        for _ in range(30):
+            assert p.batch(3)
+    reader = OutboxReader.open(d)
+    reader.mark_flushed(drain(reader))
+    real_read_file = inspect.read_file
+    flusher = [reader]
+
+    def read_file_racing_the_flusher(path: str) -> bytes:
+        if flusher:
+            flusher.pop().checkpoint()
+        return real_read_file(path)
+
+    monkeypatch.setattr(inspect, "read_file", read_file_racing_the_flusher)
+    report = outbox.verify(d)
+    reader.close()
+    assert [s.path for s in report.segments] == [segment_name(0, n) for n in list_segments(d)[0]]
 
 
 # --- a second flusher -------------------------------------------------------------------------
