@@ -28,10 +28,10 @@ def status(outbox_dir: str, as_json: bool) -> None:
     import os
 
     from outbox import status as outbox_status
-    from shardworker.errors import ShardworkerError
-    from shardworker.supervisor import WORKER_LOCK
     from outbox.fsutil import is_locked
+    from shardworker.errors import ShardworkerError
     from shardworker.flusher import DEADLETTER_DIR, STALE_LOG
+    from shardworker.supervisor import WORKER_LOCK
 
     if not os.path.isdir(outbox_dir):
         raise ShardworkerError(f"no outbox directory at {outbox_dir}")
@@ -97,6 +97,11 @@ def drain(outbox_dir: str, timeout: float, dsn: str | None) -> None:
         stats = drain_outbox(outbox_dir, dsn, timeout_s=timeout, progress=progress)
     click.echo(f"drained {stats.flushed} outcomes: {stats.applied} applied, {stats.replayed} already applied, "
                f"{stats.stale} stale, {stats.deadlettered} dead-lettered")
+    # A segment quarantined (now or earlier) holds outcomes no drain applies: never stay silent about it.
+    quarantined = outbox_status(outbox_dir).quarantined
+    if quarantined:
+        click.echo(f"warning: {len(quarantined)} quarantined segment(s) in {outbox_dir}/quarantine hold outcomes "
+                   f"that were not applied: {', '.join(quarantined)}; see `shardworker outbox verify`", err=True)
 
 
 @outbox.command()
