@@ -8,6 +8,7 @@ death the parent knows which unreported jobs were started (the first
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -71,10 +72,8 @@ class ChildHandle:
         self.sent.extend(jobs)
 
     def request_stop(self) -> None:
-        try:
+        with contextlib.suppress(OSError, EOFError):
             self.conn.send_bytes(orjson.dumps(["stop"]))
-        except (OSError, EOFError):
-            pass
 
     def collect(self) -> list[ClaimedJob]:
         """Read every pending message; returns the jobs reported done."""

@@ -132,7 +132,8 @@ def run(app_ref: str, procs: int, outbox_dir: str, queues: str | None, worker_id
         queues=tuple(q.strip() for q in queues.split(",")) if queues else None, worker_id=worker_id,
         exit_when_idle=exit_when_idle, shutdown_timeout_s=shutdown_timeout, rescue_after_s=rescue_after,
         backoff_cap_s=backoff_cap, backoff_base_s=min(0.05, backoff_cap), min_free_bytes=min_free_mb * 1024 * 1024,
-        network_timeout_s=network_timeout, statement_timeout_s=statement_timeout, connect_timeout_s=min(5, network_timeout))
+        network_timeout_s=network_timeout, statement_timeout_s=statement_timeout,
+        connect_timeout_s=min(5, network_timeout))
     started = time.monotonic()
     summary = Supervisor(config, app).run()
     elapsed = time.monotonic() - started
@@ -165,8 +166,8 @@ def stats(as_json: bool, dsn: str | None) -> None:
         click.echo(f"  {queue}: " + "  ".join(f"{s}={n}" for s, n in sorted(counts.items())))
 
 
-from shardworker.cli_outbox import outbox  # noqa: E402  (registers the outbox group)
 from shardworker.cli_demo import demo  # noqa: E402
+from shardworker.cli_outbox import outbox  # noqa: E402  (registers the outbox group)
 
 main.add_command(outbox)
 main.add_command(demo)

@@ -10,6 +10,7 @@ interval passes.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -188,10 +189,8 @@ class Dispatcher:
         notify_fd = self._notify_fd()
         ready = wait_ready([*conns, notify_fd] if notify_fd is not None else conns, timeout=min(timeout, 0.2))
         if notify_fd is not None and notify_fd in ready:
-            try:
+            with contextlib.suppress(StoreError):
                 self.more_due = self.sup.store.wait_notify(0) or self.more_due
-            except StoreError:
-                pass
         elif not ready:
             self.more_due = True  # poll fallback: maybe jobs became due (run_at) meanwhile
 

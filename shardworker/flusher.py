@@ -13,8 +13,9 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import orjson
 
@@ -30,10 +31,10 @@ DEADLETTER_DIR = "deadletter"
 STALE_LOG = "stale.log"
 
 
-class OutcomeStore:
+class OutcomeStore(Protocol):
     """What the flusher needs from a store (``PgStore`` provides it)."""
 
-    def apply_outcomes(self, outcomes: list[Outcome]) -> ApplyResult: ...  # pragma: no cover
+    def apply_outcomes(self, outcomes: Sequence[Outcome]) -> ApplyResult: ...
 
 
 @dataclass

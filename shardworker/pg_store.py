@@ -82,7 +82,7 @@ def translate_errors() -> Iterator[None]:
         raise StoreError(f"database error: {_first_line(exc)}") from exc
 
 
-def _tcp_liveness(timeout_s: int) -> dict[str, int]:
+def _tcp_liveness(timeout_s: int) -> dict[str, Any]:
     """libpq options that declare a silent peer dead after about ``timeout_s``:
     keepalive probes start after timeout/2 idle, then 2 probes timeout/4 apart."""
     return {"keepalives": 1, "keepalives_idle": max(1, timeout_s // 2),
@@ -221,14 +221,14 @@ class PgStore:
             cur.execute(query("job_stage_create"))
             try:
                 with cur.copy(query("job_stage_copy")) as copy:
-                    for row in rows:
-                        copy.write_row(row)
+                    for values in rows:
+                        copy.write_row(values)
             except (psycopg.DataError, psycopg.IntegrityError) as exc:
                 raise EnqueueError(f"bulk enqueue rejected: {_first_line(exc)}") from exc
             cur.execute(query("job_stage_insert"))
-            row = cur.fetchone()
+            inserted = cur.fetchone()
             cur.execute(query("notify_jobs"))
-        return int(row[0]) if row else 0
+        return int(inserted[0]) if inserted else 0
 
     # claiming ----------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -42,10 +43,8 @@ def ignore_stop_signals() -> None:
 
 def kill_quietly(pid: int | None) -> None:
     if pid:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def join_or_kill(process: Any, timeout_s: float) -> None:

@@ -97,7 +97,7 @@ class ShardRunner:
         self.conn.send_bytes(orjson.dumps(["stopped", unstarted]))
 
     def _receive(self, block: bool) -> None:
-        timeout = None if block else 0
+        timeout: float | None = None if block else 0.0
         if not block and self.waiting:
             timeout = max(0.0, self.first_waiting_at + self.config.group_commit_max_delay_s - time.monotonic())
             timeout = 0 if self.queue else timeout

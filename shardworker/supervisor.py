@@ -12,6 +12,7 @@ prefetched jobs that never started, let the flusher apply what the database acce
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -263,10 +264,8 @@ class Supervisor:
             log.warning("could not release %d unstarted jobs (%s); the next start requeues them",
                         len(unstarted), exc)
         self._stop_flusher(deadline, dispatcher)
-        try:
+        with contextlib.suppress(StoreError):
             self.store.forget_worker(self.worker_id)
-        except StoreError:
-            pass
         pending = outbox_status(self.config.outbox_dir).pending
         if pending:
             log.warning("%d outcomes remain in the outbox %s; they apply at the next start, or run "
