@@ -9,11 +9,11 @@ Usage::
 
 ``commit`` is the group commit: records appended since the last commit are written with
 one ``os.write`` and made durable with one ``fdatasync``. Only when it returns are they
-acknowledged. On a short write or ENOSPC the segment is truncated back to the last
-acknowledged byte and ``OutboxFull`` is raised; on an fsync error the batch is cut off the
-same way, the segment is abandoned (never written again) and ``OutboxSyncError`` is raised.
-Either way the batch is dropped from the writer and nothing in it is acknowledged: the
-caller decides what happens to it.
+acknowledged. On a short write or ENOSPC (``OutboxFull``) or an fsync error
+(``OutboxSyncError``) the segment is truncated back to the last acknowledged byte and
+abandoned: it is never written again, and the next commit starts a new segment. Either way
+the batch is dropped from the writer and nothing in it is acknowledged: the caller decides
+what happens to it.
 """
 
 from __future__ import annotations
@@ -127,10 +127,12 @@ class ShardWriter:
         pending, self._pending = self._pending, []
         if self._lock_fd is None:
             raise OutboxError(f"outbox writer of shard {self.shard} is closed")
+        size = sum(HEADER_SIZE + len(p) for _, p in pending)
         if self._fd is None:
             # The last segment was abandoned after a failed write or fsync: never reuse it.
+            # Check the room first: a full disk must not leave a new empty segment per retry.
+            self._check_room(size + self.config.reserve_bytes)
             self._start_segment(self._segno + 1)
-        size = sum(HEADER_SIZE + len(p) for _, p in pending)
         if self._size + size > self.config.segment_bytes and self._seq > 1:
             self.seal()
             self._start_segment(self._segno + 1)
@@ -148,12 +150,12 @@ class ShardWriter:
         try:
             written = fsutil.write_all(self._fd, data)
         except OSError as exc:
-            self._truncate_back()
+            self._cut_and_abandon()
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise OutboxFull(f"outbox disk full in {self.directory}: {exc.strerror}") from exc
             raise
         if written != len(data):
-            self._truncate_back()
+            self._cut_and_abandon()
             raise OutboxFull(f"outbox disk full in {self.directory}: short write "
                              f"({written} of {len(data)} bytes)")
         try:
@@ -169,23 +171,17 @@ class ShardWriter:
             raise OutboxFull(f"outbox disk nearly full in {self.directory}: less than "
                              f"{nbytes} bytes free")
 
-    def _truncate_back(self) -> None:
-        """Cut the segment back to its last acknowledged byte after a failed write."""
-        assert self._fd is not None
-        try:
-            os.ftruncate(self._fd, self._size)
-            os.lseek(self._fd, self._size, os.SEEK_SET)
-        except OSError:
-            self._abandon()
-            raise
-
     def _cut_and_abandon(self) -> None:
-        """After an fsync error: cut the unsynced batch off (best effort), then abandon.
+        """After a failed write or fsync: cut the segment back to its last acknowledged byte
+        (best effort) and never write it again.
 
-        The kernel may have dropped the batch's pages while they still read back from cache.
-        Left in place, recovery would seal the segment after them and its fdatasync would
-        succeed without writing them: zeros before a seal, a corrupt segment, and its
-        acknowledged records quarantined.
+        Never again, because a concurrent reader may already have read whole frames of the
+        failed batch: its cursor is past them, and other frames written at those offsets
+        would be misread or skipped. Cut, because after an fsync error the kernel may have
+        dropped the batch's pages while they still read back from cache: left in place,
+        recovery would seal after them with an fdatasync that succeeds without writing
+        them, leaving zeros before a seal, a corrupt segment, and its acknowledged records
+        quarantined.
         """
         assert self._fd is not None
         with contextlib.suppress(OSError):
