@@ -12,6 +12,7 @@ import errno
 import itertools
 import os
 import random
+import shutil
 import signal
 import stat
 import subprocess
@@ -517,7 +518,7 @@ def fill(path: str, leave_bytes: int) -> None:
     """Write zeros to ``path`` until its file system has about ``leave_bytes`` free."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
-        while (free := fsutil.free_bytes(os.path.dirname(path))) > leave_bytes:
+        while (free := shutil.disk_usage(os.path.dirname(path)).free) > leave_bytes:
             with contextlib.suppress(OSError):
                 os.write(fd, bytes(min(free - leave_bytes, 1 << 20)))
     finally:
@@ -591,7 +592,7 @@ def test_a_writer_below_the_watermark_still_seals_its_segment(small_disk):
 
 def test_disk_filled_between_check_and_write_gives_a_short_write(small_disk, monkeypatch):
     """Another process fills the disk after the free-space check: the short or failed write is
-    cut back, OutboxFull raised, and the segment stays readable."""
+    cut back, OutboxFull raised, the segment stays readable and the next commit starts a new one."""
     d = os.path.join(small_disk, "box")
     filler = os.path.join(small_disk, "filler")
     w = ShardWriter.open(d, 0, WriterConfig(segment_bytes=1024 * 1024, reserve_bytes=0))
@@ -607,18 +608,55 @@ def test_disk_filled_between_check_and_write_gives_a_short_write(small_disk, mon
         return free
 
     monkeypatch.setattr(fsutil, "free_bytes", racing_free_bytes)
-    before = os.path.getsize(os.path.join(d, segment_name(0, w.segno)))
+    first = w.segno
+    before = os.path.getsize(os.path.join(d, segment_name(0, first)))
     races.append(8192)  # room for part of the 40-record batch: a short write
     assert not p.batch(40, pad=400)
     races.append(0)  # no room at all: ENOSPC
     assert not p.batch(40, pad=400)
-    assert os.path.getsize(os.path.join(d, segment_name(0, w.segno))) == before
+    assert os.path.getsize(os.path.join(d, segment_name(0, first))) == before
     assert sorted(read_ids(d)) == sorted(p.acked)
     os.unlink(filler)
     assert p.batch(40, pad=400)
+    assert w.segno > first
     w.close()
+    assert os.path.getsize(os.path.join(d, segment_name(0, first))) == before
     assert_exactly_once(read_ids(d), p.acked, p.attempted)
     assert sorted(read_ids(d)) == sorted(p.acked)
+
+
+def test_a_flusher_that_read_part_of_a_short_write_still_reads_later_commits(small_disk, monkeypatch):
+    """A flusher may read the whole frames of a short write before the writer cuts them off.
+    The writer must not write other frames at those offsets: the flusher's cursor is past them."""
+    d = os.path.join(small_disk, "box")
+    filler = os.path.join(small_disk, "filler")
+    w = ShardWriter.open(d, 0, WriterConfig(segment_bytes=1024 * 1024, reserve_bytes=0))
+    p = Producer(w)
+    reader = OutboxReader.open(d)
+    assert p.batch(3)
+    seen = [r.value()["id"] for r in reader.poll(1000)]  # type: ignore[index]
+    real_free, real_ftruncate = fsutil.free_bytes, os.ftruncate
+
+    def disk_fills_after_the_check(directory: str) -> int:
+        free = real_free(directory)
+        fill(filler, leave_bytes=8192)  # room for part of the batch: a short write
+        return free
+
+    def flusher_reads_before_the_cut(fd: int, length: int) -> None:
+        seen.extend(r.value()["id"] for r in reader.poll(1000))  # type: ignore[index]
+        real_ftruncate(fd, length)
+
+    monkeypatch.setattr(fsutil, "free_bytes", disk_fills_after_the_check)
+    monkeypatch.setattr(os, "ftruncate", flusher_reads_before_the_cut)
+    assert not p.batch(40, pad=400)
+    monkeypatch.undo()
+    assert set(seen) - p.acked, "the flusher did not see the short write: the test proves nothing"
+    os.unlink(filler)
+    assert p.batch(7, pad=50) and p.batch(5, pad=10)  # frames of other sizes than the cut ones
+    w.close()
+    seen += [r.value()["id"] for r in drain(reader)]  # type: ignore[index]
+    reader.close()
+    assert_exactly_once(seen, p.acked, p.attempted)
 
 
 def test_disk_full_while_starting_a_segment_leaves_no_headerless_segment(small_disk, monkeypatch):
