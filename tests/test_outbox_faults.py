@@ -285,8 +285,8 @@ class Workload:
         for _ in range(steps):
             try:
                 self._one_step()
-            except (Died, OSError, OutboxError):
-                self._kill_all()
+            except (Died, OSError, OutboxError) as exc:
+                self._die(exc)
                 self._start()
 
     def _start(self) -> None:
@@ -298,8 +298,15 @@ class Workload:
                 if self.reader is None:
                     self.reader = OutboxReader.open(self.directory)
                 return
-            except (Died, OSError, OutboxError):
-                self._kill_all()
+            except (Died, OSError, OutboxError) as exc:
+                self._die(exc)
+
+    def _die(self, exc: BaseException) -> None:
+        """The worker dies of a kill or an injected EIO; any other error is a bug and propagates."""
+        eio = isinstance(exc, OutboxSyncError) or (isinstance(exc, OSError) and exc.errno == errno.EIO)
+        if not (eio or isinstance(exc, Died)):
+            raise exc
+        self._kill_all()
 
     def _kill_all(self) -> None:
         for w in self.writers.values():
