@@ -74,7 +74,8 @@ def _store_for(conn_or_dsn: Any) -> Any:
     from shardworker.pg_store import PgStore, StoreConfig
 
     if isinstance(conn_or_dsn, str):
-        return PgStore(StoreConfig(conn_or_dsn)), True
+        # Bulk loads may take minutes: no 30 s statement timeout here.
+        return PgStore(StoreConfig(conn_or_dsn, statement_timeout_s=3600.0)), True
     return PgStore.borrowing(conn_or_dsn), False
 
 

@@ -67,6 +67,9 @@ class WorkerConfig:
             ("rescue_after_s", self.rescue_after_s > 2 * self.heartbeat_interval_s,
              "must be more than twice heartbeat_interval_s"),
             ("procs", self.procs < PARENT_SHARD, f"must be < {PARENT_SHARD}"),
+            ("connect_timeout_s", self.connect_timeout_s >= 1, "must be >= 1"),
+            ("statement_timeout_s", self.statement_timeout_s > 0, "must be > 0"),
+            ("network_timeout_s", self.network_timeout_s >= 2, "must be >= 2"),
         ]
         for name, ok, why in checks:
             if not ok:

@@ -15,6 +15,7 @@ import logging
 import os
 import socket
 import time
+import uuid
 from typing import TYPE_CHECKING
 
 from multiprocess.connection import wait as wait_ready
@@ -52,6 +53,7 @@ class Dispatcher:
         self.next_log_at = time.monotonic() + self.config.log_interval_s
         self.next_idle_check_at = 0.0
         self.db_ok = True
+        self.lost_claims: list[str] = []
         self.rescuer = Rescuer(sup.store, sup.worker_id, self.config.rescue_after_s)
 
     # the loop ----------------------------------------------------------------------
@@ -133,9 +135,14 @@ class Dispatcher:
         # Skip tiny claims while every child still has a quarter of its prefetch queued.
         if limit < 1 or (min(room.values()) < self.config.prefetch_per_child // 4 * 3 and not self.more_due):
             return 0
+        if not self._settle_lost_claims():
+            return 0
+        token = uuid.uuid4().hex
         try:
-            jobs = self.sup.store.claim(self.kinds, self.config.queues, self.sup.worker_id, limit)
+            jobs = self.sup.store.claim(self.kinds, self.config.queues, self.sup.worker_id, limit, token)
         except StoreError as exc:
+            # The server may have committed the claim before the connection broke.
+            self.lost_claims.append(token)
             self._claim_failed(exc)
             return 0
         self._claim_ok()
@@ -143,6 +150,19 @@ class Dispatcher:
         self.claimed_total += len(jobs)
         self._route(jobs)
         return len(jobs)
+
+    def _settle_lost_claims(self) -> bool:
+        """Give back jobs of claims whose replies were lost; False while that fails."""
+        while self.lost_claims:
+            try:
+                released = self.sup.store.release_claim(self.lost_claims[0], self.sup.worker_id)
+            except StoreError as exc:
+                self._claim_failed(exc)
+                return False
+            if released:
+                log.warning("gave back %d jobs of a claim whose reply was lost", released)
+            self.lost_claims.pop(0)
+        return True
 
     def _route(self, jobs: list[ClaimedJob]) -> None:
         by_child: dict[int, list[ClaimedJob]] = {}
@@ -160,6 +180,7 @@ class Dispatcher:
             raise exc
         delay = self.backoff.next_delay()
         self.next_claim_at = time.monotonic() + delay
+        self.rescuer.connection_lost()
         if self.db_ok or self.backoff.failures % 10 == 0:
             log.warning("claim failed (%s); children finish what they hold, outcomes wait in the "
                         "outbox; retrying in %.2fs", exc, delay)

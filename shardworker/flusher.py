@@ -66,6 +66,7 @@ class Flusher:
         self.backoff = Backoff(config.backoff_base_s, config.backoff_cap_s)
         self.stats = FlushStats()
         self._held: list[Record] = []  # read but not yet applied (kept across failures)
+        self._outcomes: list[Outcome] = []  # _held decoded, once
         self._last_checkpoint = clock()
         self._dirty = False
 
@@ -77,11 +78,12 @@ class Flusher:
         """Apply one batch; returns the records flushed (0 when idle or the database failed)."""
         if not self._held:
             self._held = self.reader.poll(self.config.flush_batch)
+            self._outcomes = [self._decode(r) for r in self._held]
         if not self._held:
             self._maybe_checkpoint(force=True)
             return 0
         try:
-            result = self._apply(self._held)
+            result = self._apply(self._outcomes)
         except StoreError as exc:
             if not is_retryable(exc):
                 raise
@@ -102,8 +104,7 @@ class Flusher:
         self._maybe_checkpoint()
         return len(flushed)
 
-    def _apply(self, records: list[Record]) -> ApplyResult:
-        outcomes = [self._decode(r) for r in records]
+    def _apply(self, outcomes: list[Outcome]) -> ApplyResult:
         try:
             return self.store.apply_outcomes(outcomes)
         except OutcomeRejected:
@@ -115,7 +116,7 @@ class Flusher:
         except (ValueError, TypeError) as exc:
             # CRC-valid but not ours: keep the bytes, apply nothing for it.
             self._deadletter(record.payload, f"undecodable record: {exc}")
-            return Outcome(-1, -1, False, error="undecodable", retry_delay_s=-1)
+            return Outcome(-1, -1, False, error="undecodable", retry_delay_s=-1.0)
 
     def _apply_one_by_one(self, outcomes: list[Outcome]) -> ApplyResult:
         """Isolate the outcomes the database refuses; apply each refusal as a failure."""

@@ -64,7 +64,9 @@ class Outcome:
         if not (isinstance(value, list) and len(value) == 6):
             raise ValueError(f"not an outcome record: {value!r:.80}")
         job_id, attempt, ok, result_json, error, delay = value
-        return cls(int(job_id), int(attempt), bool(ok), result_json, error, float(delay))
+        if not isinstance(ok, bool):
+            raise ValueError(f"not an outcome record: ok is {ok!r}")
+        return cls(int(job_id), int(attempt), ok, result_json, error, float(delay))
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,8 +12,13 @@ a store across processes: children get none, and the flusher opens its own after
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import re
 import select
+import socket
+import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -33,7 +38,11 @@ from shardworker.errors import (
 from shardworker.model import ApplyResult, ClaimedJob, Outcome
 from shardworker.sql import query
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+# migrations/ at the repository root is the source; shardworker/migrations links to it so
+# that wheels carry the files as package data.
+log = logging.getLogger(__name__)
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 _MIGRATION_NAME = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 _MIGRATION_LOCK = 0x5348_4157  # advisory lock key: "SHAW"
 
@@ -72,7 +81,7 @@ def translate_errors() -> Iterator[None]:
         yield
     except (pgerr.UndefinedTable, pgerr.InvalidSchemaName, pgerr.UndefinedColumn) as exc:
         raise SchemaMissing() from exc
-    except (pgerr.SerializationFailure, pgerr.DeadlockDetected) as exc:
+    except (pgerr.SerializationFailure, pgerr.DeadlockDetected, pgerr.QueryCanceled) as exc:
         err = StoreError(f"transient conflict: {exc.diag.message_primary or exc}")
         err.transient = True  # type: ignore[attr-defined]
         raise err from exc
@@ -95,6 +104,47 @@ def _first_line(exc: BaseException) -> str:
     return redact_dsn(text[0]) if text else type(exc).__name__
 
 
+class _Watchdog:
+    """A client-side deadline: shuts a connection's socket down when one operation overruns.
+
+    Server-side ``statement_timeout`` needs a server that answers, and TCP keepalives need
+    a peer that stops ACKing; neither fires when a middlebox swallows the bytes. Shutting
+    the socket down makes the blocked libpq call fail at once, and the store reconnects.
+    One daemon thread per store, started on first use.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        self._deadline = 0.0
+        self._thread: threading.Thread | None = None
+
+    def arm(self, fd: int, seconds: float) -> None:
+        with self._lock:
+            self._fd, self._deadline = fd, time.monotonic() + seconds
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._watch, name="shardworker-db-deadline", daemon=True)
+                self._thread.start()
+
+    def disarm(self) -> None:
+        with self._lock:
+            self._fd = None
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(0.25)
+            # Under the lock: the operation cannot finish (and close or reuse the fd) meanwhile.
+            with self._lock:
+                if self._fd is None or time.monotonic() < self._deadline:
+                    continue
+                fd, self._fd = self._fd, None
+                log.warning("database operation overran its deadline; dropping the connection")
+                with contextlib.suppress(OSError):
+                    dup = socket.socket(fileno=os.dup(fd))
+                    dup.shutdown(socket.SHUT_RDWR)
+                    dup.close()
+
+
 class PgStore:
     """Job storage on one PostgreSQL connection."""
 
@@ -102,6 +152,11 @@ class PgStore:
         self.config = config
         self._conn: psycopg.Connection[Any] | None = None
         self._listening = False
+        # Bumped on every new connection: session state (LISTEN, advisory locks) and
+        # anything observed through the old session are gone.
+        self.generation = 0
+        self._watchdog = _Watchdog()
+        self._deadline_s = config.statement_timeout_s + config.network_timeout_s
 
     @classmethod
     def borrowing(cls, conn: Any) -> PgStore:
@@ -122,6 +177,7 @@ class PgStore:
                     options=f"-c statement_timeout={int(self.config.statement_timeout_s * 1000)}",
                     **_tcp_liveness(self.config.network_timeout_s),
                 )
+            self.generation += 1
         return self._conn
 
     def close(self) -> None:
@@ -135,8 +191,12 @@ class PgStore:
         try:
             with translate_errors():
                 conn = self.connection()
-                with conn.cursor() as cur:
-                    yield cur
+                self._watchdog.arm(conn.fileno(), self._deadline_s)
+                try:
+                    with conn.cursor() as cur:
+                        yield cur
+                finally:
+                    self._watchdog.disarm()
         except DatabaseUnavailable:
             self.close()
             raise
@@ -146,8 +206,12 @@ class PgStore:
         try:
             with translate_errors():
                 conn = self.connection()
-                with conn.transaction(), conn.cursor() as cur:
-                    yield cur
+                self._watchdog.arm(conn.fileno(), self._deadline_s)
+                try:
+                    with conn.transaction(), conn.cursor() as cur:
+                        yield cur
+                finally:
+                    self._watchdog.disarm()
         except DatabaseUnavailable:
             self.close()
             raise
@@ -223,9 +287,9 @@ class PgStore:
                 with cur.copy(query("job_stage_copy")) as copy:
                     for values in rows:
                         copy.write_row(values)
+                cur.execute(query("job_stage_insert"))
             except (psycopg.DataError, psycopg.IntegrityError) as exc:
                 raise EnqueueError(f"bulk enqueue rejected: {_first_line(exc)}") from exc
-            cur.execute(query("job_stage_insert"))
             inserted = cur.fetchone()
             cur.execute(query("notify_jobs"))
         return int(inserted[0]) if inserted else 0
@@ -233,10 +297,14 @@ class PgStore:
     # claiming ----------------------------------------------------------------
 
     def claim(self, kinds: Sequence[str], queues: Sequence[str] | None, worker_id: str,
-              limit: int) -> list[ClaimedJob]:
-        """Claim up to ``limit`` due jobs: status running, attempt + 1, locked_by worker_id."""
+              limit: int, claim_token: str | None = None) -> list[ClaimedJob]:
+        """Claim up to ``limit`` due jobs: status running, attempt + 1, locked_by worker_id.
+
+        ``claim_token`` tags the claimed rows; if the reply is lost, ``release_claim`` with
+        the same token gives back whatever the server did commit.
+        """
         params = {"kinds": list(kinds), "queues": list(queues) if queues else None,
-                  "worker_id": worker_id, "limit": limit}
+                  "worker_id": worker_id, "limit": limit, "claim_token": claim_token}
         with self._cursor() as cur:
             cur.execute(query("job_claim"), params)
             return [ClaimedJob(*row) for row in cur.fetchall()]
@@ -248,6 +316,12 @@ class PgStore:
         with self._cursor() as cur:
             cur.execute(query("job_release"), {"ids": [j for j, _ in jobs],
                                                "attempts": [a for _, a in jobs], "worker_id": worker_id})
+            return cur.rowcount
+
+    def release_claim(self, claim_token: str, worker_id: str) -> int:
+        """Give back the jobs of a claim whose reply was lost; returns how many."""
+        with self._cursor() as cur:
+            cur.execute(query("job_release_claim"), {"claim_token": claim_token, "worker_id": worker_id})
             return cur.rowcount
 
     def requeue_orphans(self, worker_id: str, error: str) -> list[int]:
@@ -273,7 +347,7 @@ class PgStore:
             return ApplyResult()
         params = {"ids": [o.job_id for o in outcomes], "attempts": [o.attempt for o in outcomes],
                   "oks": [o.ok for o in outcomes], "results": [o.result_json for o in outcomes],
-                  "errors": [o.error for o in outcomes], "delays": [o.retry_delay_s for o in outcomes]}
+                  "errors": [o.error for o in outcomes], "delays": [float(o.retry_delay_s) for o in outcomes]}
         with self._cursor() as cur:
             try:
                 cur.execute(query("job_apply_outcomes"), params)
@@ -346,13 +420,13 @@ class PgStore:
 def _classify(rows: Sequence[tuple[Any, ...]]) -> ApplyResult:
     applied = replayed = 0
     stale: list[int] = []
-    for job_id, attempt, was_applied, current_attempt in rows:
+    for job_id, attempt, was_applied, applied_attempt in rows:
         if was_applied:
             applied += 1
-        elif current_attempt is not None and current_attempt == attempt:
-            replayed += 1  # this attempt was finished before: a replay after a lost checkpoint
+        elif applied_attempt == attempt:
+            replayed += 1  # this attempt's outcome was applied before: a replay after a lost checkpoint
         else:
-            stale.append(job_id)  # a newer attempt owns the job, or the job is gone
+            stale.append(job_id)  # its attempt was rescued (and maybe re-claimed), or the job is gone
     return ApplyResult(applied, replayed, len(stale), tuple(stale))
 
 

@@ -18,6 +18,8 @@ log = logging.getLogger(__name__)
 
 
 class RescueStore(Protocol):
+    generation: int  # changes whenever the store opened a new database session
+
     def try_rescue_lock(self) -> bool: ...
     def heartbeats(self) -> dict[str, datetime]: ...
     def rescue_workers(self, worker_ids: list[str]) -> list[int]: ...
@@ -30,6 +32,7 @@ class Rescuer:
         self.store, self.worker_id, self.rescue_after_s = store, worker_id, rescue_after_s
         self._seen: dict[str, tuple[datetime, float]] = {}  # worker -> (heartbeat, first seen at)
         self._has_lock = False
+        self._generation = -1
 
     def connection_lost(self) -> None:
         """Forget all observations: silence during our own outage proves nothing."""
@@ -38,11 +41,18 @@ class Rescuer:
 
     def run_once(self, now: float) -> list[int]:
         """Observe heartbeats; rescue workers watched silent long enough. Returns job ids."""
+        if self.store.generation != self._generation:
+            self.connection_lost()  # a new session: our lock and our watching both ended
+            self._generation = self.store.generation
         if not self._has_lock:
             self._has_lock = self.store.try_rescue_lock()
             if not self._has_lock:
                 return []
         beats = self.store.heartbeats()
+        if self.store.generation != self._generation:
+            self.connection_lost()  # reconnected inside that call: start watching afresh
+            self._generation = self.store.generation
+            return []
         silent = []
         for worker, beat in beats.items():
             if worker == self.worker_id:

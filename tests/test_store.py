@@ -332,8 +332,6 @@ def test_apply_outcome_of_an_older_attempt_is_stale(store: PgStore, other: PgSto
     assert row(pg_dsn, old.id)["result"] == {"from": "new"}
 
 
-@pytest.mark.xfail(strict=True, reason="bug: _classify counts an outcome whose attempt was rescued (job queued, "
-                                       "attempt unchanged) as a replay instead of stale; see report")
 def test_apply_outcome_after_rescue_before_reclaim_is_stale(store: PgStore, pg_dsn: str) -> None:
     """An outcome for an attempt that was rescued (not yet re-claimed) is stale: it was never applied."""
     add_id(store)
@@ -369,8 +367,6 @@ def test_apply_batch_classifies_applied_replayed_and_stale(store: PgStore, pg_ds
     assert row(pg_dsn, live.id)["result"] == 7
 
 
-@pytest.mark.xfail(strict=True, reason="bug: apply_outcomes passes retry_delay_s as given, and psycopg cannot "
-                                       "dump a list mixing int and float; see report")
 def test_apply_batch_accepts_integer_and_float_delays(store: PgStore, pg_dsn: str) -> None:
     """A batch whose delays mix -1 (int) and 0.5 (float) applies both outcomes."""
     add_id(store)
@@ -405,8 +401,6 @@ def test_release_undoes_the_claim_only_for_the_claiming_worker(store: PgStore, p
     assert len(store.claim(["k"], None, "w1", 10)) == 2
 
 
-@pytest.mark.xfail(strict=True, reason="bug: job_release matches attempt = ANY(attempts), not the (id, attempt) "
-                                       "pairs, so a pair's attempt can release another job; see report")
 def test_release_matches_each_id_with_its_own_attempt(store: PgStore, pg_dsn: str) -> None:
     """release([(a, 1), (b, 2)]) releases nothing when a is at attempt 2 and b at attempt 1."""
     a, b = add_id(store, "a"), add_id(store, "b")
@@ -486,8 +480,6 @@ def test_enqueue_many_is_all_or_nothing_on_a_check_violation(store: PgStore, pg_
     assert store.enqueue_many(rows[:3]) == 3  # the connection is still usable
 
 
-@pytest.mark.xfail(strict=True, reason="bug: enqueue_many translates only COPY errors into EnqueueError; a CHECK "
-                                       "violation in the staging INSERT surfaces as a generic StoreError; see report")
 def test_enqueue_many_reports_a_check_violation_as_enqueue_error(store: PgStore) -> None:
     """A row the jobs table refuses is reported as EnqueueError, like a refused single enqueue."""
     with pytest.raises(EnqueueError):
@@ -617,8 +609,6 @@ def test_only_one_rescuer_holds_the_lock(store: PgStore, other: PgStore, pg_dsn:
     assert first.run_once(10.0) == [job_id]
 
 
-@pytest.mark.xfail(strict=True, reason="bug: Rescuer keeps its observations (and believes it holds the advisory "
-                                       "lock) when its store silently reconnected after an outage; see report")
 def test_rescuer_rescues_nobody_right_after_its_store_reconnected(private_pg: EmbeddedPostgres) -> None:
     """When the rescuer's store lost its session (server restart), earlier observations prove nothing."""
     store = PgStore(StoreConfig(private_pg.dsn, connect_timeout_s=2))

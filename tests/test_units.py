@@ -202,8 +202,6 @@ def test_worker_config_rejects_bad_field_naming_it(field: str, value: object) ->
     assert str(info.value).startswith(field), str(info.value)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: WorkerConfig does not validate the connection timeouts; StoreConfig "
-                                       "later raises a bare ValueError; see report")
 @pytest.mark.parametrize(("field", "value"), [("connect_timeout_s", 0), ("statement_timeout_s", 0.0),
                                               ("network_timeout_s", 1)])
 def test_worker_config_rejects_bad_timeouts_naming_them(field: str, value: object) -> None:

@@ -15,14 +15,15 @@ WITH due AS (
 )
 UPDATE shardworker.jobs j
 SET status = 'running', attempt = j.attempt + 1, locked_by = %(worker_id)s,
-    attempted_at = now(), updated_at = now()
+    claim_token = %(claim_token)s, attempted_at = now(), updated_at = now()
 FROM due WHERE j.id = due.id
 RETURNING j.id, j.kind, j.queue, j.payload::text, j.attempt, j.max_attempts;
 
 -- job_apply_outcomes --
 -- Apply a batch of outcomes, fenced: only the attempt that produced an outcome, and only
--- while it is still running. A row that does not match was applied before (a replay) or
--- its attempt lost its lease (stale); the outer SELECT tells which without failing.
+-- while it is still running. A row that does not match was applied before (a replay:
+-- applied_attempt is this attempt) or its attempt lost its lease (stale); the outer
+-- SELECT tells which without failing.
 WITH o AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(oks)s::bool[],
                          %(results)s::jsonb[], %(errors)s::text[], %(delays)s::float8[])
@@ -38,22 +39,28 @@ WITH o AS (
                       THEN now() + make_interval(secs => o.delay_s) ELSE j.run_at END,
         finished_at = CASE WHEN o.ok OR j.attempt >= j.max_attempts OR o.delay_s < 0
                            THEN now() ELSE NULL END,
-        locked_by = NULL, updated_at = now()
+        locked_by = NULL, applied_attempt = o.attempt, updated_at = now()
     FROM o
     WHERE j.id = o.id AND j.attempt = o.attempt AND j.status = 'running'
     RETURNING j.id, j.attempt
 )
-SELECT o.id, o.attempt, applied.id IS NOT NULL AS applied, cur.attempt AS current_attempt
+SELECT o.id, o.attempt, applied.id IS NOT NULL AS applied, cur.applied_attempt
 FROM o
 LEFT JOIN applied ON applied.id = o.id AND applied.attempt = o.attempt
 LEFT JOIN shardworker.jobs cur ON cur.id = o.id;
 
 -- job_release --
 -- Give back claimed jobs whose handler never started: the claim is undone, attempt too.
+UPDATE shardworker.jobs j
+SET status = 'queued', attempt = j.attempt - 1, locked_by = NULL, updated_at = now()
+FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS r(id, attempt)
+WHERE j.id = r.id AND j.attempt = r.attempt AND j.status = 'running' AND j.locked_by = %(worker_id)s;
+
+-- job_release_claim --
+-- Give back the jobs of a claim whose reply never arrived: no child ever saw them.
 UPDATE shardworker.jobs
 SET status = 'queued', attempt = attempt - 1, locked_by = NULL, updated_at = now()
-WHERE id = ANY(%(ids)s::bigint[]) AND status = 'running' AND locked_by = %(worker_id)s
-  AND attempt = ANY(%(attempts)s::int[]);
+WHERE claim_token = %(claim_token)s AND status = 'running' AND locked_by = %(worker_id)s;
 
 -- job_requeue_orphans --
 -- At startup, after the outbox is drained: this worker's running jobs have no outcome, so
