@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 
 from outbox import OutboxError, OutboxFull, OutboxLocked, ShardWriter, WriterConfig
+from outbox.frame import MAX_PAYLOAD_BYTES
 from shardworker.app import App, load_app
 from shardworker.model import ClaimedJob, Outcome
 
@@ -120,7 +121,12 @@ class ShardRunner:
             # The handler's own run time counts toward the group-commit delay: a slow
             # handler's outcome is committed at once, fast ones share one fdatasync.
             self.first_waiting_at = started_at
-        self.waiting.append((job.id, orjson.dumps(outcome.to_wire())))
+        record = orjson.dumps(outcome.to_wire())
+        if len(record) > MAX_PAYLOAD_BYTES:
+            too_big = Outcome(job.id, job.attempt, False, retry_delay_s=-1.0,
+                              error=f"handler result too large: {len(record)} bytes > {MAX_PAYLOAD_BYTES}")
+            record = orjson.dumps(too_big.to_wire())
+        self.waiting.append((job.id, record))
 
     def _commit_due(self) -> bool:
         return (len(self.waiting) >= self.config.group_commit_max_records

@@ -133,3 +133,15 @@ def test_restart_after_kill_requeues_unfinished_and_reruns_nothing_finished(
     reran = [job_id for job_id, n in runs_per_job(dirs[1]).items() if n > 1]
     # Only jobs in a child's hands at the kill can run again: at most one per child.
     assert len(reran) <= 2, reran
+
+
+def test_result_too_large_for_the_outbox_fails_the_job_cleanly(pg_dsn: str, dirs: tuple[Path, Path]) -> None:
+    """A result over the outbox's record limit fails that job (no retry) without killing the child."""
+    enqueue(pg_dsn, "huge", 1)
+    enqueue(pg_dsn, "count", 5)
+    assert run_until_idle(pg_dsn, dirs, procs=1) == 0, worker_log(dirs[1])
+    [(status, attempt, error)] = query(pg_dsn, "SELECT status, attempt, last_error FROM shardworker.jobs "
+                                               "WHERE kind = 'huge'")
+    assert (status, attempt) == ("failed", 1) and "too large" in error
+    assert status_counts(pg_dsn) == {"done": 5, "failed": 1}
+    assert "worker process died" not in worker_log(dirs[1])

@@ -60,3 +60,9 @@ def hang(job: Job) -> str:
 def unserializable(job: Job) -> object:
     record(job)
     return object()
+
+
+@app.handler("huge")
+def huge(job: Job) -> str:
+    record(job)
+    return "x" * (65 * 1024 * 1024)
