@@ -60,8 +60,9 @@ def dirs(tmp_path: Path) -> tuple[Path, Path]:
 def test_repeated_short_outages_rerun_nothing(private_pg: EmbeddedPostgres, dirs: tuple[Path, Path]) -> None:
     """PostgreSQL restarted (immediate) three times during a run: zero re-runs, the worker rides it out."""
     dsn = private_pg.dsn
-    enqueue(dsn, "slow", 600, {"sleep": 0.01})
+    enqueue(dsn, "slow", 600, {"sleep": 0.03})  # ~9 s of work on 2 children: outages land mid-run
     proc = start_worker(dsn, *dirs, *FAST, "--exit-when-idle", procs=2)
+    wait_for(lambda: status_counts(dsn).get("done", 0) >= 10, 30, "the run under way")
     for _ in range(3):
         time.sleep(0.8)
         private_pg.stop("immediate")
