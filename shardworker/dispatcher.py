@@ -135,7 +135,11 @@ class Dispatcher:
         # Skip tiny claims while every child still has a quarter of its prefetch queued.
         if limit < 1 or (min(room.values()) < self.config.prefetch_per_child // 4 * 3 and not self.more_due):
             return 0
-        if not self._settle_lost_claims():
+        try:
+            if not self.settle_lost_claims():
+                return 0
+        except StoreError as exc:
+            self._claim_failed(exc)
             return 0
         token = uuid.uuid4().hex
         try:
@@ -151,14 +155,13 @@ class Dispatcher:
         self._route(jobs)
         return len(jobs)
 
-    def _settle_lost_claims(self) -> bool:
-        """Give back jobs of claims whose replies were lost; False while that fails."""
+    def settle_lost_claims(self) -> bool:
+        """Give back jobs of claims whose replies were lost; True once none is left.
+
+        Raises ``StoreError`` when the database fails meanwhile (the token is kept).
+        """
         while self.lost_claims:
-            try:
-                released = self.sup.store.release_claim(self.lost_claims[0], self.sup.worker_id)
-            except StoreError as exc:
-                self._claim_failed(exc)
-                return False
+            released = self.sup.store.release_claim(self.lost_claims[0], self.sup.worker_id)
             if released:
                 log.warning("gave back %d jobs of a claim whose reply was lost", released)
             self.lost_claims.pop(0)

@@ -257,14 +257,10 @@ class Supervisor:
         for handle in self.children:
             handle.request_stop()
         unstarted = dispatcher.finish_children(deadline)
-        released = 0
-        try:
-            released = self.store.release(unstarted, self.worker_id)
-        except StoreError as exc:
-            log.warning("could not release %d unstarted jobs (%s); the next start requeues them",
-                        len(unstarted), exc)
+        released = self._give_back(unstarted, dispatcher, deadline)
         self._stop_flusher(deadline, dispatcher)
         with contextlib.suppress(StoreError):
+            # Kept while jobs stay running under our id, so a rescuer can still find them.
             self.store.forget_worker(self.worker_id)
         pending = outbox_status(self.config.outbox_dir).pending
         if pending:
@@ -272,6 +268,23 @@ class Supervisor:
                         "`shardworker outbox drain --outbox-dir %s`", pending, self.config.outbox_dir,
                         self.config.outbox_dir)
         return RunSummary(dispatcher.done_total, pending, released)
+
+    def _give_back(self, unstarted: list[tuple[int, int]], dispatcher: Dispatcher, deadline: float) -> int:
+        """Release unstarted jobs and settle lost claims, retrying until the deadline."""
+        backoff = Backoff(self.config.backoff_base_s, min(1.0, self.config.backoff_cap_s))
+        released = 0
+        while True:
+            try:
+                released += self.store.release(unstarted, self.worker_id) if unstarted else 0
+                unstarted = []
+                if dispatcher.settle_lost_claims():
+                    return released
+            except StoreError as exc:
+                if time.monotonic() + backoff.base_s >= deadline or not is_retryable(exc):
+                    log.warning("could not give back %d unstarted jobs (%s); they stay running under "
+                                "worker %s until its next start, or a rescue", len(unstarted), exc, self.worker_id)
+                    return 0
+            procs.sleep_until(min(deadline, time.monotonic() + backoff.next_delay()), lambda: False)
 
     def _stop_flusher(self, deadline: float, dispatcher: Dispatcher) -> None:
         self.flusher_stats[STAT_STOP] = STOP_WHEN_IDLE

@@ -298,7 +298,6 @@ ORPHANED_AT_SHUTDOWN = (
     "unless this same worker id restarts")
 
 
-@pytest.mark.xfail(reason=ORPHANED_AT_SHUTDOWN, strict=True, raises=OrphanedRunningJobs)
 def test_reset_of_release_at_shutdown(scenario: Scenario) -> None:
     """SIGTERM while children hold prefetched jobs they never started; the statement giving them back is
     reset. The worker exits 0 and leaves nothing running that no one will requeue; a restart on the same

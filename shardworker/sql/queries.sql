@@ -133,8 +133,11 @@ ON CONFLICT (worker_id) DO UPDATE
 SET hostname = excluded.hostname, pid = excluded.pid, heartbeat_at = now();
 
 -- worker_forget --
--- Remove this worker's heartbeat row at clean shutdown.
-DELETE FROM shardworker.workers WHERE worker_id = %(worker_id)s;
+-- Remove this worker's heartbeat row at clean shutdown, unless jobs still run under its
+-- id (a give-back failed): then the row stays, goes silent, and the rescuer finds them.
+DELETE FROM shardworker.workers
+WHERE worker_id = %(worker_id)s
+  AND NOT EXISTS (SELECT 1 FROM shardworker.jobs WHERE status = 'running' AND locked_by = %(worker_id)s);
 
 -- rescue_lock --
 -- Only one rescuer at a time across hosts: a session advisory lock held while connected.
