@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import signal
 import subprocess
@@ -37,10 +38,8 @@ def start_worker(dsn: str, outbox_dir: Path, count_dir: Path, *args: str, procs:
 
 def kill_worker_group(proc: subprocess.Popen[bytes]) -> None:
     """kill -9 every process of the worker (parent, children, flusher)."""
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     proc.wait(10)
 
 
