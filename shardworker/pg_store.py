@@ -353,8 +353,15 @@ class PgStore:
                 cur.execute(query("job_apply_outcomes"), params)
             except (psycopg.DataError, pgerr.ProgramLimitExceeded) as exc:
                 raise OutcomeRejected(f"outcome rejected: {_first_line(exc)}") from exc
-            rows = cur.fetchall()
-        return _classify(rows)
+            applied = set(cur.fetchall())
+            missed = [o for o in outcomes if (o.job_id, o.attempt) not in applied]
+            if not missed:
+                return ApplyResult(applied=len(outcomes))
+            # Rare: a replay after a lost checkpoint, or a stale attempt. The update above is
+            # committed, so this reads the state it left.
+            cur.execute(query("job_classify"), {"ids": [o.job_id for o in missed]})
+            last_applied = dict(cur.fetchall())
+        return _classify(len(outcomes) - len(missed), missed, last_applied)
 
     # notifications -----------------------------------------------------------
 
@@ -417,16 +424,14 @@ class PgStore:
             return cur.fetchall() if cur.description else []
 
 
-def _classify(rows: Sequence[tuple[Any, ...]]) -> ApplyResult:
-    applied = replayed = 0
+def _classify(applied: int, missed: Sequence[Outcome], last_applied: dict[int, int | None]) -> ApplyResult:
+    replayed = 0
     stale: list[int] = []
-    for job_id, attempt, was_applied, applied_attempt in rows:
-        if was_applied:
-            applied += 1
-        elif applied_attempt == attempt:
+    for outcome in missed:
+        if last_applied.get(outcome.job_id) == outcome.attempt:
             replayed += 1  # this attempt's outcome was applied before: a replay after a lost checkpoint
         else:
-            stale.append(job_id)  # its attempt was rescued (and maybe re-claimed), or the job is gone
+            stale.append(outcome.job_id)  # its attempt was rescued (and maybe re-claimed), or the job is gone
     return ApplyResult(applied, replayed, len(stale), tuple(stale))
 
 

@@ -21,33 +21,32 @@ RETURNING j.id, j.kind, j.queue, j.payload::text, j.attempt, j.max_attempts;
 
 -- job_apply_outcomes --
 -- Apply a batch of outcomes, fenced: only the attempt that produced an outcome, and only
--- while it is still running. A row that does not match was applied before (a replay:
--- applied_attempt is this attempt) or its attempt lost its lease (stale); the outer
--- SELECT tells which without failing.
+-- while it is still running. Returns the rows applied; an outcome missing from the result
+-- was applied before (a replay) or its attempt lost its lease (stale): see job_classify.
 WITH o AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(oks)s::bool[],
                          %(results)s::jsonb[], %(errors)s::text[], %(delays)s::float8[])
         AS o(id, attempt, ok, result, error, delay_s)
-), applied AS (
-    UPDATE shardworker.jobs j
-    SET status = CASE WHEN o.ok THEN 'done'
-                      WHEN j.attempt < j.max_attempts AND o.delay_s >= 0 THEN 'queued'
-                      ELSE 'failed' END,
-        result = CASE WHEN o.ok THEN o.result ELSE j.result END,
-        last_error = CASE WHEN o.ok THEN j.last_error ELSE o.error END,
-        run_at = CASE WHEN NOT o.ok AND j.attempt < j.max_attempts AND o.delay_s >= 0
-                      THEN now() + make_interval(secs => o.delay_s) ELSE j.run_at END,
-        finished_at = CASE WHEN o.ok OR j.attempt >= j.max_attempts OR o.delay_s < 0
-                           THEN now() ELSE NULL END,
-        locked_by = NULL, applied_attempt = o.attempt, updated_at = now()
-    FROM o
-    WHERE j.id = o.id AND j.attempt = o.attempt AND j.status = 'running'
-    RETURNING j.id, j.attempt
 )
-SELECT o.id, o.attempt, applied.id IS NOT NULL AS applied, cur.applied_attempt
+UPDATE shardworker.jobs j
+SET status = CASE WHEN o.ok THEN 'done'
+                  WHEN j.attempt < j.max_attempts AND o.delay_s >= 0 THEN 'queued'
+                  ELSE 'failed' END,
+    result = CASE WHEN o.ok THEN o.result ELSE j.result END,
+    last_error = CASE WHEN o.ok THEN j.last_error ELSE o.error END,
+    run_at = CASE WHEN NOT o.ok AND j.attempt < j.max_attempts AND o.delay_s >= 0
+                  THEN now() + make_interval(secs => o.delay_s) ELSE j.run_at END,
+    finished_at = CASE WHEN o.ok OR j.attempt >= j.max_attempts OR o.delay_s < 0
+                       THEN now() ELSE NULL END,
+    locked_by = NULL, applied_attempt = o.attempt, updated_at = now()
 FROM o
-LEFT JOIN applied ON applied.id = o.id AND applied.attempt = o.attempt
-LEFT JOIN shardworker.jobs cur ON cur.id = o.id;
+WHERE j.id = o.id AND j.attempt = o.attempt AND j.status = 'running'
+RETURNING j.id, j.attempt;
+
+-- job_classify --
+-- For outcomes that matched no running attempt: which attempt's outcome each job last
+-- applied (equal to the outcome's attempt means a harmless replay; otherwise stale).
+SELECT id, applied_attempt FROM shardworker.jobs WHERE id = ANY(%(ids)s::bigint[]);
 
 -- job_release --
 -- Give back claimed jobs whose handler never started: the claim is undone, attempt too.
