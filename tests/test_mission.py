@@ -88,3 +88,46 @@ def test_worker_killed_during_outage_reruns_nothing_acknowledged(
     reran = sorted(j for j, n in runs_per_job(count_dir).items() if n > 1)
     assert all((j, 1) in ran_before and (j, 1) not in acked for j in reran)
     assert len(reran) <= 2, f"only jobs in hand at the kill (one per child) may run again, got {reran}"
+
+
+def test_shutdown_during_an_outage_keeps_outcomes_and_says_how_to_drain(
+        private_pg: EmbeddedPostgres, tmp_path: Path) -> None:
+    """SIGTERM while PostgreSQL is down: exit 0, outcomes stay in the outbox, the message says how many and
+    how to drain them; the next start applies them without re-running a handler."""
+    dsn, count_dir, outbox_dir = private_pg.dsn, tmp_path / "counts", tmp_path / "outbox"
+    count_dir.mkdir()
+    enqueue(dsn, "slow", 100, {"sleep": 0.01})
+    proc = start_worker(dsn, outbox_dir, count_dir, "--backoff-cap", str(BACKOFF_CAP_S),
+                        "--shutdown-timeout", "3", procs=2)
+    wait_for(lambda: status_counts(dsn).get("done", 0) >= 10, 30, "a first part done")
+    private_pg.stop("immediate")
+    wait_for(lambda: len(runs(count_dir)) >= 60, 30, "handlers finishing into the outbox")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0, worker_log(count_dir)
+    log = worker_log(count_dir)
+    assert "outcomes remain in the outbox" in log and "shardworker outbox drain" in log, log
+    acked = acknowledged(outbox_dir)
+    private_pg.start()
+    restarted = start_worker(dsn, outbox_dir, count_dir, "--exit-when-idle", procs=2)
+    assert restarted.wait(60) == 0, worker_log(count_dir)
+    assert status_counts(dsn) == {"done": 100}
+    after = runs(count_dir)
+    assert all(n == 1 for n in after.values())
+    for job_id, attempt in acked:
+        assert not [a for (j, a) in after if j == job_id and a > attempt], f"job {job_id} ran again"
+
+
+def test_second_signal_exits_at_once(private_pg: EmbeddedPostgres, tmp_path: Path) -> None:
+    """A second SIGTERM during a slow shutdown exits immediately (non-zero), leaving outcomes in the outbox."""
+    dsn, count_dir = private_pg.dsn, tmp_path / "counts"
+    count_dir.mkdir()
+    enqueue(dsn, "slow", 20, {"sleep": 5})
+    proc = start_worker(dsn, tmp_path / "outbox", count_dir, "--shutdown-timeout", "60", procs=1)
+    wait_for(lambda: len(runs(count_dir)) >= 1, 30, "a slow handler running")
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    assert proc.poll() is None, "the first signal must wait for the job in hand"
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(10) == 1
+    assert time.monotonic() - started < 5
