@@ -4,7 +4,12 @@ SELECT max(version) AS version FROM shardworker.migrations;
 
 -- job_claim --
 -- Claim due queued jobs of the given kinds (and queues), oldest first, for one worker.
-WITH due AS (
+-- The ids go through ARRAY(...) so even a generic (prepared) plan updates them by primary
+-- key; a join on the subquery was planned as a hash join over the whole table.
+UPDATE shardworker.jobs j
+SET status = 'running', attempt = j.attempt + 1, locked_by = %(worker_id)s,
+    claim_token = %(claim_token)s, attempted_at = now(), updated_at = now()
+WHERE j.id = ANY(ARRAY(
     SELECT id FROM shardworker.jobs
     WHERE status = 'queued' AND run_at <= now()
       AND kind = ANY(%(kinds)s::text[])
@@ -12,11 +17,7 @@ WITH due AS (
     ORDER BY priority, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
-)
-UPDATE shardworker.jobs j
-SET status = 'running', attempt = j.attempt + 1, locked_by = %(worker_id)s,
-    claim_token = %(claim_token)s, attempted_at = now(), updated_at = now()
-FROM due WHERE j.id = due.id
+))
 RETURNING j.id, j.kind, j.queue, j.payload::text, j.attempt, j.max_attempts;
 
 -- job_apply_outcomes --
