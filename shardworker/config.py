@@ -37,7 +37,9 @@ class WorkerConfig:
     # 0.05 s doubling to a 5 s cap: an ended outage is noticed within ~5 s.
     backoff_base_s: float = 0.05
     backoff_cap_s: float = 5.0
-    max_backlog: int = 100_000
+    # Outcomes acknowledged but not yet applied before claiming pauses: bounds the rows left
+    # running, and the replay work, when the flusher falls behind.
+    max_backlog: int = 10_000
     min_free_bytes: int = 64 * 1024 * 1024
     segment_bytes: int = 16 * 1024 * 1024
     shutdown_timeout_s: float = 30.0

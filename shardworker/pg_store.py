@@ -173,6 +173,9 @@ class PgStore:
             with translate_errors():
                 self._conn = psycopg.connect(
                     self.config.dsn, autocommit=True, connect_timeout=self.config.connect_timeout_s,
+                    # Never server-prepare: a generic plan for the batched apply assumed ~1
+                    # running row and nested-looped over all of them (seconds per batch).
+                    prepare_threshold=None,
                     application_name=self.config.application_name,
                     options=f"-c statement_timeout={int(self.config.statement_timeout_s * 1000)}",
                     **_tcp_liveness(self.config.network_timeout_s),
