@@ -62,7 +62,7 @@ class Dispatcher:
         """One pass; True when the worker should exit because it is idle."""
         self._collect()
         self._check_children()
-        self.sup._check_flusher()
+        self.sup.check_flusher()
         self._heartbeat()
         claimed = self._maybe_claim()
         self._log_progress()
@@ -222,7 +222,7 @@ class Dispatcher:
         if not self.db_ok:
             return None
         try:
-            if not self.sup.store._listening:
+            if not self.sup.store.listening:
                 self.sup.store.listen()
             return self.sup.store.connection().fileno()
         except StoreError:
@@ -281,7 +281,7 @@ class Dispatcher:
             durable = _durable(self.sup, handle) if started else set()
             lost = [j for j in started if (j.id, j.attempt) not in durable]
             if lost:
-                self.sup.write_parent_outcomes([self.sup._died_outcome(j, "shutdown timeout") for j in lost])
+                self.sup.write_parent_outcomes([self.sup.died_outcome(j, "shutdown timeout") for j in lost])
             unstarted.extend((j.id, j.attempt) for j in never)
         return unstarted
 

@@ -52,7 +52,7 @@ def _drain_loop(flusher: Flusher, outbox_dir: str, deadline: float,
     while True:
         flusher.run_once()
         if progress:
-            progress(flusher.stats, len(flusher._held))
+            progress(flusher.stats, flusher.in_hand)
         if flusher.idle:
             return flusher.stats
         if time.monotonic() >= deadline:

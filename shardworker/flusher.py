@@ -71,6 +71,11 @@ class Flusher:
         self._dirty = False
 
     @property
+    def in_hand(self) -> int:
+        """Records read and not yet applied (kept across database failures)."""
+        return len(self._held)
+
+    @property
     def idle(self) -> bool:
         return not self._held and not self._dirty
 

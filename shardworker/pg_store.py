@@ -190,28 +190,15 @@ class PgStore:
         self._conn, self._listening = None, False
 
     @contextlib.contextmanager
-    def _cursor(self) -> Iterator[psycopg.Cursor[Any]]:
+    def _cursor(self, *, transaction: bool = False) -> Iterator[psycopg.Cursor[Any]]:
+        """A cursor (in a transaction if asked) under the client-side deadline; a broken
+        connection is closed so the next call reconnects."""
         try:
             with translate_errors():
                 conn = self.connection()
                 self._watchdog.arm(conn.fileno(), self._deadline_s)
                 try:
-                    with conn.cursor() as cur:
-                        yield cur
-                finally:
-                    self._watchdog.disarm()
-        except DatabaseUnavailable:
-            self.close()
-            raise
-
-    @contextlib.contextmanager
-    def _transaction(self) -> Iterator[psycopg.Cursor[Any]]:
-        try:
-            with translate_errors():
-                conn = self.connection()
-                self._watchdog.arm(conn.fileno(), self._deadline_s)
-                try:
-                    with conn.transaction(), conn.cursor() as cur:
+                    with conn.transaction() if transaction else contextlib.nullcontext(), conn.cursor() as cur:
                         yield cur
                 finally:
                     self._watchdog.disarm()
@@ -284,7 +271,7 @@ class PgStore:
     def enqueue_many(self, rows: Iterable[Sequence[Any]]) -> int:
         """COPY rows (kind, queue, payload_json, priority, max_attempts, run_at, dedupe_key)
         in one transaction; returns how many were inserted (dedupe skips the rest)."""
-        with self._transaction() as cur:
+        with self._cursor(transaction=True) as cur:
             cur.execute(query("job_stage_create"))
             try:
                 with cur.copy(query("job_stage_copy")) as copy:
@@ -367,6 +354,11 @@ class PgStore:
         return _classify(len(outcomes) - len(missed), missed, last_applied)
 
     # notifications -----------------------------------------------------------
+
+    @property
+    def listening(self) -> bool:
+        """Whether this connection is subscribed to enqueue notifications."""
+        return self._listening
 
     def listen(self) -> None:
         """Subscribe this connection to enqueue notifications."""

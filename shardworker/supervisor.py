@@ -165,7 +165,7 @@ class Supervisor:
         """Apply pending outcomes, then requeue our running jobs that have none."""
         waited_since = time.monotonic()
         while not self.flusher_stats[STAT_DRAINED]:
-            self._check_flusher()
+            self.check_flusher()
             if self.stopping:
                 return
             if time.monotonic() - waited_since > 5:
@@ -190,7 +190,7 @@ class Supervisor:
                                          self.config.flush_idle_sleep_s))
         self.flusher.start()
 
-    def _check_flusher(self) -> None:
+    def check_flusher(self) -> None:
         """Restart the flusher if it died (its counters restart from zero)."""
         if self.flusher.is_alive():
             return
@@ -219,7 +219,7 @@ class Supervisor:
         acked = [j for j in started if (j.id, j.attempt) in durable]
         lost = [j for j in started if (j.id, j.attempt) not in durable]
         if lost:
-            self.write_parent_outcomes([self._died_outcome(j, reason) for j in lost])
+            self.write_parent_outcomes([self.died_outcome(j, reason) for j in lost])
             log.error("child %d %s; %d started jobs failed this attempt, %d acknowledged, %d resent",
                       handle.index, reason, len(lost), len(acked), len(unstarted))
         handle.sent.clear()
@@ -227,7 +227,7 @@ class Supervisor:
         handle.send(unstarted)
         return len(acked) + len(lost), unstarted
 
-    def _died_outcome(self, job: ClaimedJob, reason: str) -> Outcome:
+    def died_outcome(self, job: ClaimedJob, reason: str) -> Outcome:
         spec = self.app.handlers.get(job.kind)
         out_of_attempts = spec is not None and spec.max_attempts is not None and job.attempt >= spec.max_attempts
         delay = -1.0 if out_of_attempts else (spec.retry_delay if spec else job_retry_delay)(job.attempt)

@@ -204,6 +204,17 @@ def pg_dsn(pg_server: PgServer, pg_template: PgTemplate) -> Iterator[str]:
         _admin(pg_server, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
+@pytest.fixture
+def empty_dsn(pg_server: PgServer) -> Iterator[str]:
+    """DSN of a brand-new database without the shardworker schema, dropped afterwards."""
+    name = f"empty_{uuid.uuid4().hex}"
+    _admin(pg_server, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield pg_server.dsn_for(name)
+    finally:
+        _admin(pg_server, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
 @pytest.fixture(scope="session")
 def _private_pg_golden() -> Iterator[Path]:
     """A migrated, cleanly stopped data directory that ``private_pg`` copies (~0.1 s) instead of initdb."""

@@ -8,7 +8,6 @@ import os
 import socket
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -57,19 +56,6 @@ def store(pg_dsn: str) -> Iterator[PgStore]:
     s = PgStore(StoreConfig(pg_dsn))
     yield s
     s.close()
-
-
-@pytest.fixture
-def empty_dsn(pg_server: Any) -> Iterator[str]:
-    """DSN of a brand-new database without the shardworker schema."""
-    name = f"empty_{uuid.uuid4().hex}"
-    with psycopg.connect(pg_server.admin_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        yield pg_server.dsn_for(name)
-    finally:
-        with psycopg.connect(pg_server.admin_dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 # --- migrate ------------------------------------------------------------------------------

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql
 from psycopg.rows import dict_row
 
 from shardworker.embedded import EmbeddedPostgres
@@ -87,19 +85,6 @@ def other(pg_dsn: str) -> Iterator[PgStore]:
     s = PgStore(StoreConfig(pg_dsn, connect_timeout_s=3, statement_timeout_s=5))
     yield s
     s.close()
-
-
-@pytest.fixture
-def empty_dsn(pg_server: Any) -> Iterator[str]:
-    """DSN of a brand-new database with no shardworker schema at all."""
-    name = f"empty_{uuid.uuid4().hex}"
-    with psycopg.connect(pg_server.admin_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        yield pg_server.dsn_for(name)
-    finally:
-        with psycopg.connect(pg_server.admin_dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 # --- schema -------------------------------------------------------------------------------
