@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from outbox import OutboxError
 from shardworker.errors import ShardworkerError
 
 
@@ -18,8 +19,12 @@ def one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except ShardworkerError as exc:
+        except (ShardworkerError, OutboxError) as exc:
             click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+        except OSError as exc:
+            where = f": {exc.filename}" if exc.filename else ""
+            click.echo(f"error: {exc.strerror or exc}{where}", err=True)
             sys.exit(1)
     return wrapper
 

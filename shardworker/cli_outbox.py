@@ -83,6 +83,7 @@ def drain(outbox_dir: str, timeout: float, dsn: str | None) -> None:
     """Apply every pending outcome and exit 0 when the outbox is empty."""
     from outbox import status as outbox_status
     from shardworker.drain import drain as drain_outbox
+    from shardworker.errors import ShardworkerError
 
     total = outbox_status(outbox_dir).pending if __import__("os").path.isdir(outbox_dir) else 0
     dsn = resolve_dsn(dsn)
@@ -97,11 +98,12 @@ def drain(outbox_dir: str, timeout: float, dsn: str | None) -> None:
         stats = drain_outbox(outbox_dir, dsn, timeout_s=timeout, progress=progress)
     click.echo(f"drained {stats.flushed} outcomes: {stats.applied} applied, {stats.replayed} already applied, "
                f"{stats.stale} stale, {stats.deadlettered} dead-lettered")
-    # A segment quarantined (now or earlier) holds outcomes no drain applies: never stay silent about it.
+    # A segment quarantined (now or earlier) holds outcomes no drain applies: the outbox is
+    # not empty, so this is a failure with its reason, not a warning.
     quarantined = outbox_status(outbox_dir).quarantined
     if quarantined:
-        click.echo(f"warning: {len(quarantined)} quarantined segment(s) in {outbox_dir}/quarantine hold outcomes "
-                   f"that were not applied: {', '.join(quarantined)}; see `shardworker outbox verify`", err=True)
+        raise ShardworkerError(f"{len(quarantined)} quarantined segment(s) in {outbox_dir}/quarantine hold outcomes "
+                               f"that were not applied: {', '.join(quarantined)}; see `shardworker outbox verify`")
 
 
 @outbox.command()

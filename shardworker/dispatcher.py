@@ -54,6 +54,7 @@ class Dispatcher:
         self.next_idle_check_at = 0.0
         self.db_ok = True
         self.lost_claims: list[str] = []
+        self.heartbeat_backoff = Backoff(self.config.backoff_base_s, self.config.backoff_cap_s)
         self.rescuer = Rescuer(sup.store, sup.worker_id, self.config.rescue_after_s)
 
     # the loop ----------------------------------------------------------------------
@@ -115,6 +116,8 @@ class Dispatcher:
     def _claim_blocker(self) -> str:
         if self.sup.stopping:
             return "stopping"
+        if not self.sup.flush_parent_outcomes():
+            return "the outbox cannot take the outcomes of a dead child yet"
         if time.monotonic() < self.next_claim_at:
             return "database unavailable"
         if self.backlog() > self.config.max_backlog:
@@ -229,15 +232,20 @@ class Dispatcher:
             return None
 
     def _heartbeat(self) -> None:
+        """Beat on its own timer, whatever claiming is doing: a worker that merely cannot
+        claim (full disk, busy children, flusher behind) must not look dead to rescuers."""
         now = time.monotonic()
-        if now < self.next_heartbeat_at or not self.db_ok:
+        if now < self.next_heartbeat_at:
             return
-        self.next_heartbeat_at = now + self.config.heartbeat_interval_s
         try:
             self.sup.store.heartbeat(self.sup.worker_id, socket.gethostname(), os.getpid())
+            self.heartbeat_backoff.reset()
+            self.next_heartbeat_at = now + self.config.heartbeat_interval_s
             self.rescuer.run_once(now)
         except StoreError as exc:
             self.rescuer.connection_lost()
+            delay = max(self.config.heartbeat_interval_s, self.heartbeat_backoff.next_delay())
+            self.next_heartbeat_at = now + delay
             log.debug("heartbeat failed: %s", exc)
 
     def _idle(self) -> bool:

@@ -204,12 +204,14 @@ def open_reader(directory: str, wait_s: float) -> OutboxReader:
 
 
 def flusher_main(directory: str, store_config: object, config: FlusherConfig, shared: object,
-                 idle_sleep_s: float) -> None:
+                 idle_sleep_s: float, parent_pid: int) -> None:
     """Entry point of the flusher process (spawned; opens its own connection)."""
     from shardworker import procs
     from shardworker.pg_store import PgStore, StoreConfig
 
     procs.die_with_parent()
+    if os.getppid() != parent_pid:
+        os._exit(1)  # the parent died while this process was starting: never run orphaned
     procs.ignore_stop_signals()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s flusher %(levelname)s %(message)s")
     assert isinstance(store_config, StoreConfig)

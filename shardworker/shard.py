@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import time
 import traceback
 from collections import deque
@@ -28,6 +27,7 @@ import orjson
 
 from outbox import OutboxError, OutboxFull, OutboxLocked, ShardWriter, WriterConfig
 from outbox.frame import MAX_PAYLOAD_BYTES
+from shardworker import procs
 from shardworker.app import App, load_app
 from shardworker.model import ClaimedJob, Outcome
 
@@ -46,23 +46,25 @@ class ChildConfig:
     group_commit_max_delay_s: float
     group_commit_max_records: int
     segment_bytes: int
+    parent_pid: int
 
 
 def run_handler(app: App, job: ClaimedJob) -> Outcome:
     """Run one job's handler and turn whatever happens into an Outcome."""
     spec = app.handlers.get(job.kind)
     if spec is None:
-        return Outcome(job.id, job.attempt, False, error=f"no handler for kind {job.kind!r}", retry_delay_s=-1)
+        return Outcome(job.id, job.attempt, False, error=f"no handler for kind {job.kind!r}", retry_delay_s=-1.0)
     try:
         result = spec.fn(job.to_job())
-        return Outcome(job.id, job.attempt, True, result_json=orjson.dumps(result).decode())
-    except TypeError as exc:
-        if "not JSON serializable" not in str(exc) and "Type is not" not in str(exc):
-            return _failure(app, job, exc)
-        return Outcome(job.id, job.attempt, False, error=f"handler result is not JSON-serializable: {exc}",
-                       retry_delay_s=-1)
     except Exception as exc:
         return _failure(app, job, exc)
+    try:
+        result_json = orjson.dumps(result).decode()
+    except orjson.JSONEncodeError as exc:
+        # Running it again would compute the same unstorable value: fail for good.
+        return Outcome(job.id, job.attempt, False, error=f"handler result is not JSON-serializable: {exc}",
+                       retry_delay_s=-1.0)
+    return Outcome(job.id, job.attempt, True, result_json=result_json)
 
 
 def _failure(app: App, job: ClaimedJob, exc: BaseException) -> Outcome:
@@ -169,9 +171,13 @@ def open_writer(config: ChildConfig, wait_s: float = 30.0) -> ShardWriter:
 
 def child_main(config: ChildConfig, conn: Any, slot: Any) -> None:
     """Entry point of a child process (started with spawn)."""
+    # A child must not outlive its parent: an orphan finishing a job after a restarted
+    # worker requeued it would make that job run twice.
+    procs.die_with_parent()
+    if os.getppid() != config.parent_pid:
+        os._exit(1)  # the parent died before the death signal was armed
     # The parent coordinates shutdown: a terminal's Ctrl-C must not kill children mid-job.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    procs.ignore_stop_signals()
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s shard-{config.shard} %(levelname)s %(message)s")
     try:
         app = load_app(config.app_ref)

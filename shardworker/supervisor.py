@@ -22,9 +22,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from outbox import ShardWriter, WriterConfig
+from outbox import OutboxError, OutboxSyncError, ShardWriter, WriterConfig
 from outbox import status as outbox_status
-from outbox.fsutil import FILE_MODE, ensure_dir, try_lock
+from outbox.fsutil import atomic_write, ensure_dir, try_lock
 from shardworker import procs
 from shardworker.app import App
 from shardworker.children import ChildHandle, acknowledged_in_shard
@@ -75,12 +75,7 @@ def resolve_worker_id(directory: str, given: str | None) -> str:
     except FileNotFoundError:
         pass
     new = f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
-    try:
-        os.write(fd, new.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    atomic_write(directory, WORKER_ID_FILE, new.encode())
     return new
 
 
@@ -106,6 +101,7 @@ class Supervisor:
         self.flusher: Any = None
         self.flusher_stats: Any = None
         self._parent_writer: ShardWriter | None = None
+        self._parent_pending: list[Outcome] = []
         self._flusher_restarts = 0
         self.flushed_carry = 0.0  # records flushed by flusher processes that have exited
 
@@ -118,6 +114,7 @@ class Supervisor:
             self.worker_id = resolve_worker_id(self.config.outbox_dir, self.config.worker_id)
             self._install_signals()
             self._wait_for_schema()
+            self._wait_for_writers_gone()
             self._start_flusher()
             self._startup_recovery()
             self._start_children()
@@ -161,6 +158,19 @@ class Supervisor:
                 log.warning("%s: %s; retrying in %.1fs", what, exc, delay)
                 procs.sleep_until(time.monotonic() + delay, lambda: self.stopping)
 
+    def _wait_for_writers_gone(self, timeout_s: float = 60.0) -> None:
+        """Wait until no process still writes a shard of this outbox (children of a worker
+        that died a moment ago), so recovery sees every outcome they acknowledged."""
+        deadline = time.monotonic() + timeout_s
+        for name in sorted(os.listdir(self.config.outbox_dir)):
+            if not (name.startswith("shard-") and name.endswith(".lock")):
+                continue
+            while (fd := try_lock(os.path.join(self.config.outbox_dir, name))) is None:
+                if time.monotonic() > deadline or self.stopping:
+                    raise OutboxBusy(f"{name} in {self.config.outbox_dir} is still held by another process")
+                time.sleep(0.05)
+            os.close(fd)
+
     def _startup_recovery(self) -> None:
         """Apply pending outcomes, then requeue our running jobs that have none."""
         waited_since = time.monotonic()
@@ -187,7 +197,7 @@ class Supervisor:
                              self.config.backoff_base_s, self.config.backoff_cap_s)
         self.flusher = ctx.Process(target=flusher_main, name="shardworker-flusher", daemon=True,
                                    args=(self.config.outbox_dir, self.store_config, fcfg, self.flusher_stats,
-                                         self.config.flush_idle_sleep_s))
+                                         self.config.flush_idle_sleep_s, os.getpid()))
         self.flusher.start()
 
     def check_flusher(self) -> None:
@@ -206,7 +216,7 @@ class Supervisor:
             handle = ChildHandle(index, ChildConfig(index, self.config.outbox_dir, self.config.app_ref,
                                                     self.config.group_commit_max_delay_s,
                                                     self.config.group_commit_max_records,
-                                                    self.config.segment_bytes))
+                                                    self.config.segment_bytes, os.getpid()))
             handle.start()
             self.children.append(handle)
 
@@ -237,18 +247,40 @@ class Supervisor:
         lived = time.monotonic() - handle.started_at
         handle.restarts = handle.restarts + 1 if lived < 5 else 0
         if handle.restarts:
-            # A child that keeps dying at once (bad app, broken outbox) restarts ever slower.
-            time.sleep(min(30.0, 0.1 * 2 ** min(handle.restarts, 9)))
+            # A child that keeps dying at once (bad app, broken outbox) restarts ever slower;
+            # capped at 2 s because this blocks the dispatcher loop.
+            time.sleep(min(2.0, 0.1 * 2 ** min(handle.restarts, 5)))
         handle.start()
 
     def write_parent_outcomes(self, outcomes: list[Outcome]) -> None:
-        """Durably record outcomes the parent decided (a child died or timed out)."""
-        if self._parent_writer is None:
-            self._parent_writer = ShardWriter.open(self.config.outbox_dir, PARENT_SHARD,
-                                                   WriterConfig(segment_bytes=self.config.segment_bytes))
-        for outcome in outcomes:
-            self._parent_writer.append(outcome.to_wire())
-        self._parent_writer.commit()
+        """Record outcomes the parent decided (a child died or timed out), durably if it can.
+
+        When the outbox cannot take them (a full disk), they wait in memory and
+        ``flush_parent_outcomes`` retries; claiming pauses meanwhile.
+        """
+        self._parent_pending.extend(outcomes)
+        self.flush_parent_outcomes()
+
+    def flush_parent_outcomes(self) -> bool:
+        """Try to make the parent's waiting outcomes durable; True when none waits."""
+        if not self._parent_pending:
+            return True
+        try:
+            if self._parent_writer is None:
+                self._parent_writer = ShardWriter.open(self.config.outbox_dir, PARENT_SHARD,
+                                                       WriterConfig(segment_bytes=self.config.segment_bytes))
+            for outcome in self._parent_pending:
+                self._parent_writer.append(outcome.to_wire())
+            self._parent_writer.commit()
+        except (OutboxError, OSError) as exc:
+            log.error("cannot record %d outcomes of dead children yet (%s); retrying",
+                      len(self._parent_pending), exc)
+            if isinstance(exc, OutboxSyncError) and self._parent_writer is not None:
+                self._parent_writer.close()
+                self._parent_writer = None
+            return False
+        self._parent_pending = []
+        return True
 
     # shutdown --------------------------------------------------------------------
 

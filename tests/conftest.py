@@ -239,3 +239,13 @@ def private_pg(_private_pg_golden: Path) -> Iterator[EmbeddedPostgres]:
             yield server
         finally:
             server.stop("immediate")  # its data is thrown away next
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_workers() -> Iterator[None]:
+    """Kill every worker a test started (its whole process group), even when the test failed."""
+    from tests.helpers import STARTED, kill_worker_group
+
+    yield
+    while STARTED:
+        kill_worker_group(STARTED.pop())

@@ -338,8 +338,8 @@ def test_outbox_verify_passes_clean_segments_and_fails_on_corruption(tmp_path: P
     assert result.stderr.splitlines() == [f"error: 1 corrupt or quarantined segment(s) in {outbox_dir}"]
 
 
-def test_outbox_drain_warns_about_a_quarantined_segment(tmp_path: Path, pg_dsn: str, store: PgStore) -> None:
-    """drain applies the outcomes before a corrupt record and names the quarantined segment on stderr."""
+def test_outbox_drain_fails_naming_a_quarantined_segment(tmp_path: Path, pg_dsn: str, store: PgStore) -> None:
+    """drain applies the outcomes before a corrupt record, then exits 1 naming the quarantined segment."""
     jobs = claim(store, pg_dsn, 6)
     outbox_dir = tmp_path / "outbox"
     with ShardWriter.open(str(outbox_dir), 0) as writer:
@@ -353,10 +353,10 @@ def test_outbox_drain_warns_about_a_quarantined_segment(tmp_path: Path, pg_dsn: 
     data[victim.offset + HEADER_SIZE + 2] ^= 0x40
     path.write_bytes(bytes(data))
     result = invoke("outbox", "drain", "--outbox-dir", str(outbox_dir), "--dsn", pg_dsn, "--timeout", "10")
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output
     assert "drained 3 outcomes: 3 applied" in result.stdout
     name = f"shard-0000-{segno:010d}.seg"
-    assert f"warning: 1 quarantined segment(s) in {outbox_dir}/quarantine" in result.stderr
+    assert f"error: 1 quarantined segment(s) in {outbox_dir}/quarantine" in result.stderr
     assert name in result.stderr
     assert [r["status"] for r in rows(pg_dsn)] == ["done"] * 3 + ["running"] * 3
     status = invoke("outbox", "status", "--outbox-dir", str(outbox_dir))

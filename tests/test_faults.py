@@ -7,6 +7,7 @@ acknowledged ran again.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -73,8 +74,9 @@ def test_repeated_short_outages_rerun_nothing(private_pg: EmbeddedPostgres, dirs
     assert_promise(dsn, dirs[1], 600)
 
 
-def _worker_processes(parent_pid: int) -> dict[str, list[int]]:
-    """The worker's children by role, read from /proc."""
+def _worker_processes(parent_pid: int, pg_port: int) -> dict[str, list[int]]:
+    """The worker's spawned processes by role, read from /proc: the flusher is the one with
+    a connection to PostgreSQL (children never have one); the resource tracker is neither."""
     roles: dict[str, list[int]] = {"child": [], "flusher": []}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -86,35 +88,26 @@ def _worker_processes(parent_pid: int) -> dict[str, list[int]]:
                 cmdline = f.read()
         except (OSError, IndexError, ValueError):
             continue
-        if ppid == parent_pid and b"multiprocess" in cmdline:
-            roles["flusher" if _is_flusher(int(entry)) else "child"].append(int(entry))
+        if ppid != parent_pid or b"multiprocess.spawn" not in cmdline:
+            continue
+        roles["flusher" if pg_port in _remote_ports(int(entry)) else "child"].append(int(entry))
     return roles
 
 
-def _is_flusher(pid: int) -> bool:
-    """The flusher is the spawned process holding a connection to PostgreSQL (children never do)."""
-    try:
-        return any("5432" in line or ":" in line for line in _tcp_of(pid))
-    except OSError:
-        return False
-
-
-def _tcp_of(pid: int) -> list[str]:
+def _remote_ports(pid: int) -> set[int]:
+    """Remote TCP ports of ``pid``'s sockets (IPv4)."""
     inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    lines = []
-    with open("/proc/net/tcp") as f:
-        for line in f.readlines()[1:]:
-            parts = line.split()
-            if parts[9] in inodes:
-                lines.append(parts[2])
-    return lines
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+        with open("/proc/net/tcp") as f:
+            rows = [line.split() for line in f.readlines()[1:]]
+    except OSError:
+        return set()
+    return {int(row[2].split(":")[1], 16) for row in rows if row[9] in inodes}
 
 
 def test_random_kill9_of_children_flusher_and_parent(private_pg: EmbeddedPostgres, dirs: tuple[Path, Path]) -> None:
@@ -128,10 +121,11 @@ def test_random_kill9_of_children_flusher_and_parent(private_pg: EmbeddedPostgre
         time.sleep(rng.uniform(0.5, 1.2))
         if status_counts(dsn).get("done", 0) == 800:
             break
-        roles = _worker_processes(proc.pid)
+        roles = _worker_processes(proc.pid, private_pg.port)
         victim = ["child", "flusher", "parent"][round_ % 3]
         if victim == "parent" or not roles[victim]:
-            kill_worker_group(proc)
+            os.kill(proc.pid, signal.SIGKILL)  # the parent alone: its children must die with it
+            proc.wait(10)
             reruns_allowed += procs
             proc = start_worker(dsn, *dirs, *FAST, procs=procs)
         else:
@@ -141,6 +135,28 @@ def test_random_kill9_of_children_flusher_and_parent(private_pg: EmbeddedPostgre
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 0, worker_log(dirs[1])
     assert_promise(dsn, dirs[1], 800, max_reruns=reruns_allowed)
+
+
+def test_parent_killed_alone_takes_its_children_and_flusher_with_it(
+        private_pg: EmbeddedPostgres, dirs: tuple[Path, Path]) -> None:
+    """kill -9 of the parent only: no child or flusher survives it, so no orphan finishes a job that a
+    restarted worker has already requeued; the restart completes every job with no handler run twice."""
+    dsn = private_pg.dsn
+    enqueue(dsn, "slow", 6, {"sleep": 2})
+    proc = start_worker(dsn, *dirs, *FAST, procs=2)
+    wait_for(lambda: len(runs(dirs[1])) >= 2, 30, "slow handlers running")
+    spawned = [pid for pids in _worker_processes(proc.pid, private_pg.port).values() for pid in pids]
+    assert len(spawned) == 3
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    wait_for(lambda: not any(os.path.exists(f"/proc/{pid}/cmdline") and open(f"/proc/{pid}/cmdline").read()
+                             for pid in spawned), 5, "the children and the flusher to die with the parent")
+    proc = start_worker(dsn, *dirs, *FAST, "--exit-when-idle", procs=2)
+    assert proc.wait(60) == 0, worker_log(dirs[1])
+    rows = query(dsn, "SELECT id, status, result FROM shardworker.jobs")
+    assert all(status == "done" and result == {"id": job_id} for job_id, status, result in rows)
+    assert all(n == 1 for n in runs(dirs[1]).values()), "a handler ran twice for one attempt"
+    assert "stale" not in worker_log(dirs[1]), "an orphan's outcome arrived after its job was requeued"
 
 
 def test_kill_during_outage_then_drain_then_run_reruns_nothing(
@@ -240,7 +256,7 @@ def test_corrupt_segment_is_quarantined_and_other_shards_flow(
     private_pg.start()
     runner = CliRunner()
     drained = runner.invoke(cli, ["outbox", "drain", "--outbox-dir", str(outbox_dir), "--dsn", dsn, "--timeout", "30"])
-    assert drained.exit_code == 0, drained.output
+    assert drained.exit_code == 1 and "quarantined segment(s)" in drained.output, drained.output
     verify = runner.invoke(cli, ["outbox", "verify", "--outbox-dir", str(outbox_dir)])
     assert verify.exit_code == 1 and "quarantine/" in verify.output, verify.output
     status = runner.invoke(cli, ["outbox", "status", "--outbox-dir", str(outbox_dir)])
