@@ -94,6 +94,15 @@ def _worker_processes(parent_pid: int, pg_port: int) -> dict[str, list[int]]:
     return roles
 
 
+def _alive(pid: int) -> bool:
+    """Running (not a zombie, not gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def _remote_ports(pid: int) -> set[int]:
     """Remote TCP ports of ``pid``'s sockets (IPv4)."""
     inodes = set()
@@ -149,8 +158,7 @@ def test_parent_killed_alone_takes_its_children_and_flusher_with_it(
     assert len(spawned) == 3
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(10)
-    wait_for(lambda: not any(os.path.exists(f"/proc/{pid}/cmdline") and open(f"/proc/{pid}/cmdline").read()
-                             for pid in spawned), 5, "the children and the flusher to die with the parent")
+    wait_for(lambda: not any(_alive(pid) for pid in spawned), 5, "the children and the flusher to die with the parent")
     proc = start_worker(dsn, *dirs, *FAST, "--exit-when-idle", procs=2)
     assert proc.wait(60) == 0, worker_log(dirs[1])
     rows = query(dsn, "SELECT id, status, result FROM shardworker.jobs")
