@@ -79,6 +79,8 @@ def find_valid_after(buf: bytes | memoryview, start: int, shard: int, segno: int
     follow damage). A false match needs a 32-bit CRC collision over this segment's
     identity, so it is negligible.
     """
+    if not bytes(buf[start:]).strip(b"\0"):
+        return None  # a zero-filled tail (a common torn tail) holds no frame: skip the byte scan
     for pos in range(start, len(buf) - HEADER_SIZE + 1):
         if decode_at(buf, pos, shard, segno) is not None:
             return pos

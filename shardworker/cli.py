@@ -60,7 +60,8 @@ def migrate(dsn: str | None) -> None:
 @click.argument("payload_json", required=False)
 @click.option("--count", type=click.IntRange(min=1), default=1, show_default=True, help="Enqueue N copies.")
 @click.option("--file", "file_", type=click.File("rb"), default=None,
-              help="Bulk JSONL file (or -): one object a line with kind, payload and optional fields.")
+              help="Bulk JSONL file (or -): one object a line with kind, payload and optional fields; "
+                   "--queue, --priority, --max-attempts and --delay fill fields a line leaves out.")
 @click.option("--queue", default="default", show_default=True, help="Queue name.")
 @click.option("--priority", type=int, default=0, show_default=True, help="Smaller runs first.")
 @click.option("--max-attempts", type=click.IntRange(min=1), default=25, show_default=True, help="Attempts allowed.")
@@ -80,7 +81,12 @@ def enqueue(kind: str | None, payload_json: str | None, count: int, file_: Any, 
     if file_ is not None:
         if kind or payload_json:
             raise click.UsageError("give KIND/PAYLOAD_JSON or --file, not both")
-        specs = parse_jsonl(file_)
+        if dedupe_key:
+            raise click.UsageError("--dedupe-key applies to one job; put dedupe_key in the file's lines")
+        defaults: dict[str, Any] = {"queue": queue, "priority": priority, "max_attempts": max_attempts}
+        if delay:
+            defaults["run_at"] = (datetime.now(UTC) + timedelta(seconds=delay)).isoformat()
+        specs = parse_jsonl(file_, defaults)
     else:
         if not kind:
             raise click.UsageError("KIND is required (or --file)")

@@ -17,6 +17,7 @@ import orjson
 from shardworker.errors import EnqueueError
 
 DEFAULT_MAX_ATTEMPTS = 25
+_INT32 = (-(2**31), 2**31 - 1)
 
 
 @dataclass(frozen=True)
@@ -36,18 +37,23 @@ class JobSpec:
             raise EnqueueError("kind must be a non-empty string")
         if not isinstance(self.queue, str) or not self.queue:
             raise EnqueueError("queue must be a non-empty string")
-        if not isinstance(self.priority, int) or isinstance(self.priority, bool):
-            raise EnqueueError("priority must be an integer")
-        if not isinstance(self.max_attempts, int) or isinstance(self.max_attempts, bool) or self.max_attempts < 1:
-            raise EnqueueError("max_attempts must be an integer >= 1")
+        if (not isinstance(self.priority, int) or isinstance(self.priority, bool)
+                or not _INT32[0] <= self.priority <= _INT32[1]):
+            raise EnqueueError("priority must be a 32-bit integer")
+        if (not isinstance(self.max_attempts, int) or isinstance(self.max_attempts, bool)
+                or not 1 <= self.max_attempts <= _INT32[1]):
+            raise EnqueueError("max_attempts must be an integer from 1 to 2147483647")
         if self.dedupe_key is not None and not isinstance(self.dedupe_key, str):
             raise EnqueueError("dedupe_key must be a string")
 
     def payload_json(self) -> str:
         try:
-            return orjson.dumps(self.payload).decode()
+            text = orjson.dumps(self.payload).decode()
         except TypeError as exc:
             raise EnqueueError(f"payload is not JSON-serializable: {exc}") from exc
+        if "\\u0000" in text:
+            raise EnqueueError("payload holds a NUL character (\\u0000), which PostgreSQL jsonb cannot store")
+        return text
 
     @classmethod
     def from_mapping(cls, obj: Mapping[str, Any]) -> JobSpec:
@@ -107,14 +113,22 @@ def enqueue_many(conn_or_dsn: Any, jobs: Iterable[JobSpec]) -> int:
             store.close()
 
 
-def parse_jsonl(lines: Iterable[str | bytes]) -> list[JobSpec]:
-    """Parse a bulk file, all or nothing: the first bad line raises with its number."""
+def parse_jsonl(lines: Iterable[str | bytes], defaults: Mapping[str, Any] | None = None) -> list[JobSpec]:
+    """Parse a bulk file, all or nothing: the first bad line raises with its number.
+
+    ``defaults`` fill fields a line leaves out (the CLI's --queue, --priority, ...).
+    """
     specs = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            specs.append(JobSpec.from_mapping(orjson.loads(line)))
+            obj = orjson.loads(line)
+            if defaults and isinstance(obj, dict):
+                obj = {**defaults, **obj}
+            spec = JobSpec.from_mapping(obj)
+            spec.payload_json()
+            specs.append(spec)
         except orjson.JSONDecodeError as exc:
             raise EnqueueError(f"line {number}: invalid JSON: {exc}") from exc
         except EnqueueError as exc:

@@ -386,3 +386,24 @@ def test_python_m_shardworker_enqueue_then_stats(tmp_path: Path, pg_dsn: str) ->
     assert bad.returncode == 1
     assert bad.stderr.startswith("error: ") and len(bad.stderr.splitlines()) == 1
     assert not (tmp_path / ".shardworker").exists()  # --dsn given: no embedded server
+
+
+def test_enqueue_file_takes_command_line_options_as_defaults(pg_dsn: str) -> None:
+    """--queue/--priority/--max-attempts/--delay fill what a line leaves out; a line's own fields win."""
+    lines = '{"kind": "a"}\n{"kind": "b", "queue": "own", "priority": 9}\n'
+    result = invoke("enqueue", "--file", "-", "--queue", "bulk", "--priority", "3", "--max-attempts", "4",
+                    "--delay", "600", "--dsn", pg_dsn, input=lines)
+    assert result.exit_code == 0, result.output
+    got = {r["kind"]: (r["queue"], r["priority"], r["max_attempts"]) for r in rows(pg_dsn)}
+    assert got == {"a": ("bulk", 3, 4), "b": ("own", 9, 4)}
+    assert [r[0] for r in psycopg.connect(pg_dsn).execute(
+        "SELECT run_at > now() + interval '5 minutes' FROM shardworker.jobs").fetchall()] == [True, True]
+
+
+def test_enqueue_file_rejects_a_nul_payload_naming_the_line(pg_dsn: str) -> None:
+    """A payload PostgreSQL jsonb cannot store is rejected before anything is sent, naming its line."""
+    lines = '{"kind": "a"}\n{"kind": "a", "payload": "\\u0000"}\n'
+    result = invoke("enqueue", "--file", "-", "--dsn", pg_dsn, input=lines)
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: line 2: payload holds a NUL character")
+    assert rows(pg_dsn) == []
