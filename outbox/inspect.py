@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from outbox import checkpoint, fsutil
 from outbox.checkpoint import Position
-from outbox.frame import Kind
+from outbox.frame import HEADER_SIZE, Kind, decode_at
 from outbox.reader import FLUSHER_LOCK
 from outbox.recovery import QUARANTINE_DIR, TORN_DIR
 from outbox.segment import State, list_segments, lock_name, parse, parse_segment_name, read_file, segment_name
@@ -28,6 +28,7 @@ class ShardStatus:
     oldest_age_s: float | None
     segments: int
     writer_alive: bool
+    sealed_segments: int = 0
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,25 @@ def _shard_status(directory: str, shard: int, segs: list[int], pos: Position, no
                 oldest = frame.ts_ms if oldest is None else min(oldest, frame.ts_ms)
     age = None if oldest is None else max(0.0, now - oldest / 1000)
     alive = fsutil.is_locked(os.path.join(directory, lock_name(shard)))
-    return ShardStatus(shard, pending, nbytes, age, len(segs), alive)
+    sealed = sum(1 for segno in segs if _is_sealed(directory, shard, segno))
+    return ShardStatus(shard, pending, nbytes, age, len(segs), alive, sealed)
+
+
+def _is_sealed(directory: str, shard: int, segno: int) -> bool:
+    """Whether the segment ends with a valid SEAL frame (reads only its last frame)."""
+    try:
+        fd = os.open(os.path.join(directory, segment_name(shard, segno)), os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        size = os.fstat(fd).st_size
+        if size < HEADER_SIZE:
+            return False
+        tail = os.pread(fd, HEADER_SIZE, size - HEADER_SIZE)
+    finally:
+        os.close(fd)
+    frame = decode_at(tail, 0, shard, segno)
+    return frame is not None and frame.kind is Kind.SEAL
 
 
 def _listing(directory: str, sub: str) -> list[str]:

@@ -47,6 +47,7 @@ def status(outbox_dir: str, as_json: bool) -> None:
             "stale_outcomes": stale, "deadlettered": deadletters,
             "shards": [{"shard": s.shard, "pending": s.pending, "bytes": s.pending_bytes,
                         "oldest_age_s": s.oldest_age_s, "segments": s.segments,
+                        "sealed_segments": s.sealed_segments,
                         "writer_alive": s.writer_alive} for s in st.shards]}).decode())
         return
     click.echo(f"outbox {outbox_dir}: {st.pending} pending; worker {'running' if worker else 'not running'}, "
@@ -54,7 +55,7 @@ def status(outbox_dir: str, as_json: bool) -> None:
     for s in st.shards:
         age = "-" if s.oldest_age_s is None else f"{s.oldest_age_s:.1f}s"
         click.echo(f"  shard {s.shard:4d}: {s.pending} pending, {s.pending_bytes} bytes, oldest {age}, "
-                   f"{s.segments} segment(s){', writer alive' if s.writer_alive else ''}")
+                   f"{s.segments} segment(s) ({s.sealed_segments} sealed){', writer alive' if s.writer_alive else ''}")
     for name in st.quarantined:
         click.echo(f"  QUARANTINED {name}")
     for name in st.torn_tails:

@@ -453,3 +453,17 @@ def test_reader_yields_each_record_once_across_partial_flushes_checkpoints_and_r
     reader.close()
     for w in writers.values():
         w.close()
+
+
+def test_status_counts_sealed_segments(tmp_path) -> None:
+    """status() counts rotated segments as sealed, the live one not, and all of them after a clean close."""
+    directory = str(tmp_path / "ob")
+    writer = ShardWriter.open(directory, 0, WriterConfig(segment_bytes=4096))
+    for i in range(200):
+        writer.append({"i": i, "pad": "x" * 40})
+        writer.commit()
+    [live] = outbox.status(directory).shards
+    assert live.segments >= 3 and live.sealed_segments == live.segments - 1
+    writer.close()
+    [closed] = outbox.status(directory).shards
+    assert closed.sealed_segments == closed.segments
