@@ -30,11 +30,6 @@ def ensure_dir(directory: str) -> None:
         os.chmod(directory, DIR_MODE)
 
 
-def write_all(fd: int, data: bytes) -> int:
-    """One ``os.write``; returns the count written (may be short)."""
-    return os.write(fd, data)
-
-
 def atomic_write(directory: str, name: str, data: bytes) -> None:
     """Durably replace ``name``: write tmp, fsync, rename, fsync the directory."""
     path = os.path.join(directory, name)

@@ -221,10 +221,6 @@ class OutboxReader:
             while state.inflight and state.inflight[0].offset == 0:
                 state.flushed = state.inflight.popleft()
 
-    @property
-    def unflushed_inflight(self) -> int:
-        return sum(1 for s in self._shards.values() for p in s.inflight if p.offset)
-
     def checkpoint(self) -> int:
         """Save flushed positions durably, then delete finished segments; returns deletions."""
         checkpoint.save(self.directory, {k: s.flushed for k, s in self._shards.items()})

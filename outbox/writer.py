@@ -148,7 +148,7 @@ class ShardWriter:
         assert self._fd is not None, "writer is closed or abandoned"
         self._check_room(len(data) + (self.config.reserve_bytes if keep_reserve else 0))
         try:
-            written = fsutil.write_all(self._fd, data)
+            written = os.write(self._fd, data)  # one write; a short count is checked below
         except OSError as exc:
             self._cut_and_abandon()
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):

@@ -37,6 +37,12 @@ class HandlerSpec:
     timeout_s: float | None = None
     retry_delay: Callable[[int], float] = job_retry_delay
 
+    def delay_after_failure(self, attempt: int) -> float:
+        """Seconds before retrying a failed ``attempt``, or -1 when the handler allows no more."""
+        if self.max_attempts is not None and attempt >= self.max_attempts:
+            return -1.0
+        return float(self.retry_delay(attempt))
+
 
 class App:
     """A set of handlers, looked up by job kind."""

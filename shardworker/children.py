@@ -44,7 +44,6 @@ class ChildHandle:
     reported: int = 0
     started_at: float = 0.0
     restarts: int = 0
-    restart_at: float = 0.0
     stopped: bool = False
     unstarted: list[tuple[int, int]] = field(default_factory=list)
     fatal: str = ""

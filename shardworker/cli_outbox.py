@@ -3,6 +3,7 @@ database down (status, verify) or wait for it (drain)."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -86,7 +87,7 @@ def drain(outbox_dir: str, timeout: float, dsn: str | None) -> None:
     from shardworker.drain import drain as drain_outbox
     from shardworker.errors import ShardworkerError
 
-    total = outbox_status(outbox_dir).pending if __import__("os").path.isdir(outbox_dir) else 0
+    total = outbox_status(outbox_dir).pending if os.path.isdir(outbox_dir) else 0
     dsn = resolve_dsn(dsn)
     with click.progressbar(length=max(total, 1), label="draining", file=sys.stderr) as bar:
         done = [0]

@@ -75,9 +75,12 @@ class Dispatcher:
 
     def _collect(self) -> None:
         for handle in self.sup.children:
-            done = handle.collect()
-            self.acked_total += len(done)
-            self.done_total += len(done)
+            self._count_finished(len(handle.collect()))
+
+    def _count_finished(self, jobs: int) -> None:
+        """Jobs whose outcome is durable now (reported by a child, or settled after its death)."""
+        self.acked_total += jobs
+        self.done_total += jobs
 
     def _check_children(self) -> None:
         now = time.time()
@@ -86,9 +89,7 @@ class Dispatcher:
                 self._check_timeout(handle, now)
                 continue
             reason = handle.fatal or f"worker process died (exit code {handle.process.exitcode})"
-            settled, _ = self.sup.recover_child(handle, reason)
-            self.acked_total += settled
-            self.done_total += settled
+            self._count_finished(self.sup.recover_child(handle, reason))
 
     def _check_timeout(self, handle: ChildHandle, now: float) -> None:
         current = handle.current_job()
@@ -102,9 +103,7 @@ class Dispatcher:
                   spec.timeout_s, handle.index)
         os.kill(handle.process.pid, 9)
         handle.process.join(5)
-        settled, _ = self.sup.recover_child(handle, f"timed out after {spec.timeout_s:g}s")
-        self.acked_total += settled
-        self.done_total += settled
+        self._count_finished(self.sup.recover_child(handle, f"timed out after {spec.timeout_s:g}s"))
 
     # claiming ------------------------------------------------------------------------
 
@@ -179,7 +178,7 @@ class Dispatcher:
             try:
                 handle.send(batch)
             except (OSError, EOFError):
-                handle.sent.extend(j for j in batch if j not in handle.sent)  # resent after restart
+                handle.sent.extend(batch)  # the child is dead: these count as never started, resent after restart
 
     def _claim_failed(self, exc: StoreError) -> None:
         if isinstance(exc, SchemaMissing) or not is_retryable(exc):
@@ -285,16 +284,7 @@ class Dispatcher:
             if handle.alive:
                 os.kill(handle.process.pid, 9)
                 handle.process.join(5)
-            started, never = handle.split_after_death()
-            durable = _durable(self.sup, handle) if started else set()
-            lost = [j for j in started if (j.id, j.attempt) not in durable]
-            if lost:
-                self.sup.write_parent_outcomes([self.sup.died_outcome(j, "shutdown timeout") for j in lost])
+            settled, never = self.sup.settle_dead_child(handle, "shutdown timeout")
+            self._count_finished(settled)
             unstarted.extend((j.id, j.attempt) for j in never)
         return unstarted
-
-
-def _durable(sup: Supervisor, handle: ChildHandle) -> set[tuple[int, int]]:
-    from shardworker.children import acknowledged_in_shard
-
-    return acknowledged_in_shard(sup.config.outbox_dir, handle.config.shard)

@@ -415,11 +415,6 @@ class PgStore:
             cur.execute(query("rescue_workers"), {"worker_ids": list(worker_ids)})
             return [r[0] for r in cur.fetchall()]
 
-    def execute_admin(self, sql: str) -> list[tuple[Any, ...]]:
-        """Run one trusted, static statement (tests and operators only)."""
-        with self._cursor() as cur:
-            cur.execute(sql.encode())
-            return cur.fetchall() if cur.description else []
 
 
 def _classify(applied: int, missed: Sequence[Outcome], last_applied: dict[int, int | None]) -> ApplyResult:

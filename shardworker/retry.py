@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from shardworker.errors import DatabaseUnavailable, StoreError
+from shardworker.errors import DatabaseUnavailable
 
 
 def is_retryable(exc: BaseException) -> bool:
@@ -49,5 +49,3 @@ def job_retry_delay(attempt: int, *, base_s: float = 1.0, cap_s: float = 3600.0,
     delay = min(cap_s, base_s * (2 ** min(max(attempt - 1, 0), 40)))
     return delay * (0.75 + (rng or random).random() * 0.5)
 
-
-__all__ = ["Backoff", "StoreError", "is_retryable", "job_retry_delay"]

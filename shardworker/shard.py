@@ -68,11 +68,9 @@ def run_handler(app: App, job: ClaimedJob) -> Outcome:
 
 
 def _failure(app: App, job: ClaimedJob, exc: BaseException) -> Outcome:
-    spec = app.handlers[job.kind]
     text = "".join(traceback.format_exception(exc)).strip()
-    out_of_attempts = spec.max_attempts is not None and job.attempt >= spec.max_attempts
-    delay = -1.0 if out_of_attempts else float(spec.retry_delay(job.attempt))
-    return Outcome(job.id, job.attempt, False, error=f"{type(exc).__name__}: {exc}\n{text}", retry_delay_s=delay)
+    return Outcome(job.id, job.attempt, False, error=f"{type(exc).__name__}: {exc}\n{text}",
+                   retry_delay_s=app.handlers[job.kind].delay_after_failure(job.attempt))
 
 
 class ShardRunner:
@@ -100,10 +98,12 @@ class ShardRunner:
         self.conn.send_bytes(orjson.dumps(["stopped", unstarted]))
 
     def _receive(self, block: bool) -> None:
-        timeout: float | None = None if block else 0.0
-        if not block and self.waiting:
+        # Block when idle; with only uncommitted outcomes, wait no longer than their commit is due.
+        timeout: float | None = 0.0
+        if block:
+            timeout = None
+        elif self.waiting and not self.queue:
             timeout = max(0.0, self.first_waiting_at + self.config.group_commit_max_delay_s - time.monotonic())
-            timeout = 0 if self.queue else timeout
         while self.conn.poll(timeout):
             msg = orjson.loads(self.conn.recv_bytes())
             if msg[0] == "jobs":

@@ -30,7 +30,7 @@ from shardworker.app import App
 from shardworker.children import ChildHandle, acknowledged_in_shard
 from shardworker.config import PARENT_SHARD, WorkerConfig
 from shardworker.dispatcher import Dispatcher
-from shardworker.errors import DatabaseUnavailable, OutboxBusy, StoreError
+from shardworker.errors import OutboxBusy, StoreError
 from shardworker.flusher import (
     STAT_DRAINED,
     STAT_FLUSHED,
@@ -220,28 +220,33 @@ class Supervisor:
             handle.start()
             self.children.append(handle)
 
-    def recover_child(self, handle: ChildHandle, reason: str) -> tuple[int, list[ClaimedJob]]:
-        """After a child died: settle its unreported jobs, restart it; returns (acked, resent)."""
+    def settle_dead_child(self, handle: ChildHandle, reason: str) -> tuple[int, list[ClaimedJob]]:
+        """After a child died: its started jobs either have a durable outcome in its shard or
+        get a failed one from the parent; returns (jobs settled, jobs it never started)."""
         handle.collect()  # messages it wrote before dying
         handle.process.join(1)
         started, unstarted = handle.split_after_death()
         durable = acknowledged_in_shard(self.config.outbox_dir, handle.config.shard) if started else set()
-        acked = [j for j in started if (j.id, j.attempt) in durable]
         lost = [j for j in started if (j.id, j.attempt) not in durable]
         if lost:
             self.write_parent_outcomes([self.died_outcome(j, reason) for j in lost])
-            log.error("child %d %s; %d started jobs failed this attempt, %d acknowledged, %d resent",
-                      handle.index, reason, len(lost), len(acked), len(unstarted))
+            log.error("child %d %s; %d started jobs failed this attempt, %d acknowledged, %d not started",
+                      handle.index, reason, len(lost), len(started) - len(lost), len(unstarted))
         handle.sent.clear()
+        return len(started), unstarted
+
+    def recover_child(self, handle: ChildHandle, reason: str) -> int:
+        """Settle a dead child's jobs, restart it and resend what it never started; returns
+        the jobs settled."""
+        settled, unstarted = self.settle_dead_child(handle, reason)
         self._restart(handle)
         handle.send(unstarted)
-        return len(acked) + len(lost), unstarted
+        return settled
 
     def died_outcome(self, job: ClaimedJob, reason: str) -> Outcome:
         spec = self.app.handlers.get(job.kind)
-        out_of_attempts = spec is not None and spec.max_attempts is not None and job.attempt >= spec.max_attempts
-        delay = -1.0 if out_of_attempts else (spec.retry_delay if spec else job_retry_delay)(job.attempt)
-        return Outcome(job.id, job.attempt, False, error=reason, retry_delay_s=float(delay))
+        delay = spec.delay_after_failure(job.attempt) if spec else job_retry_delay(job.attempt)
+        return Outcome(job.id, job.attempt, False, error=reason, retry_delay_s=delay)
 
     def _restart(self, handle: ChildHandle) -> None:
         lived = time.monotonic() - handle.started_at
@@ -335,4 +340,4 @@ class Supervisor:
             procs.kill_quietly(self.flusher.pid)
 
 
-__all__ = ["DatabaseUnavailable", "RunSummary", "Supervisor", "lock_outbox", "resolve_worker_id"]
+__all__ = ["RunSummary", "Supervisor", "lock_outbox", "resolve_worker_id"]
