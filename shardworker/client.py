@@ -18,6 +18,8 @@ from shardworker.errors import EnqueueError
 
 DEFAULT_MAX_ATTEMPTS = 25
 _INT32 = (-(2**31), 2**31 - 1)
+# make_interval(secs => ...) takes a float8; past ~290,000 years timestamptz overflows anyway.
+_MAX_DELAY_S = 100 * 365.25 * 86400  # 100 years
 
 
 @dataclass(frozen=True)
@@ -76,41 +78,49 @@ class JobSpec:
                    obj.get("max_attempts", DEFAULT_MAX_ATTEMPTS), run_at, obj.get("dedupe_key"))
 
 
-def _store_for(conn_or_dsn: Any) -> Any:
-    from shardworker.pg_store import PgStore, StoreConfig
-
-    if isinstance(conn_or_dsn, str):
-        # Bulk loads may take minutes: no 30 s statement timeout here.
-        return PgStore(StoreConfig(conn_or_dsn, statement_timeout_s=3600.0)), True
-    return PgStore.borrowing(conn_or_dsn), False
-
-
 def enqueue(conn_or_dsn: Any, kind: str, payload: Any = None, *, queue: str = "default", priority: int = 0,
             max_attempts: int = DEFAULT_MAX_ATTEMPTS, run_at: datetime | None = None, delay_s: float = 0.0,
             dedupe_key: str | None = None) -> int | None:
-    """Enqueue one job and wake idle workers; returns its id, or None if ``dedupe_key`` is live."""
+    """Enqueue one job and wake idle workers; returns its id, or None if ``dedupe_key`` is live.
+
+    ``conn_or_dsn`` is an open ``psycopg.Connection`` (the caller's: inside its open
+    transaction the job commits or rolls back with it, and workers wake at its commit) or a
+    DSN string, which opens and closes a connection per call (milliseconds): pass a
+    connection, or one from ``psycopg_pool.ConnectionPool.connection()``, for anything frequent.
+    """
     spec = JobSpec(kind, payload, queue, priority, max_attempts, run_at, dedupe_key)
-    if delay_s < 0:
-        raise EnqueueError("delay must be >= 0")
-    store, owned = _store_for(conn_or_dsn)
+    if not isinstance(delay_s, int | float) or isinstance(delay_s, bool) or not 0 <= delay_s < _MAX_DELAY_S:
+        raise EnqueueError(f"delay must be a number of seconds from 0 to {_MAX_DELAY_S:.0f}, got {delay_s!r}")
+    fields: dict[str, Any] = {"queue": spec.queue, "priority": spec.priority, "max_attempts": spec.max_attempts,
+              "run_at": spec.run_at, "delay_s": float(delay_s), "dedupe_key": spec.dedupe_key}
+    from shardworker import pg_store
+
+    if not isinstance(conn_or_dsn, str):
+        return pg_store.enqueue_on(conn_or_dsn, spec.kind, spec.payload_json(), **fields)
+    store = pg_store.PgStore(pg_store.StoreConfig(conn_or_dsn))
     try:
-        return store.enqueue(spec.kind, spec.payload_json(), queue=spec.queue, priority=spec.priority,
-                             max_attempts=spec.max_attempts, run_at=spec.run_at, delay_s=delay_s,
-                             dedupe_key=spec.dedupe_key)
+        return store.enqueue(spec.kind, spec.payload_json(), **fields)
     finally:
-        if owned:
-            store.close()
+        store.close()
 
 
 def enqueue_many(conn_or_dsn: Any, jobs: Iterable[JobSpec]) -> int:
-    """Enqueue many jobs in one transaction with COPY; returns how many were inserted."""
+    """Enqueue many jobs in one transaction with COPY; returns how many were inserted.
+
+    The connection rules are those of ``enqueue``; with a connection outside a transaction,
+    the batch commits as one transaction of its own.
+    """
     rows = [(j.kind, j.queue, j.payload_json(), j.priority, j.max_attempts, j.run_at, j.dedupe_key) for j in jobs]
-    store, owned = _store_for(conn_or_dsn)
+    from shardworker import pg_store
+
+    if not isinstance(conn_or_dsn, str):
+        return pg_store.enqueue_many_on(conn_or_dsn, rows)
+    # Bulk loads may take minutes: no 30 s statement timeout here.
+    store = pg_store.PgStore(pg_store.StoreConfig(conn_or_dsn, statement_timeout_s=3600.0))
     try:
-        return int(store.enqueue_many(rows))
+        return store.enqueue_many(rows)
     finally:
-        if owned:
-            store.close()
+        store.close()
 
 
 def parse_jsonl(lines: Iterable[str | bytes], defaults: Mapping[str, Any] | None = None) -> list[JobSpec]:

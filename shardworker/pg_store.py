@@ -27,6 +27,7 @@ from typing import Any
 
 import psycopg
 from psycopg import errors as pgerr
+from psycopg.pq import TransactionStatus
 
 from shardworker.errors import (
     DatabaseUnavailable,
@@ -113,19 +114,24 @@ class _Watchdog:
     Server-side ``statement_timeout`` needs a server that answers, and TCP keepalives need
     a peer that stops ACKing; neither fires when a middlebox swallows the bytes. Shutting
     the socket down makes the blocked libpq call fail at once, and the store reconnects.
-    One daemon thread per store, started on first use.
+    One daemon thread per store while its connection is open: started on first use,
+    stopped (and joined) when the store closes the connection.
     """
+
+    _POLL_S = 0.25  # deadlines are tens of seconds; a quarter second late is fine
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._fd: int | None = None
         self._deadline = 0.0
         self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
 
     def arm(self, fd: int, seconds: float) -> None:
         with self._lock:
             self._fd, self._deadline = fd, time.monotonic() + seconds
             if self._thread is None:
+                self._stop.clear()
                 self._thread = threading.Thread(target=self._watch, name="shardworker-db-deadline", daemon=True)
                 self._thread.start()
 
@@ -133,9 +139,16 @@ class _Watchdog:
         with self._lock:
             self._fd = None
 
+    def stop(self) -> None:
+        """End the thread; a later ``arm`` starts a new one."""
+        with self._lock:
+            thread, self._thread, self._fd = self._thread, None, None
+            self._stop.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
     def _watch(self) -> None:
-        while True:
-            time.sleep(0.25)
+        while not self._stop.wait(self._POLL_S):
             # Under the lock: the operation cannot finish (and close or reuse the fd) meanwhile.
             with self._lock:
                 if self._fd is None or time.monotonic() < self._deadline:
@@ -161,13 +174,6 @@ class PgStore:
         self._watchdog = _Watchdog()
         self._deadline_s = config.statement_timeout_s + config.network_timeout_s
 
-    @classmethod
-    def borrowing(cls, conn: Any) -> PgStore:
-        """A store over a caller's open psycopg connection (autocommit expected)."""
-        store = cls(StoreConfig("borrowed-connection"))
-        store._conn = conn
-        return store
-
     # connection management -------------------------------------------------
 
     def connection(self) -> psycopg.Connection[Any]:
@@ -187,10 +193,12 @@ class PgStore:
         return self._conn
 
     def close(self) -> None:
+        """Close the connection and stop its deadline thread; the next call reconnects."""
         if self._conn is not None:
             with contextlib.suppress(Exception):
                 self._conn.close()
         self._conn, self._listening = None, False
+        self._watchdog.stop()
 
     @contextlib.contextmanager
     def _cursor(self, *, transaction: bool = False) -> Iterator[psycopg.Cursor[Any]]:
@@ -260,32 +268,15 @@ class PgStore:
     def enqueue(self, kind: str, payload_json: str, *, queue: str, priority: int, max_attempts: int,
                 run_at: datetime | None, delay_s: float, dedupe_key: str | None) -> int | None:
         """Insert one job and notify; its id, or None when the dedupe key is live."""
-        params = {"kind": kind, "queue": queue, "payload": payload_json, "priority": priority,
-                  "max_attempts": max_attempts, "run_at": run_at, "delay_s": delay_s,
-                  "dedupe_key": dedupe_key}
         with self._cursor() as cur:
-            try:
-                cur.execute(query("job_insert"), params)
-            except (psycopg.DataError, psycopg.IntegrityError) as exc:
-                raise EnqueueError(f"job rejected: {_first_line(exc)}") from exc
-            row = cur.fetchone()
-        return None if row is None else int(row[0])
+            return insert_job(cur, kind, payload_json, queue=queue, priority=priority, max_attempts=max_attempts,
+                              run_at=run_at, delay_s=delay_s, dedupe_key=dedupe_key)
 
     def enqueue_many(self, rows: Iterable[Sequence[Any]]) -> int:
         """COPY rows (kind, queue, payload_json, priority, max_attempts, run_at, dedupe_key)
         in one transaction; returns how many were inserted (dedupe skips the rest)."""
         with self._cursor(transaction=True) as cur:
-            cur.execute(query("job_stage_create"))
-            try:
-                with cur.copy(query("job_stage_copy")) as copy:
-                    for values in rows:
-                        copy.write_row(values)
-                cur.execute(query("job_stage_insert"))
-            except (psycopg.DataError, psycopg.IntegrityError) as exc:
-                raise EnqueueError(f"bulk enqueue rejected: {_first_line(exc)}") from exc
-            inserted = cur.fetchone()
-            cur.execute(query("notify_jobs"))
-        return int(inserted[0]) if inserted else 0
+            return copy_jobs(cur, rows)
 
     # claiming ----------------------------------------------------------------
 
@@ -415,6 +406,74 @@ class PgStore:
             cur.execute(query("rescue_workers"), {"worker_ids": list(worker_ids)})
             return [r[0] for r in cur.fetchall()]
 
+
+
+# enqueue on any connection: the store's own, or one the caller lends -------------------
+
+
+def insert_job(cur: psycopg.Cursor[Any], kind: str, payload_json: str, *, queue: str, priority: int,
+               max_attempts: int, run_at: datetime | None, delay_s: float, dedupe_key: str | None) -> int | None:
+    """Insert one job and notify workers (at commit); its id, or None when the dedupe key is live."""
+    params = {"kind": kind, "queue": queue, "payload": payload_json, "priority": priority,
+              "max_attempts": max_attempts, "run_at": run_at, "delay_s": delay_s, "dedupe_key": dedupe_key}
+    try:
+        cur.execute(query("job_insert"), params)
+    except (psycopg.DataError, psycopg.IntegrityError) as exc:
+        raise EnqueueError(f"job rejected: {_first_line(exc)}") from exc
+    row = cur.fetchone()
+    return None if row is None else int(row[0])
+
+
+def copy_jobs(cur: psycopg.Cursor[Any], rows: Iterable[Sequence[Any]]) -> int:
+    """COPY rows into a staging table and move them into the jobs table; must run inside a
+    transaction. The staging table is dropped before returning, so a caller's transaction
+    may do this again."""
+    cur.execute(query("job_stage_create"))
+    try:
+        with cur.copy(query("job_stage_copy")) as copy:
+            for values in rows:
+                copy.write_row(values)
+        cur.execute(query("job_stage_insert"))
+    except (psycopg.DataError, psycopg.IntegrityError) as exc:
+        raise EnqueueError(f"bulk enqueue rejected: {_first_line(exc)}") from exc
+    inserted = cur.fetchone()
+    cur.execute(query("job_stage_drop"))
+    cur.execute(query("notify_jobs"))
+    return int(inserted[0]) if inserted else 0
+
+
+@contextlib.contextmanager
+def borrowed_cursor(conn: Any, *, transaction: bool) -> Iterator[psycopg.Cursor[Any]]:
+    """A cursor on a connection the caller owns, which is never closed or reconnected here.
+
+    Inside the caller's open transaction the work joins it (commit or rollback is theirs).
+    With none open, work that needs a transaction, or any work on a non-autocommit
+    connection, runs in a transaction of its own, committed before returning: the caller
+    is never left inside a transaction it did not open. No deadline thread: the caller
+    owns the connection's timeouts.
+    """
+    if not isinstance(conn, psycopg.Connection):
+        raise EnqueueError(f"expected a DSN string or an open psycopg connection, got {type(conn).__name__}")
+    if conn.closed:
+        raise DatabaseUnavailable("database unavailable: the connection is closed")
+    status = conn.info.transaction_status
+    if status == TransactionStatus.INERROR:
+        raise EnqueueError("the connection's transaction has failed: roll it back before enqueueing")
+    own = status == TransactionStatus.IDLE and (transaction or not conn.autocommit)
+    with translate_errors(), conn.transaction() if own else contextlib.nullcontext(), conn.cursor() as cur:
+        yield cur
+
+
+def enqueue_on(conn: Any, kind: str, payload_json: str, **fields: Any) -> int | None:
+    """``insert_job`` on a borrowed connection (see ``borrowed_cursor``)."""
+    with borrowed_cursor(conn, transaction=False) as cur:
+        return insert_job(cur, kind, payload_json, **fields)
+
+
+def enqueue_many_on(conn: Any, rows: Iterable[Sequence[Any]]) -> int:
+    """``copy_jobs`` on a borrowed connection (see ``borrowed_cursor``)."""
+    with borrowed_cursor(conn, transaction=True) as cur:
+        return copy_jobs(cur, rows)
 
 
 def _classify(applied: int, missed: Sequence[Outcome], last_applied: dict[int, int | None]) -> ApplyResult:

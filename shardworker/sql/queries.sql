@@ -105,6 +105,10 @@ WITH ins AS (
 )
 SELECT count(*) FROM ins;
 
+-- job_stage_drop --
+-- Drop the staging table at once, so another bulk enqueue in the same transaction can create it.
+DROP TABLE shardworker_stage;
+
 -- notify_jobs --
 -- Wake listening workers.
 SELECT pg_notify('shardworker_jobs', '');
