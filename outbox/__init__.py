@@ -7,9 +7,10 @@ It imports nothing from ``shardworker`` and never touches a database.
   returns.
 * ``OutboxReader.open(dir)``: the one flusher of a directory; ``poll``, then
   ``mark_flushed`` once the records are committed elsewhere, then ``checkpoint``.
-* ``status(dir)`` and ``verify(dir)``: read-only inspection, no lock needed.
-* ``has_room(dir, min_free_bytes)``: the free-space watermark callers check before
-  taking on work that will need the outbox.
+* ``status(dir)``, ``verify(dir)`` and ``tail_records(dir, shard, n)``: read-only
+  inspection, no lock needed.
+* ``free_bytes(dir)``: for a free-space watermark checked before taking on work that will
+  need the outbox. ``MAX_RECORD_BYTES``: the largest record a writer accepts.
 
 Layout of a directory (0700; files 0600)::
 
@@ -29,20 +30,15 @@ from outbox.errors import (
     OutboxSyncError,
     OutboxUnserializable,
 )
+from outbox.frame import MAX_PAYLOAD_BYTES as MAX_RECORD_BYTES
 from outbox.fsutil import free_bytes
-from outbox.inspect import OutboxStatus, ShardStatus, VerifyReport, status, verify
+from outbox.inspect import OutboxStatus, ShardStatus, VerifyReport, status, tail_records, verify
 from outbox.reader import OutboxReader, Record
 from outbox.recovery import RecoveryEvent
 from outbox.writer import ShardWriter, WriterConfig
 
-
-def has_room(directory: str, min_free_bytes: int) -> bool:
-    """Whether ``directory``'s file system has at least ``min_free_bytes`` free."""
-    return free_bytes(directory) >= min_free_bytes
-
-
 __all__ = [
-    "OutboxCorrupt", "OutboxError", "OutboxFull", "OutboxLocked", "OutboxReader", "OutboxStatus",
-    "OutboxSyncError", "OutboxUnserializable", "Record", "RecoveryEvent", "ShardStatus", "ShardWriter",
-    "VerifyReport", "WriterConfig", "has_room", "status", "verify",
+    "MAX_RECORD_BYTES", "OutboxCorrupt", "OutboxError", "OutboxFull", "OutboxLocked", "OutboxReader",
+    "OutboxStatus", "OutboxSyncError", "OutboxUnserializable", "Record", "RecoveryEvent", "ShardStatus",
+    "ShardWriter", "VerifyReport", "WriterConfig", "free_bytes", "status", "tail_records", "verify",
 ]

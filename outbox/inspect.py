@@ -1,4 +1,4 @@
-"""Read-only inspection of an outbox directory: ``status`` and ``verify``.
+"""Read-only inspection of an outbox directory: ``status``, ``verify`` and ``tail_records``.
 
 Both work without any lock and without a database, so an operator can run them while a
 worker is up, or on a directory copied from a dead host.
@@ -93,6 +93,26 @@ def _is_sealed(directory: str, shard: int, segno: int) -> bool:
         os.close(fd)
     frame = decode_at(tail, 0, shard, segno)
     return frame is not None and frame.kind is Kind.SEAL
+
+
+def tail_records(directory: str, shard: int, count: int) -> list[bytes]:
+    """Payloads of up to the last ``count`` durable records of ``shard``, oldest first.
+
+    Reads the newest segments first and stops once it has ``count``; a torn tail is not
+    durable and is left out. For a dead writer's last acknowledged records: nothing it
+    acknowledged after them can exist, since it wrote nothing after dying.
+    """
+    found: list[bytes] = []
+    for segno in reversed(list_segments(directory).get(shard, [])):
+        if len(found) >= count:
+            break
+        try:
+            buf = read_file(os.path.join(directory, segment_name(shard, segno)))
+        except FileNotFoundError:
+            continue  # applied and deleted by the flusher meanwhile
+        payloads = [f.payload for f in parse(buf, shard, segno).data]
+        found[:0] = payloads[-(count - len(found)):]
+    return found
 
 
 def _listing(directory: str, sub: str) -> list[str]:

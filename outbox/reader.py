@@ -9,8 +9,8 @@ Usage::
         reader.checkpoint()                        # durable; deletes fully flushed segments
 
 The reader follows segments still being written, covers shards that no longer have a
-writer (recovering and sealing their last segment), and quarantines corrupt segments,
-reporting each in ``problems``. ``mark_flushed`` must receive records in the order
+writer (recovering and sealing their last segment), and quarantines corrupt segments
+(logged, and listed by ``status``). ``mark_flushed`` must receive records in the order
 ``poll`` returned them, per shard.
 """
 
@@ -69,7 +69,6 @@ class OutboxReader:
         self._lock_fd: int | None = lock_fd
         self._shards: dict[int, _Shard] = {}
         self._next_start = 0
-        self.problems: list[RecoveryEvent] = []
         for shard, pos in checkpoint.load(directory).items():
             self._shards[shard] = _Shard(pos, pos)
 
@@ -191,7 +190,6 @@ class OutboxReader:
             events = recover_shard(self.directory, shard)
         finally:
             os.close(lock_fd)
-        self.problems.extend(e for e in events if e.action in ("quarantined", "truncated"))
         self._close_fd(state)
         return bool(events)
 
@@ -205,7 +203,6 @@ class OutboxReader:
             event = RecoveryEvent(shard, segno, "quarantined", scan.bad_offset or 0, scan.reason)
             log.error("outbox shard %s segment %s quarantined at offset %s: %s",
                       shard, segno, event.offset, event.detail)
-            self.problems.append(event)
         # Otherwise the writer abandoned it after a failed fsync: its valid prefix is all.
         self._cross(state, segs[segs.index(segno) + 1])
         return True

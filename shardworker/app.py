@@ -15,6 +15,7 @@ fail the attempt. ``retry_delay`` maps an attempt number to seconds before the r
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -76,8 +77,11 @@ def load_app(ref: str) -> App:
     module_name, _, attr = ref.partition(":")
     if not module_name:
         raise AppLoadError(f"--app {ref!r}: expected MODULE[:ATTR]")
-    if "" not in sys.path:
-        sys.path.insert(0, "")  # like `python -m`: modules in the current directory load
+    # Modules in the working directory load (like `python -m`), but after the installed
+    # packages: a project folder named `outbox/` must not shadow shardworker's own.
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:

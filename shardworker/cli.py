@@ -15,14 +15,9 @@ from typing import Any
 import click
 import orjson
 
-from shardworker.cli_common import one_line_errors, resolve_dsn
+from shardworker.cli_common import dsn_option, json_option, one_line_errors, outbox_dir_option, resolve_dsn
 
 log = logging.getLogger("shardworker")
-
-dsn_option = click.option("--dsn", envvar="SHARDWORKER_DSN", default=None,
-                          help="PostgreSQL DSN (env SHARDWORKER_DSN). Default: embedded server in .shardworker/.")
-outbox_option = click.option("--outbox-dir", envvar="SHARDWORKER_OUTBOX_DIR", default=".shardworker/outbox",
-                             show_default=True, help="Outbox directory (env SHARDWORKER_OUTBOX_DIR).")
 
 
 def _store(dsn: str) -> Any:
@@ -46,12 +41,9 @@ def main(verbose: bool) -> None:
 @one_line_errors
 def migrate(dsn: str | None) -> None:
     """Apply migrations/*.sql in order (idempotent)."""
-    dsn = resolve_dsn(dsn, migrate=False)
-    store = _store(dsn)
-    try:
-        applied = store.migrate()
-    finally:
-        store.close()
+    from shardworker.migrate import apply_migrations
+
+    applied = apply_migrations(resolve_dsn(dsn, migrate=False))
     click.echo(f"applied {len(applied)} migration(s)" + (f": {', '.join(applied)}" if applied else ""))
 
 
@@ -106,7 +98,7 @@ def enqueue(kind: str | None, payload_json: str | None, count: int, file_: Any, 
 @click.option("--app", "app_ref", required=True, help="MODULE[:ATTR] holding the App (ATTR defaults to app).")
 @click.option("--procs", type=click.IntRange(min=1, max=512), default=2, show_default=True,
               help="Child processes running handlers.")
-@outbox_option
+@outbox_dir_option
 @click.option("--queues", default=None, help="Comma-separated queues to claim from (default: all).")
 @click.option("--worker-id", default=None, help="Worker id (default: stored in the outbox directory).")
 @click.option("--exit-when-idle", is_flag=True, help="Exit 0 once nothing is due or running and the outbox is empty.")
@@ -148,7 +140,7 @@ def run(app_ref: str, procs: int, outbox_dir: str, queues: str | None, worker_id
 
 
 @main.command()
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 @dsn_option
 @one_line_errors
 def stats(as_json: bool, dsn: str | None) -> None:

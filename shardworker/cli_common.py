@@ -1,4 +1,5 @@
-"""Helpers shared by the CLI modules."""
+"""What the CLI modules share: the common options (defined once), one-line errors, and
+the DSN (given, or the embedded server's)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,12 @@ import click
 
 from outbox import OutboxError
 from shardworker.errors import ShardworkerError
+
+dsn_option = click.option("--dsn", envvar="SHARDWORKER_DSN", default=None,
+                          help="PostgreSQL DSN (env SHARDWORKER_DSN). Default: embedded server in .shardworker/.")
+outbox_dir_option = click.option("--outbox-dir", envvar="SHARDWORKER_OUTBOX_DIR", default=".shardworker/outbox",
+                                 show_default=True, help="Outbox directory (env SHARDWORKER_OUTBOX_DIR).")
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 
 
 def one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -31,18 +38,14 @@ def one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def resolve_dsn(dsn: str | None, *, migrate: bool = True) -> str:
     """The given DSN, or the embedded server's (started if needed, migrated)."""
-    from shardworker.pg_store import PgStore, StoreConfig, redact_dsn
-
     if dsn:
         return dsn
+    from shardworker.dsn import redact_dsn
     from shardworker.embedded import ensure_embedded
+    from shardworker.migrate import apply_migrations
 
     dsn = ensure_embedded(".shardworker")
     click.echo(f"using embedded PostgreSQL {redact_dsn(dsn)} (data in .shardworker/)", err=True)
     if migrate:
-        store = PgStore(StoreConfig(dsn))
-        try:
-            store.migrate()
-        finally:
-            store.close()
+        apply_migrations(dsn)
     return dsn

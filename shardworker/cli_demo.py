@@ -6,14 +6,14 @@ import time
 
 import click
 
-from shardworker.cli_common import one_line_errors, resolve_dsn
+from shardworker.cli_common import dsn_option, one_line_errors, resolve_dsn
 
 
 @click.command()
 @click.option("--jobs", type=click.IntRange(min=1), default=5000, show_default=True, help="Sample jobs to enqueue.")
 @click.option("--procs", type=click.IntRange(min=1, max=64), default=4, show_default=True, help="Child processes.")
 @click.option("--outbox-dir", default=".shardworker/demo-outbox", show_default=True, help="Outbox directory.")
-@click.option("--dsn", envvar="SHARDWORKER_DSN", default=None, help="PostgreSQL DSN (default: embedded).")
+@dsn_option
 @one_line_errors
 def demo(jobs: int, procs: int, outbox_dir: str, dsn: str | None) -> None:
     """Enqueue sample jobs, run them with N processes until idle, and print a summary."""

@@ -9,10 +9,7 @@ import sys
 import click
 import orjson
 
-from shardworker.cli_common import one_line_errors, resolve_dsn
-
-outbox_dir_option = click.option("--outbox-dir", envvar="SHARDWORKER_OUTBOX_DIR", default=".shardworker/outbox",
-                                 show_default=True, help="Outbox directory (env SHARDWORKER_OUTBOX_DIR).")
+from shardworker.cli_common import dsn_option, json_option, one_line_errors, outbox_dir_option, resolve_dsn
 
 
 @click.group()
@@ -22,25 +19,21 @@ def outbox() -> None:
 
 @outbox.command()
 @outbox_dir_option
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 @one_line_errors
 def status(outbox_dir: str, as_json: bool) -> None:
     """Pending outcomes per shard, bytes, oldest age; works with the database down."""
-    import os
-
     from outbox import status as outbox_status
     from outbox.fsutil import is_locked
+    from shardworker import layout
     from shardworker.errors import ShardworkerError
-    from shardworker.flusher import DEADLETTER_DIR, STALE_LOG
-    from shardworker.supervisor import WORKER_LOCK
 
     if not os.path.isdir(outbox_dir):
         raise ShardworkerError(f"no outbox directory at {outbox_dir}")
     st = outbox_status(outbox_dir)
-    worker = is_locked(os.path.join(outbox_dir, WORKER_LOCK))
-    stale = _count_lines(os.path.join(outbox_dir, STALE_LOG))
-    deadletters = len(os.listdir(os.path.join(outbox_dir, DEADLETTER_DIR))) if os.path.isdir(
-        os.path.join(outbox_dir, DEADLETTER_DIR)) else 0
+    worker = is_locked(os.path.join(outbox_dir, layout.WORKER_LOCK))
+    stale = layout.count_stale(outbox_dir)
+    deadletters = layout.count_deadlettered(outbox_dir)
     if as_json:
         click.echo(orjson.dumps({
             "directory": outbox_dir, "pending": st.pending, "worker_running": worker,
@@ -62,24 +55,17 @@ def status(outbox_dir: str, as_json: bool) -> None:
     for name in st.torn_tails:
         click.echo(f"  torn tail kept: {name}")
     if stale:
-        click.echo(f"  {stale} stale outcome(s) ignored so far (their attempts were rescued); see {STALE_LOG}")
+        click.echo(f"  {stale} stale outcome(s) ignored so far (their attempts were rescued); "
+                   f"see {layout.STALE_LOG}")
     if deadletters:
-        click.echo(f"  {deadletters} outcome(s) dead-lettered in {DEADLETTER_DIR}/")
-
-
-def _count_lines(path: str) -> int:
-    try:
-        with open(path, "rb") as f:
-            return sum(1 for _ in f)
-    except FileNotFoundError:
-        return 0
+        click.echo(f"  {deadletters} outcome(s) dead-lettered in {layout.DEADLETTER_DIR}/")
 
 
 @outbox.command()
 @outbox_dir_option
 @click.option("--timeout", type=click.FloatRange(min=0), default=300.0, show_default=True,
               help="Seconds to keep retrying while the database is unreachable.")
-@click.option("--dsn", envvar="SHARDWORKER_DSN", default=None, help="PostgreSQL DSN (env SHARDWORKER_DSN).")
+@dsn_option
 @one_line_errors
 def drain(outbox_dir: str, timeout: float, dsn: str | None) -> None:
     """Apply every pending outcome and exit 0 when the outbox is empty."""
@@ -113,8 +99,6 @@ def drain(outbox_dir: str, timeout: float, dsn: str | None) -> None:
 @one_line_errors
 def verify(outbox_dir: str) -> None:
     """Check every record's checksum; report torn tails and corruption (exit 1 on corruption)."""
-    import os
-
     from outbox import verify as outbox_verify
     from shardworker.errors import ShardworkerError
 

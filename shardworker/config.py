@@ -6,11 +6,10 @@ shrink the backoff caps and timeouts to keep outages short.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from shardworker.errors import ConfigError
-
-PARENT_SHARD = 9999  # the parent's own outbox shard, for outcomes of children that died
+from shardworker.layout import PARENT_SHARD
 
 
 @dataclass(frozen=True)
@@ -50,7 +49,6 @@ class WorkerConfig:
     statement_timeout_s: float = 30.0
     network_timeout_s: int = 20
     log_interval_s: float = 10.0
-    extra: dict[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         checks = [

@@ -1,70 +1,80 @@
 """The dispatcher: the parent's loop that claims jobs and routes them to children.
 
-Each ``run_once`` collects what children reported, handles deaths and handler timeouts,
-heartbeats, and claims due jobs when there is room: a child has fewer than
-``prefetch_per_child`` jobs in flight, the flusher is less than ``max_backlog`` outcomes
-behind, the outbox disk is above its free-space watermark, and the database answered.
-It then sleeps until a child reports, an enqueue notification arrives, or the poll
-interval passes.
+Each ``run_once`` collects what children reported, settles dead children (their lost jobs
+get a failure through ``ParentOutcomes``), keeps the flusher alive, and claims due jobs
+when there is room: a child has fewer than ``prefetch_per_child`` jobs in flight, the
+flusher is less than ``max_backlog`` outcomes behind, the outbox disk is above its
+free-space watermark, and the database answered. It then sleeps until a child reports,
+an enqueue notification arrives, or the poll interval passes.
+
+It is built from its collaborators (config, store, pool, flusher, parent outcomes,
+clock) and touches nothing else; the heartbeat runs elsewhere, on its own connection.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import socket
 import time
 import uuid
-from typing import TYPE_CHECKING
-
-from multiprocess.connection import wait as wait_ready
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import outbox
+from shardworker import procs
+from shardworker.children import ChildPool, Death
+from shardworker.config import WorkerConfig
 from shardworker.errors import SchemaMissing, StoreError
-from shardworker.flusher import STAT_FLUSHED, STAT_IDLE
+from shardworker.flusher_process import FlusherHandle
 from shardworker.model import ClaimedJob
-from shardworker.rescuer import Rescuer
-from shardworker.retry import Backoff, is_retryable
+from shardworker.parent_outcomes import ParentOutcomes
+from shardworker.retry import Backoff, is_retryable, retry_call
 from shardworker.routing import shard_for
-
-if TYPE_CHECKING:
-    from shardworker.children import ChildHandle
-    from shardworker.supervisor import Supervisor
+from shardworker.wire import JobKey
 
 log = logging.getLogger(__name__)
+
+
+class DispatchStore(Protocol):
+    """What the dispatcher needs from a store (``PgStore`` provides it)."""
+
+    def claim(self, kinds: Sequence[str], queues: Sequence[str] | None, worker_id: str, limit: int,
+              claim_token: str | None = None) -> list[ClaimedJob]: ...
+    def release(self, jobs: Sequence[tuple[int, int]], worker_id: str) -> int: ...
+    def release_claim(self, claim_token: str, worker_id: str) -> int: ...
+    def count_active(self, kinds: Sequence[str], queues: Sequence[str] | None, worker_id: str) -> int: ...
+    def notify_fileno(self) -> int: ...
+    def wait_notify(self, timeout_s: float) -> bool: ...
 
 
 class Dispatcher:
     """Claim and route; one instance per worker run."""
 
-    def __init__(self, sup: Supervisor) -> None:
-        self.sup, self.config = sup, sup.config
-        self.kinds = sup.app.kinds
-        self.backoff = Backoff(self.config.backoff_base_s, self.config.backoff_cap_s)
+    def __init__(self, config: WorkerConfig, worker_id: str, kinds: list[str], store: DispatchStore,
+                 pool: ChildPool, flusher: FlusherHandle, parent_outcomes: ParentOutcomes, *,
+                 stopping: Callable[[], bool], clock: Callable[[], float] = time.monotonic) -> None:
+        self.config, self.worker_id, self.kinds, self.store = config, worker_id, kinds, store
+        self.pool, self.flusher, self.parent_outcomes = pool, flusher, parent_outcomes
+        self.stopping, self.clock = stopping, clock
+        self.backoff = Backoff(config.backoff_base_s, config.backoff_cap_s)
         self.next_claim_at = 0.0
-        self.acked_total = 0  # outcomes acknowledged since the flusher's counters started
-        self.flushed_base = sup.flushed_carry + sup.flusher_stats[STAT_FLUSHED]
+        self.flushed_base = flusher.flushed_total
+        self.acked_total = 0  # outcomes made durable since this dispatcher started
         self.done_total = 0
         self.claimed_total = 0
         self.pause_reason = ""
         self.more_due = True
-        self.next_heartbeat_at = 0.0
-        self.next_log_at = time.monotonic() + self.config.log_interval_s
+        self.next_log_at = clock() + config.log_interval_s
         self.next_idle_check_at = 0.0
         self.db_ok = True
         self.lost_claims: list[str] = []
-        self.heartbeat_backoff = Backoff(self.config.backoff_base_s, self.config.backoff_cap_s)
-        self.rescuer = Rescuer(sup.store, sup.worker_id, self.config.rescue_after_s)
 
     # the loop ----------------------------------------------------------------------
 
     def run_once(self) -> bool:
         """One pass; True when the worker should exit because it is idle."""
-        self._collect()
-        self._check_children()
-        self.sup.check_flusher()
-        self._heartbeat()
+        self.count_finished(self.pool.collect())
+        self.settle(self.pool.check())
+        self.flusher.check()
         claimed = self._maybe_claim()
         self._log_progress()
         if self.config.exit_when_idle and self._idle():
@@ -73,51 +83,28 @@ class Dispatcher:
             self._wait()
         return False
 
-    def _collect(self) -> None:
-        for handle in self.sup.children:
-            self._count_finished(len(handle.collect()))
-
-    def _count_finished(self, jobs: int) -> None:
+    def count_finished(self, jobs: int) -> None:
         """Jobs whose outcome is durable now (reported by a child, or settled after its death)."""
         self.acked_total += jobs
         self.done_total += jobs
 
-    def _check_children(self) -> None:
-        now = time.time()
-        for handle in self.sup.children:
-            if handle.alive:
-                self._check_timeout(handle, now)
-                continue
-            reason = handle.fatal or f"worker process died (exit code {handle.process.exitcode})"
-            self._count_finished(self.sup.recover_child(handle, reason))
+    def settle(self, deaths: list[Death]) -> None:
+        """Count a dead child's durable outcomes and fail the started jobs it lost."""
+        for death in deaths:
+            self.count_finished(death.durable + self.parent_outcomes.fail(death.lost, death.reason))
 
-    def _check_timeout(self, handle: ChildHandle, now: float) -> None:
-        current = handle.current_job()
-        if current is None:
-            return
-        job, started = current
-        spec = self.sup.app.handlers.get(job.kind)
-        if spec is None or spec.timeout_s is None or now - started <= spec.timeout_s:
-            return
-        log.error("job %d (%s) exceeded its %.1fs timeout; killing child %d", job.id, job.kind,
-                  spec.timeout_s, handle.index)
-        os.kill(handle.process.pid, 9)
-        handle.process.join(5)
-        self._count_finished(self.sup.recover_child(handle, f"timed out after {spec.timeout_s:g}s"))
+    def backlog(self) -> int:
+        """Outcomes made durable and not yet flushed (an estimate)."""
+        return self.acked_total - (self.flusher.flushed_total - self.flushed_base)
 
     # claiming ------------------------------------------------------------------------
 
-    def backlog(self) -> int:
-        """Outcomes acknowledged by children and not yet flushed (an estimate)."""
-        flushed = self.sup.flushed_carry + self.sup.flusher_stats[STAT_FLUSHED] - self.flushed_base
-        return int(self.acked_total - flushed)
-
     def _claim_blocker(self) -> str:
-        if self.sup.stopping:
+        if self.stopping():
             return "stopping"
-        if not self.sup.flush_parent_outcomes():
+        if not self.parent_outcomes.flush():
             return "the outbox cannot take the outcomes of a dead child yet"
-        if time.monotonic() < self.next_claim_at:
+        if self.clock() < self.next_claim_at:
             return "database unavailable"
         if self.backlog() > self.config.max_backlog:
             return f"the flusher is {self.backlog()} outcomes behind (max_backlog {self.config.max_backlog})"
@@ -132,23 +119,22 @@ class Dispatcher:
         self._note_pause(blocker)
         if blocker:
             return 0
-        room = {h.index: self.config.prefetch_per_child - len(h.sent) for h in self.sup.children}
-        limit = min(self.config.claim_batch, sum(max(0, r) for r in room.values()))
+        prefetch = self.config.prefetch_per_child
+        room = [prefetch - self.pool.outstanding(i) for i in range(len(self.pool))]
+        limit = min(self.config.claim_batch, sum(max(0, r) for r in room))
         # Skip tiny claims while every child still has a quarter of its prefetch queued.
-        if limit < 1 or (min(room.values()) < self.config.prefetch_per_child // 4 * 3 and not self.more_due):
+        if limit < 1 or (min(room) < prefetch // 4 * 3 and not self.more_due):
             return 0
         try:
-            if not self.settle_lost_claims():
-                return 0
+            self.settle_lost_claims()
         except StoreError as exc:
             self._claim_failed(exc)
             return 0
         token = uuid.uuid4().hex
         try:
-            jobs = self.sup.store.claim(self.kinds, self.config.queues, self.sup.worker_id, limit, token)
+            jobs = self.store.claim(self.kinds, self.config.queues, self.worker_id, limit, token)
         except StoreError as exc:
-            # The server may have committed the claim before the connection broke.
-            self.lost_claims.append(token)
+            self.lost_claims.append(token)  # the server may have committed it before the connection broke
             self._claim_failed(exc)
             return 0
         self._claim_ok()
@@ -157,35 +143,27 @@ class Dispatcher:
         self._route(jobs)
         return len(jobs)
 
-    def settle_lost_claims(self) -> bool:
-        """Give back jobs of claims whose replies were lost; True once none is left.
-
-        Raises ``StoreError`` when the database fails meanwhile (the token is kept).
-        """
+    def settle_lost_claims(self) -> None:
+        """Give back the jobs of claims whose replies were lost; raises ``StoreError`` (the
+        tokens are kept) when the database fails meanwhile."""
         while self.lost_claims:
-            released = self.sup.store.release_claim(self.lost_claims[0], self.sup.worker_id)
+            released = self.store.release_claim(self.lost_claims[0], self.worker_id)
             if released:
                 log.warning("gave back %d jobs of a claim whose reply was lost", released)
             self.lost_claims.pop(0)
-        return True
 
     def _route(self, jobs: list[ClaimedJob]) -> None:
         by_child: dict[int, list[ClaimedJob]] = {}
         for job in jobs:
-            by_child.setdefault(shard_for(job.id, self.config.procs), []).append(job)
+            by_child.setdefault(shard_for(job.id, len(self.pool)), []).append(job)
         for index, batch in by_child.items():
-            handle = self.sup.children[index]
-            try:
-                handle.send(batch)
-            except (OSError, EOFError):
-                handle.sent.extend(batch)  # the child is dead: these count as never started, resent after restart
+            self.pool.send(index, batch)
 
     def _claim_failed(self, exc: StoreError) -> None:
         if isinstance(exc, SchemaMissing) or not is_retryable(exc):
             raise exc
-        delay = self.backoff.next_delay()
-        self.next_claim_at = time.monotonic() + delay
-        self.rescuer.connection_lost()
+        delay = self.backoff.next_delay(exc)
+        self.next_claim_at = self.clock() + delay
         if self.db_ok or self.backoff.failures % 10 == 0:
             log.warning("claim failed (%s); children finish what they hold, outcomes wait in the "
                         "outbox; retrying in %.2fs", exc, delay)
@@ -205,18 +183,20 @@ class Dispatcher:
             log.info("claiming resumed")
         self.pause_reason = blocker
 
-    # waiting, heartbeats, idleness -------------------------------------------------
+    # waiting and idleness ------------------------------------------------------------
 
     def _wait(self) -> None:
         timeout = self.config.poll_interval_s
         if self.next_claim_at:
-            timeout = max(0.0, min(timeout, self.next_claim_at - time.monotonic()))
-        conns = [h.conn for h in self.sup.children if h.alive]
+            timeout = max(0.0, min(timeout, self.next_claim_at - self.clock()))
         notify_fd = self._notify_fd()
-        ready = wait_ready([*conns, notify_fd] if notify_fd is not None else conns, timeout=min(timeout, 0.2))
+        waitables = [*self.pool.connections(), *([notify_fd] if notify_fd is not None else [])]
+        ready = procs.wait_ready(waitables, min(timeout, 0.2))
         if notify_fd is not None and notify_fd in ready:
-            with contextlib.suppress(StoreError):
-                self.more_due = self.sup.store.wait_notify(0) or self.more_due
+            try:
+                self.more_due = self.store.wait_notify(0) or self.more_due
+            except StoreError as exc:
+                self._claim_failed(exc)
         elif not ready:
             self.more_due = True  # poll fallback: maybe jobs became due (run_at) meanwhile
 
@@ -224,67 +204,50 @@ class Dispatcher:
         if not self.db_ok:
             return None
         try:
-            if not self.sup.store.listening:
-                self.sup.store.listen()
-            return self.sup.store.connection().fileno()
-        except StoreError:
+            return self.store.notify_fileno()
+        except StoreError as exc:
+            self._claim_failed(exc)
             return None
 
-    def _heartbeat(self) -> None:
-        """Beat on its own timer, whatever claiming is doing: a worker that merely cannot
-        claim (full disk, busy children, flusher behind) must not look dead to rescuers."""
-        now = time.monotonic()
-        if now < self.next_heartbeat_at:
-            return
-        try:
-            self.sup.store.heartbeat(self.sup.worker_id, socket.gethostname(), os.getpid())
-            self.heartbeat_backoff.reset()
-            self.next_heartbeat_at = now + self.config.heartbeat_interval_s
-            self.rescuer.run_once(now)
-        except StoreError as exc:
-            self.rescuer.connection_lost()
-            delay = max(self.config.heartbeat_interval_s, self.heartbeat_backoff.next_delay())
-            self.next_heartbeat_at = now + delay
-            log.debug("heartbeat failed: %s", exc)
-
     def _idle(self) -> bool:
-        if any(h.sent for h in self.sup.children) or self.backlog() > 0 or not self.sup.flusher_stats[STAT_IDLE]:
+        if self.pool.in_flight or self.backlog() > 0 or not self.flusher.idle:
             return False
-        now = time.monotonic()
+        now = self.clock()
         if now < self.next_idle_check_at:
             return False
         self.next_idle_check_at = now + 0.2
         try:
-            active = self.sup.store.count_active(self.kinds, self.config.queues, self.sup.worker_id)
-        except StoreError:
+            active = self.store.count_active(self.kinds, self.config.queues, self.worker_id)
+        except StoreError as exc:
+            self._claim_failed(exc)
             return False
         return active == 0 and outbox.status(self.config.outbox_dir).pending == 0
 
     def _log_progress(self) -> None:
-        now = time.monotonic()
+        now = self.clock()
         if now >= self.next_log_at:
             self.next_log_at = now + self.config.log_interval_s
             log.info("claimed %d, done %d, in flight %d, outbox backlog %d", self.claimed_total,
-                     self.done_total, sum(len(h.sent) for h in self.sup.children), self.backlog())
+                     self.done_total, self.pool.in_flight, self.backlog())
 
-    def finish_children(self, deadline: float) -> list[tuple[int, int]]:
-        """After stop requests: wait for children to finish (or kill them at the deadline);
-        returns the (id, attempt) of jobs they never started."""
-        unstarted: list[tuple[int, int]] = []
-        for handle in self.sup.children:
-            while not handle.stopped and handle.alive and time.monotonic() < deadline:
-                wait_ready([handle.conn], timeout=0.1)
-                self._collect()
-            self._collect()
-            if handle.stopped:
-                unstarted.extend(handle.unstarted)
-                handle.process.join(5)
-                continue
-            # Out of time, or it died: settle what it held without restarting it.
-            if handle.alive:
-                os.kill(handle.process.pid, 9)
-                handle.process.join(5)
-            settled, never = self.sup.settle_dead_child(handle, "shutdown timeout")
-            self._count_finished(settled)
-            unstarted.extend((j.id, j.attempt) for j in never)
-        return unstarted
+    # giving back at shutdown -----------------------------------------------------------
+
+    def give_back(self, unstarted: list[JobKey], deadline: float) -> int:
+        """Release jobs no child started and the jobs of lost claims, retrying until
+        ``deadline``; returns how many were released."""
+        released = [0]
+
+        def attempt() -> None:
+            if unstarted:
+                released[0] += self.store.release(unstarted, self.worker_id)
+                unstarted.clear()
+            self.settle_lost_claims()
+
+        try:
+            retry_call(attempt, "giving back unstarted jobs", log=log, deadline=deadline, clock=self.clock,
+                       backoff=Backoff(self.config.backoff_base_s, min(1.0, self.config.backoff_cap_s)))
+            return released[0]
+        except StoreError as exc:
+            log.warning("could not give back %d unstarted jobs (%s); they stay running under worker %s "
+                        "until its next start, or a rescue", len(unstarted), exc, self.worker_id)
+            return 0

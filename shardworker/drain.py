@@ -14,9 +14,10 @@ from collections.abc import Callable
 from outbox import OutboxLocked
 from outbox import status as outbox_status
 from shardworker.errors import DrainTimeout, OutboxBusy
-from shardworker.flusher import Flusher, FlusherConfig, FlushStats, open_reader
+from shardworker.flusher import Flusher, FlusherConfig, FlushStats
+from shardworker.flusher_process import open_reader
+from shardworker.layout import lock_outbox
 from shardworker.pg_store import PgStore, StoreConfig
-from shardworker.supervisor import lock_outbox
 
 
 def drain(outbox_dir: str, dsn: str, *, timeout_s: float, backoff_cap_s: float = 5.0,

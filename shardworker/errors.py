@@ -8,8 +8,10 @@ Hierarchy::
     ├── EnqueueError                  a job (or a line of a bulk file) is invalid
     ├── OutboxBusy                    a worker or another drain holds the outbox directory
     ├── DrainTimeout                  outcomes remained when --timeout ran out
+    ├── CrashLoop                     a child or the flusher keeps dying right after start
     └── StoreError                    PostgreSQL said no (translated from psycopg)
-        ├── DatabaseUnavailable       cannot connect or the connection broke: retryable
+        ├── DatabaseUnavailable       cannot connect or the connection broke: retry slowly
+        ├── TransientConflict         serialization failure, deadlock, cancelled statement: retry fast
         ├── SchemaMissing             the schema is missing or older than the code
         └── OutcomeRejected           the database refuses an outcome for good (bad data)
 
@@ -46,12 +48,20 @@ class DrainTimeout(ShardworkerError):
     """Outcomes remain in the outbox after the timeout."""
 
 
+class CrashLoop(ShardworkerError):
+    """A worker process keeps dying right after it starts."""
+
+
 class StoreError(ShardworkerError):
     """The database refused the operation."""
 
 
 class DatabaseUnavailable(StoreError):
     """The database is unreachable."""
+
+
+class TransientConflict(StoreError):
+    """The database gave up on the statement for now (serialization failure, deadlock, timeout)."""
 
 
 class SchemaMissing(StoreError):

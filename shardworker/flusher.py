@@ -1,5 +1,8 @@
 """The flusher: drains the outbox into PostgreSQL, batched, fenced, retried forever.
 
+Pure logic over an ``OutboxReader`` and an ``OutcomeStore``; the process around it (and
+the parent's handle on that process) is ``shardworker.flusher_process``.
+
 ``Flusher.run_once`` reads up to ``flush_batch`` records, applies them in one fenced
 statement, and only after the commit marks them flushed and (at most every
 ``checkpoint_interval_s``) checkpoints. When the database is away, the same batch is
@@ -14,21 +17,19 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import orjson
 
 from outbox import OutboxReader, Record
 from outbox.fsutil import atomic_write, ensure_dir
+from shardworker import layout, wire
 from shardworker.errors import OutcomeRejected, StoreError
 from shardworker.model import ApplyResult, Outcome
 from shardworker.retry import Backoff, is_retryable
 
 log = logging.getLogger(__name__)
-
-DEADLETTER_DIR = "deadletter"
-STALE_LOG = "stale.log"
 
 
 class OutcomeStore(Protocol):
@@ -45,7 +46,6 @@ class FlushStats:
     deadlettered: int = 0
     flushed: int = 0  # records marked flushed (applied, replayed, stale or dead-lettered)
     db_errors: int = 0
-    stale_ids: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -93,14 +93,15 @@ class Flusher:
             if not is_retryable(exc):
                 raise
             self.stats.db_errors += 1
-            delay = self.backoff.next_delay()
-            log.warning("flush of %d outcomes failed (attempt %d): %s; retrying in %.2fs",
-                        len(self._held), self.backoff.failures, exc, delay)
+            delay = self.backoff.next_delay(exc)
+            if self.backoff.failures == 1 or self.backoff.failures % 10 == 0:
+                log.warning("flush of %d outcomes failed (attempt %d): %s; outcomes wait in the outbox, "
+                            "retrying in %.2fs", len(self._held), self.backoff.failures, exc, delay)
             self.sleep(delay)
             return 0
         self._record(result)
         if self.backoff.failures:
-            log.info("database reachable again; flushing resumed")
+            log.info("database reachable again after %d failed flushes; flushing resumed", self.backoff.failures)
         self.backoff.reset()
         flushed, self._held = self._held, []
         self.reader.mark_flushed(flushed)
@@ -117,7 +118,7 @@ class Flusher:
 
     def _decode(self, record: Record) -> Outcome:
         try:
-            return Outcome.from_wire(orjson.loads(record.payload))
+            return wire.decode_outcome(record.payload)
         except (ValueError, TypeError) as exc:
             # CRC-valid but not ours: keep the bytes, apply nothing for it.
             self._deadletter(record.payload, f"undecodable record: {exc}")
@@ -130,7 +131,7 @@ class Flusher:
             try:
                 result = self.store.apply_outcomes([outcome])
             except OutcomeRejected as exc:
-                self._deadletter(orjson.dumps(outcome.to_wire()), str(exc))
+                self._deadletter(wire.encode_outcome(outcome), str(exc))
                 result = self.store.apply_outcomes([Outcome(
                     outcome.job_id, outcome.attempt, False, error=f"result rejected by the database: {exc}",
                     retry_delay_s=-1)])
@@ -139,27 +140,25 @@ class Flusher:
         return total
 
     def _deadletter(self, payload: bytes, reason: str) -> None:
-        directory = os.path.join(self.reader.directory, DEADLETTER_DIR)
+        directory = layout.deadletter_dir(self.reader.directory)
         ensure_dir(directory)
         name = f"{time.time_ns()}.json"
         atomic_write(directory, name, orjson.dumps({"reason": reason, "record": payload.decode(errors="replace")}))
         self.stats.deadlettered += 1
-        log.error("outcome dead-lettered to %s/%s: %s", DEADLETTER_DIR, name, reason)
+        log.error("outcome dead-lettered to %s/%s: %s", layout.DEADLETTER_DIR, name, reason)
 
     def _record(self, result: ApplyResult) -> None:
         self.stats.applied += result.applied
         self.stats.replayed += result.replayed
         self.stats.stale += result.stale
         if result.stale:
-            self.stats.stale_ids.extend(result.stale_ids[:100])
-            del self.stats.stale_ids[:-1000]
             log.warning("%d stale outcomes ignored (a newer attempt owns the job): ids %s",
                         result.stale, list(result.stale_ids[:10]))
             self._log_stale(result.stale_ids)
 
     def _log_stale(self, ids: tuple[int, ...]) -> None:
         """Append stale job ids to ``stale.log`` for ``outbox status`` (a report, not state)."""
-        path = os.path.join(self.reader.directory, STALE_LOG)
+        path = layout.stale_log(self.reader.directory)
         try:
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             try:
@@ -167,7 +166,7 @@ class Flusher:
             finally:
                 os.close(fd)
         except OSError as exc:
-            log.warning("could not record stale outcomes in %s: %s", STALE_LOG, exc)
+            log.warning("could not record stale outcomes in %s: %s", layout.STALE_LOG, exc)
 
     def _maybe_checkpoint(self, force: bool = False) -> None:
         now = self.clock()
@@ -179,69 +178,3 @@ class Flusher:
                 log.warning("outbox checkpoint not written (%s); will retry", exc)
                 return
             self._last_checkpoint, self._dirty = now, False
-
-
-# --- the flusher process -----------------------------------------------------------
-
-# Indices into the shared array the parent reads.
-STAT_FLUSHED, STAT_IDLE, STAT_DB_OK, STAT_STALE, STAT_APPLIED, STAT_DRAINED, STAT_STOP, STAT_REPLAYED = range(8)
-STAT_WIDTH = 8
-STOP_WHEN_IDLE, STOP_NOW = 1.0, 2.0
-
-
-def open_reader(directory: str, wait_s: float) -> OutboxReader:
-    """Open the outbox reader, waiting while a previous flusher is still exiting."""
-    from outbox import OutboxLocked
-
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            return OutboxReader.open(directory)
-        except OutboxLocked:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
-
-
-def flusher_main(directory: str, store_config: object, config: FlusherConfig, shared: object,
-                 idle_sleep_s: float, parent_pid: int) -> None:
-    """Entry point of the flusher process (spawned; opens its own connection)."""
-    from shardworker import procs
-    from shardworker.pg_store import PgStore, StoreConfig
-
-    procs.die_with_parent()
-    if os.getppid() != parent_pid:
-        os._exit(1)  # the parent died while this process was starting: never run orphaned
-    procs.ignore_stop_signals()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s flusher %(levelname)s %(message)s")
-    assert isinstance(store_config, StoreConfig)
-    stats: list[float] = shared  # type: ignore[assignment]
-    reader = open_reader(directory, wait_s=30.0)
-    store = PgStore(store_config)
-
-    def sleep(seconds: float) -> None:
-        procs.sleep_until(time.monotonic() + seconds, lambda: stats[STAT_STOP] >= STOP_NOW)
-
-    flusher = Flusher(reader, store, config, sleep=sleep)
-    try:
-        _flusher_loop(flusher, stats, idle_sleep_s)
-    finally:
-        store.close()
-        reader.close()
-
-
-def _flusher_loop(flusher: Flusher, stats: list[float], idle_sleep_s: float) -> None:
-    while True:
-        flushed = flusher.run_once()
-        s = flusher.stats
-        stats[STAT_FLUSHED], stats[STAT_STALE], stats[STAT_APPLIED] = s.flushed, s.stale, s.applied
-        stats[STAT_REPLAYED] = s.replayed
-        stats[STAT_DB_OK] = 0.0 if flusher.backoff.failures else 1.0
-        stats[STAT_IDLE] = 1.0 if flusher.idle else 0.0
-        if flusher.idle:
-            stats[STAT_DRAINED] = 1.0
-        stop = stats[STAT_STOP]
-        if stop >= STOP_NOW or (stop >= STOP_WHEN_IDLE and flusher.idle):
-            return
-        if not flushed and flusher.idle:
-            time.sleep(idle_sleep_s)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from shardworker.pg_store import PgStore, StoreConfig
+from shardworker.schema import available_migrations
 
 
 def apply_migrations(dsn: str) -> list[str]:
     """Apply pending ``migrations/*.sql`` in order; returns the file names applied."""
     store = PgStore(StoreConfig(dsn))
     try:
-        return store.migrate()
+        return store.migrate(available_migrations())
     finally:
         store.close()

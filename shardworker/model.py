@@ -1,8 +1,7 @@
 """Domain values that cross process boundaries: plain, frozen, picklable.
 
 ``Job`` is what a handler receives. ``Outcome`` is what a child writes to its outbox and
-the flusher applies; its wire form is a short orjson list, so a record is a few dozen
-bytes plus the result.
+the flusher applies (its record form lives in ``shardworker.wire``).
 """
 
 from __future__ import annotations
@@ -55,18 +54,6 @@ class Outcome:
     result_json: str | None = None
     error: str | None = None
     retry_delay_s: float = 0.0
-
-    def to_wire(self) -> list[Any]:
-        return [self.job_id, self.attempt, self.ok, self.result_json, self.error, self.retry_delay_s]
-
-    @classmethod
-    def from_wire(cls, value: Any) -> Outcome:
-        if not (isinstance(value, list) and len(value) == 6):
-            raise ValueError(f"not an outcome record: {value!r:.80}")
-        job_id, attempt, ok, result_json, error, delay = value
-        if not isinstance(ok, bool):
-            raise ValueError(f"not an outcome record: ok is {ok!r}")
-        return cls(int(job_id), int(attempt), ok, result_json, error, float(delay))
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import select
 import socket
 import threading
@@ -22,30 +21,26 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import psycopg
 from psycopg import errors as pgerr
 from psycopg.pq import TransactionStatus
 
+from shardworker.dsn import redact_dsn
 from shardworker.errors import (
     DatabaseUnavailable,
     EnqueueError,
     OutcomeRejected,
     SchemaMissing,
     StoreError,
+    TransientConflict,
 )
 from shardworker.model import ApplyResult, ClaimedJob, Outcome
+from shardworker.schema import Migration, latest_version
 from shardworker.sql import query
 
-# migrations/ at the repository root is the source; shardworker/migrations links to it so
-# that wheels carry the files as package data.
 log = logging.getLogger(__name__)
-
-MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
-_MIGRATION_NAME = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
-_MIGRATION_LOCK = 0x5348_4157  # advisory lock key: "SHAW"
 
 
 @dataclass(frozen=True)
@@ -69,15 +64,6 @@ class StoreConfig:
             raise ValueError("network_timeout_s must be >= 2")
 
 
-def redact_dsn(dsn: str) -> str:
-    """The DSN with any password replaced by ``***``, for messages and logs."""
-    # URL form: the password runs from the first ':' after the user to the last '@' before
-    # the host, so a password holding '@' is hidden whole.
-    dsn = re.sub(r"(://[^:/@]*:)[^/]*@", r"\1***@", dsn)
-    # key=value form: a quoted value may hold doubled or escaped quotes.
-    return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.|'')*'|\S+)", r"\1***", dsn, flags=re.IGNORECASE)
-
-
 @contextlib.contextmanager
 def translate_errors() -> Iterator[None]:
     """Turn psycopg errors into shardworker errors at the store boundary."""
@@ -86,9 +72,7 @@ def translate_errors() -> Iterator[None]:
     except (pgerr.UndefinedTable, pgerr.InvalidSchemaName, pgerr.UndefinedColumn) as exc:
         raise SchemaMissing() from exc
     except (pgerr.SerializationFailure, pgerr.DeadlockDetected, pgerr.QueryCanceled) as exc:
-        err = StoreError(f"transient conflict: {exc.diag.message_primary or exc}")
-        err.transient = True  # type: ignore[attr-defined]
-        raise err from exc
+        raise TransientConflict(f"transient conflict: {exc.diag.message_primary or exc}") from exc
     except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
         raise DatabaseUnavailable(f"database unavailable: {_first_line(exc)}") from exc
     except psycopg.Error as exc:
@@ -219,48 +203,45 @@ class PgStore:
 
     # schema ------------------------------------------------------------------
 
-    def migrate(self) -> list[str]:
-        """Apply pending ``migrations/*.sql`` in order, each in its own transaction."""
+    def migrate(self, migrations: Sequence[Migration]) -> list[str]:
+        """Apply those of ``migrations`` not yet applied, in order, each in its own
+        transaction, under an advisory lock; returns the names applied."""
         applied: list[str] = []
         with self._cursor() as cur:
-            cur.execute("SELECT pg_advisory_lock(%s)", (_MIGRATION_LOCK,))
+            cur.execute(query("migration_lock"))
             try:
                 done = self._applied_versions(cur)
-                for version, path in available_migrations():
-                    if version not in done:
-                        self._apply_migration(cur, version, path)
-                        applied.append(path.name)
+                for migration in migrations:
+                    if done is None or migration.version not in done:
+                        with cur.connection.transaction():
+                            cur.execute(migration.sql().encode())
+                            cur.execute(query("migration_record"), {"version": migration.version,
+                                                                    "name": migration.name})
+                        applied.append(migration.name)
             finally:
-                cur.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATION_LOCK,))
+                cur.execute(query("migration_unlock"))
         return applied
 
     @staticmethod
-    def _applied_versions(cur: psycopg.Cursor[Any]) -> set[int]:
-        cur.execute("SELECT to_regclass('shardworker.migrations') IS NOT NULL")
+    def _applied_versions(cur: psycopg.Cursor[Any]) -> set[int] | None:
+        """Versions applied so far; None when the migrations table does not exist."""
+        cur.execute(query("migration_table_exists"))
         row = cur.fetchone()
         if not row or not row[0]:
-            return set()
-        cur.execute("SELECT version FROM shardworker.migrations")
+            return None
+        cur.execute(query("migration_versions"))
         return {r[0] for r in cur.fetchall()}
-
-    def _apply_migration(self, cur: psycopg.Cursor[Any], version: int, path: Path) -> None:
-        with cur.connection.transaction():
-            cur.execute(path.read_text(encoding="utf-8").encode())
-            cur.execute("INSERT INTO shardworker.migrations (version, name) VALUES (%s, %s)",
-                        (version, path.name))
 
     def check_schema(self) -> None:
         """Raise ``SchemaMissing`` unless every migration this code knows is applied."""
-        latest = max(v for v, _ in available_migrations())
+        latest = latest_version()
         with self._cursor() as cur:
-            cur.execute("SELECT to_regclass('shardworker.migrations') IS NOT NULL")
-            row = cur.fetchone()
-            if not row or not row[0]:
-                raise SchemaMissing()
-            cur.execute(query("schema_version"))
-            row = cur.fetchone()
-        if row is None or row[0] is None or row[0] < latest:
-            raise SchemaMissing(f"the shardworker schema is at version {row[0] if row else None}, "
+            done = self._applied_versions(cur)
+        if done is None:
+            raise SchemaMissing()
+        current = max(done, default=None)
+        if current is None or current < latest:
+            raise SchemaMissing(f"the shardworker schema is at version {current}, "
                                 f"the code needs {latest}: run `shardworker migrate`")
 
     # enqueue -----------------------------------------------------------------
@@ -359,6 +340,14 @@ class PgStore:
         with self._cursor() as cur:
             cur.execute(query("listen_jobs"))
         self._listening = True
+
+    def notify_fileno(self) -> int:
+        """A descriptor that becomes readable when an enqueue notification may have arrived
+        (subscribing first); then call ``wait_notify(0)``."""
+        if not self._listening:
+            self.listen()
+        with translate_errors():
+            return self.connection().fileno()
 
     def wait_notify(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for an enqueue notification; True if one came."""
@@ -485,15 +474,3 @@ def _classify(applied: int, missed: Sequence[Outcome], last_applied: dict[int, i
         else:
             stale.append(outcome.job_id)  # its attempt was rescued (and maybe re-claimed), or the job is gone
     return ApplyResult(applied, replayed, len(stale), tuple(stale))
-
-
-def available_migrations() -> list[tuple[int, Path]]:
-    """(version, path) of every migration file, in order."""
-    found = []
-    for path in sorted(MIGRATIONS_DIR.glob("*.sql")):
-        m = _MIGRATION_NAME.match(path.name)
-        if m:
-            found.append((int(m.group(1)), path))
-    if not found:
-        raise SchemaMissing(f"no migrations found in {MIGRATIONS_DIR}")
-    return found

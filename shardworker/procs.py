@@ -1,4 +1,12 @@
-"""Process plumbing shared by the parent, the children and the flusher process."""
+"""Process plumbing shared by the parent, the children and the flusher process: how they
+start, what they do first, how they die, and how often they may crash.
+
+Spawned processes find shardworker's own code first: the ``-c`` bootstrap of ``spawn``
+would put the working directory at the front of ``sys.path``, where a project folder named
+``outbox/`` or ``shardworker/`` would shadow the packages. ``start`` spawns with
+``PYTHONSAFEPATH`` set (removed again in the new process, so handlers' own subprocesses
+are unaffected), and ``load_app`` puts the working directory at the end of ``sys.path``.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +16,20 @@ import logging
 import os
 import signal
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import multiprocess
+from multiprocess.connection import wait as _wait
+
+from shardworker.errors import CrashLoop
+from shardworker.retry import Backoff
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 _PR_SET_PDEATHSIG = 1
+_SAFE_PATH = "PYTHONSAFEPATH"
 
 
 def context() -> Any:
@@ -22,12 +37,40 @@ def context() -> Any:
     return multiprocess.get_context("spawn")
 
 
-def die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (a kill -9 included).
+def wait_ready(objects: list[Any], timeout_s: float) -> list[Any]:
+    """Those of ``objects`` (pipes, file descriptors) readable within ``timeout_s``."""
+    return list(_wait(objects, timeout=timeout_s))
 
-    A worker killed as a whole must not leave children holding outbox locks; their
-    acknowledged outcomes are on disk already, and unfinished jobs run again anyway.
-    """
+
+def start(process: Any) -> None:
+    """Start a spawned process whose bootstrap does not put the working directory first."""
+    before = os.environ.get(_SAFE_PATH)
+    os.environ[_SAFE_PATH] = "1"
+    try:
+        process.start()
+    finally:
+        if before is None:
+            os.environ.pop(_SAFE_PATH, None)
+        else:
+            os.environ[_SAFE_PATH] = before
+
+
+def become_worker_process(parent_pid: int, role: str) -> None:
+    """First steps of a child or the flusher: die with the parent, leave signals to it, log."""
+    # A process must not outlive its parent: an orphan finishing a job after a restarted
+    # worker requeued it would make that job run twice.
+    die_with_parent()
+    if os.getppid() != parent_pid:
+        os._exit(1)  # the parent died before the death signal was armed
+    if os.environ.get(_SAFE_PATH) == "1":
+        del os.environ[_SAFE_PATH]  # set by ``start`` for the bootstrap only
+    # The parent coordinates shutdown: a terminal's Ctrl-C must not kill children mid-job.
+    ignore_stop_signals()
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {role} %(levelname)s %(message)s")
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (a kill -9 included)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -55,7 +98,56 @@ def join_or_kill(process: Any, timeout_s: float) -> None:
         process.join(5)
 
 
-def sleep_until(deadline: float, should_stop: Any, step_s: float = 0.05) -> None:
+def sleep_until(deadline: float, should_stop: Callable[[], bool], step_s: float = 0.05) -> None:
     """Sleep until ``deadline`` (monotonic) or until ``should_stop()`` is true."""
     while time.monotonic() < deadline and not should_stop():
         time.sleep(min(step_s, max(0.0, deadline - time.monotonic())))
+
+
+def wait_for_lock(open_fn: Callable[[], T], locked: type[BaseException], wait_s: float,
+                  step_s: float = 0.05) -> T:
+    """``open_fn()``, retried while it raises ``locked`` (a holder still exiting), up to ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return open_fn()
+        except locked:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(step_s)
+
+
+def one_line(exc: BaseException) -> str:
+    """``Type: first line of the message``, for a report in one line."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+class CrashCounter:
+    """Restart pacing for one process, and the verdict that it is crash-looping.
+
+    A death within ``fast_s`` of starting counts toward ``limit``; a process that lived
+    longer starts the count again. Restarts wait 0.1 s doubling to 5 s while it keeps
+    dying fast.
+    """
+
+    def __init__(self, name: str, *, limit: int = 5, fast_s: float = 10.0) -> None:
+        self.name, self.limit, self.fast_s = name, limit, fast_s
+        self.fast_deaths = 0
+        self._started_at = 0.0
+        self._backoff = Backoff(0.1, 5.0)
+
+    def started(self, now: float) -> None:
+        self._started_at = now
+
+    def died(self, now: float, last_error: str) -> float:
+        """Seconds to wait before restarting; ``CrashLoop`` when it died fast too often."""
+        if now - self._started_at >= self.fast_s:
+            self.fast_deaths = 0
+            self._backoff.reset()
+            return 0.0
+        self.fast_deaths += 1
+        if self.fast_deaths >= self.limit:
+            raise CrashLoop(f"{self.name} died {self.fast_deaths} times within {self.fast_s:g}s of starting; "
+                            f"last error: {last_error}")
+        return self._backoff.next_delay()

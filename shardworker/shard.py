@@ -7,10 +7,8 @@ outcomes wait, or when the oldest waiting outcome is ``group_commit_max_delay_s`
 so a slow handler's result is durable right away. Only after the commit does it report
 the jobs finished.
 
-Wire messages are orjson lists: parent -> child ``["jobs", [[id, kind, queue, payload,
-attempt, max_attempts], ...]]`` and ``["stop"]``; child -> parent ``["done", [id, ...]]``,
-``["stopped", [[id, attempt], ...]]`` (jobs never started) and ``["fatal", message]``.
-The shared ``slot`` holds [current job id, start time in ms, jobs started so far].
+Messages are those of ``shardworker.wire``. ``Progress``, in shared memory, tells the
+parent which job runs now and since when, and how many this child has started.
 """
 
 from __future__ import annotations
@@ -26,16 +24,46 @@ from typing import Any
 import orjson
 
 from outbox import OutboxError, OutboxFull, OutboxLocked, ShardWriter, WriterConfig
-from outbox.frame import MAX_PAYLOAD_BYTES
-from shardworker import procs
+from shardworker import procs, wire
 from shardworker.app import App, load_app
 from shardworker.model import ClaimedJob, Outcome
 
 log = logging.getLogger(__name__)
 
-SLOT_JOB, SLOT_STARTED_MS, SLOT_STARTED_COUNT = 0, 1, 2
-SLOT_WIDTH = 3
 EXIT_OUTBOX_FAILED = 3  # the child exits with this when its outbox cannot take outcomes
+
+
+class Progress:
+    """A child's progress in shared memory (``ctx.Array("q", Progress.WIDTH)``): the job it
+    runs now (0: none), when that started (``time.monotonic()`` in ms, one clock for every
+    process of the host), and how many jobs it has started. Written by the child only; the
+    parent reads it for timeouts and after a death."""
+
+    WIDTH = 3
+    _JOB, _STARTED_MS, _STARTED = range(3)
+
+    def __init__(self, array: Any) -> None:
+        self.array = array
+
+    def begin(self, job_id: int, started: int) -> None:
+        self.array[self._JOB], self.array[self._STARTED_MS] = job_id, int(time.monotonic() * 1000)
+        self.array[self._STARTED] = started
+
+    def end(self) -> None:
+        self.array[self._JOB] = 0
+
+    @property
+    def job_id(self) -> int:
+        return int(self.array[self._JOB])
+
+    @property
+    def started_at(self) -> float:
+        """When the current job started, in ``time.monotonic()`` seconds."""
+        return self.array[self._STARTED_MS] / 1000
+
+    @property
+    def started(self) -> int:
+        return int(self.array[self._STARTED])
 
 
 @dataclass(frozen=True)
@@ -76,10 +104,12 @@ def _failure(app: App, job: ClaimedJob, exc: BaseException) -> Outcome:
 class ShardRunner:
     """The child's loop, separated from process plumbing so tests can drive it."""
 
-    def __init__(self, config: ChildConfig, app: App, writer: ShardWriter, conn: Any, slot: Any) -> None:
-        self.config, self.app, self.writer, self.conn, self.slot = config, app, writer, conn, slot
+    def __init__(self, config: ChildConfig, app: App, writer: ShardWriter, conn: Any, progress: Progress,
+                 clock: Any = time.monotonic) -> None:
+        self.config, self.app, self.writer, self.conn, self.progress = config, app, writer, conn, progress
+        self.clock = clock
         self.queue: deque[ClaimedJob] = deque()
-        self.waiting: list[tuple[int, bytes]] = []  # (id, outcome) computed, not yet committed
+        self.waiting: list[tuple[wire.JobKey, bytes]] = []  # outcomes computed, not yet committed
         self.first_waiting_at = 0.0
         self.stopping = False
         self.started = 0
@@ -94,8 +124,7 @@ class ShardRunner:
             if self.waiting and (not self.queue or self._commit_due()):
                 self._commit()
         self._commit()
-        unstarted = [[j.id, j.attempt] for j in self.queue]
-        self.conn.send_bytes(orjson.dumps(["stopped", unstarted]))
+        self.conn.send_bytes(wire.encode(wire.Stopped(tuple((j.id, j.attempt) for j in self.queue))))
 
     def _receive(self, block: bool) -> None:
         # Block when idle; with only uncommitted outcomes, wait no longer than their commit is due.
@@ -103,36 +132,30 @@ class ShardRunner:
         if block:
             timeout = None
         elif self.waiting and not self.queue:
-            timeout = max(0.0, self.first_waiting_at + self.config.group_commit_max_delay_s - time.monotonic())
+            timeout = max(0.0, self.first_waiting_at + self.config.group_commit_max_delay_s - self.clock())
         while self.conn.poll(timeout):
-            msg = orjson.loads(self.conn.recv_bytes())
-            if msg[0] == "jobs":
-                self.queue.extend(ClaimedJob(*j) for j in msg[1])
-            elif msg[0] == "stop":
+            msg = wire.decode(self.conn.recv_bytes())
+            if isinstance(msg, wire.Jobs):
+                self.queue.extend(msg.jobs)
+            elif isinstance(msg, wire.Stop):
                 self.stopping = True
             timeout = 0
 
     def _run_one(self, job: ClaimedJob) -> None:
         self.started += 1
-        self.slot[SLOT_JOB], self.slot[SLOT_STARTED_MS] = job.id, int(time.time() * 1000)
-        self.slot[SLOT_STARTED_COUNT] = self.started
-        started_at = time.monotonic()
+        self.progress.begin(job.id, self.started)
+        started_at = self.clock()
         outcome = run_handler(self.app, job)
-        self.slot[SLOT_JOB] = 0
+        self.progress.end()
         if not self.waiting:
             # The handler's own run time counts toward the group-commit delay: a slow
             # handler's outcome is committed at once, fast ones share one fdatasync.
             self.first_waiting_at = started_at
-        record = orjson.dumps(outcome.to_wire())
-        if len(record) > MAX_PAYLOAD_BYTES:
-            too_big = Outcome(job.id, job.attempt, False, retry_delay_s=-1.0,
-                              error=f"handler result too large: {len(record)} bytes > {MAX_PAYLOAD_BYTES}")
-            record = orjson.dumps(too_big.to_wire())
-        self.waiting.append((job.id, record))
+        self.waiting.append(((job.id, job.attempt), wire.encode_outcome(outcome)))
 
     def _commit_due(self) -> bool:
         return (len(self.waiting) >= self.config.group_commit_max_records
-                or time.monotonic() - self.first_waiting_at >= self.config.group_commit_max_delay_s)
+                or self.clock() - self.first_waiting_at >= self.config.group_commit_max_delay_s)
 
     def _commit(self) -> None:
         """Make the waiting outcomes durable, then report them; waits out a full disk.
@@ -153,43 +176,31 @@ class ShardRunner:
                     warned = True
                 time.sleep(1.0)
                 continue
-            self.conn.send_bytes(orjson.dumps(["done", [job_id for job_id, _ in self.waiting]]))
+            self.conn.send_bytes(wire.encode(wire.Done(tuple(key for key, _ in self.waiting))))
             self.waiting = []
 
 
 def open_writer(config: ChildConfig, wait_s: float = 30.0) -> ShardWriter:
     """Open this shard's writer, waiting while a dying predecessor or a recovering flusher holds it."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            return ShardWriter.open(config.outbox_dir, config.shard, WriterConfig(segment_bytes=config.segment_bytes))
-        except OutboxLocked:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+    return procs.wait_for_lock(lambda: ShardWriter.open(config.outbox_dir, config.shard,
+                                                        WriterConfig(segment_bytes=config.segment_bytes)),
+                               OutboxLocked, wait_s)
 
 
-def child_main(config: ChildConfig, conn: Any, slot: Any) -> None:
+def child_main(config: ChildConfig, conn: Any, progress: Any) -> None:
     """Entry point of a child process (started with spawn)."""
-    # A child must not outlive its parent: an orphan finishing a job after a restarted
-    # worker requeued it would make that job run twice.
-    procs.die_with_parent()
-    if os.getppid() != config.parent_pid:
-        os._exit(1)  # the parent died before the death signal was armed
-    # The parent coordinates shutdown: a terminal's Ctrl-C must not kill children mid-job.
-    procs.ignore_stop_signals()
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s shard-{config.shard} %(levelname)s %(message)s")
+    procs.become_worker_process(config.parent_pid, f"shard-{config.shard}")
     try:
         app = load_app(config.app_ref)
         writer = open_writer(config)
     except Exception as exc:
-        conn.send_bytes(orjson.dumps(["fatal", f"{type(exc).__name__}: {exc}"]))
+        conn.send_bytes(wire.encode(wire.Fatal(procs.one_line(exc))))
         os._exit(EXIT_OUTBOX_FAILED)
     try:
-        ShardRunner(config, app, writer, conn, slot).run()
+        ShardRunner(config, app, writer, conn, Progress(progress)).run()
     except OutboxError as exc:
         log.error("outbox failure, exiting so unacknowledged jobs run again: %s", exc)
-        conn.send_bytes(orjson.dumps(["fatal", str(exc)]))
+        conn.send_bytes(wire.encode(wire.Fatal(procs.one_line(exc))))
         os._exit(EXIT_OUTBOX_FAILED)
     except (EOFError, BrokenPipeError):
         pass  # the parent is gone: acknowledged outcomes are durable, nothing else to do

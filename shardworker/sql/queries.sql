@@ -1,6 +1,22 @@
--- schema_version --
--- The newest migration applied, or NULL when none is.
-SELECT max(version) AS version FROM shardworker.migrations;
+-- migration_lock --
+-- One `shardworker migrate` at a time: a session advisory lock ("SHAW").
+SELECT pg_advisory_lock(1397244247);
+
+-- migration_unlock --
+-- Release the migration lock.
+SELECT pg_advisory_unlock(1397244247);
+
+-- migration_table_exists --
+-- Whether the ledger of applied migrations exists (migration 0001 creates it).
+SELECT to_regclass('shardworker.migrations') IS NOT NULL;
+
+-- migration_versions --
+-- Versions applied so far.
+SELECT version FROM shardworker.migrations;
+
+-- migration_record --
+-- Record one applied migration, in the transaction that applied it.
+INSERT INTO shardworker.migrations (version, name) VALUES (%(version)s, %(name)s);
 
 -- job_claim --
 -- Claim due queued jobs of the given kinds (and queues), oldest first, for one worker.

@@ -18,15 +18,17 @@ import pytest
 
 import shardworker.pg_store
 from shardworker.app import App, load_app
-from shardworker.config import PARENT_SHARD, WorkerConfig
-from shardworker.errors import AppLoadError, ConfigError, DatabaseUnavailable, StoreError
+from shardworker.config import WorkerConfig
+from shardworker.dsn import redact_dsn
+from shardworker.errors import AppLoadError, ConfigError, DatabaseUnavailable, StoreError, TransientConflict
+from shardworker.layout import PARENT_SHARD
 from shardworker.model import Outcome
-from shardworker.pg_store import redact_dsn
 from shardworker.retry import Backoff, is_retryable, job_retry_delay
 from shardworker.routing import _mix64, shard_for
 from shardworker.sql import parse_queries, queries
+from shardworker.wire import decode_outcome, encode_outcome
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 # --- routing ------------------------------------------------------------------------------
 
@@ -158,8 +160,7 @@ def test_job_retry_delay_honours_base_and_cap() -> None:
 
 def test_is_retryable_accepts_outages_and_transient_conflicts_only() -> None:
     """DatabaseUnavailable and transient StoreErrors retry; other errors do not."""
-    transient = StoreError("deadlock")
-    transient.transient = True  # type: ignore[attr-defined]
+    transient = TransientConflict("deadlock")
     assert is_retryable(DatabaseUnavailable())
     assert is_retryable(transient)
     assert not is_retryable(StoreError("syntax error"))
@@ -258,18 +259,18 @@ def test_every_query_block_has_a_description_and_sql() -> None:
     Outcome(4, 1, True, result_json="null"),
 ])
 def test_outcome_round_trips_through_wire_format(outcome: Outcome) -> None:
-    """to_wire, orjson and from_wire give back an equal Outcome."""
-    assert Outcome.from_wire(orjson.loads(orjson.dumps(outcome.to_wire()))) == outcome
+    """encode_outcome then decode_outcome give back an equal Outcome."""
+    assert decode_outcome(encode_outcome(outcome)) == outcome
 
 
 @pytest.mark.parametrize("garbage", [
     None, 42, "text", {"job_id": 1}, [], [1, 2, True, None, None], [1, 2, True, None, None, 0.0, "extra"],
     ["x", 1, True, None, None, 0.0], [1, 1, True, None, None, "soon"], [None, 1, True, None, None, 0.0],
 ])
-def test_outcome_from_wire_rejects_garbage(garbage: object) -> None:
+def test_decode_outcome_rejects_garbage(garbage: object) -> None:
     """A value that is not a six-item outcome list with numeric id, attempt and delay raises."""
     with pytest.raises((ValueError, TypeError)):
-        Outcome.from_wire(garbage)
+        decode_outcome(orjson.dumps(garbage))
 
 
 # --- handler registration and app loading -------------------------------------------------

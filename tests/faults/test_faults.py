@@ -32,7 +32,7 @@ from tests.helpers import (
     wait_for,
     worker_log,
 )
-from tests.test_mission import acknowledged
+from tests.worker.test_mission import acknowledged
 
 FAST = ("--backoff-cap", "1", "--network-timeout", "3")
 
@@ -333,5 +333,5 @@ def test_outbox_disk_full_stops_claiming_loses_nothing_and_resumes(
 def test_soak_command_exists() -> None:
     """The soak test is reachable with its README command (`python -m pytest -m soak`)."""
     result = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "soak",
-                             str(Path(__file__).parent)], capture_output=True, text=True)
+                             str(Path(__file__).parents[1])], capture_output=True, text=True)
     assert "test_soak" in result.stdout, result.stdout[-2000:]

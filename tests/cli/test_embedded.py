@@ -15,7 +15,7 @@ import pytest
 
 from shardworker.embedded import EmbeddedPostgres, PostgresBinariesNotFound, bin_dir, ensure_embedded
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 
+import orjson
 import pytest
 
 import outbox
@@ -388,12 +389,30 @@ def test_payload_over_the_frame_limit_is_refused(tmp_path):
         assert w.pending == 0
 
 
-def test_has_room_compares_free_space_with_the_watermark(tmp_path):
-    """has_room is true below the free space and false above it."""
+def test_free_bytes_reports_the_file_systems_free_space(tmp_path):
+    """free_bytes is the space an unprivileged writer may still use on the directory's file system."""
     vfs = os.statvfs(tmp_path)
-    free = vfs.f_bavail * vfs.f_frsize
-    assert outbox.has_room(str(tmp_path), 1)
-    assert not outbox.has_room(str(tmp_path), free * 2 + 1)
+    assert abs(outbox.free_bytes(str(tmp_path)) - vfs.f_bavail * vfs.f_frsize) < 64 * 1024 * 1024
+
+
+def test_tail_records_returns_the_newest_durable_records_across_segments(tmp_path):
+    """tail_records gives the last n records of one shard in order, across rotated segments, without a torn tail."""
+    d = str(tmp_path)
+    with ShardWriter.open(d, 1, SMALL) as w:
+        for n in range(60):  # 60 x ~200 bytes: several 4 KiB segments
+            w.append({"n": n, "pad": "x" * 180})
+            w.commit()
+    with ShardWriter.open(d, 2, SMALL) as other:
+        other.append({"n": "other shard"})
+        other.commit()
+    segs = list_segments(d)[1]
+    assert len(segs) >= 3
+    with open(os.path.join(d, segment_name(1, segs[-1])), "ab") as f:
+        f.write(b"\x07torn")
+    tail = [orjson.loads(p)["n"] for p in outbox.tail_records(d, 1, 25)]
+    assert tail == list(range(35, 60))
+    assert [orjson.loads(p)["n"] for p in outbox.tail_records(d, 1, 1000)] == list(range(60))
+    assert outbox.tail_records(d, 7, 10) == []
 
 
 @pytest.mark.parametrize("seed", range(10))

@@ -21,11 +21,12 @@ from outbox import ShardWriter
 from outbox.frame import HEADER_SIZE
 from outbox.segment import list_segments, scan_file
 from shardworker.cli import main
+from shardworker.layout import lock_outbox
 from shardworker.model import ClaimedJob, Outcome
 from shardworker.pg_store import PgStore, StoreConfig
-from shardworker.supervisor import lock_outbox
+from shardworker.wire import encode_outcome
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def invoke(*args: str, input: str | None = None) -> Result:
@@ -65,7 +66,7 @@ def test_migrate_applies_then_reports_nothing_to_do(empty_dsn: str) -> None:
     """The first migrate lists the files it applied; the second applies none."""
     first = invoke("migrate", "--dsn", empty_dsn)
     assert first.exit_code == 0, first.output
-    files = sorted(p.name for p in (Path(__file__).parent.parent / "migrations").glob("[0-9][0-9][0-9][0-9]_*.sql"))
+    files = sorted(p.name for p in (REPO / "migrations").glob("[0-9][0-9][0-9][0-9]_*.sql"))
     assert len(files) >= 3
     assert first.stdout == f"applied {len(files)} migration(s): {', '.join(files)}\n"
     second = invoke("migrate", "--dsn", empty_dsn)
@@ -236,7 +237,7 @@ def write_outcomes(directory: Path, outcomes: list[Outcome], shards: int = 2) ->
             continue
         with ShardWriter.open(str(directory), shard) as writer:
             for outcome in mine:
-                writer.append(outcome.to_wire())
+                writer.append_bytes(encode_outcome(outcome))
             writer.commit()
 
 
@@ -316,7 +317,8 @@ def test_outbox_verify_passes_clean_segments_and_fails_on_corruption(tmp_path: P
     outbox_dir = tmp_path / "outbox"
     with ShardWriter.open(str(outbox_dir), 0) as writer:
         for i in range(6):
-            writer.append(Outcome(i + 1, 1, True, result_json=json.dumps({"i": i, "pad": "x" * 40})).to_wire())
+            outcome = Outcome(i + 1, 1, True, result_json=json.dumps({"i": i, "pad": "x" * 40}))
+            writer.append_bytes(encode_outcome(outcome))
             writer.commit()
     clean = invoke("outbox", "verify", "--outbox-dir", str(outbox_dir))
     assert clean.exit_code == 0, clean.output
@@ -344,7 +346,8 @@ def test_outbox_drain_fails_naming_a_quarantined_segment(tmp_path: Path, pg_dsn:
     outbox_dir = tmp_path / "outbox"
     with ShardWriter.open(str(outbox_dir), 0) as writer:
         for job in jobs:
-            writer.append(Outcome(job.id, job.attempt, True, result_json='{"pad": "xxxxxxxxxxxxxxxx"}').to_wire())
+            outcome = Outcome(job.id, job.attempt, True, result_json='{"pad": "xxxxxxxxxxxxxxxx"}')
+            writer.append_bytes(encode_outcome(outcome))
             writer.commit()
     [segno] = list_segments(str(outbox_dir))[0]
     victim = scan_file(str(outbox_dir), 0, segno).data[3]

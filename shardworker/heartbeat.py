@@ -1,0 +1,75 @@
+"""The heartbeat: tells the database this worker is alive, and runs the rescuer.
+
+It beats on its own thread and its own connection, from before startup recovery until
+after the last job is given back, so nothing the parent does (claiming, a slow send,
+settling a dead child, a shutdown) can make a live worker look dead to a rescuer. After
+each successful beat it lets the ``Rescuer`` look at everyone else's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from shardworker.errors import StoreError
+from shardworker.rescuer import Rescuer, RescueStore
+from shardworker.retry import Backoff
+
+log = logging.getLogger(__name__)
+
+
+class HeartbeatStore(RescueStore, Protocol):
+    def heartbeat(self, worker_id: str, hostname: str, pid: int) -> None: ...
+    def close(self) -> None: ...
+
+
+class Heartbeat:
+    """Call ``run_once(now)`` in a loop (``start`` runs that loop on a thread)."""
+
+    def __init__(self, store: HeartbeatStore, worker_id: str, interval_s: float, rescue_after_s: float,
+                 backoff: Backoff, clock: Callable[[], float] = time.monotonic) -> None:
+        self.store, self.worker_id, self.interval_s = store, worker_id, interval_s
+        self.backoff, self.clock = backoff, clock
+        self.rescuer = Rescuer(store, worker_id, rescue_after_s)
+        self.last_ok: float | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def run_once(self, now: float) -> float:
+        """Beat, then rescue; returns the seconds until the next beat."""
+        try:
+            self.store.heartbeat(self.worker_id, socket.gethostname(), os.getpid())
+            self.last_ok = now
+            self.backoff.reset()
+            self.rescuer.run_once(now)
+        except StoreError as exc:
+            self.rescuer.connection_lost()
+            delay = max(self.interval_s, self.backoff.next_delay(exc))
+            if self.backoff.failures == 1:
+                log.warning("heartbeat failed (%s); retrying every %.1fs or so", exc, delay)
+            return delay
+        return self.interval_s
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="shardworker-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        delay = 0.0
+        while not self._stop.wait(delay):
+            delay = self.run_once(self.clock())
+
+    def stop(self, wait_s: float = 5.0) -> None:
+        """Stop beating and close the store; a beat stuck on a dead connection is left to
+        its daemon thread (it ends with the process)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(wait_s)
+            if self._thread.is_alive():
+                return
+        self.store.close()

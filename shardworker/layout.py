@@ -1,0 +1,80 @@
+"""The names shardworker keeps inside an outbox directory, beside the outbox package's own.
+
+The ``outbox`` package owns its segments, shard locks, ``flusher.lock``, the checkpoint,
+``torn/`` and ``quarantine/``. shardworker adds::
+
+    worker.lock      held (flock) by the worker running on this directory, or a drain
+    worker-id        the worker id used when --worker-id is not given
+    shard-9999-*     the parent's own shard: outcomes it decides for dead children
+    deadletter/      outcomes the database refused for good, kept whole
+    stale.log        ids of outcomes whose attempt was rescued meanwhile (a report)
+
+Everything that opens, locks or counts one of these names comes through here.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+
+from outbox.fsutil import atomic_write, ensure_dir, try_lock
+from shardworker.errors import OutboxBusy
+
+WORKER_LOCK = "worker.lock"
+WORKER_ID_FILE = "worker-id"
+DEADLETTER_DIR = "deadletter"
+STALE_LOG = "stale.log"
+PARENT_SHARD = 9999  # above any child's shard: --procs is capped below it
+
+
+def lock_outbox(directory: str) -> int:
+    """Take the directory's worker lock (held for the worker's life); ``OutboxBusy`` if held."""
+    ensure_dir(directory)
+    fd = try_lock(os.path.join(directory, WORKER_LOCK))
+    if fd is None:
+        raise OutboxBusy(f"another worker or `outbox drain` holds the outbox {directory}")
+    return fd
+
+
+def resolve_worker_id(directory: str, given: str | None) -> str:
+    """``given``, else the id stored in the outbox directory, else a new stored one."""
+    if given:
+        return given
+    try:
+        with open(os.path.join(directory, WORKER_ID_FILE), encoding="utf-8") as f:
+            stored = f.read().strip()
+        if stored:
+            return stored
+    except FileNotFoundError:
+        pass
+    new = f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+    atomic_write(directory, WORKER_ID_FILE, new.encode())
+    return new
+
+
+def deadletter_dir(directory: str) -> str:
+    return os.path.join(directory, DEADLETTER_DIR)
+
+
+def stale_log(directory: str) -> str:
+    return os.path.join(directory, STALE_LOG)
+
+
+def count_deadlettered(directory: str) -> int:
+    path = deadletter_dir(directory)
+    return len(os.listdir(path)) if os.path.isdir(path) else 0
+
+
+def count_stale(directory: str) -> int:
+    try:
+        with open(stale_log(directory), "rb") as f:
+            return sum(1 for _ in f)
+    except FileNotFoundError:
+        return 0
+
+
+def shard_lock_names(directory: str) -> list[str]:
+    """Paths of the shard writer locks present in ``directory`` (live or left behind)."""
+    return sorted(os.path.join(directory, name) for name in os.listdir(directory)
+                  if name.startswith("shard-") and name.endswith(".lock"))

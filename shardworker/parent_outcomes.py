@@ -1,0 +1,71 @@
+"""Outcomes the parent decides itself, made durable in its own outbox shard.
+
+When a child dies or a handler times out, the started jobs without a durable outcome get
+a failure ("worker process died", "timed out after 30s") that the flusher applies like
+any other. The parent writes them to shard ``layout.PARENT_SHARD``. When the outbox cannot
+take them (a full disk), they wait in memory and ``flush`` retries; the dispatcher does
+not claim meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+
+from outbox import OutboxError, OutboxSyncError, ShardWriter, WriterConfig
+from shardworker import wire
+from shardworker.app import HandlerSpec
+from shardworker.layout import PARENT_SHARD
+from shardworker.model import ClaimedJob, Outcome
+from shardworker.retry import job_retry_delay
+
+log = logging.getLogger(__name__)
+
+
+class ParentOutcomes:
+    """The parent's shard writer, opened on first use."""
+
+    def __init__(self, outbox_dir: str, segment_bytes: int, specs: Mapping[str, HandlerSpec]) -> None:
+        self.outbox_dir, self.segment_bytes, self.specs = outbox_dir, segment_bytes, specs
+        self._writer: ShardWriter | None = None
+        self._pending: list[Outcome] = []
+
+    def fail(self, jobs: Iterable[ClaimedJob], reason: str) -> int:
+        """Record a failed attempt for each job (retried per its handler's policy); returns how many."""
+        outcomes = [Outcome(j.id, j.attempt, False, error=reason, retry_delay_s=self._delay(j)) for j in jobs]
+        self._pending.extend(outcomes)
+        self.flush()
+        return len(outcomes)
+
+    def _delay(self, job: ClaimedJob) -> float:
+        spec = self.specs.get(job.kind)
+        return spec.delay_after_failure(job.attempt) if spec else job_retry_delay(job.attempt)
+
+    @property
+    def waiting(self) -> int:
+        """Outcomes not yet durable (the outbox refused them so far)."""
+        return len(self._pending)
+
+    def flush(self) -> bool:
+        """Try to make the waiting outcomes durable; True when none waits."""
+        if not self._pending:
+            return True
+        try:
+            if self._writer is None:
+                self._writer = ShardWriter.open(self.outbox_dir, PARENT_SHARD,
+                                                WriterConfig(segment_bytes=self.segment_bytes))
+            for outcome in self._pending:
+                self._writer.append_bytes(wire.encode_outcome(outcome))
+            self._writer.commit()
+        except (OutboxError, OSError) as exc:
+            log.error("cannot record %d outcomes of dead children yet (%s); retrying", len(self._pending), exc)
+            if isinstance(exc, OutboxSyncError):
+                self.close()  # fsync failed: that segment is abandoned, the next open starts another
+            return False
+        self._pending = []
+        return True
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
