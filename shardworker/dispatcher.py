@@ -121,7 +121,7 @@ class Dispatcher:
             return 0
         prefetch = self.config.prefetch_per_child
         room = [prefetch - self.pool.outstanding(i) for i in range(len(self.pool))]
-        limit = min(self.config.claim_batch, sum(max(0, r) for r in room))
+        limit = min(self.config.claim_batch, sum(room))  # a child over its share counts against it
         # Skip tiny claims while every child still has a quarter of its prefetch queued.
         if limit < 1 or (min(room) < prefetch // 4 * 3 and not self.more_due):
             return 0
