@@ -50,15 +50,44 @@ from shardworker.migrate import apply_migrations
 KIND = "bench_noop"
 APP_MODULE = "bench_noop_app"
 TARGET_JOBS_PER_S = 10_000
+# --kind: what the handler does. noop and cpu are sync (one at a time per child); async and
+# threads wait --sleep-ms on the event loop or in a pool thread (up to --concurrency per child).
+KINDS = {"noop": KIND, "cpu": "bench_cpu", "async": "bench_async", "threads": "bench_threads"}
 APP_SOURCE = f'''
-    """No-op handlers for bench/throughput.py."""
+    """Handlers for bench/throughput.py."""
+    import asyncio
+    import hashlib
+    import os
+    import time
+
     from shardworker import App
 
     app = App()
+    SLEEP_S = float(os.environ.get("BENCH_SLEEP_MS", "20")) / 1000
 
 
     @app.handler("{KIND}")
     def noop(job):
+        return None
+
+
+    @app.handler("bench_cpu")
+    def cpu(job):
+        digest = b"x"
+        for _ in range(2000):
+            digest = hashlib.sha256(digest).digest()
+        return digest.hex()[:8]
+
+
+    @app.handler("bench_async")
+    async def wait_async(job):
+        await asyncio.sleep(SLEEP_S)
+        return None
+
+
+    @app.handler("bench_threads", threads=True)
+    def wait_thread(job):
+        time.sleep(SLEEP_S)
         return None
 '''
 
@@ -125,7 +154,7 @@ def database(dsn: str | None) -> Iterator[str]:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def load_jobs(dsn: str, n: int) -> None:
+def load_jobs(dsn: str, n: int, kind: str = KIND) -> None:
     """Empty the jobs table, enqueue ``n`` no-op jobs, and settle the server.
 
     ANALYZE gives the claim query fresh statistics; the CHECKPOINT (superuser only, skipped
@@ -133,7 +162,7 @@ def load_jobs(dsn: str, n: int) -> None:
     """
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("TRUNCATE shardworker.jobs")
-        enqueued = enqueue_many(conn, (JobSpec(KIND) for _ in range(n)))
+        enqueued = enqueue_many(conn, (JobSpec(kind) for _ in range(n)))
         if enqueued != n:
             raise RuntimeError(f"enqueued {enqueued} jobs, expected {n}")
         conn.execute("ANALYZE shardworker.jobs")
@@ -162,15 +191,16 @@ def write_app(directory: str) -> None:
     Path(directory, f"{APP_MODULE}.py").write_text(textwrap.dedent(APP_SOURCE).lstrip(), encoding="utf-8")
 
 
-def worker_command(dsn: str, procs: int, outbox_dir: str) -> list[str]:
+def worker_command(dsn: str, procs: int, outbox_dir: str, extra: tuple[str, ...] = ()) -> list[str]:
     """``shardworker run ...``: the installed script, else ``python -m shardworker``."""
     exe = shutil.which("shardworker")
     base = [exe] if exe else [sys.executable, "-m", "shardworker"]
     return [*base, "run", "--app", APP_MODULE, "--procs", str(procs), "--exit-when-idle",
-            "--outbox-dir", outbox_dir, "--dsn", dsn]
+            "--outbox-dir", outbox_dir, "--dsn", dsn, *extra]
 
 
-def run_worker(dsn: str, app_dir: str, procs: int, n: int, log_path: Path) -> Result:
+def run_worker(dsn: str, app_dir: str, procs: int, n: int, log_path: Path, extra: tuple[str, ...] = (),
+               name: str = "") -> Result:
     """Time one ``shardworker run --exit-when-idle`` over ``n`` queued jobs."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [app_dir, os.environ.get("PYTHONPATH")]))}
     env.pop("SHARDWORKER_DSN", None)
@@ -178,7 +208,8 @@ def run_worker(dsn: str, app_dir: str, procs: int, n: int, log_path: Path) -> Re
     try:
         with log_path.open("wb") as log:
             launched, t0 = time.time(), time.perf_counter()
-            rc = subprocess.run(worker_command(dsn, procs, outbox_dir), env=env, stdout=log, stderr=log).returncode
+            rc = subprocess.run(worker_command(dsn, procs, outbox_dir, extra), env=env, stdout=log,
+                                stderr=log).returncode
             wall, exited = time.perf_counter() - t0, time.time()
     finally:
         shutil.rmtree(outbox_dir, ignore_errors=True)
@@ -186,7 +217,7 @@ def run_worker(dsn: str, app_dir: str, procs: int, n: int, log_path: Path) -> Re
         tail = log_path.read_text(errors="replace").splitlines()[-15:]
         raise RuntimeError(f"shardworker run --procs {procs} exited {rc}; last log lines:\n" + "\n".join(tail))
     first, last = table_span(dsn, n)
-    return Result(f"shardworker P={procs}", n, wall, last - first, first - launched, exited - last)
+    return Result(name or f"shardworker P={procs}", n, wall, last - first, first - launched, exited - last)
 
 
 # --- the baseline -----------------------------------------------------------------
@@ -285,6 +316,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=500, help="the baseline's claim batch (default 500)")
     parser.add_argument("--repeat", type=int, default=1, help="rounds, interleaved; the table shows medians")
     parser.add_argument("--no-baseline", action="store_true", help="skip the plain psycopg loop")
+    parser.add_argument("--kind", choices=sorted(KINDS), default="noop",
+                        help="what the handler does: noop, cpu (2000 sha256 rounds), async (awaits --sleep-ms), "
+                             "threads (sleeps --sleep-ms in a pool thread); default noop")
+    parser.add_argument("--sleep-ms", type=float, default=20.0, help="the async/threads handlers' wait (default 20)")
+    parser.add_argument("--concurrency", type=int, default=None, help="shardworker run --concurrency")
     parser.add_argument("--pg-setting", action="append", default=[], metavar="NAME=VALUE",
                         help="ALTER DATABASE ... SET for the runs (reset afterwards), e.g. "
                              "plan_cache_mode=force_custom_plan; repeatable")
@@ -317,15 +353,24 @@ def database_settings(dsn: str, settings: list[tuple[str, str]]) -> Iterator[Non
 
 
 def run_round(dsn: str, args: argparse.Namespace, work_dir: str, results: list[Result]) -> None:
-    """The baseline, then one worker run per ``--procs`` value, each on a fresh table."""
-    if not args.no_baseline:
+    """The baseline (no-op jobs only), then one worker run per ``--procs`` value, each on a fresh table."""
+    kind = KINDS[args.kind]
+    if not args.no_baseline and args.kind == "noop":
         load_jobs(dsn, args.jobs)
         results.append(run_plain_loop(dsn, args.jobs, args.batch))
         print_result(results[-1])
+    extra = ("--concurrency", str(args.concurrency)) if args.concurrency else ()
     for procs in args.procs:
-        load_jobs(dsn, args.jobs)
-        results.append(run_worker(dsn, work_dir, procs, args.jobs, Path(work_dir, f"worker-p{procs}.log")))
+        load_jobs(dsn, args.jobs, kind)
+        name = f"shardworker P={procs}" + (f" {args.kind}" if args.kind != "noop" else "")
+        name += f" C={args.concurrency}" if args.concurrency else ""
+        results.append(run_worker(dsn, work_dir, procs, args.jobs, Path(work_dir, f"worker-p{procs}.log"), extra,
+                                  name))
         print_result(results[-1])
+        if args.kind in ("async", "threads"):
+            ideal = procs * (args.concurrency or 10) / (args.sleep_ms / 1000)
+            print(f"  ideal for {args.kind}: {procs} procs x {args.concurrency or 10} in flight / "
+                  f"{args.sleep_ms:g} ms = {ideal:,.0f} jobs/s", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -334,6 +379,7 @@ def main(argv: list[str] | None = None) -> None:
           f"N={args.jobs}, --procs {','.join(map(str, args.procs))}", flush=True)
     work_dir = tempfile.mkdtemp(prefix="sw-bench-")
     write_app(work_dir)
+    os.environ["BENCH_SLEEP_MS"] = str(args.sleep_ms)
     results: list[Result] = []
     try:
         with database(args.dsn) as dsn, database_settings(dsn, args.pg_setting):

@@ -36,7 +36,10 @@ def load(directory: str) -> dict[int, Position]:
     except orjson.JSONDecodeError:
         # A damaged hint costs a replay from the oldest segment, never data.
         return {}
-    return {int(k): Position(*v) for k, v in doc.get("shards", {}).items()}
+    try:
+        return {int(k): Position(*map(int, v)) for k, v in doc["shards"].items()}
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return {}  # valid JSON of another shape: as damaged
 
 
 def save(directory: str, positions: dict[int, Position]) -> None:

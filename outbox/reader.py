@@ -219,8 +219,11 @@ class OutboxReader:
                 state.flushed = state.inflight.popleft()
 
     def checkpoint(self) -> int:
-        """Save flushed positions durably, then delete finished segments; returns deletions."""
-        checkpoint.save(self.directory, {k: s.flushed for k, s in self._shards.items()})
+        """Delete finished segments, then save flushed positions durably; returns deletions.
+
+        Deleting first frees space on a full disk before the checkpoint needs some; a crash
+        in between leaves an older checkpoint that may name a deleted segment, which the
+        next reader steps over (everything in it was flushed)."""
         deleted = 0
         for shard, segs in list_segments(self.directory).items():
             state = self._shards.get(shard)
@@ -233,6 +236,7 @@ class OutboxReader:
                     deleted += 1
         if deleted:
             fsutil.fsync_dir(self.directory)
+        checkpoint.save(self.directory, {k: s.flushed for k, s in self._shards.items()})
         return deleted
 
     def _close_fd(self, state: _Shard) -> None:

@@ -5,16 +5,26 @@
     app = App()
 
     @app.handler("thumbnail", max_attempts=5, timeout_s=30)
-    def thumbnail(job: Job) -> dict:
+    def thumbnail(job: Job) -> dict:            # CPU work: one at a time per child
         return {"bytes": 123}
+
+    @app.handler("fetch", timeout_s=10)
+    async def fetch(job: Job) -> dict:          # awaits I/O: up to --concurrency per child
+        ...
+
+    @app.handler("upload", threads=True, concurrency=4)
+    def upload(job: Job) -> None:               # blocking I/O: a thread pool; at most 4 per worker
+        ...
 
 A handler returns any JSON-serializable value (stored in ``jobs.result``) or raises to
 fail the attempt. ``retry_delay`` maps an attempt number to seconds before the retry.
+This module loads the app; it runs nothing (``shardworker.handlers`` does).
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import sys
 from collections.abc import Callable
@@ -37,6 +47,17 @@ class HandlerSpec:
     max_attempts: int | None = None  # None: the job row's max_attempts decides
     timeout_s: float | None = None
     retry_delay: Callable[[int], float] = job_retry_delay
+    threads: bool = False  # a sync handler run on the child's thread pool
+    concurrency: int | None = None  # at most this many in flight per worker
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.fn)
+
+    @property
+    def lane(self) -> str:
+        """Where a child runs it: ``async`` (event loop), ``threads`` (pool) or ``sync`` (one at a time)."""
+        return "async" if self.is_async else "threads" if self.threads else "sync"
 
     def delay_after_failure(self, attempt: int) -> float:
         """Seconds before retrying a failed ``attempt``, or -1 when the handler allows no more."""
@@ -52,17 +73,26 @@ class App:
         self.handlers: dict[str, HandlerSpec] = {}
 
     def handler(self, kind: str, *, max_attempts: int | None = None, timeout_s: float | None = None,
-                retry_delay: Callable[[int], float] | None = None) -> Callable[[Handler], Handler]:
-        """Register the decorated function as the handler of ``kind``."""
+                retry_delay: Callable[[int], float] | None = None, threads: bool = False,
+                concurrency: int | None = None) -> Callable[[Handler], Handler]:
+        """Register the decorated function (sync or ``async def``) as the handler of ``kind``."""
+        if not isinstance(kind, str) or not kind:
+            raise ConfigError("a handler's kind must be a non-empty string")
         if max_attempts is not None and max_attempts < 1:
             raise ConfigError(f"handler {kind!r}: max_attempts must be >= 1")
-        if timeout_s is not None and timeout_s <= 0:
-            raise ConfigError(f"handler {kind!r}: timeout_s must be > 0")
+        if timeout_s is not None and not 0 < timeout_s < float("inf"):
+            raise ConfigError(f"handler {kind!r}: timeout_s must be a positive number of seconds")
+        if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
+            raise ConfigError(f"handler {kind!r}: concurrency must be an integer >= 1")
 
         def register(fn: Handler) -> Handler:
             if kind in self.handlers:
                 raise ConfigError(f"handler {kind!r} is registered twice")
-            self.handlers[kind] = HandlerSpec(kind, fn, max_attempts, timeout_s, retry_delay or job_retry_delay)
+            if threads and inspect.iscoroutinefunction(fn):
+                raise ConfigError(f"handler {kind!r}: threads=True is for sync functions; an async def "
+                                  "already runs concurrently on the event loop")
+            self.handlers[kind] = HandlerSpec(kind, fn, max_attempts, timeout_s, retry_delay or job_retry_delay,
+                                              threads, concurrency)
             return fn
 
         return register

@@ -114,11 +114,18 @@ def enqueue(kind: str | None, payload_json: str | None, count: int, file_: Any, 
               help="Seconds a database statement may run.")
 @click.option("--min-free-mb", type=click.IntRange(min=0), default=64, show_default=True,
               help="Stop claiming when the outbox disk has less free space than this.")
+@click.option("--concurrency", envvar="SHARDWORKER_CONCURRENCY", type=click.IntRange(min=1, max=10_000),
+              default=10, show_default=True,
+              help="Handlers in flight per child for async def and threads=True kinds "
+                   "(env SHARDWORKER_CONCURRENCY); plain sync handlers run one at a time per child.")
+@click.option("--prefetch", type=click.IntRange(min=1, max=100_000), default=64, show_default=True,
+              help="Jobs a child holds beyond those it runs at once.")
 @dsn_option
 @one_line_errors
 def run(app_ref: str, procs: int, outbox_dir: str, queues: str | None, worker_id: str | None,
         exit_when_idle: bool, shutdown_timeout: float, rescue_after: float, backoff_cap: float,
-        network_timeout: int, statement_timeout: float, min_free_mb: int, dsn: str | None) -> None:
+        network_timeout: int, statement_timeout: float, min_free_mb: int, concurrency: int, prefetch: int,
+        dsn: str | None) -> None:
     """Run the worker: a parent, N children and one flusher."""
     from shardworker.app import load_app
     from shardworker.config import WorkerConfig
@@ -131,7 +138,7 @@ def run(app_ref: str, procs: int, outbox_dir: str, queues: str | None, worker_id
         exit_when_idle=exit_when_idle, shutdown_timeout_s=shutdown_timeout, rescue_after_s=rescue_after,
         backoff_cap_s=backoff_cap, backoff_base_s=min(0.05, backoff_cap), min_free_bytes=min_free_mb * 1024 * 1024,
         network_timeout_s=network_timeout, statement_timeout_s=statement_timeout,
-        connect_timeout_s=min(5, network_timeout))
+        connect_timeout_s=min(5, network_timeout), concurrency=concurrency, prefetch_batch=prefetch)
     started = time.monotonic()
     summary = Supervisor(config, app).run()
     elapsed = time.monotonic() - started

@@ -24,9 +24,14 @@ class WorkerConfig:
     worker_id: str | None = None
     exit_when_idle: bool = False
     claim_batch: int = 500
-    # Jobs sent to one child and not yet reported: 2 claim batches keeps a child busy
-    # while the next claim is in flight, and bounds what a shutdown must wait for.
-    prefetch_per_child: int = 1000
+    # Handlers in flight per child for async def and threads=True kinds (plain sync
+    # handlers run one at a time per child).
+    concurrency: int = 10
+    # Jobs a child holds beyond what it runs at once: enough to keep it busy while the next
+    # claim is in flight, few enough that a slow handler does not hoard jobs a peer could run.
+    prefetch_batch: int = 64
+    # Payload bytes sent to one child and not yet reported (one bigger job goes alone).
+    prefetch_bytes: int = 8 * 1024 * 1024
     poll_interval_s: float = 1.0
     group_commit_max_delay_s: float = 0.005
     group_commit_max_records: int = 512
@@ -54,7 +59,9 @@ class WorkerConfig:
         checks = [
             ("procs", self.procs >= 1, "must be >= 1"),
             ("claim_batch", self.claim_batch >= 1, "must be >= 1"),
-            ("prefetch_per_child", self.prefetch_per_child >= 1, "must be >= 1"),
+            ("concurrency", self.concurrency >= 1, "must be >= 1"),
+            ("prefetch_batch", self.prefetch_batch >= 1, "must be >= 1"),
+            ("prefetch_bytes", self.prefetch_bytes >= 1024, "must be >= 1024"),
             ("poll_interval_s", self.poll_interval_s > 0, "must be > 0"),
             ("group_commit_max_delay_s", self.group_commit_max_delay_s >= 0, "must be >= 0"),
             ("group_commit_max_records", self.group_commit_max_records >= 1, "must be >= 1"),
@@ -76,3 +83,8 @@ class WorkerConfig:
                 raise ConfigError(f"{name} {why} (got {getattr(self, name)!r})")
         if self.queues is not None and not all(self.queues):
             raise ConfigError("queues must be non-empty names")
+
+    def prefetch_jobs(self, concurrent: bool) -> int:
+        """Jobs a child may hold: what it runs at once (``concurrency`` when the app has
+        async or threaded kinds, else one) plus ``prefetch_batch``."""
+        return (self.concurrency if concurrent else 1) + self.prefetch_batch

@@ -2,9 +2,11 @@
 
 Each ``run_once`` collects what children reported, settles dead children (their lost jobs
 get a failure through ``ParentOutcomes``), keeps the flusher alive, and claims due jobs
-when there is room: a child has fewer than ``prefetch_per_child`` jobs in flight, the
+when there is room: the children hold fewer than their prefetch of jobs, the
 flusher is less than ``max_backlog`` outcomes behind, the outbox disk is above its
-free-space watermark, and the database answered. It then sleeps until a child reports,
+free-space watermark, and the database answered. (Claims never exceed the room the
+children have in all; the pool holds back, per child, what hash routing sends beyond a
+child's share.) It then sleeps until a child reports,
 an enqueue notification arrives, or the poll interval passes.
 
 It is built from its collaborators (config, store, pool, flusher, parent outcomes,
@@ -119,7 +121,7 @@ class Dispatcher:
         self._note_pause(blocker)
         if blocker:
             return 0
-        prefetch = self.config.prefetch_per_child
+        prefetch = self.pool.max_jobs
         room = [prefetch - self.pool.outstanding(i) for i in range(len(self.pool))]
         limit = min(self.config.claim_batch, sum(room))  # a child over its share counts against it
         # Skip tiny claims while every child still has a quarter of its prefetch queued.
@@ -190,8 +192,9 @@ class Dispatcher:
         if self.next_claim_at:
             timeout = max(0.0, min(timeout, self.next_claim_at - self.clock()))
         notify_fd = self._notify_fd()
-        waitables = [*self.pool.connections(), *([notify_fd] if notify_fd is not None else [])]
-        ready = procs.wait_ready(waitables, min(timeout, 0.2))
+        reads, writes = self.pool.wait_fds()
+        ready = procs.wait_ready([*reads, *([notify_fd] if notify_fd is not None else [])], writes,
+                                 min(timeout, 0.2))
         if notify_fd is not None and notify_fd in ready:
             try:
                 self.more_due = self.store.wait_notify(0) or self.more_due

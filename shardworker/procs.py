@@ -1,11 +1,12 @@
 """Process plumbing shared by the parent, the children and the flusher process: how they
 start, what they do first, how they die, and how often they may crash.
 
-Spawned processes find shardworker's own code first: the ``-c`` bootstrap of ``spawn``
-would put the working directory at the front of ``sys.path``, where a project folder named
-``outbox/`` or ``shardworker/`` would shadow the packages. ``start`` spawns with
-``PYTHONSAFEPATH`` set (removed again in the new process, so handlers' own subprocesses
-are unaffected), and ``load_app`` puts the working directory at the end of ``sys.path``.
+Spawned processes find shardworker's own code first: a project folder named ``outbox/``
+or ``shardworker/`` in the working directory must not shadow the packages. ``start``
+spawns with ``PYTHONSAFEPATH`` set (so the ``-c`` bootstrap does not put the working
+directory first; removed again in the new process, so handlers' own subprocesses are
+unaffected) and without the working directory in the inherited ``sys.path``; ``load_app``
+appends it once shardworker is imported.
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ import contextlib
 import ctypes
 import logging
 import os
+import select
 import signal
+import sys
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import multiprocess
-from multiprocess.connection import wait as _wait
 
 from shardworker.errors import CrashLoop
 from shardworker.retry import Backoff
@@ -37,18 +39,30 @@ def context() -> Any:
     return multiprocess.get_context("spawn")
 
 
-def wait_ready(objects: list[Any], timeout_s: float) -> list[Any]:
-    """Those of ``objects`` (pipes, file descriptors) readable within ``timeout_s``."""
-    return list(_wait(objects, timeout=timeout_s))
+def wait_ready(readable: list[int], writable: list[int], timeout_s: float) -> list[int]:
+    """Wait up to ``timeout_s`` until one of ``readable`` can be read or ``writable`` written;
+    returns the readable ones."""
+    if not readable and not writable:
+        time.sleep(timeout_s)
+        return []
+    ready, _, _ = select.select(readable, writable, [], timeout_s)
+    return ready
 
 
 def start(process: Any) -> None:
-    """Start a spawned process whose bootstrap does not put the working directory first."""
-    before = os.environ.get(_SAFE_PATH)
+    """Start a spawned process that imports shardworker's own packages before anything in the
+    working directory: its bootstrap gets no working directory on ``sys.path``, and neither
+    does the ``sys.path`` it inherits (``load_app`` appends it there once shardworker is
+    imported). An editable install finds its packages only after every ``sys.path`` entry,
+    so even a directory at the end of the path would shadow them."""
+    before, saved_path = os.environ.get(_SAFE_PATH), sys.path[:]
+    here = {"", ".", os.getcwd(), getattr(multiprocess.process, "ORIGINAL_DIR", None)}
     os.environ[_SAFE_PATH] = "1"
+    sys.path[:] = [entry for entry in sys.path if entry not in here]
     try:
         process.start()
     finally:
+        sys.path[:] = saved_path
         if before is None:
             os.environ.pop(_SAFE_PATH, None)
         else:

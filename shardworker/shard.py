@@ -1,69 +1,36 @@
-"""The child process: runs handlers and appends outcomes to its own outbox shard.
+"""The child process: runs handlers and makes their outcomes durable in its own outbox shard.
 
-A child never holds a database connection. It receives batches of claimed jobs from the
-parent over a pipe, runs each handler, appends the outcome to its shard, and commits
-(one write, one fdatasync) when the batch is done, when ``group_commit_max_records``
-outcomes wait, or when the oldest waiting outcome is ``group_commit_max_delay_s`` old,
-so a slow handler's result is durable right away. Only after the commit does it report
-the jobs finished.
+A child never holds a database connection. Its main thread reads the parent's pipe and
+hands each job to a lane (``shardworker.lanes``: one at a time for plain sync handlers, a
+thread pool for ``threads=True``, an event loop for ``async def``); the committer
+(``shardworker.committer``) group-commits finished outcomes and only then reports them.
+Because the main thread always reads, the parent's sends never wait on a busy handler.
 
-Messages are those of ``shardworker.wire``. ``Progress``, in shared memory, tells the
-parent which job runs now and since when, and how many this child has started.
+``Progress``, in shared memory, has one slot per job in flight: the parent picks the slot
+when it sends the job, the child marks it when the handler starts and when it finishes.
+After a death the parent knows exactly which jobs were started; while alive, which ones
+run past their timeout.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
-import traceback
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
-from outbox import OutboxError, OutboxFull, OutboxLocked, ShardWriter, WriterConfig
+from outbox import OutboxLocked, ShardWriter, WriterConfig
 from shardworker import procs, wire
 from shardworker.app import App, load_app
+from shardworker.committer import Committer
+from shardworker.lanes import AsyncLane, Lane, ThreadLane
 from shardworker.model import ClaimedJob, Outcome
 
 log = logging.getLogger(__name__)
 
 EXIT_OUTBOX_FAILED = 3  # the child exits with this when its outbox cannot take outcomes
-
-
-class Progress:
-    """A child's progress in shared memory (``ctx.Array("q", Progress.WIDTH)``): the job it
-    runs now (0: none), when that started (``time.monotonic()`` in ms, one clock for every
-    process of the host), and how many jobs it has started. Written by the child only; the
-    parent reads it for timeouts and after a death."""
-
-    WIDTH = 3
-    _JOB, _STARTED_MS, _STARTED = range(3)
-
-    def __init__(self, array: Any) -> None:
-        self.array = array
-
-    def begin(self, job_id: int, started: int) -> None:
-        self.array[self._JOB], self.array[self._STARTED_MS] = job_id, int(time.monotonic() * 1000)
-        self.array[self._STARTED] = started
-
-    def end(self) -> None:
-        self.array[self._JOB] = 0
-
-    @property
-    def job_id(self) -> int:
-        return int(self.array[self._JOB])
-
-    @property
-    def started_at(self) -> float:
-        """When the current job started, in ``time.monotonic()`` seconds."""
-        return self.array[self._STARTED_MS] / 1000
-
-    @property
-    def started(self) -> int:
-        return int(self.array[self._STARTED])
 
 
 @dataclass(frozen=True)
@@ -75,109 +42,109 @@ class ChildConfig:
     group_commit_max_records: int
     segment_bytes: int
     parent_pid: int
+    concurrency: int = 1  # handlers in flight for the threads and async lanes
+    slots: int = 64  # the most jobs the parent sends before some are reported
 
 
-def run_handler(app: App, job: ClaimedJob) -> Outcome:
-    """Run one job's handler and turn whatever happens into an Outcome."""
-    spec = app.handlers.get(job.kind)
-    if spec is None:
-        return Outcome(job.id, job.attempt, False, error=f"no handler for kind {job.kind!r}", retry_delay_s=-1.0)
-    try:
-        result = spec.fn(job.to_job())
-    except Exception as exc:
-        return _failure(app, job, exc)
-    try:
-        result_json = orjson.dumps(result).decode()
-    except orjson.JSONEncodeError as exc:
-        # Running it again would compute the same unstorable value: fail for good.
-        return Outcome(job.id, job.attempt, False, error=f"handler result is not JSON-serializable: {exc}",
-                       retry_delay_s=-1.0)
-    return Outcome(job.id, job.attempt, True, result_json=result_json)
+class Progress:
+    """One child's slots in shared memory (``ctx.Array("q", Progress.width(slots))``).
 
+    Per slot: the job id whose handler started in it (0: none), when it started
+    (``time.monotonic()`` in ms, one clock for every process of the host), and 1 once that
+    handler finished. The child writes ``begin``/``finish``; the parent ``clear``s a slot
+    before giving it to the next job.
+    """
 
-def _failure(app: App, job: ClaimedJob, exc: BaseException) -> Outcome:
-    text = "".join(traceback.format_exception(exc)).strip()
-    return Outcome(job.id, job.attempt, False, error=f"{type(exc).__name__}: {exc}\n{text}",
-                   retry_delay_s=app.handlers[job.kind].delay_after_failure(job.attempt))
+    FIELDS = 3
+
+    def __init__(self, array: Any, slots: int) -> None:
+        self.array, self.slots = array, slots
+
+    @classmethod
+    def width(cls, slots: int) -> int:
+        return cls.FIELDS * slots
+
+    def begin(self, slot: int, job_id: int) -> None:
+        base = slot * self.FIELDS
+        self.array[base + 1] = int(time.monotonic() * 1000)
+        self.array[base + 2] = 0
+        self.array[base] = job_id
+
+    def finish(self, slot: int) -> None:
+        self.array[slot * self.FIELDS + 2] = 1
+
+    def clear(self, slot: int) -> None:
+        base = slot * self.FIELDS
+        self.array[base] = self.array[base + 1] = self.array[base + 2] = 0
+
+    def started(self, slot: int, job_id: int) -> bool:
+        return bool(self.array[slot * self.FIELDS] == job_id)
+
+    def running_since(self, slot: int, job_id: int) -> float | None:
+        """When the handler of ``job_id`` started (monotonic s), if it runs now in ``slot``."""
+        base = slot * self.FIELDS
+        if self.array[base] != job_id or self.array[base + 2]:
+            return None
+        return float(self.array[base + 1]) / 1000
 
 
 class ShardRunner:
-    """The child's loop, separated from process plumbing so tests can drive it."""
+    """The child's loop, apart from process plumbing so tests can drive it in-process."""
 
-    def __init__(self, config: ChildConfig, app: App, writer: ShardWriter, conn: Any, progress: Progress,
-                 clock: Any = time.monotonic) -> None:
-        self.config, self.app, self.writer, self.conn, self.progress = config, app, writer, conn, progress
-        self.clock = clock
-        self.queue: deque[ClaimedJob] = deque()
-        self.waiting: list[tuple[wire.JobKey, bytes]] = []  # outcomes computed, not yet committed
-        self.first_waiting_at = 0.0
-        self.stopping = False
-        self.started = 0
+    def __init__(self, config: ChildConfig, app: App, writer: ShardWriter, inbox_fd: int, outbox_fd: int,
+                 progress: Progress) -> None:
+        self.config, self.app, self.progress = config, app, progress
+        self.inbox_fd, self.outbox_fd = inbox_fd, outbox_fd
+        self._send_lock = threading.Lock()
+        self.committer = Committer(writer, lambda keys: self.send(wire.Done(tuple(keys))),
+                                   max_records=config.group_commit_max_records,
+                                   max_delay_s=config.group_commit_max_delay_s, on_fatal=self.fatal)
+        self.lanes: dict[str, Lane] = {}
+
+    def send(self, msg: wire.Message) -> None:
+        with self._send_lock:
+            wire.write_frame(self.outbox_fd, msg)
 
     def run(self) -> None:
-        while not (self.stopping and not self.queue):
-            self._receive(block=not self.queue and not self.waiting)
-            if self.stopping:
-                break
-            if self.queue:
-                self._run_one(self.queue.popleft())
-            if self.waiting and (not self.queue or self._commit_due()):
-                self._commit()
-        self._commit()
-        self.conn.send_bytes(wire.encode(wire.Stopped(tuple((j.id, j.attempt) for j in self.queue))))
-
-    def _receive(self, block: bool) -> None:
-        # Block when idle; with only uncommitted outcomes, wait no longer than their commit is due.
-        timeout: float | None = 0.0
-        if block:
-            timeout = None
-        elif self.waiting and not self.queue:
-            timeout = max(0.0, self.first_waiting_at + self.config.group_commit_max_delay_s - self.clock())
-        while self.conn.poll(timeout):
-            msg = wire.decode(self.conn.recv_bytes())
+        """Run jobs until the parent says stop (or goes away), then report what never started."""
+        self.committer.start()
+        while (msg := wire.read_frame(self.inbox_fd)) is not None and not isinstance(msg, wire.Stop):
             if isinstance(msg, wire.Jobs):
-                self.queue.extend(msg.jobs)
-            elif isinstance(msg, wire.Stop):
-                self.stopping = True
-            timeout = 0
+                self.committer.expect(len(msg.jobs))
+                for job, slot in zip(msg.jobs, msg.slots, strict=True):
+                    self._lane(job).submit(slot, job)
+        unstarted = [job for lane in self.lanes.values() for _, job in lane.stop()]
+        self.committer.forget(len(unstarted))
+        for lane in self.lanes.values():
+            lane.join()
+        self.committer.stop()
+        if msg is not None:
+            self.send(wire.Stopped(tuple((j.id, j.attempt) for j in unstarted)))
 
-    def _run_one(self, job: ClaimedJob) -> None:
-        self.started += 1
-        self.progress.begin(job.id, self.started)
-        started_at = self.clock()
-        outcome = run_handler(self.app, job)
-        self.progress.end()
-        if not self.waiting:
-            # The handler's own run time counts toward the group-commit delay: a slow
-            # handler's outcome is committed at once, fast ones share one fdatasync.
-            self.first_waiting_at = started_at
-        self.waiting.append(((job.id, job.attempt), wire.encode_outcome(outcome)))
+    def _lane(self, job: ClaimedJob) -> Lane:
+        spec = self.app.handlers.get(job.kind)
+        name = spec.lane if spec is not None else "sync"
+        lane = self.lanes.get(name)
+        if lane is None:
+            if name == "async":
+                lane = AsyncLane(self.app, self.config.concurrency, self._started, self._finished)
+            else:
+                threads = self.config.concurrency if name == "threads" else 1
+                lane = ThreadLane(self.app, threads, self._started, self._finished, f"shardworker-{name}")
+            self.lanes[name] = lane
+        return lane
 
-    def _commit_due(self) -> bool:
-        return (len(self.waiting) >= self.config.group_commit_max_records
-                or self.clock() - self.first_waiting_at >= self.config.group_commit_max_delay_s)
+    def _started(self, slot: int, job: ClaimedJob) -> None:
+        self.progress.begin(slot, job.id)
 
-    def _commit(self) -> None:
-        """Make the waiting outcomes durable, then report them; waits out a full disk.
+    def _finished(self, slot: int, job: ClaimedJob, outcome: Outcome, started_at: float) -> None:
+        self.progress.finish(slot)
+        self.committer.add((job.id, job.attempt), wire.encode_outcome(outcome), started_at)
 
-        On a full disk the outcomes stay in memory and are retried every second (the parent
-        stops claiming meanwhile). Any other outbox error propagates and ends the child:
-        nothing waiting was acknowledged, so those jobs run again under a new attempt.
-        """
-        warned = False
-        while self.waiting:
-            for _, payload in self.waiting:
-                self.writer.append_bytes(payload)
-            try:
-                self.writer.commit()
-            except OutboxFull as exc:
-                if not warned:
-                    log.error("%s; holding %d outcomes until space returns", exc, len(self.waiting))
-                    warned = True
-                time.sleep(1.0)
-                continue
-            self.conn.send_bytes(wire.encode(wire.Done(tuple(key for key, _ in self.waiting))))
-            self.waiting = []
+    def fatal(self, exc: BaseException) -> None:
+        """The outbox cannot take outcomes: tell the parent and exit, so unacknowledged jobs run again."""
+        self.send(wire.Fatal(procs.one_line(exc)))
+        os._exit(EXIT_OUTBOX_FAILED)
 
 
 def open_writer(config: ChildConfig, wait_s: float = 30.0) -> ShardWriter:
@@ -187,21 +154,19 @@ def open_writer(config: ChildConfig, wait_s: float = 30.0) -> ShardWriter:
                                OutboxLocked, wait_s)
 
 
-def child_main(config: ChildConfig, conn: Any, progress: Any) -> None:
-    """Entry point of a child process (started with spawn)."""
+def child_main(config: ChildConfig, inbox: Any, outbox: Any, progress: Any) -> None:
+    """Entry point of a child process (started with spawn); ``inbox``/``outbox`` are pipe ends."""
     procs.become_worker_process(config.parent_pid, f"shard-{config.shard}")
+    inbox_fd, outbox_fd = inbox.fileno(), outbox.fileno()
     try:
         app = load_app(config.app_ref)
         writer = open_writer(config)
     except Exception as exc:
-        conn.send_bytes(wire.encode(wire.Fatal(procs.one_line(exc))))
+        wire.write_frame(outbox_fd, wire.Fatal(procs.one_line(exc)))
         os._exit(EXIT_OUTBOX_FAILED)
+    runner = ShardRunner(config, app, writer, inbox_fd, outbox_fd, Progress(progress, config.slots))
     try:
-        ShardRunner(config, app, writer, conn, Progress(progress)).run()
-    except OutboxError as exc:
-        log.error("outbox failure, exiting so unacknowledged jobs run again: %s", exc)
-        conn.send_bytes(wire.encode(wire.Fatal(procs.one_line(exc))))
-        os._exit(EXIT_OUTBOX_FAILED)
-    except (EOFError, BrokenPipeError):
-        pass  # the parent is gone: acknowledged outcomes are durable, nothing else to do
+        runner.run()
+    except OSError as exc:
+        log.debug("pipe to the parent closed: %s", exc)  # the parent is gone; durable outcomes stay
     writer.close()

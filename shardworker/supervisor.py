@@ -64,14 +64,18 @@ class Supervisor:
                                      FlusherConfig(config.flush_batch, config.checkpoint_interval_s,
                                                    config.backoff_base_s, config.backoff_cap_s),
                                      config.flush_idle_sleep_s)
-        self.pool = ChildPool(self._child_configs(), {k: s.timeout_s for k, s in app.handlers.items()})
+        concurrent = any(spec.lane != "sync" for spec in app.handlers.values())
+        self.prefetch_jobs = config.prefetch_jobs(concurrent)
+        self.pool = ChildPool(self._child_configs(), app.handlers, max_jobs=self.prefetch_jobs,
+                              max_bytes=config.prefetch_bytes)
         self.parent_outcomes = ParentOutcomes(config.outbox_dir, config.segment_bytes, app.handlers)
         self.heartbeat: Heartbeat | None = None
 
     def _child_configs(self) -> list[ChildConfig]:
         c = self.config
         return [ChildConfig(index, c.outbox_dir, c.app_ref, c.group_commit_max_delay_s, c.group_commit_max_records,
-                            c.segment_bytes, os.getpid()) for index in range(c.procs)]
+                            c.segment_bytes, os.getpid(), c.concurrency, self.prefetch_jobs)
+                for index in range(c.procs)]
 
     def _backoff(self) -> Backoff:
         return Backoff(self.config.backoff_base_s, self.config.backoff_cap_s)

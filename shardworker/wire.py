@@ -3,12 +3,18 @@
 Pipe messages between the parent and a child are frozen dataclasses; ``encode`` and
 ``decode`` turn them into orjson bytes and back::
 
-    parent -> child   Jobs(jobs)        Stop()
-    child -> parent   Done(finished)    Stopped(unstarted)    Fatal(message)
+    parent -> child   Jobs(jobs, slots)    Stop()
+    child -> parent   Done(finished)       Stopped(unstarted)    Fatal(message)
 
-``Done`` names jobs whose outcomes are durable, by (id, attempt); ``Stopped`` lists the
-jobs a stopping child never started; ``Fatal`` is the last error of a child that cannot
-go on (its app does not load, its outbox fails).
+``Jobs`` gives each job the progress slot the child marks when it starts it; ``Done``
+names jobs whose outcomes are durable, by (id, attempt); ``Stopped`` lists the jobs a
+stopping child never started; ``Fatal`` is the last error of a child that cannot go on
+(its app does not load, its outbox fails).
+
+On the pipe each message is a frame: a 4-byte big-endian length, then the bytes.
+``OutFrames`` queues frames on a non-blocking descriptor (the parent never waits on a
+child that does not read), ``InFrames`` takes frames from one as they arrive, and
+``read_frame``/``write_frame`` are the child's blocking side.
 
 The outcome record (``encode_outcome`` / ``decode_outcome``) is what a child or the
 parent appends to the outbox and the flusher applies. It is never over
@@ -17,6 +23,8 @@ parent appends to the outbox and the flusher applies. It is never over
 
 from __future__ import annotations
 
+import os
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +39,7 @@ JobKey = tuple[int, int]  # (job id, attempt)
 @dataclass(frozen=True, slots=True)
 class Jobs:
     jobs: tuple[ClaimedJob, ...]
+    slots: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +68,8 @@ Message = Jobs | Stop | Done | Stopped | Fatal
 def encode(msg: Message) -> bytes:
     """The bytes of one pipe message."""
     if isinstance(msg, Jobs):
-        return orjson.dumps(["jobs", [[j.id, j.kind, j.queue, j.payload_json, j.attempt, j.max_attempts]
-                                      for j in msg.jobs]])
+        return orjson.dumps(["jobs", [[j.id, j.kind, j.queue, j.payload_json, j.attempt, j.max_attempts, slot]
+                                      for j, slot in zip(msg.jobs, msg.slots, strict=True)]])
     if isinstance(msg, Done):
         return orjson.dumps(["done", msg.finished])
     if isinstance(msg, Stopped):
@@ -75,7 +84,7 @@ def decode(data: bytes) -> Message:
     value = orjson.loads(data)
     tag, body = value[0], value[1] if len(value) > 1 else ()
     if tag == "jobs":
-        return Jobs(tuple(ClaimedJob(*j) for j in body))
+        return Jobs(tuple(ClaimedJob(*j[:6]) for j in body), tuple(int(j[6]) for j in body))
     if tag == "done":
         return Done(tuple((int(i), int(a)) for i, a in body))
     if tag == "stopped":
@@ -110,3 +119,96 @@ def decode_outcome(record: bytes) -> Outcome:
 
 def _to_wire(outcome: Outcome) -> list[Any]:
     return [outcome.job_id, outcome.attempt, outcome.ok, outcome.result_json, outcome.error, outcome.retry_delay_s]
+
+
+# --- frames on a pipe ---------------------------------------------------------------------
+
+_LENGTH = struct.Struct("!I")
+
+
+class OutFrames:
+    """Frames queued for a non-blocking descriptor; ``flush`` writes what the pipe takes now."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        os.set_blocking(fd, False)
+        self._buffer = bytearray()
+
+    def put(self, msg: Message) -> None:
+        data = encode(msg)
+        self._buffer += _LENGTH.pack(len(data))
+        self._buffer += data
+        self.flush()
+
+    @property
+    def queued_bytes(self) -> int:
+        return len(self._buffer)
+
+    def flush(self) -> None:
+        """Write as much as the pipe accepts without blocking; ``OSError`` if the reader is gone."""
+        while self._buffer:
+            try:
+                written = os.write(self.fd, self._buffer)
+            except BlockingIOError:
+                return
+            del self._buffer[:written]
+
+
+class InFrames:
+    """Messages read from a non-blocking descriptor as whole frames arrive."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        os.set_blocking(fd, False)
+        self._buffer = bytearray()
+        self.closed = False  # the writer is gone
+
+    def read(self) -> list[Message]:
+        """Every complete message available now."""
+        while not self.closed:
+            try:
+                chunk = os.read(self.fd, 1 << 20)
+            except BlockingIOError:
+                break
+            if not chunk:
+                self.closed = True
+            self._buffer += chunk
+        messages = []
+        while len(self._buffer) >= _LENGTH.size:
+            (size,) = _LENGTH.unpack_from(self._buffer)
+            if len(self._buffer) < _LENGTH.size + size:
+                break
+            messages.append(decode(bytes(self._buffer[_LENGTH.size:_LENGTH.size + size])))
+            del self._buffer[:_LENGTH.size + size]
+        return messages
+
+
+def write_frame(fd: int, msg: Message) -> None:
+    """Write one message to a blocking descriptor (callers serialize writers)."""
+    data = encode(msg)
+    view = memoryview(_LENGTH.pack(len(data)) + data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def read_frame(fd: int) -> Message | None:
+    """The next message from a blocking descriptor; None at end of file."""
+    header = _read_exact(fd, _LENGTH.size)
+    if header is None:
+        return None
+    (size,) = _LENGTH.unpack(header)
+    data = _read_exact(fd, size)
+    if data is None:
+        return None
+    return decode(data)
+
+
+def _read_exact(fd: int, size: int) -> bytes | None:
+    chunks, left = [], size
+    while left:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)

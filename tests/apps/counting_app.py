@@ -66,3 +66,41 @@ def unserializable(job: Job) -> object:
 def huge(job: Job) -> str:
     record(job)
     return "x" * (65 * 1024 * 1024)
+
+
+@app.handler("surrogate", max_attempts=2, retry_delay=lambda attempt: 0.05)
+def surrogate(job: Job) -> None:
+    record(job)
+    name = os.fsdecode(b"report-\xff.pdf")  # a file name from os.listdir: holds a lone surrogate
+    raise FileNotFoundError(f"cannot open {name}")
+
+
+@app.handler("nul_error", max_attempts=2, retry_delay=lambda attempt: 0.05)
+def nul_error(job: Job) -> None:
+    record(job)
+    raise ValueError("bad byte \x00 in input")
+
+
+@app.handler("inf_delay", retry_delay=lambda attempt: float("inf"))
+def inf_delay(job: Job) -> None:
+    record(job)
+    raise ValueError("never retry me")
+
+
+@app.handler("nan_delay", max_attempts=2, retry_delay=lambda attempt: float("nan"))
+def nan_delay(job: Job) -> None:
+    record(job)
+    raise ValueError("retry me with the default backoff")
+
+
+@app.handler("nul_result")
+def nul_result(job: Job) -> str:
+    record(job)
+    return "text with \x00 inside"
+
+
+@app.handler("sleepy")
+def sleepy(job: Job) -> dict[str, object]:
+    record(job)
+    time.sleep(float((job.payload or {}).get("sleep", 1.0)))
+    return {"id": job.id}

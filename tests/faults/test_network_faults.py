@@ -42,7 +42,7 @@ pg_proxy = proxy_module.pg_proxy  # the fixture: a proxy in front of ``private_p
 NETWORK_TIMEOUT_S = 3
 STATEMENT_TIMEOUT_S = 5
 WORKER_ARGS = ("--backoff-cap", "1", "--network-timeout", str(NETWORK_TIMEOUT_S),
-               "--statement-timeout", str(STATEMENT_TIMEOUT_S))
+               "--statement-timeout", str(STATEMENT_TIMEOUT_S), "--prefetch", "500")  # work in hand
 FLUSH = (b"unnest(", b"UPDATE shardworker.jobs")  # job_apply_outcomes, the flusher's batch
 CLAIM = (b"FOR UPDATE SKIP LOCKED", b"UPDATE shardworker.jobs")  # job_claim
 SLOW = {"sleep": 0.005}

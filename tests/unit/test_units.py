@@ -182,7 +182,9 @@ def test_worker_config_defaults_are_valid() -> None:
     ("procs", 0),
     ("procs", PARENT_SHARD),
     ("claim_batch", 0),
-    ("prefetch_per_child", 0),
+    ("prefetch_batch", 0),
+    ("concurrency", 0),
+    ("prefetch_bytes", 10),
     ("poll_interval_s", 0.0),
     ("group_commit_max_delay_s", -0.1),
     ("group_commit_max_records", 0),
@@ -301,8 +303,8 @@ def test_app_handler_rejects_the_same_kind_twice() -> None:
 
 @pytest.mark.parametrize(("options", "message"), [
     ({"max_attempts": 0}, "max_attempts must be >= 1"),
-    ({"timeout_s": 0}, "timeout_s must be > 0"),
-    ({"timeout_s": -1.5}, "timeout_s must be > 0"),
+    ({"timeout_s": 0}, "timeout_s must be a positive number"),
+    ({"timeout_s": -1.5}, "timeout_s must be a positive number"),
 ])
 def test_app_handler_rejects_bad_policy(options: dict[str, float], message: str) -> None:
     """A non-positive max_attempts or timeout raises ConfigError at decoration time."""

@@ -35,7 +35,8 @@ class Clock:
 class Children:
     """Stands in for ``ChildPool``: keeps what it is sent; the test decides what finishes or dies."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, max_jobs: int) -> None:
+        self.max_jobs = max_jobs
         self.sent: list[dict[wire.JobKey, ClaimedJob]] = [{} for _ in range(n)]
         self.finished = 0
         self.deaths: list[Death] = []
@@ -66,8 +67,8 @@ class Children:
         deaths, self.deaths = self.deaths, []
         return deaths
 
-    def connections(self) -> list[Any]:
-        return []
+    def wait_fds(self) -> tuple[list[int], list[int]]:
+        return [], []
 
 
 class Flusher:
@@ -92,9 +93,10 @@ def make(store: FlakyStore, tmp_path: Path, procs: int = 3, **config: Any) -> tu
                                                                                     Clock]:
     app = App()
     app.handler("k", retry_delay=lambda attempt: 2.5)(lambda job: None)
-    settings = {"claim_batch": 500, "prefetch_per_child": 1000, "poll_interval_s": 0.01, **config}
+    prefetch = config.pop("prefetch", 1000)
+    settings = {"claim_batch": 500, "poll_interval_s": 0.01, **config}
     cfg = WorkerConfig(dsn="unused", app_ref="unused", procs=procs, outbox_dir=str(tmp_path), **settings)
-    children, flusher, clock = Children(procs), Flusher(), Clock()
+    children, flusher, clock = Children(procs, prefetch), Flusher(), Clock()
     dispatcher = Dispatcher(cfg, "w1", ["k"], store, children, flusher,  # type: ignore[arg-type]
                             ParentOutcomes(str(tmp_path), 1 << 20, app.handlers), stopping=lambda: False, clock=clock)
     return dispatcher, children, flusher, clock
@@ -120,7 +122,7 @@ def test_claims_are_bounded_by_the_childrens_room(pg_dsn: str, store: FlakyStore
     hold); finishing some makes room for more. (Per child, the pool holds back what hash routing
     sends beyond its share.)"""
     enqueue(pg_dsn, "k", 200)
-    dispatcher, children, _, _ = make(store, tmp_path, procs=2, prefetch_per_child=10, claim_batch=50)
+    dispatcher, children, _, _ = make(store, tmp_path, procs=2, prefetch=10, claim_batch=50)
     for _ in range(3):
         dispatcher.run_once()
     assert children.in_flight == dispatcher.claimed_total == 20
@@ -167,7 +169,7 @@ def test_claiming_pauses_while_the_flusher_is_behind(pg_dsn: str, store: FlakySt
     """With more than max_backlog outcomes durable but not flushed, nothing is claimed until it catches up."""
     enqueue(pg_dsn, "k", 40)
     dispatcher, children, flusher, _ = make(store, tmp_path, procs=1, max_backlog=10, claim_batch=20,
-                                            prefetch_per_child=20)
+                                            prefetch=20)
     dispatcher.run_once()
     children.finish(0, 20)
     dispatcher.run_once()  # counts 20 finished: the backlog is 20 > 10

@@ -45,7 +45,8 @@ def test_outage_longer_than_backoff_cap_reruns_nothing(private_pg: EmbeddedPostg
     dsn, count_dir = private_pg.dsn, tmp_path / "counts"
     count_dir.mkdir()
     enqueue(dsn, "slow", 400, {"sleep": 0.01})
-    proc = start_worker(dsn, tmp_path / "outbox", count_dir, "--backoff-cap", str(BACKOFF_CAP_S), procs=2)
+    proc = start_worker(dsn, tmp_path / "outbox", count_dir, "--backoff-cap", str(BACKOFF_CAP_S),
+                        "--prefetch", "250", procs=2)
     wait_for(lambda: status_counts(dsn).get("done", 0) >= 40, 30, "a first part done")
     private_pg.stop("immediate")
     down_at = time.monotonic()
@@ -67,7 +68,8 @@ def test_worker_killed_during_outage_reruns_nothing_acknowledged(
     dsn, count_dir, outbox_dir = private_pg.dsn, tmp_path / "counts", tmp_path / "outbox"
     count_dir.mkdir()
     enqueue(dsn, "slow", 300, {"sleep": 0.01})
-    proc = start_worker(dsn, outbox_dir, count_dir, "--backoff-cap", str(BACKOFF_CAP_S), procs=2)
+    proc = start_worker(dsn, outbox_dir, count_dir, "--backoff-cap", str(BACKOFF_CAP_S),
+                        "--prefetch", "250", procs=2)
     wait_for(lambda: status_counts(dsn).get("done", 0) >= 30, 30, "a first part done")
     private_pg.stop("immediate")
     wait_for(lambda: len(runs(count_dir)) >= 200, 60, "handlers running into the outbox")
@@ -77,7 +79,7 @@ def test_worker_killed_during_outage_reruns_nothing_acknowledged(
     assert len(acked) >= 150, "expected most outcomes waiting in the outbox"
     private_pg.start()
     restarted = start_worker(dsn, outbox_dir, count_dir, "--backoff-cap", str(BACKOFF_CAP_S),
-                             "--exit-when-idle", procs=2)
+                             "--prefetch", "250", "--exit-when-idle", procs=2)
     assert restarted.wait(90) == 0, worker_log(count_dir)
     assert status_counts(dsn) == {"done": 300}
     after = runs(count_dir)

@@ -3,12 +3,15 @@ outbox, a real pipe whose other end the test holds, an injected clock. No proces
 
 from __future__ import annotations
 
+import os
+import select
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import multiprocess
 import pytest
 
 from outbox import OutboxReader
@@ -52,14 +55,42 @@ def job(job_id: int, kind: str = "ok", attempt: int = 1) -> ClaimedJob:
     return ClaimedJob(job_id, kind, "default", "null", attempt, 25)
 
 
-def start_runner(tmp_path: Path, app: App, clock: Clock, *, max_records: int = 512,
-                 max_delay_s: float = 0.005) -> tuple[Any, threading.Thread, Any, Progress]:
-    """The loop on a thread, as in a child; returns (the parent's pipe end, thread, writer, progress)."""
-    config = ChildConfig(0, str(tmp_path), "unused", max_delay_s, max_records, 1 << 20, 0)
-    parent, child = multiprocess.Pipe(duplex=True)
-    progress = Progress([0] * Progress.WIDTH)
+class Parent:
+    """The parent's ends of the two pipes."""
+
+    def __init__(self) -> None:
+        self.to_child_r, self.to_child_w = os.pipe()
+        self.from_child_r, self.from_child_w = os.pipe()
+        self.slot = 0
+
+    def send(self, msg: wire.Message) -> None:
+        if isinstance(msg, wire.Jobs) and not msg.slots:
+            msg = wire.Jobs(msg.jobs, tuple(range(self.slot, self.slot + len(msg.jobs))))
+            self.slot += len(msg.jobs)
+        wire.write_frame(self.to_child_w, msg)
+
+    def poll(self, timeout_s: float) -> bool:
+        return bool(select.select([self.from_child_r], [], [], timeout_s)[0])
+
+    def recv_bytes(self) -> bytes:
+        msg = wire.read_frame(self.from_child_r)
+        assert msg is not None
+        return wire.encode(msg)
+
+
+def jobs_msg(*jobs: ClaimedJob) -> wire.Jobs:
+    return wire.Jobs(tuple(jobs), ())  # slots are given by Parent.send_bytes
+
+
+def start_runner(tmp_path: Path, app: App, clock: Callable[[], float], *, max_records: int = 512,
+                 max_delay_s: float = 0.005) -> tuple[Parent, threading.Thread, Any, Progress]:
+    """The loop on a thread, as in a child; returns (the parent's side, thread, writer, progress)."""
+    config = ChildConfig(0, str(tmp_path), "unused", max_delay_s, max_records, 1 << 20, 0, 4, 64)
+    parent = Parent()
+    progress = Progress([0] * Progress.width(64), 64)
     writer = open_writer(config)
-    runner = ShardRunner(config, app, writer, child, progress, clock=clock)
+    runner = ShardRunner(config, app, writer, parent.to_child_r, parent.from_child_w, progress)
+    runner.committer.clock = clock
     thread = threading.Thread(target=runner.run, daemon=True)
     thread.start()
     return parent, thread, writer, progress
@@ -82,9 +113,9 @@ def run_child(tmp_path: Path, jobs: list[ClaimedJob], *, max_records: int = 512,
     parent, thread, writer, progress = start_runner(tmp_path, make_app(clock, ran), clock, max_records=max_records,
                                                     max_delay_s=max_delay_s)
     try:
-        parent.send_bytes(wire.encode(wire.Jobs(tuple(jobs))))
+        parent.send(jobs_msg(*jobs))
         messages = receive_until(parent, len(jobs))
-        parent.send_bytes(wire.encode(wire.Stop()))
+        parent.send(wire.Stop())
         thread.join(10)
         assert not thread.is_alive()
         assert wire.decode(parent.recv_bytes()) == wire.Stopped(())
@@ -107,7 +138,9 @@ def test_every_outcome_is_durable_before_it_is_reported(tmp_path: Path) -> None:
     stored = outcomes(tmp_path)
     assert [(o.job_id, o.ok) for o in stored] == [(1, True), (2, True), (3, False)]
     assert stored[2].retry_delay_s == 7.0 and "ValueError: no luck" in (stored[2].error or "")
-    assert progress.started == 3 and progress.job_id == 0  # three started, none running now
+    # Each job's slot says it started, and that it no longer runs.
+    assert all(progress.started(slot, job_id) for slot, job_id in enumerate([1, 2, 3]))
+    assert all(progress.running_since(slot, job_id) is None for slot, job_id in enumerate([1, 2, 3]))
 
 
 def test_group_commit_is_bounded_by_record_count(tmp_path: Path) -> None:
@@ -116,11 +149,29 @@ def test_group_commit_is_bounded_by_record_count(tmp_path: Path) -> None:
     assert [len(m.finished) for m in messages if isinstance(m, wire.Done)] == [2, 2, 1]
 
 
-def test_a_slow_handler_commits_at_once(tmp_path: Path) -> None:
-    """An outcome that took longer than the commit delay is committed without waiting for more."""
-    messages, _, _ = run_child(tmp_path, [job(1, "slow"), job(2, "slow"), job(3)], max_records=100,
-                               max_delay_s=0.5)
-    assert [m.finished for m in messages if isinstance(m, wire.Done)] == [((1, 1),), ((2, 1),), ((3, 1),)]
+def test_a_finished_outcome_is_committed_while_a_slow_handler_runs(tmp_path: Path) -> None:
+    """The commit deadline holds while the next handler runs: a fast job's outcome is durable and
+    reported while a slow one still blocks (a kill then would not re-run the fast job)."""
+    release = threading.Event()
+    app = make_app(Clock(), [])
+
+    @app.handler("block")
+    def block(job: Job) -> str:
+        assert release.wait(30)
+        return "late"
+
+    parent, thread, writer, _ = start_runner(tmp_path, app, time.monotonic, max_records=100, max_delay_s=0.05)
+    try:
+        parent.send(jobs_msg(job(1), job(2, "block")))
+        assert receive_until(parent, 1) == [wire.Done(((1, 1),))]
+        assert [o.job_id for o in outcomes(tmp_path)] == [1]  # durable before it was reported
+        release.set()
+        assert receive_until(parent, 1) == [wire.Done(((2, 1),))]
+        parent.send(wire.Stop())
+        thread.join(10)
+    finally:
+        release.set()
+        writer.close()
 
 
 def test_stop_reports_the_jobs_never_started(tmp_path: Path) -> None:
@@ -132,14 +183,15 @@ def test_stop_reports_the_jobs_never_started(tmp_path: Path) -> None:
     spec = app.handlers["ok"]
 
     def stop_during_first(j: Job) -> Any:
-        holder[0].send_bytes(wire.encode(wire.Stop()))
+        holder[0].send(wire.Stop())
+        time.sleep(0.5)  # the child's main thread reads the stop meanwhile
         return spec.fn(j)
 
     app.handlers["ok"] = replace(spec, fn=stop_during_first)
     parent, thread, writer, _ = start_runner(tmp_path, app, clock)
     holder.append(parent)
     try:
-        parent.send_bytes(wire.encode(wire.Jobs((job(1), job(2), job(3)))))
+        parent.send(jobs_msg(job(1), job(2), job(3)))
         thread.join(10)
         messages = [wire.decode(parent.recv_bytes()) for _ in range(2)]
     finally:
@@ -150,26 +202,29 @@ def test_stop_reports_the_jobs_never_started(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("kind", ["ok", "boom"])
 def test_progress_names_the_running_job(tmp_path: Path, kind: str) -> None:
-    """While a handler runs, progress holds its id and how many jobs started; after, no job."""
-    seen: list[tuple[int, int]] = []
+    """While a handler runs, its slot says so (with its start on the monotonic clock); after, it
+    says started and finished."""
+    seen: list[float | None] = []
     clock = Clock()
     app = make_app(clock, [])
     spec = app.handlers[kind]
     box: list[Progress] = []
 
     def watching(j: Job) -> Any:
-        seen.append((box[0].job_id, box[0].started))
+        seen.append(box[0].running_since(1, 41) if j.id == 41 else None)
         return spec.fn(j)
 
     app.handlers[kind] = replace(spec, fn=watching)
     parent, thread, writer, progress = start_runner(tmp_path, app, clock)
     box.append(progress)
+    before = time.monotonic()
     try:
-        parent.send_bytes(wire.encode(wire.Jobs((job(40, "ok"), job(41, kind)))))
+        parent.send(jobs_msg(job(40, "ok"), job(41, kind)))
         receive_until(parent, 2)
-        parent.send_bytes(wire.encode(wire.Stop()))
+        parent.send(wire.Stop())
         thread.join(10)
     finally:
         writer.close()
-    assert seen[-1] == (41, 2)
-    assert progress.job_id == 0
+    started = seen[-1]
+    assert started is not None and before - 0.01 <= started <= time.monotonic()
+    assert progress.started(1, 41) and progress.running_since(1, 41) is None

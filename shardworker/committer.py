@@ -1,0 +1,128 @@
+"""The child's group commit, on a thread of its own.
+
+Handlers (whichever lane runs them) hand finished outcomes to ``add``; the committer
+writes the waiting ones with one write and one fdatasync (``ShardWriter.commit``) and only
+then reports them to the parent (``Done``). It commits as soon as
+
+* ``max_records`` outcomes wait, or
+* the oldest waiting outcome's handler started ``max_delay_s`` ago (so a slow handler's
+  outcome goes out at once, and a fast one never waits on a slow one still running), or
+* nothing else is running or queued in the child (no reason to wait), or
+* it is asked to stop.
+
+While one commit's fdatasync runs, the next outcomes gather: concurrent completions share
+one commit. On a full disk the batch is kept and retried every second (the parent stops
+claiming meanwhile); any other outbox error is fatal for the unsynced outcomes: the child
+exits, and those jobs run again under a new attempt.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from outbox import OutboxError, OutboxFull, ShardWriter
+from shardworker.wire import JobKey
+
+log = logging.getLogger(__name__)
+
+FULL_DISK_RETRY_S = 1.0
+
+
+class Committer:
+    """Group commit for one shard writer; ``report`` receives the keys of each durable batch."""
+
+    def __init__(self, writer: ShardWriter, report: Callable[[list[JobKey]], None], *, max_records: int,
+                 max_delay_s: float, on_fatal: Callable[[OutboxError], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.writer, self.report, self.on_fatal = writer, report, on_fatal
+        self.max_records, self.max_delay_s, self.clock = max_records, max_delay_s, clock
+        self._cond = threading.Condition()
+        self._waiting: list[tuple[JobKey, bytes]] = []
+        self._oldest_start = 0.0  # handler start of the oldest waiting outcome
+        self._unfinished = 0  # jobs received and not yet finished
+        self._stopping = False
+        self.error: OutboxError | None = None  # set when a commit failed for good
+        self._thread = threading.Thread(target=self._run, name="shardworker-commit", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def expect(self, jobs: int) -> None:
+        """``jobs`` more were received (each will be ``add``-ed or ``forget``-ed)."""
+        with self._cond:
+            self._unfinished += jobs
+
+    def forget(self, jobs: int) -> None:
+        """``jobs`` received will never run (a stop came first)."""
+        with self._cond:
+            self._unfinished -= jobs
+            self._cond.notify()
+
+    def add(self, key: JobKey, record: bytes, started_at: float) -> None:
+        """A finished job's outcome record; ``started_at`` is when its handler started."""
+        with self._cond:
+            earlier = not self._waiting or started_at < self._oldest_start
+            if earlier:
+                self._oldest_start = started_at  # the deadline moved: the committer must look again
+            self._waiting.append((key, record))
+            self._unfinished -= 1
+            if earlier or self._due():
+                self._cond.notify()
+
+    def _due(self) -> bool:
+        return bool(self._waiting) and (len(self._waiting) >= self.max_records or self._unfinished <= 0
+                                        or self._stopping
+                                        or self.clock() - self._oldest_start >= self.max_delay_s)
+
+    def stop(self) -> None:
+        """Commit what waits, then end the thread (a fatal commit error stays in ``error``)."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                batch = self._next_batch()
+                if batch is None:
+                    return
+                self._commit(batch)
+        except OutboxError as exc:
+            self.error = exc
+            log.error("outbox failure, exiting so unacknowledged jobs run again: %s", exc)
+            if self.on_fatal is not None:
+                self.on_fatal(exc)
+
+    def _next_batch(self) -> list[tuple[JobKey, bytes]] | None:
+        """Wait until a commit is due; the batch to commit, or None once stopped and empty."""
+        with self._cond:
+            while not self._due():
+                if self._stopping and not self._waiting:
+                    return None
+                timeout = None
+                if self._waiting:
+                    timeout = max(0.0, self._oldest_start + self.max_delay_s - self.clock())
+                self._cond.wait(timeout)
+            batch, self._waiting = self._waiting[:self.max_records], self._waiting[self.max_records:]
+            if self._waiting:
+                self._oldest_start = 0.0  # unknown for the rest: commit them next, without waiting
+            return batch
+
+    def _commit(self, batch: list[tuple[JobKey, bytes]]) -> None:
+        warned = False
+        while True:
+            for _, record in batch:
+                self.writer.append_bytes(record)
+            try:
+                self.writer.commit()
+                break
+            except OutboxFull as exc:
+                if not warned:
+                    log.error("%s; holding %d outcomes until space returns", exc, len(batch))
+                    warned = True
+                time.sleep(FULL_DISK_RETRY_S)
+        self.report([key for key, _ in batch])

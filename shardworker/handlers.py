@@ -1,0 +1,97 @@
+"""Running one handler, sync or ``async def``, and turning whatever happens into an Outcome.
+
+Whatever a handler does, the outcome is storable: an exception message with a lone
+surrogate or a NUL byte is escaped, a ``retry_delay`` that raises or returns NaN falls back
+to the default backoff, one that returns infinity means "do not retry", a result
+PostgreSQL's jsonb cannot hold (``\\u0000``) or orjson cannot encode fails the job for good
+with the reason. Only ``BaseException``s that are not ``Exception`` (a KeyboardInterrupt,
+SystemExit) escape, and end the child.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import traceback
+
+import orjson
+
+from shardworker.app import App, HandlerSpec
+from shardworker.model import ClaimedJob, Outcome
+from shardworker.retry import job_retry_delay
+
+# PostgreSQL's make_interval takes a float8 of seconds; a century is far past any sane retry.
+MAX_RETRY_DELAY_S = 100 * 365.25 * 86400
+
+
+def run_sync(app: App, job: ClaimedJob) -> Outcome:
+    """Run a sync handler to its end (timeouts of sync handlers are the parent's to enforce)."""
+    spec = app.handlers.get(job.kind)
+    if spec is None:
+        return unknown_kind(job)
+    try:
+        result = spec.fn(job.to_job())
+    except Exception as exc:
+        return failure(spec, job, exc)
+    return success(job, result)
+
+
+async def run_async(app: App, job: ClaimedJob) -> Outcome:
+    """Await an ``async def`` handler; past its ``timeout_s`` it is cancelled and the attempt fails."""
+    spec = app.handlers.get(job.kind)
+    if spec is None:
+        return unknown_kind(job)
+    deadline = asyncio.timeout(spec.timeout_s)
+    try:
+        async with deadline:
+            result = await spec.fn(job.to_job())
+    except TimeoutError as exc:
+        expired = f"timed out after {spec.timeout_s:g}s" if deadline.expired() else None
+        return failure(spec, job, exc, error=expired)  # else the handler's own TimeoutError
+    except Exception as exc:
+        return failure(spec, job, exc)
+    return success(job, result)
+
+
+def unknown_kind(job: ClaimedJob) -> Outcome:
+    return Outcome(job.id, job.attempt, False, error=f"no handler for kind {job.kind!r}", retry_delay_s=-1.0)
+
+
+def success(job: ClaimedJob, result: object) -> Outcome:
+    """The outcome of a returned value, or a final failure when it cannot be stored."""
+    try:
+        result_json = orjson.dumps(result).decode()
+    except orjson.JSONEncodeError as exc:
+        # Running it again would compute the same unstorable value: fail for good.
+        return Outcome(job.id, job.attempt, False, error=f"handler result is not JSON-serializable: {exc}",
+                       retry_delay_s=-1.0)
+    if "\\u0000" in result_json:
+        return Outcome(job.id, job.attempt, False, retry_delay_s=-1.0,
+                       error="handler result holds a NUL character (\\u0000), which PostgreSQL jsonb cannot store")
+    return Outcome(job.id, job.attempt, True, result_json=result_json)
+
+
+def failure(spec: HandlerSpec, job: ClaimedJob, exc: BaseException, *, error: str | None = None) -> Outcome:
+    """A failed attempt: the error with its traceback, retried after the handler's delay."""
+    text = "".join(traceback.format_exception(exc)).strip()
+    message = error or f"{type(exc).__name__}: {exc}"
+    return Outcome(job.id, job.attempt, False, error=printable(f"{message}\n{text}"),
+                   retry_delay_s=retry_delay(spec, job.attempt))
+
+
+def retry_delay(spec: HandlerSpec, attempt: int) -> float:
+    """The handler's delay before the next attempt, made storable (see the module docstring)."""
+    try:
+        delay = float(spec.delay_after_failure(attempt))
+    except Exception:
+        return job_retry_delay(attempt)
+    if math.isnan(delay):
+        return job_retry_delay(attempt)
+    if delay < 0 or math.isinf(delay):
+        return -1.0
+    return min(delay, MAX_RETRY_DELAY_S)
+
+
+def printable(text: str) -> str:
+    """``text`` as valid UTF-8 without NUL: lone surrogates and NULs escaped, never dropped."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")

@@ -1,0 +1,84 @@
+"""Whatever a handler does, its outcome is decodable and storable, and nothing finished is
+lost because another job misbehaved. Real worker processes on a real PostgreSQL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import enqueue, query, runs, start_worker, worker_log
+
+
+@pytest.fixture
+def dirs(tmp_path: Path) -> tuple[Path, Path]:
+    outbox_dir, count_dir = tmp_path / "outbox", tmp_path / "counts"
+    count_dir.mkdir()
+    return outbox_dir, count_dir
+
+
+def run_until_idle(dsn: str, dirs: tuple[Path, Path], *args: str, procs: int = 1, timeout_s: float = 60) -> None:
+    proc = start_worker(dsn, dirs[0], dirs[1], "--exit-when-idle", *args, procs=procs)
+    try:
+        assert proc.wait(timeout_s) == 0, worker_log(dirs[1])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def job_state(dsn: str, job_id: int) -> tuple[str, int, str | None]:
+    [(status, attempt, error)] = query(dsn, "SELECT status, attempt, last_error FROM shardworker.jobs WHERE id = %s",
+                                       job_id)
+    return status, attempt, error
+
+
+def test_an_error_with_a_lone_surrogate_is_stored_escaped(pg_dsn: str, dirs: tuple[Path, Path]) -> None:
+    """An exception naming a file from os.listdir (a lone surrogate) fails its attempts normally; the
+    other jobs in the same child are unaffected."""
+    others = enqueue(pg_dsn, "count", 20)
+    [bad] = enqueue(pg_dsn, "surrogate", 1)
+    run_until_idle(pg_dsn, dirs)
+    status, attempt, error = job_state(pg_dsn, bad)
+    assert (status, attempt) == ("failed", 2)
+    assert error is not None and "report-\\udcff.pdf" in error
+    assert runs(dirs[1])[(bad, 1)] == 1 and runs(dirs[1])[(bad, 2)] == 1
+    assert query(pg_dsn, "SELECT count(*) FROM shardworker.jobs WHERE id = ANY(%s) AND status = 'done'",
+                 others) == [(20,)]
+
+
+def test_an_error_with_a_nul_byte_is_stored_escaped_and_retried(pg_dsn: str, dirs: tuple[Path, Path]) -> None:
+    """A NUL in an error message is escaped, so the attempt is retried instead of failing for good."""
+    [bad] = enqueue(pg_dsn, "nul_error", 1)
+    run_until_idle(pg_dsn, dirs)
+    status, attempt, error = job_state(pg_dsn, bad)
+    assert (status, attempt) == ("failed", 2)
+    assert error is not None and "bad byte \\x00 in input" in error
+
+
+def test_an_infinite_retry_delay_means_do_not_retry(pg_dsn: str, dirs: tuple[Path, Path]) -> None:
+    """retry_delay returning inf fails the job for good on its first attempt instead of a record
+    the flusher cannot decode."""
+    [bad] = enqueue(pg_dsn, "inf_delay", 1)
+    run_until_idle(pg_dsn, dirs)
+    status, attempt, error = job_state(pg_dsn, bad)
+    assert (status, attempt) == ("failed", 1)
+    assert error is not None and "never retry me" in error
+
+
+def test_a_nan_retry_delay_falls_back_to_the_default_backoff(pg_dsn: str, dirs: tuple[Path, Path]) -> None:
+    """retry_delay returning NaN requeues the job after the default backoff (1 s +-25% for attempt 1)."""
+    [bad] = enqueue(pg_dsn, "nan_delay", 1)
+    run_until_idle(pg_dsn, dirs)
+    [(status, attempt, delay)] = query(pg_dsn, "SELECT status, attempt, extract(epoch FROM run_at - updated_at)::float8 "
+                                       "FROM shardworker.jobs WHERE id = %s", bad)
+    assert (status, attempt) == ("queued", 1)
+    assert 0.7 <= delay <= 1.3
+
+
+def test_a_result_with_a_nul_fails_for_good_with_the_reason(pg_dsn: str, dirs: tuple[Path, Path]) -> None:
+    """A result jsonb cannot hold fails its job once, with the reason, rather than dead-lettering retries."""
+    [bad] = enqueue(pg_dsn, "nul_result", 1)
+    run_until_idle(pg_dsn, dirs)
+    status, attempt, error = job_state(pg_dsn, bad)
+    assert (status, attempt) == ("failed", 1)
+    assert error is not None and "NUL" in error
