@@ -69,8 +69,8 @@ def test_a_nan_retry_delay_falls_back_to_the_default_backoff(pg_dsn: str, dirs: 
     """retry_delay returning NaN requeues the job after the default backoff (1 s +-25% for attempt 1)."""
     [bad] = enqueue(pg_dsn, "nan_delay", 1)
     run_until_idle(pg_dsn, dirs)
-    [(status, attempt, delay)] = query(pg_dsn, "SELECT status, attempt, extract(epoch FROM run_at - updated_at)::float8 "
-                                       "FROM shardworker.jobs WHERE id = %s", bad)
+    sql = "SELECT status, attempt, extract(epoch FROM run_at - updated_at)::float8 FROM shardworker.jobs WHERE id = %s"
+    [(status, attempt, delay)] = query(pg_dsn, sql, bad)
     assert (status, attempt) == ("queued", 1)
     assert 0.7 <= delay <= 1.3
 
