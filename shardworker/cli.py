@@ -26,6 +26,12 @@ def _store(dsn: str) -> Any:
     return PgStore(StoreConfig(dsn))
 
 
+def _finite(value: float, name: str) -> float:
+    if value != value or value in (float("inf"), float("-inf")):
+        raise click.BadParameter(f"{value} is not a number of seconds", param_hint=name)
+    return value
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", is_flag=True, help="Log debug messages.")
 @click.version_option(package_name="shardworker")
@@ -57,8 +63,8 @@ def migrate(dsn: str | None) -> None:
 @click.option("--queue", default="default", show_default=True, help="Queue name.")
 @click.option("--priority", type=int, default=0, show_default=True, help="Smaller runs first.")
 @click.option("--max-attempts", type=click.IntRange(min=1), default=25, show_default=True, help="Attempts allowed.")
-@click.option("--delay", type=click.FloatRange(min=0), default=0.0, show_default=True,
-              help="Seconds before the job may run.")
+@click.option("--delay", type=click.FloatRange(min=0, max=100 * 365.25 * 86400), default=0.0, show_default=True,
+              callback=lambda _ctx, _param, value: _finite(value, "--delay"), help="Seconds before the job may run.")
 @click.option("--dedupe-key", default=None, help="Skip when a live job holds this key.")
 @dsn_option
 @one_line_errors
@@ -104,8 +110,12 @@ def enqueue(kind: str | None, payload_json: str | None, count: int, file_: Any, 
 @click.option("--exit-when-idle", is_flag=True, help="Exit 0 once nothing is due or running and the outbox is empty.")
 @click.option("--shutdown-timeout", type=click.FloatRange(min=0), default=30.0, show_default=True,
               help="Seconds to finish jobs in hand at shutdown.")
-@click.option("--rescue-after", type=click.FloatRange(min=1), default=120.0, show_default=True,
-              help="Seconds of watched heartbeat silence before another worker's jobs are rescued.")
+@click.option("--rescue-after", type=click.FloatRange(min=1), default=3600.0, show_default=True,
+              help="Seconds of watched heartbeat silence before a peer rescues a worker's jobs "
+                   "(must exceed --shutdown-timeout).")
+@click.option("--rescue-grace", type=click.FloatRange(min=0), default=300.0, show_default=True,
+              help="Seconds a rescued job waits before it may run again; a late outcome of the rescued "
+                   "attempt lands meanwhile instead.")
 @click.option("--backoff-cap", type=click.FloatRange(min=0.01), default=5.0, show_default=True,
               help="Maximum seconds between database retries.")
 @click.option("--network-timeout", type=click.IntRange(min=2), default=20, show_default=True,
@@ -123,7 +133,7 @@ def enqueue(kind: str | None, payload_json: str | None, count: int, file_: Any, 
 @dsn_option
 @one_line_errors
 def run(app_ref: str, procs: int, outbox_dir: str, queues: str | None, worker_id: str | None,
-        exit_when_idle: bool, shutdown_timeout: float, rescue_after: float, backoff_cap: float,
+        exit_when_idle: bool, shutdown_timeout: float, rescue_after: float, rescue_grace: float, backoff_cap: float,
         network_timeout: int, statement_timeout: float, min_free_mb: int, concurrency: int, prefetch: int,
         dsn: str | None) -> None:
     """Run the worker: a parent, N children and one flusher."""
@@ -133,9 +143,10 @@ def run(app_ref: str, procs: int, outbox_dir: str, queues: str | None, worker_id
 
     app = load_app(app_ref)
     config = WorkerConfig(
-        dsn=resolve_dsn(dsn), app_ref=app_ref, procs=procs, outbox_dir=outbox_dir,
+        dsn=resolve_dsn(dsn), embedded_db=dsn is None, app_ref=app_ref, procs=procs, outbox_dir=outbox_dir,
         queues=tuple(q.strip() for q in queues.split(",")) if queues else None, worker_id=worker_id,
         exit_when_idle=exit_when_idle, shutdown_timeout_s=shutdown_timeout, rescue_after_s=rescue_after,
+        rescue_grace_s=rescue_grace,
         backoff_cap_s=backoff_cap, backoff_base_s=min(0.05, backoff_cap), min_free_bytes=min_free_mb * 1024 * 1024,
         network_timeout_s=network_timeout, statement_timeout_s=statement_timeout,
         connect_timeout_s=min(5, network_timeout), concurrency=concurrency, prefetch_batch=prefetch)

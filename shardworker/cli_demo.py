@@ -23,11 +23,11 @@ def demo(jobs: int, procs: int, outbox_dir: str, dsn: str | None) -> None:
     from shardworker.pg_store import PgStore, StoreConfig
     from shardworker.supervisor import Supervisor
 
-    dsn = resolve_dsn(dsn)
+    embedded, dsn = dsn is None, resolve_dsn(dsn)
     specs = [JobSpec("demo.flaky" if i % 10 == 0 else "demo.hash", {"n": i}, queue="demo") for i in range(jobs)]
     click.echo(f"enqueued {enqueue_many(dsn, specs)} jobs; running them with --procs {procs}", err=True)
     config = WorkerConfig(dsn=dsn, app_ref="shardworker.demo_app:app", procs=procs, outbox_dir=outbox_dir,
-                          queues=("demo",), exit_when_idle=True, log_interval_s=1.0)
+                          queues=("demo",), exit_when_idle=True, log_interval_s=1.0, embedded_db=embedded)
     started = time.monotonic()
     summary = Supervisor(config, app).run()
     elapsed = time.monotonic() - started

@@ -33,12 +33,15 @@ def status(outbox_dir: str, as_json: bool) -> None:
     st = outbox_status(outbox_dir)
     worker = is_locked(os.path.join(outbox_dir, layout.WORKER_LOCK))
     stale = layout.count_stale(outbox_dir)
+    setaside = layout.count_setaside(outbox_dir)
+    lost = layout.count_lines(layout.lost_log(outbox_dir))
     deadletters = layout.count_deadlettered(outbox_dir)
     if as_json:
         click.echo(orjson.dumps({
             "directory": outbox_dir, "pending": st.pending, "worker_running": worker,
             "flusher_running": st.flusher_alive, "quarantined": st.quarantined, "torn_tails": st.torn_tails,
-            "stale_outcomes": stale, "deadlettered": deadletters,
+            "stale_outcomes": stale, "set_aside_outcomes": setaside, "requeued_after_quarantine": lost,
+            "deadlettered": deadletters,
             "shards": [{"shard": s.shard, "pending": s.pending, "bytes": s.pending_bytes,
                         "oldest_age_s": s.oldest_age_s, "segments": s.segments,
                         "sealed_segments": s.sealed_segments,
@@ -55,8 +58,14 @@ def status(outbox_dir: str, as_json: bool) -> None:
     for name in st.torn_tails:
         click.echo(f"  torn tail kept: {name}")
     if stale:
-        click.echo(f"  {stale} stale outcome(s) ignored so far (their attempts were rescued); "
-                   f"see {layout.STALE_LOG}")
+        click.echo(f"  {stale} stale outcome(s) kept, not applied (their attempts were rescued and claimed "
+                   f"again); see {layout.STALE_LOG}")
+    if setaside:
+        click.echo(f"  {setaside} outcome(s) set aside, their jobs missing from the database; see "
+                   f"{layout.SETASIDE_LOG}")
+    if lost:
+        click.echo(f"  {lost} job(s) requeued because their outcomes were in a quarantined segment; see "
+                   f"{layout.LOST_LOG}")
     if deadletters:
         click.echo(f"  {deadletters} outcome(s) dead-lettered in {layout.DEADLETTER_DIR}/")
 
@@ -74,7 +83,7 @@ def drain(outbox_dir: str, timeout: float, dsn: str | None) -> None:
     from shardworker.errors import ShardworkerError
 
     total = outbox_status(outbox_dir).pending if os.path.isdir(outbox_dir) else 0
-    dsn = resolve_dsn(dsn)
+    dsn = _drain_dsn(outbox_dir, dsn, total)
     with click.progressbar(length=max(total, 1), label="draining", file=sys.stderr) as bar:
         done = [0]
 
@@ -85,13 +94,33 @@ def drain(outbox_dir: str, timeout: float, dsn: str | None) -> None:
 
         stats = drain_outbox(outbox_dir, dsn, timeout_s=timeout, progress=progress)
     click.echo(f"drained {stats.flushed} outcomes: {stats.applied} applied, {stats.replayed} already applied, "
-               f"{stats.stale} stale, {stats.deadlettered} dead-lettered")
+               f"{stats.stale} stale, {stats.missing} set aside, {stats.deadlettered} dead-lettered")
+    if stats.missing:
+        raise ShardworkerError(f"{stats.missing} outcome(s) set aside in {outbox_dir}/setaside.jsonl: their jobs "
+                               "do not exist in this database")
     # A segment quarantined (now or earlier) holds outcomes no drain applies: the outbox is
     # not empty, so this is a failure with its reason, not a warning.
     quarantined = outbox_status(outbox_dir).quarantined
     if quarantined:
         raise ShardworkerError(f"{len(quarantined)} quarantined segment(s) in {outbox_dir}/quarantine hold outcomes "
                                f"that were not applied: {', '.join(quarantined)}; see `shardworker outbox verify`")
+
+
+def _drain_dsn(outbox_dir: str, dsn: str | None, pending: int) -> str:
+    """The DSN to drain into: the given one, or the embedded server only when the outbox
+    belongs to it; never an embedded server for an outbox that belongs elsewhere."""
+    from shardworker.binding import bound_to
+    from shardworker.errors import ShardworkerError
+
+    if dsn:
+        return dsn
+    bound = bound_to(outbox_dir) if os.path.isdir(outbox_dir) else None
+    if bound is not None and not bound.embedded:
+        raise ShardworkerError(f"the outbox {outbox_dir} belongs to {bound.describe()}: pass its --dsn "
+                               "(or set SHARDWORKER_DSN)")
+    if bound is None and pending:
+        raise ShardworkerError(f"the outbox {outbox_dir} does not say which database it belongs to: pass --dsn")
+    return resolve_dsn(None)
 
 
 @outbox.command()

@@ -48,12 +48,17 @@ class WorkerConfig:
     segment_bytes: int = 16 * 1024 * 1024
     shutdown_timeout_s: float = 30.0
     heartbeat_interval_s: float = 2.0
-    # Far above the 5 s backoff cap, so a worker riding out a blip is never rescued.
-    rescue_after_s: float = 120.0
+    # Watched silence before a peer rescues this worker's jobs: an hour, as peers use (1-4 h),
+    # so a restart, a blip or a failover never triggers it; only a host gone for longer.
+    rescue_after_s: float = 3600.0
+    # A rescued job waits this long before it may be claimed again: the silent worker's late
+    # outcomes of the rescued attempts still land meanwhile instead of the jobs running again.
+    rescue_grace_s: float = 300.0
     connect_timeout_s: int = 5
     statement_timeout_s: float = 30.0
     network_timeout_s: int = 20
     log_interval_s: float = 10.0
+    embedded_db: bool = False  # the DSN is the embedded server's (recorded in the outbox's binding)
 
     def __post_init__(self) -> None:
         checks = [
@@ -73,6 +78,9 @@ class WorkerConfig:
             ("heartbeat_interval_s", self.heartbeat_interval_s > 0, "must be > 0"),
             ("rescue_after_s", self.rescue_after_s > 2 * self.heartbeat_interval_s,
              "must be more than twice heartbeat_interval_s"),
+            ("rescue_after_s", self.rescue_after_s > self.shutdown_timeout_s,
+             "must be longer than shutdown_timeout_s (a stopping worker must never look dead)"),
+            ("rescue_grace_s", self.rescue_grace_s >= 0, "must be >= 0"),
             ("procs", self.procs < PARENT_SHARD, f"must be < {PARENT_SHARD}"),
             ("connect_timeout_s", self.connect_timeout_s >= 1, "must be >= 1"),
             ("statement_timeout_s", self.statement_timeout_s > 0, "must be > 0"),

@@ -1,23 +1,33 @@
 """``outbox drain``: apply every pending outcome of an outbox directory, then stop.
 
-It refuses while a worker (or another drain) holds the directory, waits out an
-unreachable database up to a timeout, and works on a directory copied from a dead host:
-shards without a live writer are recovered (torn tails cut, segments sealed) and read.
+It refuses while a worker (or another drain) holds the directory, refuses a database the
+outbox does not belong to (``shardworker.binding``), waits out an unreachable database up
+to a timeout, and works on a directory copied from a dead host: shards without a live
+writer are recovered (torn tails cut, segments sealed) and read. While it drains it
+heartbeats for the worker whose outbox this is, so no peer rescues (and re-runs) jobs whose
+outcomes it is applying.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable
 
 from outbox import OutboxLocked
 from outbox import status as outbox_status
+from shardworker import binding, layout
 from shardworker.errors import DrainTimeout, OutboxBusy
 from shardworker.flusher import Flusher, FlusherConfig, FlushStats
 from shardworker.flusher_process import open_reader
-from shardworker.layout import lock_outbox
+from shardworker.heartbeat import Heartbeat
 from shardworker.pg_store import PgStore, StoreConfig
+from shardworker.retry import Backoff, retry_call
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_INTERVAL_S = 2.0
 
 
 def drain(outbox_dir: str, dsn: str, *, timeout_s: float, backoff_cap_s: float = 5.0,
@@ -25,7 +35,7 @@ def drain(outbox_dir: str, dsn: str, *, timeout_s: float, backoff_cap_s: float =
     """Apply everything pending; raise ``DrainTimeout`` if outcomes remain at the deadline."""
     if not os.path.isdir(outbox_dir):
         raise OutboxBusy(f"no outbox directory at {outbox_dir}")
-    lock_fd = lock_outbox(outbox_dir)
+    lock_fd = layout.lock_outbox(outbox_dir)
     try:
         try:
             reader = open_reader(outbox_dir, wait_s=0)
@@ -33,19 +43,39 @@ def drain(outbox_dir: str, dsn: str, *, timeout_s: float, backoff_cap_s: float =
             raise OutboxBusy(f"a flusher holds the outbox {outbox_dir}") from exc
         store = PgStore(StoreConfig(dsn))
         deadline = time.monotonic() + timeout_s
+        backoff = Backoff(min(0.05, backoff_cap_s), backoff_cap_s)
 
         def sleep(seconds: float) -> None:
             time.sleep(max(0.0, min(seconds, deadline - time.monotonic())))
 
-        flusher = Flusher(reader, store, FlusherConfig(backoff_cap_s=backoff_cap_s,
-                                                       backoff_base_s=min(0.05, backoff_cap_s)), sleep=sleep)
+        heartbeat = _heartbeat_for_owner(outbox_dir, dsn, backoff)
         try:
+            retry_call(lambda: binding.bind(outbox_dir, store), "checking which database the outbox belongs to",
+                       backoff=backoff, log=log, deadline=deadline, sleep=sleep)
+            flusher = Flusher(reader, store, FlusherConfig(backoff_cap_s=backoff_cap_s,
+                                                           backoff_base_s=min(0.05, backoff_cap_s)), sleep=sleep)
             return _drain_loop(flusher, outbox_dir, deadline, progress)
         finally:
+            if heartbeat is not None:
+                heartbeat.stop(wait_s=1.0)
             store.close()
             reader.close()
     finally:
         os.close(lock_fd)
+
+
+def _heartbeat_for_owner(outbox_dir: str, dsn: str, backoff: Backoff) -> Heartbeat | None:
+    """Beat for the worker id stored in the outbox (none before its first run); no rescuing."""
+    try:
+        with open(os.path.join(outbox_dir, layout.WORKER_ID_FILE), encoding="utf-8") as f:
+            worker_id = f.read().strip()
+    except FileNotFoundError:
+        return None
+    if not worker_id:
+        return None
+    heartbeat = Heartbeat(PgStore(StoreConfig(dsn)), worker_id, HEARTBEAT_INTERVAL_S, None, backoff)
+    heartbeat.start()
+    return heartbeat
 
 
 def _drain_loop(flusher: Flusher, outbox_dir: str, deadline: float,

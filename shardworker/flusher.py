@@ -44,7 +44,8 @@ class FlushStats:
     replayed: int = 0
     stale: int = 0
     deadlettered: int = 0
-    flushed: int = 0  # records marked flushed (applied, replayed, stale or dead-lettered)
+    missing: int = 0  # set aside: their jobs do not exist in this database
+    flushed: int = 0  # records marked flushed (applied, replayed, stale, set aside or dead-lettered)
     db_errors: int = 0
 
 
@@ -83,7 +84,7 @@ class Flusher:
         """Apply one batch; returns the records flushed (0 when idle or the database failed)."""
         if not self._held:
             self._held = self.reader.poll(self.config.flush_batch)
-            self._outcomes = [self._decode(r) for r in self._held]
+            self._outcomes = [o for o in map(self._decode, self._held) if o is not None]
         if not self._held:
             self._maybe_checkpoint(force=True)
             return 0
@@ -99,7 +100,15 @@ class Flusher:
                             "retrying in %.2fs", len(self._held), self.backoff.failures, exc, delay)
             self.sleep(delay)
             return 0
-        self._record(result)
+        try:
+            self._record(result)
+        except OSError as exc:
+            # Stale or set-aside outcomes are kept whole before their records may go: keep
+            # the batch (its replay is harmless) until the outbox disk takes them.
+            log.error("cannot keep %d stale or set-aside outcomes (%s); retrying",
+                      len(result.stale_ids) + len(result.missing_ids), exc)
+            self.sleep(self.backoff.next_delay())
+            return 0
         if self.backoff.failures:
             log.info("database reachable again after %d failed flushes; flushing resumed", self.backoff.failures)
         self.backoff.reset()
@@ -116,13 +125,13 @@ class Flusher:
         except OutcomeRejected:
             return self._apply_one_by_one(outcomes)
 
-    def _decode(self, record: Record) -> Outcome:
+    def _decode(self, record: Record) -> Outcome | None:
         try:
             return wire.decode_outcome(record.payload)
         except (ValueError, TypeError) as exc:
             # CRC-valid but not ours: keep the bytes, apply nothing for it.
             self._deadletter(record.payload, f"undecodable record: {exc}")
-            return Outcome(-1, -1, False, error="undecodable", retry_delay_s=-1.0)
+            return None
 
     def _apply_one_by_one(self, outcomes: list[Outcome]) -> ApplyResult:
         """Isolate the outcomes the database refuses; apply each refusal as a failure."""
@@ -135,8 +144,7 @@ class Flusher:
                 result = self.store.apply_outcomes([Outcome(
                     outcome.job_id, outcome.attempt, False, error=f"result rejected by the database: {exc}",
                     retry_delay_s=-1)])
-            total = ApplyResult(total.applied + result.applied, total.replayed + result.replayed,
-                                total.stale + result.stale, total.stale_ids + result.stale_ids)
+            total += result
         return total
 
     def _deadletter(self, payload: bytes, reason: str) -> None:
@@ -151,22 +159,32 @@ class Flusher:
         self.stats.applied += result.applied
         self.stats.replayed += result.replayed
         self.stats.stale += result.stale
+        self.stats.missing += len(result.missing_ids)
         if result.stale:
-            log.warning("%d stale outcomes ignored (a newer attempt owns the job): ids %s",
-                        result.stale, list(result.stale_ids[:10]))
-            self._log_stale(result.stale_ids)
+            log.warning("%d stale outcomes kept in %s, not applied (a newer attempt owns the job): ids %s",
+                        result.stale, layout.STALE_LOG, list(result.stale_ids[:10]))
+            self._keep(layout.stale_log(self.reader.directory), result.stale_ids,
+                       "stale: its attempt was rescued and the job claimed again")
+        if result.missing_ids:
+            log.error("%d outcomes set aside in %s: their jobs do not exist in this database: ids %s",
+                      len(result.missing_ids), layout.SETASIDE_LOG, list(result.missing_ids[:10]))
+            self._keep(layout.setaside_log(self.reader.directory), result.missing_ids,
+                       "set aside: no such job in this database")
 
-    def _log_stale(self, ids: tuple[int, ...]) -> None:
-        """Append stale job ids to ``stale.log`` for ``outbox status`` (a report, not state)."""
-        path = layout.stale_log(self.reader.directory)
+    def _keep(self, path: str, job_ids: tuple[int, ...], reason: str) -> None:
+        """Append the whole outcome of each job in ``job_ids`` to ``path`` (JSON lines), durably."""
+        wanted = set(job_ids)
+        lines = b"".join(orjson.dumps({"at": time.time(), "reason": reason, "job_id": o.job_id, "attempt": o.attempt,
+                                       "ok": o.ok, "result": o.result_json, "error": o.error}) + b"\n"
+                         for o in self._outcomes if o.job_id in wanted)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            try:
-                os.write(fd, "".join(f"{time.time():.3f} {job_id}\n" for job_id in ids).encode())
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            log.warning("could not record stale outcomes in %s: %s", layout.STALE_LOG, exc)
+            view = memoryview(lines)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def _maybe_checkpoint(self, force: bool = False) -> None:
         now = self.clock()

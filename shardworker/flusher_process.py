@@ -21,9 +21,12 @@ from collections.abc import Callable
 from typing import Any
 
 from outbox import OutboxLocked, OutboxReader
-from shardworker import procs
+from shardworker import binding, procs
 from shardworker.flusher import Flusher, FlusherConfig
 from shardworker.pg_store import PgStore, StoreConfig
+from shardworker.retry import Backoff, retry_call
+
+EXIT_WRONG_DATABASE = 4  # the flusher's database is not the one its outbox belongs to
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +101,8 @@ class FlusherHandle:
             self._carried += int(self.state.flushed)
             self.state.flushed = 0
             error = self.state.last_error.decode(errors="replace") or f"exit code {self.process.exitcode}"
+            if self.process.exitcode == EXIT_WRONG_DATABASE:
+                raise binding.WrongDatabase(error)
             log.error("flusher exited (%s); restarting it", error)
             self._restart_at = now + self._crashes.died(now, error)
         if now >= self._restart_at:
@@ -135,6 +140,13 @@ def flusher_main(directory: str, store_config: StoreConfig, config: FlusherConfi
     def sleep(seconds: float) -> None:
         procs.sleep_until(time.monotonic() + seconds, lambda: state.stop >= StopRequest.NOW)
 
+    try:
+        retry_call(lambda: binding.bind(directory, store), "checking which database the outbox belongs to",
+                   backoff=Backoff(config.backoff_base_s, config.backoff_cap_s), log=log,
+                   should_stop=lambda: state.stop >= StopRequest.NOW, sleep=sleep)
+    except binding.WrongDatabase as exc:
+        state.last_error = str(exc).encode()[:511]
+        os._exit(EXIT_WRONG_DATABASE)
     flusher = Flusher(reader, store, config, sleep=sleep)
     try:
         _loop(flusher, state, idle_sleep_s)

@@ -31,11 +31,12 @@ class HeartbeatStore(RescueStore, Protocol):
 class Heartbeat:
     """Call ``run_once(now)`` in a loop (``start`` runs that loop on a thread)."""
 
-    def __init__(self, store: HeartbeatStore, worker_id: str, interval_s: float, rescue_after_s: float,
-                 backoff: Backoff, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, store: HeartbeatStore, worker_id: str, interval_s: float, rescue_after_s: float | None,
+                 backoff: Backoff, *, rescue_grace_s: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.store, self.worker_id, self.interval_s = store, worker_id, interval_s
         self.backoff, self.clock = backoff, clock
-        self.rescuer = Rescuer(store, worker_id, rescue_after_s)
+        # No rescuer when it only keeps a worker alive (``outbox drain`` beating for the owner).
+        self.rescuer = None if rescue_after_s is None else Rescuer(store, worker_id, rescue_after_s, rescue_grace_s)
         self.last_ok: float | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -46,9 +47,11 @@ class Heartbeat:
             self.store.heartbeat(self.worker_id, socket.gethostname(), os.getpid())
             self.last_ok = now
             self.backoff.reset()
-            self.rescuer.run_once(now)
+            if self.rescuer is not None:
+                self.rescuer.run_once(now)
         except StoreError as exc:
-            self.rescuer.connection_lost()
+            if self.rescuer is not None:
+                self.rescuer.connection_lost()
             delay = max(self.interval_s, self.backoff.next_delay(exc))
             if self.backoff.failures == 1:
                 log.warning("heartbeat failed (%s); retrying every %.1fs or so", exc, delay)

@@ -6,8 +6,11 @@ The ``outbox`` package owns its segments, shard locks, ``flusher.lock``, the che
     worker.lock      held (flock) by the worker running on this directory, or a drain
     worker-id        the worker id used when --worker-id is not given
     shard-9999-*     the parent's own shard: outcomes it decides for dead children
+    database.json    the database this outbox is bound to (its instance id and name)
     deadletter/      outcomes the database refused for good, kept whole
-    stale.log        ids of outcomes whose attempt was rescued meanwhile (a report)
+    stale.jsonl      outcomes whose attempt was rescued and claimed again, kept whole
+    setaside.jsonl   outcomes whose job does not exist in the database, kept whole
+    lost.jsonl       jobs requeued because their outcome was in a quarantined segment
 
 Everything that opens, locks or counts one of these names comes through here.
 """
@@ -24,7 +27,10 @@ from shardworker.errors import OutboxBusy
 WORKER_LOCK = "worker.lock"
 WORKER_ID_FILE = "worker-id"
 DEADLETTER_DIR = "deadletter"
-STALE_LOG = "stale.log"
+STALE_LOG = "stale.jsonl"
+SETASIDE_LOG = "setaside.jsonl"
+LOST_LOG = "lost.jsonl"
+DATABASE_FILE = "database.json"
 PARENT_SHARD = 9999  # above any child's shard: --procs is capped below it
 
 
@@ -61,17 +67,33 @@ def stale_log(directory: str) -> str:
     return os.path.join(directory, STALE_LOG)
 
 
+def setaside_log(directory: str) -> str:
+    return os.path.join(directory, SETASIDE_LOG)
+
+
+def lost_log(directory: str) -> str:
+    return os.path.join(directory, LOST_LOG)
+
+
 def count_deadlettered(directory: str) -> int:
     path = deadletter_dir(directory)
     return len(os.listdir(path)) if os.path.isdir(path) else 0
 
 
-def count_stale(directory: str) -> int:
+def count_lines(path: str) -> int:
     try:
-        with open(stale_log(directory), "rb") as f:
+        with open(path, "rb") as f:
             return sum(1 for _ in f)
     except FileNotFoundError:
         return 0
+
+
+def count_stale(directory: str) -> int:
+    return count_lines(stale_log(directory)) + count_lines(os.path.join(directory, "stale.log"))  # + before 0.2
+
+
+def count_setaside(directory: str) -> int:
+    return count_lines(setaside_log(directory))
 
 
 def shard_lock_names(directory: str) -> list[str]:

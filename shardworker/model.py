@@ -58,9 +58,15 @@ class Outcome:
 
 @dataclass(frozen=True, slots=True)
 class ApplyResult:
-    """What one batch of outcomes did: applied, replayed (already applied), stale."""
+    """What one batch of outcomes did: applied, replayed (already applied), stale (its
+    attempt lost its lease), missing (its job does not exist in this database)."""
 
     applied: int = 0
     replayed: int = 0
     stale: int = 0
     stale_ids: tuple[int, ...] = ()
+    missing_ids: tuple[int, ...] = ()
+
+    def __add__(self, other: ApplyResult) -> ApplyResult:
+        return ApplyResult(self.applied + other.applied, self.replayed + other.replayed, self.stale + other.stale,
+                           self.stale_ids + other.stale_ids, self.missing_ids + other.missing_ids)

@@ -73,6 +73,9 @@ def translate_errors() -> Iterator[None]:
         raise SchemaMissing() from exc
     except (pgerr.SerializationFailure, pgerr.DeadlockDetected, pgerr.QueryCanceled) as exc:
         raise TransientConflict(f"transient conflict: {exc.diag.message_primary or exc}") from exc
+    except pgerr.ReadOnlySqlTransaction as exc:
+        # A standby, or a primary mid-failover: wait for a writable server as for any outage.
+        raise DatabaseUnavailable(f"database unavailable: read-only: {_first_line(exc)}") from exc
     except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
         raise DatabaseUnavailable(f"database unavailable: {_first_line(exc)}") from exc
     except psycopg.Error as exc:
@@ -389,10 +392,29 @@ class PgStore:
             cur.execute(query("worker_heartbeats"))
             return {w: t for w, t in cur.fetchall()}
 
-    def rescue_workers(self, worker_ids: Sequence[str]) -> list[int]:
-        """Requeue the running jobs of ``worker_ids`` and drop their heartbeat rows."""
+    def rescue_workers(self, observed: Sequence[tuple[str, datetime]], grace_s: float = 0.0) -> list[int]:
+        """Requeue the running jobs of workers whose heartbeat is still the one observed (and
+        drop their rows); rescued jobs wait ``grace_s`` before they may be claimed again."""
         with self._cursor() as cur:
-            cur.execute(query("rescue_workers"), {"worker_ids": list(worker_ids)})
+            cur.execute(query("rescue_workers"), {"worker_ids": [w for w, _ in observed],
+                                                  "heartbeats": [b for _, b in observed], "grace_s": grace_s})
+            return [r[0] for r in cur.fetchall()]
+
+    def identity(self) -> tuple[str, str, str]:
+        """(instance id, database name, server as host:port): what an outbox is bound to."""
+        with self._cursor() as cur:
+            cur.execute(query("db_identity"))
+            row = cur.fetchone()
+            info = cur.connection.info
+        if row is None:
+            raise SchemaMissing("the shardworker.instance row is missing: run `shardworker migrate`")
+        return str(row[0]), str(row[1]), f"{info.host}:{info.port}"
+
+    def requeue_lost(self, worker_id: str, error: str, keep_ids: Sequence[int]) -> list[int]:
+        """Requeue this worker's running jobs except ``keep_ids`` (whose outcomes are still coming)."""
+        with self._cursor() as cur:
+            cur.execute(query("job_requeue_lost"), {"worker_id": worker_id, "error": error,
+                                                    "keep_ids": list(keep_ids)})
             return [r[0] for r in cur.fetchall()]
 
 
@@ -468,9 +490,12 @@ def enqueue_many_on(conn: Any, rows: Iterable[Sequence[Any]]) -> int:
 def _classify(applied: int, missed: Sequence[Outcome], last_applied: dict[int, int | None]) -> ApplyResult:
     replayed = 0
     stale: list[int] = []
+    missing: list[int] = []
     for outcome in missed:
-        if last_applied.get(outcome.job_id) == outcome.attempt:
+        if outcome.job_id not in last_applied:
+            missing.append(outcome.job_id)  # no such job here: the wrong database, or deleted
+        elif last_applied[outcome.job_id] == outcome.attempt:
             replayed += 1  # this attempt's outcome was applied before: a replay after a lost checkpoint
         else:
-            stale.append(outcome.job_id)  # its attempt was rescued (and maybe re-claimed), or the job is gone
-    return ApplyResult(applied, replayed, len(stale), tuple(stale))
+            stale.append(outcome.job_id)  # its attempt was rescued and claimed again
+    return ApplyResult(applied, replayed, len(stale), tuple(stale), tuple(missing))

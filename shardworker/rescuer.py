@@ -2,7 +2,10 @@
 
 One rescuer runs at a time across hosts (a session advisory lock). It rescues a worker
 only after *watching* its heartbeat stay unchanged for ``rescue_after_s`` while the
-rescuer itself stayed connected: silence the rescuer did not witness proves nothing.
+rescuer itself stayed connected: silence the rescuer did not witness proves nothing; and
+only if the heartbeat is still the one it watched when the rescue runs. Rescued jobs
+wait ``grace_s`` before they may be claimed again: the silent worker's late outcomes of
+those attempts still apply meanwhile.
 So a database outage, which silences every worker at once (the rescuer included),
 rescues nobody when it ends; only a worker that stayed silent while this one kept
 beating is rescued. Losing the connection (or the lock) forgets every observation.
@@ -22,14 +25,14 @@ class RescueStore(Protocol):
 
     def try_rescue_lock(self) -> bool: ...
     def heartbeats(self) -> dict[str, datetime]: ...
-    def rescue_workers(self, worker_ids: list[str]) -> list[int]: ...
+    def rescue_workers(self, observed: list[tuple[str, datetime]], grace_s: float = 0.0) -> list[int]: ...
 
 
 class Rescuer:
     """Call ``run_once(now)`` after each successful heartbeat; ``now`` is monotonic seconds."""
 
-    def __init__(self, store: RescueStore, worker_id: str, rescue_after_s: float) -> None:
-        self.store, self.worker_id, self.rescue_after_s = store, worker_id, rescue_after_s
+    def __init__(self, store: RescueStore, worker_id: str, rescue_after_s: float, grace_s: float = 0.0) -> None:
+        self.store, self.worker_id, self.rescue_after_s, self.grace_s = store, worker_id, rescue_after_s, grace_s
         self._seen: dict[str, tuple[datetime, float]] = {}  # worker -> (heartbeat, first seen at)
         self._has_lock = False
         self._generation = -1
@@ -53,7 +56,7 @@ class Rescuer:
             self.connection_lost()  # reconnected inside that call: start watching afresh
             self._generation = self.store.generation
             return []
-        silent = []
+        silent: list[tuple[str, datetime]] = []
         for worker, beat in beats.items():
             if worker == self.worker_id:
                 continue
@@ -61,13 +64,14 @@ class Rescuer:
             if seen is None or seen[0] != beat:
                 self._seen[worker] = (beat, now)
             elif now - seen[1] >= self.rescue_after_s:
-                silent.append(worker)
+                silent.append((worker, beat))
         for gone in set(self._seen) - set(beats):
             del self._seen[gone]
         if not silent:
             return []
-        rescued = self.store.rescue_workers(silent)
-        for worker in silent:
+        rescued = self.store.rescue_workers(silent, self.grace_s)
+        for worker, _ in silent:
             self._seen.pop(worker, None)
-        log.warning("rescued %d jobs of silent workers %s", len(rescued), ", ".join(sorted(silent)))
+        log.warning("rescued %d jobs of silent workers %s (claimable again in %gs)", len(rescued),
+                    ", ".join(sorted(w for w, _ in silent)), self.grace_s)
         return rescued

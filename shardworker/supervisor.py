@@ -1,6 +1,7 @@
 """The supervisor: the order of things in one worker's life.
 
-1. Take the outbox directory's worker lock; know the worker id; wait for the schema.
+1. Take the outbox directory's worker lock; know the worker id; wait for the schema; bind
+   the outbox to this database at first use, or refuse another database.
 2. Wait until no process of a previous run still writes a shard of this outbox.
 3. Start heartbeating (its own thread and connection) and the flusher.
 4. Startup recovery: wait until the flusher has applied every pending outcome, then
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from outbox import status as outbox_status
-from shardworker import layout, procs
+from shardworker import binding, layout, procs
 from shardworker.app import App
 from shardworker.children import ChildPool
 from shardworker.config import WorkerConfig
@@ -90,6 +91,9 @@ class Supervisor:
             self._install_signals()
             retry_call(self.store.check_schema, "checking the schema", backoff=self._backoff(), log=log,
                        should_stop=lambda: self.stopping)
+            retry_call(lambda: binding.bind(self.config.outbox_dir, self.store, embedded=self.config.embedded_db),
+                       "checking which database the outbox belongs to", backoff=self._backoff(), log=log,
+                       should_stop=lambda: self.stopping)
             self._wait_for_writers_gone()
             self._start_heartbeat()
             self.flusher.start()
@@ -143,7 +147,8 @@ class Supervisor:
 
     def _start_heartbeat(self) -> None:
         self.heartbeat = Heartbeat(PgStore(self.store_config), self.worker_id, self.config.heartbeat_interval_s,
-                                   self.config.rescue_after_s, self._backoff())
+                                   self.config.rescue_after_s, self._backoff(),
+                                   rescue_grace_s=self.config.rescue_grace_s)
         self.heartbeat.start()
 
     def _startup_recovery(self) -> bool:

@@ -23,7 +23,7 @@ INSERT INTO shardworker.migrations (version, name) VALUES (%(version)s, %(name)s
 -- The ids go through ARRAY(...) so even a generic (prepared) plan updates them by primary
 -- key; a join on the subquery was planned as a hash join over the whole table.
 UPDATE shardworker.jobs j
-SET status = 'running', attempt = j.attempt + 1, locked_by = %(worker_id)s,
+SET status = 'running', attempt = j.attempt + 1, locked_by = %(worker_id)s, rescued_attempt = NULL,
     claim_token = %(claim_token)s, attempted_at = now(), updated_at = now()
 WHERE j.id = ANY(ARRAY(
     SELECT id FROM shardworker.jobs
@@ -37,9 +37,11 @@ WHERE j.id = ANY(ARRAY(
 RETURNING j.id, j.kind, j.queue, j.payload::text, j.attempt, j.max_attempts;
 
 -- job_apply_outcomes --
--- Apply a batch of outcomes, fenced: only the attempt that produced an outcome, and only
--- while it is still running. Returns the rows applied; an outcome missing from the result
--- was applied before (a replay) or its attempt lost its lease (stale): see job_classify.
+-- Apply a batch of outcomes, fenced: only the attempt that produced an outcome, while it is
+-- still running, or while it waits rescued and not yet claimed again (a late outcome from a
+-- host that was stopped or cut off lands instead of the job running again). Returns the
+-- rows applied; an outcome missing from the result was applied before (a replay), its
+-- attempt lost its lease (stale), or its job does not exist: see job_classify.
 WITH o AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(oks)s::bool[],
                          %(results)s::jsonb[], %(errors)s::text[], %(delays)s::float8[])
@@ -55,14 +57,16 @@ SET status = CASE WHEN o.ok THEN 'done'
                   THEN now() + make_interval(secs => o.delay_s) ELSE j.run_at END,
     finished_at = CASE WHEN o.ok OR j.attempt >= j.max_attempts OR o.delay_s < 0
                        THEN now() ELSE NULL END,
-    locked_by = NULL, applied_attempt = o.attempt, updated_at = now()
+    locked_by = NULL, applied_attempt = o.attempt, rescued_attempt = NULL, updated_at = now()
 FROM o
-WHERE j.id = o.id AND j.attempt = o.attempt AND j.status = 'running'
+WHERE j.id = o.id AND j.attempt = o.attempt
+  AND (j.status = 'running' OR (j.rescued_attempt = o.attempt AND j.status IN ('queued', 'failed')))
 RETURNING j.id, j.attempt;
 
 -- job_classify --
 -- For outcomes that matched no running attempt: which attempt's outcome each job last
--- applied (equal to the outcome's attempt means a harmless replay; otherwise stale).
+-- applied (equal to the outcome's attempt means a harmless replay; otherwise stale). A job
+-- missing from the result does not exist in this database.
 SELECT id, applied_attempt FROM shardworker.jobs WHERE id = ANY(%(ids)s::bigint[]);
 
 -- job_release --
@@ -168,15 +172,38 @@ SELECT pg_try_advisory_lock(hashtext('shardworker.rescuer'));
 SELECT worker_id, heartbeat_at FROM shardworker.workers;
 
 -- rescue_workers --
--- Requeue the running jobs of workers the rescuer watched stay silent; the lost run counts
--- as a failed attempt. Their heartbeat rows go too; a worker that comes back re-registers.
+-- Requeue the running jobs of workers the rescuer watched stay silent, each only if its
+-- heartbeat is still the one the rescuer watched (a worker that beat meanwhile is alive).
+-- The lost run counts as a failed attempt; the job remembers it (rescued_attempt) and waits
+-- a grace period before it may be claimed again, so that attempt's outcome, if the worker
+-- computed one, can still land. Their heartbeat rows go too; a worker that comes back
+-- re-registers.
 WITH gone AS (
-    DELETE FROM shardworker.workers WHERE worker_id = ANY(%(worker_ids)s::text[])
+    DELETE FROM shardworker.workers w
+    USING unnest(%(worker_ids)s::text[], %(heartbeats)s::timestamptz[]) AS s(worker_id, heartbeat_at)
+    WHERE w.worker_id = s.worker_id AND w.heartbeat_at = s.heartbeat_at
+    RETURNING w.worker_id
 )
 UPDATE shardworker.jobs
 SET status = CASE WHEN attempt < max_attempts THEN 'queued' ELSE 'failed' END,
     last_error = 'rescued: worker ' || locked_by || ' stopped heartbeating',
+    rescued_attempt = attempt, run_at = now() + make_interval(secs => %(grace_s)s),
     locked_by = NULL, updated_at = now(),
     finished_at = CASE WHEN attempt < max_attempts THEN NULL ELSE now() END
-WHERE status = 'running' AND locked_by = ANY(%(worker_ids)s::text[])
+WHERE status = 'running' AND locked_by IN (SELECT worker_id FROM gone)
+RETURNING id;
+
+-- db_identity --
+-- What an outbox directory is bound to: this database's instance id and name.
+SELECT id::text, current_database() FROM shardworker.instance;
+
+-- job_requeue_lost --
+-- This worker's running jobs whose outcome is gone (quarantined with a corrupt outbox
+-- segment), i.e. every one no child still holds and no outbox record still carries:
+-- retried at once, the lost run counted as an attempt.
+UPDATE shardworker.jobs
+SET status = CASE WHEN attempt < max_attempts THEN 'queued' ELSE 'failed' END,
+    last_error = %(error)s, locked_by = NULL, updated_at = now(),
+    finished_at = CASE WHEN attempt < max_attempts THEN NULL ELSE now() END
+WHERE status = 'running' AND locked_by = %(worker_id)s AND NOT (id = ANY(%(keep_ids)s::bigint[]))
 RETURNING id;

@@ -277,7 +277,7 @@ def test_outbox_drain_applies_pending_outcomes(tmp_path: Path, pg_dsn: str, stor
     write_outcomes(outbox_dir, outcomes)
     result = invoke("outbox", "drain", "--outbox-dir", str(outbox_dir), "--dsn", pg_dsn, "--timeout", "10")
     assert result.exit_code == 0, result.output
-    assert "drained 5 outcomes: 4 applied, 0 already applied, 1 stale, 0 dead-lettered" in result.stdout
+    assert "drained 5 outcomes: 4 applied, 0 already applied, 1 stale, 0 set aside, 0 dead-lettered" in result.stdout
     final = {r["id"]: r for r in rows(pg_dsn)}
     for job in jobs[:3]:
         assert (final[job.id]["status"], final[job.id]["result"]) == ("done", {"id": job.id})

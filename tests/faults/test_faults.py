@@ -203,7 +203,8 @@ def test_dead_host_is_rescued_and_its_outbox_drains_stale(private_pg: EmbeddedPo
     enqueue(dsn, "slow", 200, {"sleep": 0.05})
     a = start_worker(dsn, a_outbox, counts, *FAST, "--worker-id", "host-a", procs=1)
     wait_for(lambda: "queued" not in status_counts(dsn) and len(runs(counts)) >= 5, 30, "A holds the jobs")
-    b = start_worker(dsn, b_outbox, counts, *FAST, "--worker-id", "host-b", "--rescue-after", "5", procs=2)
+    b = start_worker(dsn, b_outbox, counts, *FAST, "--worker-id", "host-b", "--rescue-after", "5",
+                     "--shutdown-timeout", "2", "--rescue-grace", "0", procs=2)
     time.sleep(1.0)
     private_pg.stop("immediate")  # A's last outcomes stay in its outbox, unapplied
     time.sleep(0.5)
@@ -229,7 +230,7 @@ def test_outage_longer_than_rescue_after_rescues_nobody(private_pg: EmbeddedPost
     dsn, counts = private_pg.dsn, tmp_path / "counts"
     counts.mkdir()
     enqueue(dsn, "slow", 400, {"sleep": 0.02})
-    args = (*FAST, "--rescue-after", "5", "--exit-when-idle")
+    args = (*FAST, "--rescue-after", "5", "--shutdown-timeout", "2", "--exit-when-idle")
     a = start_worker(dsn, tmp_path / "a", counts, *args, "--worker-id", "host-a", procs=1)
     b = start_worker(dsn, tmp_path / "b", counts, *args, "--worker-id", "host-b", procs=1)
     wait_for(lambda: status_counts(dsn).get("done", 0) >= 20, 30, "both working")

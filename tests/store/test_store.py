@@ -235,7 +235,7 @@ def test_apply_outcome_of_an_older_attempt_is_stale(store: PgStore, other: PgSto
     """After a job is rescued and re-claimed, the old attempt's outcome is stale and overwrites nothing."""
     add_id(store)
     old = claim_one(store, "w-old")
-    assert store.rescue_workers(["w-old"]) == [old.id]
+    assert rescue(store, "w-old") == [old.id]
     new = claim_one(other, "w-new")
     assert new.attempt == old.attempt + 1
     result = store.apply_outcomes([done(old, '{"from": "old"}')])
@@ -246,14 +246,36 @@ def test_apply_outcome_of_an_older_attempt_is_stale(store: PgStore, other: PgSto
     assert row(pg_dsn, old.id)["result"] == {"from": "new"}
 
 
-def test_apply_outcome_after_rescue_before_reclaim_is_stale(store: PgStore, pg_dsn: str) -> None:
-    """An outcome for an attempt that was rescued (not yet re-claimed) is stale: it was never applied."""
+def test_a_late_outcome_of_a_rescued_attempt_applies_before_the_job_is_claimed_again(
+        store: PgStore, pg_dsn: str) -> None:
+    """A rescued job waits out the grace period; its rescued attempt's outcome, arriving late from
+    the silent host, is applied meanwhile instead of the job running again."""
     add_id(store)
     job = claim_one(store, "w-old")
-    store.rescue_workers(["w-old"])
-    result = store.apply_outcomes([done(job)])
-    assert row(pg_dsn, job.id)["status"] == "queued"  # not applied: the fence held
-    assert result == ApplyResult(stale=1, stale_ids=(job.id,))
+    assert rescue(store, "w-old", grace_s=600) == [job.id]
+    r = row(pg_dsn, job.id)
+    assert (r["status"], r["rescued_attempt"], r["due_in_s"] > 590) == ("queued", 1, True)
+    assert store.claim(["k"], None, "w-new", 10) == []  # not before the grace period
+    assert store.apply_outcomes([done(job, '{"late": true}')]) == ApplyResult(applied=1)
+    r = row(pg_dsn, job.id)
+    assert (r["status"], r["attempt"], r["result"], r["rescued_attempt"]) == ("done", 1, {"late": True}, None)
+
+
+def test_rescue_spares_a_worker_whose_heartbeat_changed_since_it_was_watched(store: PgStore, pg_dsn: str) -> None:
+    """rescue_workers acts on the heartbeat the rescuer observed; a worker that beat since keeps its jobs."""
+    add_id(store)
+    job = claim_one(store, "w-slow")
+    store.heartbeat("w-slow", "host", 1)
+    observed = store.heartbeats()["w-slow"]
+    store.heartbeat("w-slow", "host", 1)  # it beat again after the observation
+    assert store.rescue_workers([("w-slow", observed)]) == []
+    assert row(pg_dsn, job.id)["status"] == "running"
+
+
+def rescue(store: PgStore, worker: str, grace_s: float = 0.0) -> list[int]:
+    """Rescue ``worker`` as a rescuer that watched its (fresh) heartbeat would."""
+    store.heartbeat(worker, "host", 1)
+    return store.rescue_workers([(worker, store.heartbeats()[worker])], grace_s)
 
 
 def test_applying_an_outcome_twice_is_a_replay(store: PgStore, pg_dsn: str) -> None:
@@ -269,15 +291,15 @@ def test_applying_an_outcome_twice_is_a_replay(store: PgStore, pg_dsn: str) -> N
                                                                    if k != "due_in_s"}
 
 
-def test_apply_batch_classifies_applied_replayed_and_stale(store: PgStore, pg_dsn: str) -> None:
-    """One batch applies the live outcome, counts the replay and reports the unknown job as stale."""
+def test_apply_batch_classifies_applied_replayed_and_missing(store: PgStore, pg_dsn: str) -> None:
+    """One batch applies the live outcome, counts the replay and reports the unknown job as missing."""
     add_id(store)
     add_id(store)
     finished, live = store.claim(["k"], None, "w1", 2)
     store.apply_outcomes([done(finished)])
     missing = Outcome(10**12, 1, True, result_json="1")
     result = store.apply_outcomes([done(live, "7"), done(finished), missing])
-    assert result == ApplyResult(applied=1, replayed=1, stale=1, stale_ids=(10**12,))
+    assert result == ApplyResult(applied=1, replayed=1, missing_ids=(10**12,))
     assert row(pg_dsn, live.id)["result"] == 7
 
 

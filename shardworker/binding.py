@@ -1,0 +1,77 @@
+"""The database an outbox directory belongs to.
+
+Outcomes in an outbox are for the jobs of one database. At first use the worker records
+that database's identity in the directory (``database.json``: the instance id that
+migration 0004 gave the schema, the database's name, and the server it was reached at);
+from then on a worker, its flusher or ``outbox drain`` pointed at another database refuses
+with one line naming both, instead of applying outcomes whose jobs are not there. A copy of
+the same database (a failover replica, a restore) keeps the instance id and is accepted.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Protocol
+
+import orjson
+
+from outbox.fsutil import atomic_write
+from shardworker.errors import ShardworkerError
+from shardworker.layout import DATABASE_FILE
+
+
+class WrongDatabase(ShardworkerError):
+    """This outbox belongs to another database."""
+
+
+class IdentityStore(Protocol):
+    def identity(self) -> tuple[str, str, str]: ...
+
+
+@dataclass(frozen=True)
+class Binding:
+    instance: str
+    database: str
+    server: str
+    embedded: bool = False
+
+    def describe(self) -> str:
+        return f"database {self.database!r} on {self.server} (instance {self.instance[:8]})"
+
+    def same_database(self, other: Binding) -> bool:
+        return (self.instance, self.database) == (other.instance, other.database)
+
+
+def bound_to(directory: str) -> Binding | None:
+    """The binding recorded in ``directory``, or None before its first use."""
+    try:
+        with open(os.path.join(directory, DATABASE_FILE), "rb") as f:
+            doc = orjson.loads(f.read())
+        return Binding(str(doc["instance"]), str(doc["database"]), str(doc["server"]), bool(doc.get("embedded")))
+    except FileNotFoundError:
+        return None
+    except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+        raise ShardworkerError(f"{os.path.join(directory, DATABASE_FILE)} is damaged ({exc}); it names the "
+                               "database this outbox belongs to: restore it, or remove it only if you know "
+                               "the outbox's outcomes are for the database you point at") from exc
+
+
+def current(store: IdentityStore, *, embedded: bool = False) -> Binding:
+    instance, database, server = store.identity()
+    return Binding(instance, database, server, embedded)
+
+
+def bind(directory: str, store: IdentityStore, *, embedded: bool = False) -> Binding:
+    """Record the store's database as this outbox's at first use; ``WrongDatabase`` when the
+    outbox already belongs to another."""
+    here = current(store, embedded=embedded)
+    recorded = bound_to(directory)
+    if recorded is None:
+        atomic_write(directory, DATABASE_FILE, orjson.dumps({
+            "instance": here.instance, "database": here.database, "server": here.server, "embedded": embedded}))
+        return here
+    if not recorded.same_database(here):
+        raise WrongDatabase(f"the outbox {directory} belongs to {recorded.describe()}, not {here.describe()}: "
+                            "point --dsn at the database it belongs to")
+    return recorded
