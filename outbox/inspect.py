@@ -95,6 +95,25 @@ def _is_sealed(directory: str, shard: int, segno: int) -> bool:
     return frame is not None and frame.kind is Kind.SEAL
 
 
+def pending_records(directory: str) -> list[bytes]:
+    """Payloads of every record after the checkpoint, all shards (the checkpoint may lag a live
+    flusher, so some may be applied already); for telling which outcomes are still coming."""
+    saved = checkpoint.load(directory)
+    found: list[bytes] = []
+    for shard, segs in list_segments(directory).items():
+        pos = saved.get(shard, Position(0, 0, 0))
+        for segno in segs:
+            if segno < pos.segno:
+                continue
+            try:
+                buf = read_file(os.path.join(directory, segment_name(shard, segno)))
+            except FileNotFoundError:
+                continue  # applied and deleted by the flusher meanwhile
+            start, seq = (pos.offset, pos.seq) if segno == pos.segno else (0, 0)
+            found.extend(f.payload for f in parse(buf, shard, segno, start, seq).data)
+    return found
+
+
 def tail_records(directory: str, shard: int, count: int) -> list[bytes]:
     """Payloads of up to the last ``count`` durable records of ``shard``, oldest first.
 

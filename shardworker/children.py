@@ -246,6 +246,10 @@ class ChildPool:
     def in_flight(self) -> int:
         return sum(len(h.sent) + len(h.held) for h in self.handles)
 
+    def job_ids(self) -> list[int]:
+        """Ids of every job routed to a child and not yet reported."""
+        return [s.job.id for h in self.handles for s in h.sent.values()] + [j.id for h in self.handles for j in h.held]
+
     def send(self, index: int, jobs: list[ClaimedJob]) -> None:
         """Route jobs to child ``index``; what it has no room for waits here."""
         self.handles[index].held.extend(jobs)

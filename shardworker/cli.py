@@ -130,12 +130,14 @@ def enqueue(kind: str | None, payload_json: str | None, count: int, file_: Any, 
                    "(env SHARDWORKER_CONCURRENCY); plain sync handlers run one at a time per child.")
 @click.option("--prefetch", type=click.IntRange(min=1, max=100_000), default=64, show_default=True,
               help="Jobs a child holds beyond those it runs at once.")
+@click.option("--segment-bytes", type=click.IntRange(min=4096), default=16 * 1024 * 1024, show_default=True,
+              help="Outbox segment size: a segment is deleted once every outcome in it is applied.")
 @dsn_option
 @one_line_errors
 def run(app_ref: str, procs: int, outbox_dir: str, queues: str | None, worker_id: str | None,
         exit_when_idle: bool, shutdown_timeout: float, rescue_after: float, rescue_grace: float, backoff_cap: float,
         network_timeout: int, statement_timeout: float, min_free_mb: int, concurrency: int, prefetch: int,
-        dsn: str | None) -> None:
+        segment_bytes: int, dsn: str | None) -> None:
     """Run the worker: a parent, N children and one flusher."""
     from shardworker.app import load_app
     from shardworker.config import WorkerConfig
@@ -149,7 +151,8 @@ def run(app_ref: str, procs: int, outbox_dir: str, queues: str | None, worker_id
         rescue_grace_s=rescue_grace,
         backoff_cap_s=backoff_cap, backoff_base_s=min(0.05, backoff_cap), min_free_bytes=min_free_mb * 1024 * 1024,
         network_timeout_s=network_timeout, statement_timeout_s=statement_timeout,
-        connect_timeout_s=min(5, network_timeout), concurrency=concurrency, prefetch_batch=prefetch)
+        connect_timeout_s=min(5, network_timeout), concurrency=concurrency, prefetch_batch=prefetch,
+        segment_bytes=segment_bytes)
     started = time.monotonic()
     summary = Supervisor(config, app).run()
     elapsed = time.monotonic() - started

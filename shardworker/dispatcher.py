@@ -29,6 +29,7 @@ from shardworker.errors import SchemaMissing, StoreError
 from shardworker.flusher_process import FlusherHandle
 from shardworker.model import ClaimedJob
 from shardworker.parent_outcomes import ParentOutcomes
+from shardworker.quarantine_watch import QuarantineWatch
 from shardworker.retry import Backoff, is_retryable, retry_call
 from shardworker.routing import shard_for
 from shardworker.wire import JobKey
@@ -45,6 +46,7 @@ class DispatchStore(Protocol):
     def release_claim(self, claim_token: str, worker_id: str) -> int: ...
     def count_active(self, kinds: Sequence[str], queues: Sequence[str] | None, worker_id: str) -> int: ...
     def notify_fileno(self) -> int: ...
+    def requeue_lost(self, worker_id: str, error: str, keep_ids: Sequence[int]) -> list[int]: ...
     def wait_notify(self, timeout_s: float) -> bool: ...
 
 
@@ -69,6 +71,8 @@ class Dispatcher:
         self.next_idle_check_at = 0.0
         self.db_ok = True
         self.lost_claims: list[str] = []
+        self.quarantine = QuarantineWatch(config.outbox_dir, worker_id, store,
+                                          lambda: [*pool.job_ids(), *parent_outcomes.waiting_ids()], clock=clock)
 
     # the loop ----------------------------------------------------------------------
 
@@ -77,6 +81,7 @@ class Dispatcher:
         self.count_finished(self.pool.collect())
         self.settle(self.pool.check())
         self.flusher.check()
+        self._settle_quarantined()
         claimed = self._maybe_claim()
         self._log_progress()
         if self.config.exit_when_idle and self._idle():
@@ -94,6 +99,16 @@ class Dispatcher:
         """Count a dead child's durable outcomes and fail the started jobs it lost."""
         for death in deaths:
             self.count_finished(death.durable + self.parent_outcomes.fail(death.lost, death.reason))
+
+    def _settle_quarantined(self) -> None:
+        try:
+            pending = self.quarantine.run_once()
+        except StoreError as exc:
+            self._claim_failed(exc)  # tried again at the next look
+            return
+        if pending is not None:
+            # The quarantined outcomes will never be flushed: count the backlog afresh.
+            self.acked_total = self.flusher.flushed_total - self.flushed_base + pending
 
     def backlog(self) -> int:
         """Outcomes made durable and not yet flushed (an estimate)."""

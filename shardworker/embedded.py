@@ -6,12 +6,16 @@ Layout, for ``EmbeddedPostgres("<run>/pgdata")``::
     <run>/postgres.json    {"port": N}: the port survives restarts, so the DSN stays valid
     <run>/postgres.log     server log (appended across restarts)
     <run>/postgres.lock    flock held while starting or stopping, across processes
-    <run>/sock/            the server's unix socket directory
+    <run>/password         the generated password of the ``postgres`` role (0600)
+    <run>/sock/            the server's unix socket directory (0700)
 
-The server listens on 127.0.0.1 only and trusts every local connection as ``postgres``.
-PostgreSQL refuses to run as root, so when this process is root the server runs as the
-system user ``shardworker-pg`` (created if missing), and every directory above the data
-directory and the binaries is made traversable (``o+x``, never ``o+r``) for that user.
+The server listens on 127.0.0.1 only and asks every TCP connection for the generated
+password (scram-sha-256): another local user cannot connect, let alone run SQL as the
+superuser. Only its own unix socket, in a 0700 directory, is trusted. PostgreSQL refuses
+to run as root, so when this process is root the server runs as the system user
+``shardworker-pg`` (created if missing), and each directory above the data directory and
+the binaries that it could not search gets a POSIX ACL entry letting that one user search
+it (never ``o+x``, which would open, say, ``/root`` to everyone).
 
 This module drives ``initdb`` and ``pg_ctl`` and never imports psycopg.
 """
@@ -24,8 +28,10 @@ import json
 import os
 import pwd
 import re
+import secrets
 import socket
 import stat
+import struct
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -69,11 +75,23 @@ class EmbeddedPostgres:
         return self._port
 
     @property
+    def password_path(self) -> Path:
+        return self.run_dir / "password"
+
+    @property
     def dsn(self) -> str:
         return self.dsn_for("postgres")
 
     def dsn_for(self, dbname: str) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self._port}/{quote(dbname, safe='')}"
+        password = quote(self._password(), safe="")
+        return f"postgresql://postgres:{password}@127.0.0.1:{self._port}/{quote(dbname, safe='')}"
+
+    def _password(self) -> str:
+        try:
+            return self.password_path.read_text().strip()
+        except FileNotFoundError:
+            raise EmbeddedPostgresError(f"{self.password_path} is missing: start the server once "
+                                        "(it generates the password)") from None
 
     def start(self) -> None:
         """Create the cluster if needed and start it; return once it accepts connections.
@@ -92,6 +110,8 @@ class EmbeddedPostgres:
             if not (self.datadir / "PG_VERSION").exists():
                 self._initdb(owner, bins)
             self._write_settings(owner)
+            if not self.password_path.exists():
+                self._set_password(owner, bins)
             if not _port_is_free(self._port):
                 raise EmbeddedPostgresError(
                     f"port {self._port} is in use by another process; delete {self.metadata_path} to pick a new one"
@@ -170,10 +190,40 @@ class EmbeddedPostgres:
             f"port = {self._port}\n"
             "listen_addresses = '127.0.0.1'\n"
             f"unix_socket_directories = '{_conf_quote(sockets)}'\n"
+            "unix_socket_permissions = 0700\n"
+            "password_encryption = 'scram-sha-256'\n"
             "max_connections = 200\n"
         )
+        hba = self.datadir / "pg_hba.conf"
+        hba.write_text(
+            "# Written by shardworker.embedded on every start; edits here are lost.\n"
+            "# The socket's directory is 0700: only the server's own user reaches it.\n"
+            "local all all trust\n"
+            "host all all 127.0.0.1/32 scram-sha-256\n"
+            "host all all ::1/128 scram-sha-256\n"
+        )
         if owner is not None:
-            os.chown(path, owner.pw_uid, owner.pw_gid)
+            for written in (path, hba):
+                os.chown(written, owner.pw_uid, owner.pw_gid)
+
+    def _set_password(self, owner: pwd.struct_passwd | None, bins: Path) -> None:
+        """Give the postgres role a new random password (server stopped: single-user mode) and
+        keep it in ``password`` (0600) only once the cluster has it."""
+        password = secrets.token_urlsafe(24)
+        args = [str(bins / "postgres"), "--single", "-D", str(self.datadir), "-c", "exit_on_error=true", "postgres"]
+        result = _run(args, owner, cwd=self.run_dir, timeout=INITDB_TIMEOUT_S,
+                      stdin=f"ALTER ROLE postgres PASSWORD '{password}';\n")
+        if result.returncode != 0:
+            raise EmbeddedPostgresError(f"could not set the server's password in {self.datadir}:\n"
+                                        f"{result.stdout.strip()}")
+        tmp = self.password_path.with_name("password.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, password.encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.password_path)
 
     def _run_pg_ctl(self, owner: pwd.struct_passwd | None, bins: Path, action: str, *extra: str) -> None:
         wait = ["-w", "-t", str(PG_CTL_TIMEOUT_S)]
@@ -280,7 +330,7 @@ def _server_user() -> pwd.struct_passwd | None:
 
 
 def _run(
-    args: list[str], owner: pwd.struct_passwd | None, *, cwd: Path, timeout: float
+    args: list[str], owner: pwd.struct_passwd | None, *, cwd: Path, timeout: float, stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}  # PGDATA, PGPORT... stay out
     env["LC_ALL"] = "C"
@@ -290,7 +340,8 @@ def _run(
         args,
         cwd=cwd,
         env=env,
-        stdin=subprocess.DEVNULL,
+        input=stdin,
+        stdin=subprocess.DEVNULL if stdin is None else None,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -302,7 +353,7 @@ def _run(
 
 
 def _ensure_traversable(path: Path, owner: pwd.struct_passwd) -> None:
-    """Add o+x to ``path`` and each ancestor that ``owner`` could not otherwise search."""
+    """Let ``owner`` (only) search ``path`` and each ancestor it could not otherwise search."""
     for directory in (path, *path.parents):
         st = directory.stat()
         if st.st_uid == owner.pw_uid:
@@ -311,8 +362,52 @@ def _ensure_traversable(path: Path, owner: pwd.struct_passwd) -> None:
             allowed = st.st_mode & stat.S_IXGRP
         else:
             allowed = st.st_mode & stat.S_IXOTH
-        if not allowed:
-            directory.chmod(stat.S_IMODE(st.st_mode) | stat.S_IXOTH)
+        if not allowed and not _acl_allows_search(directory, owner.pw_uid):
+            _grant_search(directory, owner.pw_uid)
+
+
+# POSIX ACLs in their extended-attribute form (linux/posix_acl_xattr.h): a version word, then
+# (tag, perm, id) entries sorted by tag and id.
+_ACL_XATTR = "system.posix_acl_access"
+_ACL_VERSION = 2
+_ACL_HEADER, _ACL_ENTRY = struct.Struct("<I"), struct.Struct("<HHI")
+_USER_OBJ, _USER, _GROUP_OBJ, _GROUP, _MASK, _OTHER = 0x01, 0x02, 0x04, 0x08, 0x10, 0x20
+_NO_ID = 0xFFFFFFFF
+_SEARCH = 1
+
+
+def _acl_entries(path: Path) -> list[tuple[int, int, int]]:
+    """The directory's ACL, or the one its mode bits stand for."""
+    try:
+        blob = os.getxattr(path, _ACL_XATTR)
+    except OSError:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        return [(_USER_OBJ, mode >> 6 & 7, _NO_ID), (_GROUP_OBJ, mode >> 3 & 7, _NO_ID), (_OTHER, mode & 7, _NO_ID)]
+    return [_ACL_ENTRY.unpack_from(blob, offset) for offset in range(_ACL_HEADER.size, len(blob), _ACL_ENTRY.size)]
+
+
+def _acl_allows_search(path: Path, uid: int) -> bool:
+    return any(tag == _USER and ident == uid and perm & _SEARCH for tag, perm, ident in _acl_entries(path))
+
+
+def _grant_search(path: Path, uid: int) -> None:
+    """Add a ``user:<uid>:--x`` entry to ``path``'s ACL (as ``setfacl -m u:<uid>:x`` would)."""
+    entries = [e for e in _acl_entries(path) if not (e[0] == _USER and e[2] == uid) and e[0] != _MASK]
+    entries.append((_USER, _SEARCH, uid))
+    group_class = 0
+    for tag, perm, _ in entries:
+        if tag in (_USER, _GROUP_OBJ, _GROUP):
+            group_class |= perm
+    entries.append((_MASK, group_class, _NO_ID))
+    entries.sort(key=lambda e: (e[0], e[2]))
+    blob = _ACL_HEADER.pack(_ACL_VERSION) + b"".join(_ACL_ENTRY.pack(*e) for e in entries)
+    try:
+        os.setxattr(path, _ACL_XATTR, blob)
+    except OSError as exc:
+        raise EmbeddedPostgresError(
+            f"the embedded server runs as {PG_SYSTEM_USER}, which cannot reach {path}, and the file system "
+            f"does not take an ACL letting it ({exc.strerror}); use --dsn with your own server, or run from a "
+            "directory that user can reach") from exc
 
 
 def _chown_tree(root: Path, owner: pwd.struct_passwd) -> None:

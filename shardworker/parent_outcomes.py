@@ -41,6 +41,9 @@ class ParentOutcomes:
         spec = self.specs.get(job.kind)
         return spec.delay_after_failure(job.attempt) if spec else job_retry_delay(job.attempt)
 
+    def waiting_ids(self) -> list[int]:
+        return [o.job_id for o in self._pending]
+
     @property
     def waiting(self) -> int:
         """Outcomes not yet durable (the outbox refused them so far)."""

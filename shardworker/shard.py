@@ -140,11 +140,26 @@ class ShardRunner:
     def _finished(self, slot: int, job: ClaimedJob, outcome: Outcome, started_at: float) -> None:
         self.progress.finish(slot)
         self.committer.add((job.id, job.attempt), wire.encode_outcome(outcome), started_at)
+        if not outcome.ok:
+            spec = self.app.handlers.get(job.kind)
+            limit = min(job.max_attempts, spec.max_attempts or job.max_attempts) if spec else job.max_attempts
+            log_failure(job, outcome, limit)
 
     def fatal(self, exc: BaseException) -> None:
         """The outbox cannot take outcomes: tell the parent and exit, so unacknowledged jobs run again."""
         self.send(wire.Fatal(procs.one_line(exc)))
         os._exit(EXIT_OUTBOX_FAILED)
+
+
+def log_failure(job: ClaimedJob, outcome: Outcome, max_attempts: int) -> None:
+    """One line per failed attempt: kind, id, attempt and the error's first line; ERROR when final."""
+    first = (outcome.error or "").strip().splitlines()[0] if outcome.error else "failed"
+    if outcome.retry_delay_s < 0 or job.attempt >= max_attempts:
+        log.error("job %d (%s) attempt %d/%d failed for good: %s", job.id, job.kind, job.attempt, max_attempts,
+                  first)
+    else:
+        log.warning("job %d (%s) attempt %d/%d failed, retrying in %.1fs: %s", job.id, job.kind, job.attempt,
+                    max_attempts, outcome.retry_delay_s, first)
 
 
 def open_writer(config: ChildConfig, wait_s: float = 30.0) -> ShardWriter:

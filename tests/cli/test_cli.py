@@ -410,3 +410,13 @@ def test_enqueue_file_rejects_a_nul_payload_naming_the_line(pg_dsn: str) -> None
     assert result.exit_code == 1
     assert result.stderr.startswith("error: line 2: payload holds a NUL character")
     assert rows(pg_dsn) == []
+
+
+@pytest.mark.parametrize("delay", ["nan", "inf", "-inf", "1e300"])
+def test_enqueue_delay_that_is_not_a_duration_is_a_usage_error(pg_dsn: str, delay: str) -> None:
+    """--delay nan/inf/huge exits 2 with one line, no traceback, and enqueues nothing."""
+    result = invoke("enqueue", "k", "--delay", delay, "--dsn", pg_dsn)
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert "--delay" in result.output
+    with psycopg.connect(pg_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM shardworker.jobs").fetchone() == (0,)

@@ -42,7 +42,8 @@ def test_started_server_answers_on_its_dsn(server: EmbeddedPostgres) -> None:
     """A started server accepts connections as postgres on 127.0.0.1 at the advertised port."""
     server.start()
     assert server.is_running()
-    assert server.dsn == f"postgresql://postgres@127.0.0.1:{server.port}/postgres"
+    password = server.password_path.read_text()
+    assert server.dsn == f"postgresql://postgres:{password}@127.0.0.1:{server.port}/postgres"
     assert _select_one(server.dsn) == 1
 
 
@@ -149,3 +150,70 @@ def test_pg_dsn_is_a_fresh_database_per_test(pg_dsn: str) -> None:
         conn.execute("create table mine (v int)")
     assert row is not None
     assert row[0].startswith("test_")
+
+
+# --- nobody else gets in ----------------------------------------------------------------------
+
+# A stdlib-only client (any local user's python3): send a startup packet to the TCP port and say
+# what the server asks for. 0 means "you are in" (trust); 10 means "prove the password" (SASL).
+PROBE = r"""
+import socket, struct, sys
+port = int(sys.argv[1])
+with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+    body = struct.pack("!I", 196608) + b"user\0postgres\0database\0postgres\0\0"
+    sock.sendall(struct.pack("!I", len(body) + 4) + body)
+    kind, _length, code = struct.unpack("!cII", sock.recv(9))
+    print(kind.decode(), code)
+try:
+    open(sys.argv[2]).read()
+    print("read the password")
+except OSError as exc:
+    print("password unreadable:", exc.strerror)
+"""
+
+
+def test_tcp_connections_must_know_the_password(server: EmbeddedPostgres) -> None:
+    """The server does not trust TCP connections: it asks for the password (SCRAM); a wrong one fails."""
+    server.start()
+    probe = subprocess.run([sys.executable, "-c", PROBE, str(server.port), "/nonexistent"], capture_output=True,
+                           text=True, timeout=30)
+    assert probe.stdout.splitlines()[0] == "R 10", probe.stdout + probe.stderr
+    wrong = server.dsn.replace(server.password_path.read_text(), "wrong-password")
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        psycopg.connect(wrong, connect_timeout=5)
+    assert stat.S_IMODE(server.password_path.stat().st_mode) == 0o600
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/python3"), reason="needs root and python3")
+def test_another_local_user_cannot_connect_or_read_the_password(server: EmbeddedPostgres) -> None:
+    """As another local user (nobody): TCP asks for a password it cannot read, and the socket
+    directory is closed to it."""
+    server.start()
+    probe = subprocess.run(["/usr/bin/python3", "-c", PROBE, str(server.port), str(server.password_path)],
+                           capture_output=True, text=True, timeout=30, user="nobody", cwd="/")
+    lines = probe.stdout.splitlines()
+    assert lines[0] == "R 10", probe.stdout + probe.stderr
+    assert lines[1].startswith("password unreadable"), lines
+    socket_dir = server.socket_dir
+    reach = subprocess.run(["/usr/bin/python3", "-c", f"import os; os.listdir({str(socket_dir)!r})"],
+                           capture_output=True, text=True, timeout=30, user="nobody", cwd="/")
+    assert reach.returncode != 0 and "Permission denied" in reach.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the server runs as another user only when this is root")
+def test_a_private_parent_directory_stays_private(tmp_path: Path) -> None:
+    """Under a 0700 directory the server still starts, and that directory gets no o+x: only the
+    server's own user may search it (an ACL entry)."""
+    private = tmp_path / "home"
+    private.mkdir(mode=0o700)
+    private.chmod(0o700)
+    server = EmbeddedPostgres(private / "project" / ".shardworker" / "pgdata")
+    try:
+        server.start()
+        assert _select_one(server.dsn) == 1
+        assert stat.S_IMODE(private.stat().st_mode) & stat.S_IXOTH == 0
+        listing = subprocess.run(["/usr/bin/python3", "-c", f"import os; os.listdir({str(private)!r})"],
+                                 capture_output=True, text=True, timeout=30, user="nobody", cwd="/")
+        assert listing.returncode != 0
+    finally:
+        server.stop("immediate")

@@ -329,6 +329,24 @@ def test_flusher_checkpoint_on_a_full_disk_fails_and_keeps_the_old_one(small_dis
     assert not [n for n in os.listdir(d) if n.endswith(".tmp")]
 
 
+def test_checkpoint_on_a_full_disk_frees_applied_segments_first(small_disk):
+    """With the disk full, a checkpoint first deletes the segments whose records are all flushed,
+    which makes room for the checkpoint itself: space comes back instead of never being freed."""
+    d = os.path.join(small_disk, "box")
+    with ShardWriter.open(d, 0, SMALL) as w:
+        p = Producer(w)
+        for _ in range(12):
+            assert p.batch(20)
+    assert len(list_segments(d)[0]) >= 4
+    with OutboxReader.open(d) as reader:
+        records = drain(reader)
+        reader.mark_flushed(records)
+        fill(os.path.join(small_disk, "filler"), leave_bytes=0)
+        reader.checkpoint()
+    assert len(list_segments(d)[0]) == 1
+    assert read_ids(d) == []
+
+
 # --- fsync EIO ------------------------------------------------------------------------------
 
 

@@ -70,6 +70,9 @@ class Children:
     def wait_fds(self) -> tuple[list[int], list[int]]:
         return [], []
 
+    def job_ids(self) -> list[int]:
+        return [i for sent in self.sent for i, _ in sent]
+
 
 class Flusher:
     """Stands in for ``FlusherHandle``: the test sets how much was flushed."""
