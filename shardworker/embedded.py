@@ -387,7 +387,10 @@ def _acl_entries(path: Path) -> list[tuple[int, int, int]]:
 
 
 def _acl_allows_search(path: Path, uid: int) -> bool:
-    return any(tag == _USER and ident == uid and perm & _SEARCH for tag, perm, ident in _acl_entries(path))
+    """Whether ``uid`` has an entry granting search, not masked off (a ``chmod`` resets the mask)."""
+    entries = _acl_entries(path)
+    mask = next((perm for tag, perm, _ in entries if tag == _MASK), 7)
+    return any(tag == _USER and ident == uid and perm & mask & _SEARCH for tag, perm, ident in entries)
 
 
 def _grant_search(path: Path, uid: int) -> None:

@@ -4,7 +4,7 @@ The ``outbox`` package owns its segments, shard locks, ``flusher.lock``, the che
 ``torn/`` and ``quarantine/``. shardworker adds::
 
     worker.lock      held (flock) by the worker running on this directory, or a drain
-    worker-id        the worker id used when --worker-id is not given
+    worker-id        the id the worker last ran under (the default for --worker-id)
     shard-9999-*     the parent's own shard: outcomes it decides for dead children
     database.json    the database this outbox is bound to (its instance id and name)
     deadletter/      outcomes the database refused for good, kept whole
@@ -44,19 +44,20 @@ def lock_outbox(directory: str) -> int:
 
 
 def resolve_worker_id(directory: str, given: str | None) -> str:
-    """``given``, else the id stored in the outbox directory, else a new stored one."""
-    if given:
-        return given
+    """``given``, else the id stored in the outbox directory, else a new one. The id used is
+    stored either way: ``outbox drain`` heartbeats under it, so the jobs whose outcomes it
+    applies are not rescued from under it."""
+    path = os.path.join(directory, WORKER_ID_FILE)
+    stored = ""
     try:
-        with open(os.path.join(directory, WORKER_ID_FILE), encoding="utf-8") as f:
+        with open(path, encoding="utf-8") as f:
             stored = f.read().strip()
-        if stored:
-            return stored
     except FileNotFoundError:
         pass
-    new = f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
-    atomic_write(directory, WORKER_ID_FILE, new.encode())
-    return new
+    chosen = given or stored or f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+    if chosen != stored:
+        atomic_write(directory, WORKER_ID_FILE, chosen.encode())
+    return chosen
 
 
 def deadletter_dir(directory: str) -> str:

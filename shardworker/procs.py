@@ -20,6 +20,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import multiprocess
@@ -57,6 +58,9 @@ def start(process: Any) -> None:
     so even a directory at the end of the path would shadow them."""
     before, saved_path = os.environ.get(_SAFE_PATH), sys.path[:]
     here = {"", ".", os.getcwd(), getattr(multiprocess.process, "ORIGINAL_DIR", None)}
+    # Run from a source checkout (not installed), the working directory holds shardworker
+    # itself: keep it, or the new process could not import the package that spawned it.
+    here.discard(str(Path(__file__).resolve().parent.parent))
     os.environ[_SAFE_PATH] = "1"
     sys.path[:] = [entry for entry in sys.path if entry not in here]
     try:

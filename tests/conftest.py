@@ -233,6 +233,7 @@ def private_pg(_private_pg_golden: Path) -> Iterator[EmbeddedPostgres]:
     """A started, migrated server of the test's own, free to be stopped (even ``immediate``) and restarted."""
     with _server_dir("private") as path:
         shutil.copytree(_private_pg_golden, path / "pgdata", symlinks=True)
+        shutil.copy2(_private_pg_golden.parent / "password", path / "password")  # the cluster's own
         server = EmbeddedPostgres(path / "pgdata")
         server.start()
         try:

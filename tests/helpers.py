@@ -71,6 +71,12 @@ def query(dsn: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
         return conn.execute(sql, params or None).fetchall()
 
 
+def execute(dsn: str, sql: str, *params: Any) -> int:
+    """Run one statement that returns no rows; its row count."""
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=3) as conn:
+        return conn.execute(sql, params or None).rowcount
+
+
 def status_counts(dsn: str) -> dict[str, int]:
     return {s: n for s, n in query(dsn, "SELECT status, count(*) FROM shardworker.jobs GROUP BY status")}
 

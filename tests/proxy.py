@@ -41,7 +41,7 @@ import threading
 import time
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote, urlsplit
 
 import pytest
 
@@ -92,9 +92,10 @@ class _Conn:
 class PgProxy:
     """A TCP proxy to ``127.0.0.1:upstream_port`` with switchable faults (see the module docstring)."""
 
-    def __init__(self, upstream_port: int, *, dbname: str = "postgres", user: str = "postgres") -> None:
+    def __init__(self, upstream_port: int, *, dbname: str = "postgres", user: str = "postgres",
+                 password: str | None = None) -> None:
         self.upstream_port = upstream_port
-        self.dbname, self.user = dbname, user
+        self.dbname, self.user, self.password = dbname, user, password
         self._port = 0
         self._mode = "pass"
         self._latency_s = 0.0
@@ -145,7 +146,10 @@ class PgProxy:
         return self.dsn_for(self.dbname)
 
     def dsn_for(self, dbname: str) -> str:
-        return f"postgresql://{self.user}@{LOOPBACK}:{self._port}/{quote(dbname, safe='')}"
+        auth = quote(self.user, safe="")
+        if self.password is not None:
+            auth += ":" + quote(self.password, safe="")
+        return f"postgresql://{auth}@{LOOPBACK}:{self._port}/{quote(dbname, safe='')}"
 
     @property
     def mode(self) -> str:
@@ -465,8 +469,13 @@ class PgProxy:
 
 
 @contextlib.contextmanager
-def running_proxy(upstream_port: int, dbname: str = "postgres") -> Iterator[PgProxy]:
-    proxy = PgProxy(upstream_port, dbname=dbname).start()
+def running_proxy(upstream_dsn: str) -> Iterator[PgProxy]:
+    """A started ``PgProxy`` in front of the server ``upstream_dsn`` names (same user, password, database)."""
+    url = urlsplit(upstream_dsn)
+    assert url.port is not None, f"the proxy needs a TCP DSN: {url.hostname}"
+    proxy = PgProxy(url.port, dbname=unquote(url.path.lstrip("/")) or "postgres",
+                    user=unquote(url.username or "postgres"),
+                    password=None if url.password is None else unquote(url.password)).start()
     try:
         yield proxy
     finally:
@@ -476,5 +485,5 @@ def running_proxy(upstream_port: int, dbname: str = "postgres") -> Iterator[PgPr
 @pytest.fixture
 def pg_proxy(private_pg: Any) -> Iterator[PgProxy]:
     """A ``PgProxy`` in front of the test's own server (``private_pg``); ``.dsn`` goes through it."""
-    with running_proxy(private_pg.port) as proxy:
+    with running_proxy(private_pg.dsn_for("postgres")) as proxy:
         yield proxy

@@ -143,3 +143,43 @@ def test_a_fast_outcome_is_durable_while_a_slow_handler_runs(pg_dsn: str, tmp_pa
     assert query(pg_dsn, "SELECT id, status, attempt FROM shardworker.jobs ORDER BY id") == [
         (fast, "done", 1), (hang, "done", 2)]
     assert runs(counts)[(fast, 1)] == 1 and (fast, 2) not in runs(counts)
+
+
+def test_outbox_drain_heartbeats_for_the_worker_whose_outbox_it_drains(pg_dsn: str, tmp_path: Path) -> None:
+    """While a drain waits (here on a locked jobs table), it beats for the outbox's worker, so no
+    peer rescues the jobs whose outcomes it is about to apply."""
+    import subprocess
+    import sys
+
+    from outbox import ShardWriter
+    from shardworker.model import Outcome
+    from shardworker.pg_store import PgStore, StoreConfig
+    from shardworker.wire import encode_outcome
+
+    outbox_dir, counts = tmp_path / "outbox", tmp_path / "counts"
+    counts.mkdir()
+    enqueue(pg_dsn, "count", 1)
+    first = start_worker(pg_dsn, outbox_dir, counts, "--worker-id", "host-a", "--exit-when-idle", procs=1)
+    assert first.wait(60) == 0, worker_log(counts)
+    enqueue(pg_dsn, "count", 1)
+    store = PgStore(StoreConfig(pg_dsn))
+    [job] = store.claim(["count"], None, "host-a", 1)
+    store.close()
+    with ShardWriter.open(str(outbox_dir), 7) as writer:
+        writer.append_bytes(encode_outcome(Outcome(job.id, job.attempt, True, result_json="1")))
+        writer.commit()
+    with psycopg.connect(pg_dsn) as holder:
+        holder.execute("LOCK TABLE shardworker.jobs IN EXCLUSIVE MODE")
+        drain = subprocess.Popen([sys.executable, "-m", "shardworker", "outbox", "drain", "--outbox-dir",
+                                  str(outbox_dir), "--dsn", pg_dsn, "--timeout", "60"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        beats = []
+        for _ in range(8):
+            time.sleep(1)
+            beats += query(pg_dsn, "SELECT heartbeat_at FROM shardworker.workers WHERE worker_id = 'host-a'")
+        assert drain.poll() is None, drain.stdout.read() if drain.stdout else ""
+        holder.rollback()
+    output, _ = drain.communicate(timeout=60)
+    assert drain.returncode == 0, output
+    assert len({b for (b,) in beats}) >= 2, f"no heartbeat while draining: {beats}"
+    assert query(pg_dsn, "SELECT status FROM shardworker.jobs WHERE id = %s", job.id) == [("done",)]

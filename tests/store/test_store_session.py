@@ -211,3 +211,14 @@ def test_rescuer_rescues_nobody_right_after_its_store_reconnected(private_pg: Em
         assert rescuer.run_once(60.0) == []
     finally:
         store.close()
+
+
+def test_a_name_that_does_not_resolve_is_an_outage() -> None:
+    """A DNS name that (for now) does not resolve is waited out like any unreachable database."""
+    store = PgStore(StoreConfig("postgresql://app@db-that-does-not-resolve.invalid:5432/app", connect_timeout_s=2))
+    try:
+        with pytest.raises(DatabaseUnavailable) as failed:
+            store.stats()
+        assert is_retryable(failed.value)
+    finally:
+        store.close()

@@ -1,0 +1,128 @@
+"""Enqueue -> ``done`` latency of ``shardworker run`` at light load.
+
+A worker (``shardworker run --procs P``, a real subprocess) waits on an empty queue; the
+bench enqueues one no-op job at a time on its own connection at ``--rate`` jobs/s for
+``--seconds``, then reads each job's ``finished_at - created_at`` from the table (both the
+server's clock). That interval holds everything a user waits for: the NOTIFY that wakes the
+parent, the claim, the pipe to the child, the handler, the outbox fsync, the flusher's read
+and its UPDATE. It prints p50, p90, p99 and the maximum, and whether p50 is under the 10 ms
+target.
+
+Usage::
+
+    python bench/latency.py                              # embedded PostgreSQL, 40 jobs/s for 10 s
+    python bench/latency.py --rate 200 --seconds 20 --kind async --dsn postgresql://...
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg
+
+from shardworker.client import enqueue
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from throughput import APP_MODULE, KINDS, code_version, database, write_app  # noqa: E402
+
+TARGET_P50_MS = 10.0
+
+
+def start_worker(dsn: str, app_dir: str, outbox_dir: str, procs: int, log_path: Path) -> subprocess.Popen[bytes]:
+    exe = shutil.which("shardworker")
+    base = [exe] if exe else [sys.executable, "-m", "shardworker"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [app_dir, os.environ.get("PYTHONPATH")]))}
+    env.pop("SHARDWORKER_DSN", None)
+    log = log_path.open("wb")
+    return subprocess.Popen([*base, "run", "--app", APP_MODULE, "--procs", str(procs), "--outbox-dir", outbox_dir,
+                             "--dsn", dsn], env=env, stdout=log, stderr=log)
+
+
+def wait_done(conn: psycopg.Connection, ids: list[int], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        row = conn.execute("SELECT count(*) FROM shardworker.jobs WHERE id = ANY(%s) AND status = 'done'",
+                           (ids,)).fetchone()
+        if row is not None and row[0] == len(ids):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"jobs not done after {timeout_s}s")
+
+
+def measure(dsn: str, args: argparse.Namespace, work_dir: str) -> list[float]:
+    """Latencies in ms of ``rate * seconds`` jobs enqueued one at a time at ``rate``."""
+    kind = KINDS[args.kind]
+    outbox_dir = tempfile.mkdtemp(prefix="sw-bench-outbox-", dir=work_dir)
+    proc = start_worker(dsn, work_dir, outbox_dir, args.procs, Path(work_dir, "worker.log"))
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("TRUNCATE shardworker.jobs")
+            warmup = [enqueue(conn, kind) for _ in range(20)]
+            wait_done(conn, [i for i in warmup if i is not None], 60)
+            ids: list[int] = []
+            interval, start = 1.0 / args.rate, time.monotonic()
+            for n in range(int(args.rate * args.seconds)):
+                time.sleep(max(0.0, start + n * interval - time.monotonic()))
+                job_id = enqueue(conn, kind)
+                assert job_id is not None
+                ids.append(job_id)
+            wait_done(conn, ids, 60)
+            rows = conn.execute("SELECT extract(epoch FROM finished_at - created_at) * 1000 FROM shardworker.jobs "
+                                "WHERE id = ANY(%s)", (ids,)).fetchall()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        if proc.wait(60) != 0:
+            tail = Path(work_dir, "worker.log").read_text(errors="replace").splitlines()[-15:]
+            raise RuntimeError(f"shardworker run exited {proc.returncode}:\n" + "\n".join(tail))
+    return sorted(float(ms) for (ms,) in rows)
+
+
+def percentile(sorted_ms: list[float], q: float) -> float:
+    return sorted_ms[min(len(sorted_ms) - 1, int(q * len(sorted_ms)))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dsn", default=None, help="a scratch database (truncates shardworker.jobs); "
+                                                    "default: a temporary embedded server")
+    parser.add_argument("--rate", type=float, default=40.0, help="jobs enqueued per second (default 40)")
+    parser.add_argument("--seconds", type=float, default=10.0, help="how long to enqueue (default 10)")
+    parser.add_argument("--procs", type=int, default=2, help="shardworker run --procs (default 2)")
+    parser.add_argument("--kind", choices=sorted(KINDS), default="noop", help="the handler (default noop)")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds; each prints, the last line is the median")
+    args = parser.parse_args(argv)
+    if args.rate <= 0 or args.seconds <= 0:
+        parser.error("--rate and --seconds must be > 0")
+    os.environ["BENCH_SLEEP_MS"] = os.environ.get("BENCH_SLEEP_MS", "0")
+    print(f"code: {code_version()}; {args.rate:g} jobs/s for {args.seconds:g}s, --procs {args.procs}, "
+          f"kind {args.kind}", flush=True)
+    p50s: list[float] = []
+    with database(args.dsn) as dsn:
+        work_dir = tempfile.mkdtemp(prefix="sw-bench-latency-")
+        try:
+            write_app(work_dir)
+            for _ in range(args.repeat):
+                ms = measure(dsn, args, work_dir)
+                p50s.append(percentile(ms, 0.5))
+                print(f"{len(ms)} jobs: p50 {percentile(ms, 0.5):.1f} ms, p90 {percentile(ms, 0.9):.1f} ms, "
+                      f"p99 {percentile(ms, 0.99):.1f} ms, max {ms[-1]:.1f} ms  [load {os.getloadavg()[0]:.1f}]",
+                      flush=True)
+        finally:
+            shutil.rmtree(work_dir, ignore_errors=True)
+    p50 = statistics.median(p50s)
+    verdict = "meets" if p50 < TARGET_P50_MS else "misses"
+    print(f"p50 enqueue -> done {p50:.1f} ms (median of {len(p50s)}): {verdict} the < {TARGET_P50_MS:g} ms target")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
