@@ -57,6 +57,7 @@ APP_SOURCE = f'''
     """Handlers for bench/throughput.py."""
     import asyncio
     import hashlib
+    import inspect
     import os
     import time
 
@@ -85,7 +86,11 @@ APP_SOURCE = f'''
         return None
 
 
-    @app.handler("bench_threads", threads=True)
+    # (an older shardworker, measured for comparison, has no threads=)
+    THREADS = {{"threads": True}} if "threads" in inspect.signature(app.handler).parameters else {{}}
+
+
+    @app.handler("bench_threads", **THREADS)
     def wait_thread(job):
         time.sleep(SLEEP_S)
         return None
@@ -321,6 +326,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "threads (sleeps --sleep-ms in a pool thread); default noop")
     parser.add_argument("--sleep-ms", type=float, default=20.0, help="the async/threads handlers' wait (default 20)")
     parser.add_argument("--concurrency", type=int, default=None, help="shardworker run --concurrency")
+    parser.add_argument("--worker-arg", action="append", default=[], metavar="ARG",
+                        help="one more argument for shardworker run (repeatable), e.g. --worker-arg=--prefetch=500")
     parser.add_argument("--pg-setting", action="append", default=[], metavar="NAME=VALUE",
                         help="ALTER DATABASE ... SET for the runs (reset afterwards), e.g. "
                              "plan_cache_mode=force_custom_plan; repeatable")
@@ -359,7 +366,7 @@ def run_round(dsn: str, args: argparse.Namespace, work_dir: str, results: list[R
         load_jobs(dsn, args.jobs)
         results.append(run_plain_loop(dsn, args.jobs, args.batch))
         print_result(results[-1])
-    extra = ("--concurrency", str(args.concurrency)) if args.concurrency else ()
+    extra = (("--concurrency", str(args.concurrency)) if args.concurrency else ()) + tuple(args.worker_arg)
     for procs in args.procs:
         load_jobs(dsn, args.jobs, kind)
         name = f"shardworker P={procs}" + (f" {args.kind}" if args.kind != "noop" else "")

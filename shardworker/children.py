@@ -8,7 +8,10 @@ failures of lost jobs and counts what was settled.
 
 What a child holds is bounded: at most ``max_jobs`` jobs and about ``max_bytes`` of
 payload sent and not yet reported (one job over the byte budget goes alone), and, across
-the pool, at most ``concurrency=K`` jobs of a kind that caps it. Jobs routed to a child
+the pool, at most ``concurrency=K`` jobs of a kind that caps it. How many the dispatcher
+claims for a child follows its pace (``target``): ``min_jobs``, plus what it finishes in
+``horizon_s`` at its recent rate, up to ``max_jobs``; a child stuck on a slow handler soon
+asks for no more than ``min_jobs``. Jobs routed to a child
 beyond that wait here, in order, until it reports. Sends never block: frames queue on a
 non-blocking pipe and go out as the child reads.
 
@@ -55,6 +58,33 @@ class Death:
     unstarted: tuple[ClaimedJob, ...]
 
 
+PACE_WINDOW_S = 0.25
+
+
+@dataclass
+class Pace:
+    """A child's recent rate of finished jobs: a moving average over windows of
+    ``PACE_WINDOW_S``, decaying while it finishes nothing."""
+
+    rate: float = 0.0
+    window_start: float | None = None
+    count: int = 0
+
+    def finished(self, count: int, now: float) -> None:
+        self.roll(now)
+        self.count += count
+
+    def roll(self, now: float) -> float:
+        """The rate as of ``now`` (closing the window if it is over)."""
+        if self.window_start is None:
+            self.window_start = now
+        elapsed = now - self.window_start
+        if elapsed >= PACE_WINDOW_S:
+            self.rate = 0.5 * self.rate + 0.5 * self.count / elapsed
+            self.window_start, self.count = now, 0
+        return self.rate
+
+
 @dataclass
 class _Sent:
     job: ClaimedJob
@@ -74,6 +104,7 @@ class ChildHandle:
     sent: dict[wire.JobKey, _Sent] = field(default_factory=dict)
     held: deque[ClaimedJob] = field(default_factory=deque)
     sent_bytes: int = 0
+    pace: Pace = field(default_factory=Pace)
     stopped: bool = False
     unstarted: tuple[wire.JobKey, ...] = ()  # what a stopping child never started
     fatal: str = ""
@@ -223,9 +254,11 @@ class ChildPool:
     """The children of one worker."""
 
     def __init__(self, configs: Iterable[ChildConfig], specs: Mapping[str, HandlerSpec], *, max_jobs: int,
-                 max_bytes: int, clock: Callable[[], float] = time.monotonic) -> None:
+                 max_bytes: int, min_jobs: int | None = None, horizon_s: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.handles = [ChildHandle(config) for config in configs]
         self.specs, self.max_jobs, self.max_bytes, self.clock = specs, max_jobs, max_bytes, clock
+        self.min_jobs, self.horizon_s = min(max_jobs, min_jobs or max_jobs), horizon_s
         self.limits = {kind: spec.concurrency for kind, spec in specs.items() if spec.concurrency}
         self.by_kind: collections.Counter[str] = collections.Counter()  # sent and unreported, per capped kind
         self._finished = 0
@@ -241,6 +274,11 @@ class ChildPool:
         """Jobs routed to child ``index`` and not yet reported (sent, or waiting here)."""
         handle = self.handles[index]
         return len(handle.sent) + len(handle.held)
+
+    def target(self, index: int) -> int:
+        """Jobs worth holding for child ``index`` at its recent pace (see the module docstring)."""
+        rate = self.handles[index].pace.roll(self.clock())
+        return min(self.max_jobs, self.min_jobs + int(rate * self.horizon_s))
 
     @property
     def in_flight(self) -> int:
@@ -284,9 +322,13 @@ class ChildPool:
 
     def collect(self) -> int:
         """Jobs reported finished (their outcomes durable) since the last call."""
+        now = self.clock()
         for handle in self.handles:
             handle.flush()
-            self._forget(handle.receive())
+            finished = handle.receive()
+            if finished:
+                handle.pace.finished(len(finished), now)
+            self._forget(finished)
         for handle in self.handles:
             self._pump(handle)
         finished, self._finished = self._finished, 0
@@ -385,9 +427,13 @@ class ChildPool:
 
     def _collect_only(self) -> int:
         """``collect`` without sending more (shutting down)."""
+        now = self.clock()
         for handle in self.handles:
             handle.flush()
-            self._forget(handle.receive())
+            finished = handle.receive()
+            if finished:
+                handle.pace.finished(len(finished), now)
+            self._forget(finished)
         finished, self._finished = self._finished, 0
         return finished
 

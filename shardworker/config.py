@@ -27,9 +27,13 @@ class WorkerConfig:
     # Handlers in flight per child for async def and threads=True kinds (plain sync
     # handlers run one at a time per child).
     concurrency: int = 10
-    # Jobs a child holds beyond what it runs at once: enough to keep it busy while the next
-    # claim is in flight, few enough that a slow handler does not hoard jobs a peer could run.
+    # Jobs a child holds beyond what it runs at once: at least prefetch_batch, and more while
+    # it finishes jobs fast: about prefetch_horizon_s of its recent rate, up to
+    # prefetch_max_jobs. Enough to keep it busy while the next claim is in flight, few
+    # enough that a slow handler does not hoard jobs a peer could run.
     prefetch_batch: int = 64
+    prefetch_horizon_s: float = 0.1
+    prefetch_max_jobs: int = 1000
     # Payload bytes sent to one child and not yet reported (one bigger job goes alone).
     prefetch_bytes: int = 8 * 1024 * 1024
     poll_interval_s: float = 1.0
@@ -66,6 +70,8 @@ class WorkerConfig:
             ("claim_batch", self.claim_batch >= 1, "must be >= 1"),
             ("concurrency", self.concurrency >= 1, "must be >= 1"),
             ("prefetch_batch", self.prefetch_batch >= 1, "must be >= 1"),
+            ("prefetch_horizon_s", self.prefetch_horizon_s >= 0, "must be >= 0"),
+            ("prefetch_max_jobs", self.prefetch_max_jobs >= 1, "must be >= 1"),
             ("prefetch_bytes", self.prefetch_bytes >= 1024, "must be >= 1024"),
             ("poll_interval_s", self.poll_interval_s > 0, "must be > 0"),
             ("group_commit_max_delay_s", self.group_commit_max_delay_s >= 0, "must be >= 0"),
@@ -92,7 +98,9 @@ class WorkerConfig:
         if self.queues is not None and not all(self.queues):
             raise ConfigError("queues must be non-empty names")
 
-    def prefetch_jobs(self, concurrent: bool) -> int:
-        """Jobs a child may hold: what it runs at once (``concurrency`` when the app has
-        async or threaded kinds, else one) plus ``prefetch_batch``."""
-        return (self.concurrency if concurrent else 1) + self.prefetch_batch
+    def prefetch_jobs(self, concurrent: bool) -> tuple[int, int]:
+        """(least, most) jobs a child holds: what it runs at once (``concurrency`` when the
+        app has async or threaded kinds, else one) plus ``prefetch_batch``, or plus
+        ``prefetch_max_jobs`` when it is faster."""
+        at_once = self.concurrency if concurrent else 1
+        return at_once + self.prefetch_batch, at_once + max(self.prefetch_batch, self.prefetch_max_jobs)

@@ -136,11 +136,11 @@ class Dispatcher:
         self._note_pause(blocker)
         if blocker:
             return 0
-        prefetch = self.pool.max_jobs
-        room = [prefetch - self.pool.outstanding(i) for i in range(len(self.pool))]
+        targets = [self.pool.target(i) for i in range(len(self.pool))]
+        room = [t - self.pool.outstanding(i) for i, t in enumerate(targets)]
         limit = min(self.config.claim_batch, sum(room))  # a child over its share counts against it
-        # Skip tiny claims while every child still has a quarter of its prefetch queued.
-        if limit < 1 or (min(room) < prefetch // 4 * 3 and not self.more_due):
+        # Skip tiny claims while some child still has more than a quarter of its share queued.
+        if limit < 1 or (any(r < t // 4 * 3 for r, t in zip(room, targets)) and not self.more_due):
             return 0
         try:
             self.settle_lost_claims()

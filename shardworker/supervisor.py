@@ -66,16 +66,16 @@ class Supervisor:
                                                    config.backoff_base_s, config.backoff_cap_s),
                                      config.flush_idle_sleep_s)
         concurrent = any(spec.lane != "sync" for spec in app.handlers.values())
-        self.prefetch_jobs = config.prefetch_jobs(concurrent)
-        self.pool = ChildPool(self._child_configs(), app.handlers, max_jobs=self.prefetch_jobs,
-                              max_bytes=config.prefetch_bytes)
+        self.min_jobs, self.max_jobs = config.prefetch_jobs(concurrent)
+        self.pool = ChildPool(self._child_configs(), app.handlers, min_jobs=self.min_jobs, max_jobs=self.max_jobs,
+                              max_bytes=config.prefetch_bytes, horizon_s=config.prefetch_horizon_s)
         self.parent_outcomes = ParentOutcomes(config.outbox_dir, config.segment_bytes, app.handlers)
         self.heartbeat: Heartbeat | None = None
 
     def _child_configs(self) -> list[ChildConfig]:
         c = self.config
         return [ChildConfig(index, c.outbox_dir, c.app_ref, c.group_commit_max_delay_s, c.group_commit_max_records,
-                            c.segment_bytes, os.getpid(), c.concurrency, self.prefetch_jobs)
+                            c.segment_bytes, os.getpid(), c.concurrency, self.max_jobs)
                 for index in range(c.procs)]
 
     def _backoff(self) -> Backoff:

@@ -47,6 +47,9 @@ class Children:
     def outstanding(self, index: int) -> int:
         return len(self.sent[index])
 
+    def target(self, index: int) -> int:
+        return self.max_jobs
+
     @property
     def in_flight(self) -> int:
         return sum(len(s) for s in self.sent)
