@@ -52,9 +52,14 @@ def _identity(shard: int, segno: int) -> bytes:
 
 def encode(shard: int, segno: int, kind: Kind, seq: int, ts_ms: int, payload: bytes) -> bytes:
     """Return the bytes of one frame."""
+    return encode_header(shard, segno, kind, seq, ts_ms, payload) + payload
+
+
+def encode_header(shard: int, segno: int, kind: Kind, seq: int, ts_ms: int, payload: bytes) -> bytes:
+    """Return the header of one frame; the payload follows it (written without a copy)."""
     tail = _AFTER_CRC.pack(len(payload), seq, ts_ms, kind)
     crc = crc32c(payload, crc32c(tail, crc32c(_identity(shard, segno))))
-    return HEADER.pack(len(payload), crc, seq, ts_ms, kind) + payload
+    return HEADER.pack(len(payload), crc, seq, ts_ms, kind)
 
 
 def decode_at(buf: bytes | memoryview, pos: int, shard: int, segno: int) -> Frame | None:

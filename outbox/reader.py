@@ -52,6 +52,36 @@ class Record:
 
 
 @dataclass
+class _Budget:
+    """What one ``poll`` may still return: records and payload bytes (the first record
+    is always taken)."""
+
+    records_left: int
+    bytes_left: int
+    taken: int = 0
+
+    @classmethod
+    def of(cls, max_records: int, max_bytes: int | None) -> _Budget:
+        return cls(max_records, (1 << 62) if max_bytes is None else max_bytes)
+
+    @property
+    def spent(self) -> bool:
+        return self.records_left <= 0 or (self.bytes_left <= 0 and self.taken > 0)
+
+    def fits(self, size: int) -> bool:
+        """Whether a record of ``size`` bytes goes in this poll; one that does not ends it."""
+        if self.taken and size > self.bytes_left:
+            self.records_left = 0
+            return False
+        return True
+
+    def take(self, size: int) -> None:
+        self.records_left -= 1
+        self.bytes_left -= size
+        self.taken += 1
+
+
+@dataclass
 class _Shard:
     cursor: Position  # next byte to read
     flushed: Position  # first record not yet flushed
@@ -81,8 +111,10 @@ class OutboxReader:
             raise OutboxLocked(f"another flusher or worker holds the outbox {directory}")
         return cls(directory, lock_fd)
 
-    def poll(self, max_records: int) -> list[Record]:
-        """Up to ``max_records`` records not yet returned, in order within each shard."""
+    def poll(self, max_records: int, max_bytes: int | None = None) -> list[Record]:
+        """Up to ``max_records`` records not yet returned, in order within each shard, and
+        no more than ``max_bytes`` of payload in all (but always one record, however big,
+        when any is waiting)."""
         segments = list_segments(self.directory)
         for shard in segments:
             self._shards.setdefault(shard, _Shard(Position(0, 0, 0), Position(0, 0, 0)))
@@ -91,23 +123,24 @@ class OutboxReader:
             return []
         start = self._next_start % len(order)
         self._next_start += 1
+        budget = _Budget.of(max_records, max_bytes)
         out: list[Record] = []
         for shard in order[start:] + order[:start]:
-            if len(out) >= max_records:
+            if budget.spent:
                 break
-            out.extend(self._read_shard(shard, segments.get(shard, []), max_records - len(out)))
+            out.extend(self._read_shard(shard, segments.get(shard, []), budget))
         return out
 
-    def _read_shard(self, shard: int, segs: list[int], budget: int) -> list[Record]:
+    def _read_shard(self, shard: int, segs: list[int], budget: _Budget) -> list[Record]:
         state = self._shards[shard]
         out: list[Record] = []
-        while len(out) < budget:
+        while not budget.spent:
             current = [s for s in segs if s >= state.cursor.segno]
             if not current:
                 return out
             if current[0] != state.cursor.segno:  # segment gone (quarantined) or first read
                 self._cross(state, current[0])
-            records, stop = self._read_segment(shard, state, budget - len(out))
+            records, stop = self._read_segment(shard, state, budget)
             out.extend(records)
             if stop == "more":
                 continue
@@ -132,7 +165,7 @@ class OutboxReader:
         else:
             state.flushed = state.cursor
 
-    def _read_segment(self, shard: int, state: _Shard, budget: int) -> tuple[list[Record], str]:
+    def _read_segment(self, shard: int, state: _Shard, budget: _Budget) -> tuple[list[Record], str]:
         """Read frames at the cursor; stop reason: more, sealed, end or damage."""
         fd = self._fd_for(shard, state)
         if fd is None:
@@ -143,12 +176,14 @@ class OutboxReader:
         if full:
             buf = self._extend_for_first_frame(fd, buf, base)
         pos, out = 0, list[Record]()
-        while pos < len(buf) and len(out) < budget:
+        while pos < len(buf) and not budget.spent:
             frame = decode_at(buf, pos, shard, state.cursor.segno)
             if frame is None and full and pos > 0:
                 return out, "more"  # a frame straddles the chunk boundary: read again from it
             if frame is None or frame.seq != state.cursor.seq:
                 return out, "damage"  # torn, in progress, corrupt or a gap: the caller decides
+            if frame.kind is Kind.DATA and not budget.fits(len(frame.payload)):
+                return out, "budget"  # left for the next poll, where it comes first
             pos = frame.end
             state.cursor = Position(state.cursor.segno, base + pos, frame.seq + 1)
             if frame.kind is Kind.SEAL:
@@ -157,6 +192,7 @@ class OutboxReader:
                 segno = state.cursor.segno
                 out.append(Record(shard, segno, frame.seq, frame.ts_ms, frame.payload, base + pos))
                 state.inflight.append(state.cursor)
+                budget.take(len(frame.payload))
         return out, "more" if pos < len(buf) or full else "end"
 
     @staticmethod

@@ -29,7 +29,7 @@ import orjson
 
 from outbox import fsutil
 from outbox.errors import OutboxError, OutboxFull, OutboxLocked, OutboxSyncError, OutboxUnserializable
-from outbox.frame import HEADER_SIZE, MAX_PAYLOAD_BYTES, Kind, encode
+from outbox.frame import HEADER_SIZE, MAX_PAYLOAD_BYTES, Kind, encode, encode_header
 from outbox.recovery import highest_segno, recover_shard
 from outbox.segment import lock_name, segment_name
 
@@ -136,35 +136,40 @@ class ShardWriter:
         if self._size + size > self.config.segment_bytes and self._seq > 1:
             self.seal()
             self._start_segment(self._segno + 1)
-        frames = [encode(self.shard, self._segno, Kind.DATA, self._seq + i, ts, p)
-                  for i, (ts, p) in enumerate(pending)]
-        self._write_durably(b"".join(frames), keep_reserve=True)
-        self._seq += len(frames)
-        return len(frames)
+        # Headers and payloads go out side by side (writev): a big payload is never copied.
+        parts: list[bytes] = []
+        for i, (ts, p) in enumerate(pending):
+            parts.append(encode_header(self.shard, self._segno, Kind.DATA, self._seq + i, ts, p))
+            parts.append(p)
+        self._write_durably(parts, keep_reserve=True)
+        self._seq += len(pending)
+        return len(pending)
 
-    def _write_durably(self, data: bytes, *, keep_reserve: bool = False) -> None:
-        """One write and one fdatasync. Records keep ``reserve_bytes`` free; a seal or
-        header may use that reserve, which is what it is for."""
+    def _write_durably(self, data: bytes | list[bytes], *, keep_reserve: bool = False) -> None:
+        """One write (of the joined ``data``) and one fdatasync. Records keep
+        ``reserve_bytes`` free; a seal or header may use that reserve, which is what it is for."""
         assert self._fd is not None, "writer is closed or abandoned"
-        self._check_room(len(data) + (self.config.reserve_bytes if keep_reserve else 0))
+        parts = [data] if isinstance(data, bytes) else data
+        size = sum(len(p) for p in parts)
+        self._check_room(size + (self.config.reserve_bytes if keep_reserve else 0))
         try:
-            written = os.write(self._fd, data)  # one write; a short count is checked below
+            written = _write_all_once(self._fd, parts)  # a short count is checked below
         except OSError as exc:
             self._cut_and_abandon()
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise OutboxFull(f"outbox disk full in {self.directory}: {exc.strerror}") from exc
             raise
-        if written != len(data):
+        if written != size:
             self._cut_and_abandon()
             raise OutboxFull(f"outbox disk full in {self.directory}: short write "
-                             f"({written} of {len(data)} bytes)")
+                             f"({written} of {size} bytes)")
         try:
             os.fdatasync(self._fd)
         except OSError as exc:
             self._cut_and_abandon()
             raise OutboxSyncError(f"fdatasync failed on outbox shard {self.shard} segment "
                                   f"{self._segno}: {exc}; segment abandoned") from exc
-        self._size += len(data)
+        self._size += size
 
     def _check_room(self, nbytes: int) -> None:
         if fsutil.free_bytes(self.directory) < nbytes:
@@ -245,3 +250,19 @@ class ShardWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_IOV_MAX = 1024  # Linux's limit on buffers per writev
+
+
+def _write_all_once(fd: int, parts: list[bytes]) -> int:
+    """Write ``parts`` in order with one ``writev`` per ``_IOV_MAX`` buffers; the bytes
+    written, stopping at the first short write (the caller treats it as a full disk)."""
+    written = 0
+    for start in range(0, len(parts), _IOV_MAX):
+        chunk = parts[start:start + _IOV_MAX]
+        n = os.writev(fd, chunk)
+        written += n
+        if n != sum(len(p) for p in chunk):
+            break
+    return written

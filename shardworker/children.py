@@ -245,8 +245,7 @@ def _durable_keys(directory: str, shard: int, count: int) -> set[wire.JobKey]:
     keys = set()
     for payload in outbox.tail_records(directory, shard, count):
         with contextlib.suppress(ValueError, TypeError):
-            outcome = wire.decode_outcome(payload)
-            keys.add((outcome.job_id, outcome.attempt))
+            keys.add(wire.outcome_key(payload))
     return keys
 
 
@@ -287,6 +286,10 @@ class ChildPool:
     def job_ids(self) -> list[int]:
         """Ids of every job routed to a child and not yet reported."""
         return [s.job.id for h in self.handles for s in h.sent.values()] + [j.id for h in self.handles for j in h.held]
+
+    def held_bytes(self) -> int:
+        """Payload bytes claimed and waiting here, not yet sent to a child."""
+        return sum(len(j.payload_json) for h in self.handles for j in h.held)
 
     def send(self, index: int, jobs: list[ClaimedJob]) -> None:
         """Route jobs to child ``index``; what it has no room for waits here."""

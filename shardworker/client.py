@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from shardworker.errors import EnqueueError
+from shardworker.limits import MAX_PAYLOAD_BYTES
 
 DEFAULT_MAX_ATTEMPTS = 25
 _INT32 = (-(2**31), 2**31 - 1)
@@ -50,9 +51,13 @@ class JobSpec:
 
     def payload_json(self) -> str:
         try:
-            text = orjson.dumps(self.payload).decode()
+            data = orjson.dumps(self.payload)
         except TypeError as exc:
             raise EnqueueError(f"payload is not JSON-serializable: {exc}") from exc
+        if len(data) > MAX_PAYLOAD_BYTES:
+            raise EnqueueError(f"payload too large: {len(data)} bytes of JSON, the limit is {MAX_PAYLOAD_BYTES} "
+                               "(shardworker.limits.MAX_PAYLOAD_BYTES); store big data elsewhere and pass a key")
+        text = data.decode()
         if "\\u0000" in text:
             raise EnqueueError("payload holds a NUL character (\\u0000), which PostgreSQL jsonb cannot store")
         return text

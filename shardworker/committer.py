@@ -4,14 +4,16 @@ Handlers (whichever lane runs them) hand finished outcomes to ``add``; the commi
 writes the waiting ones with one write and one fdatasync (``ShardWriter.commit``) and only
 then reports them to the parent (``Done``). It commits as soon as
 
-* ``max_records`` outcomes wait, or
+* ``max_records`` outcomes, or ``max_bytes`` of them, wait, or
 * the oldest waiting outcome's handler started ``max_delay_s`` ago (so a slow handler's
   outcome goes out at once, and a fast one never waits on a slow one still running), or
 * nothing else is running or queued in the child (no reason to wait), or
 * it is asked to stop.
 
 While one commit's fdatasync runs, the next outcomes gather: concurrent completions share
-one commit. On a full disk the batch is kept and retried every second (the parent stops
+one commit. When ``max_bytes`` of outcomes already wait behind a running commit, ``add``
+blocks until that commit is done: handlers faster than the disk wait for it, instead of
+outcomes piling up in memory. On a full disk the batch is kept and retried every second (the parent stops
 claiming meanwhile); any other outbox error is fatal for the unsynced outcomes: the child
 exits, and those jobs run again under a new attempt.
 """
@@ -35,12 +37,14 @@ class Committer:
     """Group commit for one shard writer; ``report`` receives the keys of each durable batch."""
 
     def __init__(self, writer: ShardWriter, report: Callable[[list[JobKey]], None], *, max_records: int,
-                 max_delay_s: float, on_fatal: Callable[[OutboxError], None] | None = None,
+                 max_delay_s: float, max_bytes: int = 8 * 1024 * 1024,
+                 on_fatal: Callable[[OutboxError], None] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.writer, self.report, self.on_fatal = writer, report, on_fatal
-        self.max_records, self.max_delay_s, self.clock = max_records, max_delay_s, clock
+        self.max_records, self.max_bytes, self.max_delay_s, self.clock = max_records, max_bytes, max_delay_s, clock
         self._cond = threading.Condition()
         self._waiting: list[tuple[JobKey, bytes]] = []
+        self._waiting_bytes = 0
         self._oldest_start = 0.0  # handler start of the oldest waiting outcome
         self._unfinished = 0  # jobs received and not yet finished
         self._stopping = False
@@ -59,21 +63,25 @@ class Committer:
         """``jobs`` received will never run (a stop came first)."""
         with self._cond:
             self._unfinished -= jobs
-            self._cond.notify()
+            self._cond.notify_all()
 
     def add(self, key: JobKey, record: bytes, started_at: float) -> None:
         """A finished job's outcome record; ``started_at`` is when its handler started."""
         with self._cond:
+            while self._waiting_bytes >= self.max_bytes and self.error is None and self._thread.is_alive():
+                self._cond.wait(0.5)
             earlier = not self._waiting or started_at < self._oldest_start
             if earlier:
                 self._oldest_start = started_at  # the deadline moved: the committer must look again
             self._waiting.append((key, record))
+            self._waiting_bytes += len(record)
             self._unfinished -= 1
             if earlier or self._due():
-                self._cond.notify()
+                self._cond.notify_all()
 
     def _due(self) -> bool:
         return bool(self._waiting) and (len(self._waiting) >= self.max_records or self._unfinished <= 0
+                                        or self._waiting_bytes >= self.max_bytes
                                         or self._stopping
                                         or self.clock() - self._oldest_start >= self.max_delay_s)
 
@@ -81,7 +89,7 @@ class Committer:
         """Commit what waits, then end the thread (a fatal commit error stays in ``error``)."""
         with self._cond:
             self._stopping = True
-            self._cond.notify()
+            self._cond.notify_all()
         self._thread.join()
 
     def _run(self) -> None:
@@ -107,10 +115,21 @@ class Committer:
                 if self._waiting:
                     timeout = max(0.0, self._oldest_start + self.max_delay_s - self.clock())
                 self._cond.wait(timeout)
-            batch, self._waiting = self._waiting[:self.max_records], self._waiting[self.max_records:]
+            batch, self._waiting = self._take()
+            self._cond.notify_all()  # room for handlers waiting in add
             if self._waiting:
                 self._oldest_start = 0.0  # unknown for the rest: commit them next, without waiting
             return batch
+
+    def _take(self) -> tuple[list[tuple[JobKey, bytes]], list[tuple[JobKey, bytes]]]:
+        """The next batch (up to ``max_records`` and ``max_bytes``, at least one) and the rest."""
+        size = count = 0
+        for count, (_, record) in enumerate(self._waiting[:self.max_records], 1):
+            size += len(record)
+            if size >= self.max_bytes:
+                break
+        self._waiting_bytes -= sum(len(r) for _, r in self._waiting[:count])
+        return self._waiting[:count], self._waiting[count:]
 
     def _commit(self, batch: list[tuple[JobKey, bytes]]) -> None:
         warned = False

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from shardworker.errors import ConfigError
 from shardworker.layout import PARENT_SHARD
+from shardworker.limits import MiB
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,9 @@ class WorkerConfig:
     queues: tuple[str, ...] | None = None
     worker_id: str | None = None
     exit_when_idle: bool = False
+    # Bounds in count and bytes at every stage: see shardworker/limits.py for all of them.
     claim_batch: int = 500
+    claim_bytes: int = 16 * MiB  # payload bytes per claim (one bigger job comes alone)
     # Handlers in flight per child for async def and threads=True kinds (plain sync
     # handlers run one at a time per child).
     concurrency: int = 10
@@ -35,11 +38,13 @@ class WorkerConfig:
     prefetch_horizon_s: float = 0.1
     prefetch_max_jobs: int = 1000
     # Payload bytes sent to one child and not yet reported (one bigger job goes alone).
-    prefetch_bytes: int = 8 * 1024 * 1024
+    prefetch_bytes: int = 8 * MiB
     poll_interval_s: float = 1.0
     group_commit_max_delay_s: float = 0.005
     group_commit_max_records: int = 512
+    group_commit_max_bytes: int = 8 * MiB  # outcome bytes a child holds before it commits
     flush_batch: int = 1000
+    flush_bytes: int = 16 * MiB  # outcome bytes the flusher reads and applies at once
     flush_idle_sleep_s: float = 0.005
     checkpoint_interval_s: float = 0.2
     # 0.05 s doubling to a 5 s cap: an ended outage is noticed within ~5 s.
@@ -48,8 +53,8 @@ class WorkerConfig:
     # Outcomes acknowledged but not yet applied before claiming pauses: bounds the rows left
     # running, and the replay work, when the flusher falls behind.
     max_backlog: int = 10_000
-    min_free_bytes: int = 64 * 1024 * 1024
-    segment_bytes: int = 16 * 1024 * 1024
+    min_free_bytes: int = 64 * MiB
+    segment_bytes: int = 16 * MiB
     shutdown_timeout_s: float = 30.0
     heartbeat_interval_s: float = 2.0
     # Watched silence before a peer rescues this worker's jobs: an hour, as peers use (1-4 h),
@@ -68,6 +73,9 @@ class WorkerConfig:
         checks = [
             ("procs", self.procs >= 1, "must be >= 1"),
             ("claim_batch", self.claim_batch >= 1, "must be >= 1"),
+            ("claim_bytes", self.claim_bytes >= 1, "must be >= 1"),
+            ("group_commit_max_bytes", self.group_commit_max_bytes >= 1, "must be >= 1"),
+            ("flush_bytes", self.flush_bytes >= 1, "must be >= 1"),
             ("concurrency", self.concurrency >= 1, "must be >= 1"),
             ("prefetch_batch", self.prefetch_batch >= 1, "must be >= 1"),
             ("prefetch_horizon_s", self.prefetch_horizon_s >= 0, "must be >= 0"),

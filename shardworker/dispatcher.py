@@ -41,7 +41,7 @@ class DispatchStore(Protocol):
     """What the dispatcher needs from a store (``PgStore`` provides it)."""
 
     def claim(self, kinds: Sequence[str], queues: Sequence[str] | None, worker_id: str, limit: int,
-              claim_token: str | None = None) -> list[ClaimedJob]: ...
+              claim_token: str | None = None, max_bytes: int = ...) -> list[ClaimedJob]: ...
     def release(self, jobs: Sequence[tuple[int, int]], worker_id: str) -> int: ...
     def release_claim(self, claim_token: str, worker_id: str) -> int: ...
     def count_active(self, kinds: Sequence[str], queues: Sequence[str] | None, worker_id: str) -> int: ...
@@ -142,6 +142,8 @@ class Dispatcher:
         # Skip tiny claims while some child still has more than a quarter of its share queued.
         if limit < 1 or (any(r < t // 4 * 3 for r, t in zip(room, targets)) and not self.more_due):
             return 0
+        if self.pool.held_bytes() >= self.config.claim_bytes:
+            return 0  # big payloads wait here for children to take them: claim no more bytes yet
         try:
             self.settle_lost_claims()
         except StoreError as exc:
@@ -149,13 +151,14 @@ class Dispatcher:
             return 0
         token = uuid.uuid4().hex
         try:
-            jobs = self.store.claim(self.kinds, self.config.queues, self.worker_id, limit, token)
+            jobs = self.store.claim(self.kinds, self.config.queues, self.worker_id, limit, token,
+                                    max_bytes=self.config.claim_bytes)
         except StoreError as exc:
             self.lost_claims.append(token)  # the server may have committed it before the connection broke
             self._claim_failed(exc)
             return 0
         self._claim_ok()
-        self.more_due = len(jobs) == limit
+        self.more_due = len(jobs) == limit or sum(len(j.payload_json) for j in jobs) * 2 >= self.config.claim_bytes
         self.claimed_total += len(jobs)
         self._route(jobs)
         return len(jobs)

@@ -3,7 +3,8 @@
 Pure logic over an ``OutboxReader`` and an ``OutcomeStore``; the process around it (and
 the parent's handle on that process) is ``shardworker.flusher_process``.
 
-``Flusher.run_once`` reads up to ``flush_batch`` records, applies them in one fenced
+``Flusher.run_once`` reads up to ``flush_batch`` records and ``flush_bytes`` of them
+(one bigger record alone), applies them in one fenced
 statement, and only after the commit marks them flushed and (at most every
 ``checkpoint_interval_s``) checkpoints. When the database is away, the same batch is
 retried with capped, jittered backoff: the flusher never gives up because PostgreSQL is
@@ -13,6 +14,7 @@ as a failure instead, so the job does not stay running forever.
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import time
@@ -26,6 +28,7 @@ from outbox import OutboxReader, Record
 from outbox.fsutil import atomic_write, ensure_dir
 from shardworker import layout, wire
 from shardworker.errors import OutcomeRejected, StoreError
+from shardworker.limits import MiB
 from shardworker.model import ApplyResult, Outcome
 from shardworker.retry import Backoff, is_retryable
 
@@ -52,6 +55,7 @@ class FlushStats:
 @dataclass(frozen=True)
 class FlusherConfig:
     flush_batch: int = 1000
+    flush_bytes: int = 16 * MiB
     checkpoint_interval_s: float = 0.2
     backoff_base_s: float = 0.05
     backoff_cap_s: float = 5.0
@@ -83,7 +87,7 @@ class Flusher:
     def run_once(self) -> int:
         """Apply one batch; returns the records flushed (0 when idle or the database failed)."""
         if not self._held:
-            self._held = self.reader.poll(self.config.flush_batch)
+            self._held = self.reader.poll(self.config.flush_batch, self.config.flush_bytes)
             self._outcomes = [o for o in map(self._decode, self._held) if o is not None]
         if not self._held:
             self._maybe_checkpoint(force=True)
@@ -140,18 +144,23 @@ class Flusher:
             try:
                 result = self.store.apply_outcomes([outcome])
             except OutcomeRejected as exc:
-                self._deadletter(wire.encode_outcome(outcome), str(exc))
+                self._deadletter(wire.encode_outcome(outcome), str(exc), outcome)
                 result = self.store.apply_outcomes([Outcome(
                     outcome.job_id, outcome.attempt, False, error=f"result rejected by the database: {exc}",
                     retry_delay_s=-1)])
             total += result
         return total
 
-    def _deadletter(self, payload: bytes, reason: str) -> None:
+    def _deadletter(self, payload: bytes, reason: str, outcome: Outcome | None = None) -> None:
+        """Keep a record the database refused (with its outcome, readable) or could not
+        decode (its bytes in base64) in ``deadletter/``."""
         directory = layout.deadletter_dir(self.reader.directory)
         ensure_dir(directory)
         name = f"{time.time_ns()}.json"
-        atomic_write(directory, name, orjson.dumps({"reason": reason, "record": payload.decode(errors="replace")}))
+        letter: dict[str, object] = {"reason": reason, "record_base64": base64.b64encode(payload).decode()}
+        if outcome is not None:
+            letter.update(_readable(outcome))
+        atomic_write(directory, name, orjson.dumps(letter))
         self.stats.deadlettered += 1
         log.error("outcome dead-lettered to %s/%s: %s", layout.DEADLETTER_DIR, name, reason)
 
@@ -174,8 +183,7 @@ class Flusher:
     def _keep(self, path: str, job_ids: tuple[int, ...], reason: str) -> None:
         """Append the whole outcome of each job in ``job_ids`` to ``path`` (JSON lines), durably."""
         wanted = set(job_ids)
-        lines = b"".join(orjson.dumps({"at": time.time(), "reason": reason, "job_id": o.job_id, "attempt": o.attempt,
-                                       "ok": o.ok, "result": o.result_json, "error": o.error}) + b"\n"
+        lines = b"".join(orjson.dumps({"at": time.time(), "reason": reason, **_readable(o)}) + b"\n"
                          for o in self._outcomes if o.job_id in wanted)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
@@ -196,3 +204,16 @@ class Flusher:
                 log.warning("outbox checkpoint not written (%s); will retry", exc)
                 return
             self._last_checkpoint, self._dirty = now, False
+
+
+def _readable(outcome: Outcome) -> dict[str, object]:
+    """An outcome as a JSON object for a person: the result as a JSON value (or, when it
+    is not valid JSON, its text under ``result_text``)."""
+    value: dict[str, object] = {"job_id": outcome.job_id, "attempt": outcome.attempt, "ok": outcome.ok,
+                                "result": None, "error": outcome.error}
+    if outcome.result_json is not None:
+        try:
+            value["result"] = orjson.loads(outcome.result_json)
+        except orjson.JSONDecodeError:
+            value["result_text"] = outcome.result_json.decode(errors="replace")
+    return value

@@ -17,6 +17,7 @@ import traceback
 import orjson
 
 from shardworker.app import App, HandlerSpec
+from shardworker.limits import MAX_PAYLOAD_BYTES, MAX_RESULT_BYTES
 from shardworker.model import ClaimedJob, Outcome
 from shardworker.retry import job_retry_delay
 
@@ -29,6 +30,9 @@ def run_sync(app: App, job: ClaimedJob) -> Outcome:
     spec = app.handlers.get(job.kind)
     if spec is None:
         return unknown_kind(job)
+    refused = payload_refused(job)
+    if refused is not None:
+        return refused
     try:
         result = spec.fn(job.to_job())
     except Exception as exc:
@@ -41,6 +45,9 @@ async def run_async(app: App, job: ClaimedJob) -> Outcome:
     spec = app.handlers.get(job.kind)
     if spec is None:
         return unknown_kind(job)
+    refused = payload_refused(job)
+    if refused is not None:
+        return refused
     deadline = asyncio.timeout(spec.timeout_s)
     try:
         async with deadline:
@@ -54,21 +61,41 @@ async def run_async(app: App, job: ClaimedJob) -> Outcome:
 
 
 def unknown_kind(job: ClaimedJob) -> Outcome:
-    return Outcome(job.id, job.attempt, False, error=f"no handler for kind {job.kind!r}", retry_delay_s=-1.0)
+    return never_again(job, f"no handler for kind {job.kind!r}")
 
 
 def success(job: ClaimedJob, result: object) -> Outcome:
-    """The outcome of a returned value, or a final failure when it cannot be stored."""
+    """The outcome of a returned value, or a final failure when it cannot be stored.
+
+    The result stays the bytes orjson produced, all the way to PostgreSQL."""
     try:
-        result_json = orjson.dumps(result).decode()
+        result_json = orjson.dumps(result)
     except orjson.JSONEncodeError as exc:
         # Running it again would compute the same unstorable value: fail for good.
-        return Outcome(job.id, job.attempt, False, error=f"handler result is not JSON-serializable: {exc}",
-                       retry_delay_s=-1.0)
-    if "\\u0000" in result_json:
-        return Outcome(job.id, job.attempt, False, retry_delay_s=-1.0,
-                       error="handler result holds a NUL character (\\u0000), which PostgreSQL jsonb cannot store")
+        return never_again(job, f"handler result is not JSON-serializable: {exc}")
+    if len(result_json) > MAX_RESULT_BYTES:
+        return never_again(job, f"handler result too large: {len(result_json)} bytes of JSON, "
+                                f"the limit is {MAX_RESULT_BYTES} (shardworker.limits.MAX_RESULT_BYTES)")
+    if b"\\u0000" in result_json:
+        return never_again(job, "handler result holds a NUL character (\\u0000), which PostgreSQL jsonb cannot store")
     return Outcome(job.id, job.attempt, True, result_json=result_json)
+
+
+def never_again(job: ClaimedJob, reason: str) -> Outcome:
+    """A failure that no retry can fix."""
+    return Outcome(job.id, job.attempt, False, error=reason, retry_delay_s=-1.0)
+
+
+def payload_refused(job: ClaimedJob) -> Outcome | None:
+    """A final failure for a payload over ``MAX_PAYLOAD_BYTES`` (only SQL written by hand
+    can store one: ``enqueue`` refuses it), else None."""
+    if len(job.payload_json) * 4 <= MAX_PAYLOAD_BYTES:  # UTF-8 takes at most 4 bytes a character
+        return None
+    size = len(job.payload_json.encode("utf-8", "surrogatepass"))
+    if size <= MAX_PAYLOAD_BYTES:
+        return None
+    return never_again(job, f"payload too large: {size} bytes of JSON, the limit is {MAX_PAYLOAD_BYTES} "
+                            "(shardworker.limits.MAX_PAYLOAD_BYTES)")
 
 
 def failure(spec: HandlerSpec, job: ClaimedJob, exc: BaseException, *, error: str | None = None) -> Outcome:

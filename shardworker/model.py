@@ -44,14 +44,15 @@ class ClaimedJob:
 class Outcome:
     """The result of one attempt.
 
-    ``ok`` with ``result_json`` (the handler's return value, JSON text), or not ``ok`` with
-    ``error`` and ``retry_delay_s``: seconds until the retry, or -1 for "do not retry".
+    ``ok`` with ``result_json`` (the handler's return value as JSON text in UTF-8 bytes,
+    carried as the child encoded it), or not ``ok`` with ``error`` and ``retry_delay_s``:
+    seconds until the retry, or -1 for "do not retry".
     """
 
     job_id: int
     attempt: int
     ok: bool
-    result_json: str | None = None
+    result_json: bytes | None = None
     error: str | None = None
     retry_delay_s: float = 0.0
 

@@ -265,14 +265,15 @@ class PgStore:
     # claiming ----------------------------------------------------------------
 
     def claim(self, kinds: Sequence[str], queues: Sequence[str] | None, worker_id: str,
-              limit: int, claim_token: str | None = None) -> list[ClaimedJob]:
-        """Claim up to ``limit`` due jobs: status running, attempt + 1, locked_by worker_id.
+              limit: int, claim_token: str | None = None, max_bytes: int = 1 << 62) -> list[ClaimedJob]:
+        """Claim up to ``limit`` due jobs and ``max_bytes`` of payload (at least one job when
+        any is due): status running, attempt + 1, locked_by worker_id.
 
         ``claim_token`` tags the claimed rows; if the reply is lost, ``release_claim`` with
         the same token gives back whatever the server did commit.
         """
         params = {"kinds": list(kinds), "queues": list(queues) if queues else None,
-                  "worker_id": worker_id, "limit": limit, "claim_token": claim_token}
+                  "worker_id": worker_id, "limit": limit, "claim_token": claim_token, "max_bytes": max_bytes}
         with self._cursor() as cur:
             cur.execute(query("job_claim"), params)
             return [ClaimedJob(*row) for row in cur.fetchall()]
@@ -313,6 +314,8 @@ class PgStore:
         """Apply a batch in one fenced statement. Zero-row outcomes are replays or stale."""
         if not outcomes:
             return ApplyResult()
+        # Every array goes in binary: results as bytea, the child's JSON bytes unescaped
+        # (the statement turns them into jsonb), the rest without text formatting.
         params = {"ids": [o.job_id for o in outcomes], "attempts": [o.attempt for o in outcomes],
                   "oks": [o.ok for o in outcomes], "results": [o.result_json for o in outcomes],
                   "errors": [o.error for o in outcomes], "delays": [float(o.retry_delay_s) for o in outcomes]}

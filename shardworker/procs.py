@@ -84,7 +84,15 @@ def become_worker_process(parent_pid: int, role: str) -> None:
         del os.environ[_SAFE_PATH]  # set by ``start`` for the bootstrap only
     # The parent coordinates shutdown: a terminal's Ctrl-C must not kill children mid-job.
     ignore_stop_signals()
+    name_process(f"sw-{role}")
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {role} %(levelname)s %(message)s")
+
+
+def name_process(name: str) -> None:
+    """Show ``name`` for this process in ``ps -o comm``, ``top`` and ``/proc/PID/comm``."""
+    with contextlib.suppress(OSError):
+        with open("/proc/self/comm", "w", encoding="ascii", errors="replace") as f:
+            f.write(name[:15])
 
 
 def die_with_parent() -> None:

@@ -69,7 +69,7 @@ class QuarantineWatch:
         ids = []
         for payload in outbox.pending_records(self.outbox_dir):
             with contextlib.suppress(ValueError, TypeError):
-                ids.append(wire.decode_outcome(payload).job_id)
+                ids.append(wire.outcome_key(payload)[0])
         return ids
 
     def _record(self, job_ids: list[int], reason: str) -> None:

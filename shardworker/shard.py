@@ -44,6 +44,7 @@ class ChildConfig:
     parent_pid: int
     concurrency: int = 1  # handlers in flight for the threads and async lanes
     slots: int = 64  # the most jobs the parent sends before some are reported
+    group_commit_max_bytes: int = 8 * 1024 * 1024
 
 
 class Progress:
@@ -98,6 +99,7 @@ class ShardRunner:
         self._send_lock = threading.Lock()
         self.committer = Committer(writer, lambda keys: self.send(wire.Done(tuple(keys))),
                                    max_records=config.group_commit_max_records,
+                                   max_bytes=config.group_commit_max_bytes,
                                    max_delay_s=config.group_commit_max_delay_s, on_fatal=self.fatal)
         self.lanes: dict[str, Lane] = {}
 

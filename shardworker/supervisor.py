@@ -62,7 +62,7 @@ class Supervisor:
         self.stopping = False
         self.worker_id = ""
         self.flusher = FlusherHandle(config.outbox_dir, self.store_config,
-                                     FlusherConfig(config.flush_batch, config.checkpoint_interval_s,
+                                     FlusherConfig(config.flush_batch, config.flush_bytes, config.checkpoint_interval_s,
                                                    config.backoff_base_s, config.backoff_cap_s),
                                      config.flush_idle_sleep_s)
         concurrent = any(spec.lane != "sync" for spec in app.handlers.values())
@@ -75,7 +75,7 @@ class Supervisor:
     def _child_configs(self) -> list[ChildConfig]:
         c = self.config
         return [ChildConfig(index, c.outbox_dir, c.app_ref, c.group_commit_max_delay_s, c.group_commit_max_records,
-                            c.segment_bytes, os.getpid(), c.concurrency, self.max_jobs)
+                            c.segment_bytes, os.getpid(), c.concurrency, self.max_jobs, c.group_commit_max_bytes)
                 for index in range(c.procs)]
 
     def _backoff(self) -> Backoff:

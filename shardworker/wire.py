@@ -17,7 +17,14 @@ child that does not read), ``InFrames`` takes frames from one as they arrive, an
 ``read_frame``/``write_frame`` are the child's blocking side.
 
 The outcome record (``encode_outcome`` / ``decode_outcome``) is what a child or the
-parent appends to the outbox and the flusher applies. It is never over
+parent appends to the outbox and the flusher applies: a fixed header, then the result's
+JSON bytes exactly as the child encoded them, then the error text::
+
+    u8 version (2) | i64 job id | i32 attempt | u8 ok | f64 retry delay
+    | i32 result length (-1: none) | i32 error length (-1: none) | result | error (UTF-8)
+
+so a result is never escaped, decoded or re-encoded on its way to PostgreSQL. Records of
+the first format (a JSON array, first byte ``[``) still decode. A record is never over
 ``outbox.MAX_RECORD_BYTES``: an outcome that would be is replaced by a failure that says so.
 """
 
@@ -26,8 +33,6 @@ from __future__ import annotations
 import os
 import struct
 from dataclasses import dataclass
-from typing import Any
-
 import orjson
 
 from outbox import MAX_RECORD_BYTES
@@ -96,29 +101,64 @@ def decode(data: bytes) -> Message:
     raise ValueError(f"unknown pipe message {tag!r}")
 
 
+_RECORD = struct.Struct("<BqiBdii")
+_RECORD_V2 = 2
+
+
 def encode_outcome(outcome: Outcome) -> bytes:
     """The outbox record of ``outcome``; a too-large one becomes a final failure saying so."""
-    record = orjson.dumps(_to_wire(outcome))
-    if len(record) <= MAX_RECORD_BYTES:
-        return record
-    too_big = Outcome(outcome.job_id, outcome.attempt, False, retry_delay_s=-1.0,
-                      error=f"handler result too large: {len(record)} bytes > {MAX_RECORD_BYTES}")
-    return orjson.dumps(_to_wire(too_big))
+    result, error = outcome.result_json, _utf8(outcome.error)
+    size = _RECORD.size + len(result or b"") + len(error or b"")
+    if size > MAX_RECORD_BYTES:
+        message = f"handler result too large: {size} bytes > {MAX_RECORD_BYTES}"
+        outcome = Outcome(outcome.job_id, outcome.attempt, False, retry_delay_s=-1.0, error=message)
+        result, error = None, message.encode()
+    header = _RECORD.pack(_RECORD_V2, outcome.job_id, outcome.attempt, outcome.ok, outcome.retry_delay_s,
+                          -1 if result is None else len(result), -1 if error is None else len(error))
+    return b"".join((header, result or b"", error or b""))
 
 
 def decode_outcome(record: bytes) -> Outcome:
     """The outcome in an outbox record; ``ValueError`` when it is not one."""
+    if record[:1] == b"[":
+        return _decode_v1(record)
+    if len(record) < _RECORD.size or record[0] != _RECORD_V2:
+        raise ValueError(f"not an outcome record: {bytes(record[:16])!r}")
+    _, job_id, attempt, ok, delay, result_len, error_len = _RECORD.unpack_from(record)
+    if ok > 1 or result_len < -1 or error_len < -1 or (
+            _RECORD.size + max(result_len, 0) + max(error_len, 0) != len(record)):
+        raise ValueError("not an outcome record: inconsistent header")
+    at = _RECORD.size
+    result = None if result_len < 0 else bytes(record[at:at + result_len])
+    at += max(result_len, 0)
+    error = None if error_len < 0 else bytes(record[at:at + error_len]).decode("utf-8")
+    return Outcome(job_id, attempt, bool(ok), result, error, delay)
+
+
+def outcome_key(record: bytes) -> JobKey:
+    """(job id, attempt) of an outbox record, read from its header alone."""
+    if record[:1] == b"[":
+        outcome = _decode_v1(record)
+        return outcome.job_id, outcome.attempt
+    if len(record) < _RECORD.size or record[0] != _RECORD_V2:
+        raise ValueError(f"not an outcome record: {bytes(record[:16])!r}")
+    _, job_id, attempt, *_ = _RECORD.unpack_from(record)
+    return job_id, attempt
+
+
+def _decode_v1(record: bytes) -> Outcome:
     value = orjson.loads(record)
     if not (isinstance(value, list) and len(value) == 6):
         raise ValueError(f"not an outcome record: {value!r:.80}")
     job_id, attempt, ok, result_json, error, delay = value
-    if not isinstance(ok, bool):
-        raise ValueError(f"not an outcome record: ok is {ok!r}")
-    return Outcome(int(job_id), int(attempt), ok, result_json, error, float(delay))
+    if not isinstance(ok, bool) or not (result_json is None or isinstance(result_json, str)):
+        raise ValueError(f"not an outcome record: {value!r:.80}")
+    return Outcome(int(job_id), int(attempt), ok, None if result_json is None else result_json.encode(), error,
+                   float(delay))
 
 
-def _to_wire(outcome: Outcome) -> list[Any]:
-    return [outcome.job_id, outcome.attempt, outcome.ok, outcome.result_json, outcome.error, outcome.retry_delay_s]
+def _utf8(text: str | None) -> bytes | None:
+    return None if text is None else text.encode("utf-8", "backslashreplace")
 
 
 # --- frames on a pipe ---------------------------------------------------------------------

@@ -19,21 +19,29 @@ SELECT version FROM shardworker.migrations;
 INSERT INTO shardworker.migrations (version, name) VALUES (%(version)s, %(name)s);
 
 -- job_claim --
--- Claim due queued jobs of the given kinds (and queues), oldest first, for one worker.
--- The ids go through ARRAY(...) so even a generic (prepared) plan updates them by primary
--- key; a join on the subquery was planned as a hash join over the whole table.
-UPDATE shardworker.jobs j
-SET status = 'running', attempt = j.attempt + 1, locked_by = %(worker_id)s, rescued_attempt = NULL,
-    claim_token = %(claim_token)s, attempted_at = now(), updated_at = now()
-WHERE j.id = ANY(ARRAY(
-    SELECT id FROM shardworker.jobs
+-- Claim due queued jobs of the given kinds (and queues), oldest first, for one worker: up
+-- to `limit` jobs and `max_bytes` of payload (the first one whatever its size; then while
+-- the running total stays within the budget). The candidates' rows stay locked only for
+-- this statement. The ids go through ARRAY(...) so even a generic (prepared) plan updates
+-- them by primary key; a join on the subquery was planned as a hash join over the table.
+WITH candidate AS (
+    SELECT id, priority, run_at, coalesce(payload_bytes, pg_column_size(payload)) AS bytes
+    FROM shardworker.jobs
     WHERE status = 'queued' AND run_at <= now()
       AND kind = ANY(%(kinds)s::text[])
       AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
     ORDER BY priority, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
-))
+), running_total AS (
+    SELECT id, row_number() OVER w AS n, sum(bytes) OVER w AS upto
+    FROM candidate
+    WINDOW w AS (ORDER BY priority, run_at, id)
+)
+UPDATE shardworker.jobs j
+SET status = 'running', attempt = j.attempt + 1, locked_by = %(worker_id)s, rescued_attempt = NULL,
+    claim_token = %(claim_token)s, attempted_at = now(), updated_at = now()
+WHERE j.id = ANY(ARRAY(SELECT id FROM running_total WHERE n = 1 OR upto <= %(max_bytes)s))
 RETURNING j.id, j.kind, j.queue, j.payload::text, j.attempt, j.max_attempts;
 
 -- job_apply_outcomes --
@@ -42,10 +50,12 @@ RETURNING j.id, j.kind, j.queue, j.payload::text, j.attempt, j.max_attempts;
 -- host that was stopped or cut off lands instead of the job running again). Returns the
 -- rows applied; an outcome missing from the result was applied before (a replay), its
 -- attempt lost its lease (stale), or its job does not exist: see job_classify.
+-- Parameters come in binary; results as bytea holding UTF-8 JSON text.
 WITH o AS (
-    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(oks)s::bool[],
-                         %(results)s::jsonb[], %(errors)s::text[], %(delays)s::float8[])
-        AS o(id, attempt, ok, result, error, delay_s)
+    SELECT id, attempt, ok, convert_from(result_utf8, 'UTF8')::jsonb AS result, error, delay_s
+    FROM unnest(%(ids)b::bigint[], %(attempts)b::int[], %(oks)b::bool[],
+                %(results)b::bytea[], %(errors)b::text[], %(delays)b::float8[])
+        AS o(id, attempt, ok, result_utf8, error, delay_s)
 )
 UPDATE shardworker.jobs j
 SET status = CASE WHEN o.ok THEN 'done'
@@ -95,9 +105,10 @@ RETURNING id;
 -- job_insert --
 -- Enqueue one job; NULL id when a live job already holds the dedupe key.
 WITH ins AS (
-    INSERT INTO shardworker.jobs (kind, queue, payload, priority, max_attempts, run_at, dedupe_key)
-    VALUES (%(kind)s, %(queue)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s,
-            coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay_s)s), %(dedupe_key)s)
+    INSERT INTO shardworker.jobs (kind, queue, payload, payload_bytes, priority, max_attempts, run_at, dedupe_key)
+    VALUES (%(kind)s, %(queue)s, %(payload)s::jsonb, octet_length(%(payload)s::text), %(priority)s,
+            %(max_attempts)s, coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay_s)s),
+            %(dedupe_key)s)
     ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('queued', 'running') DO NOTHING
     RETURNING id, queue
 )
@@ -106,7 +117,7 @@ SELECT id, pg_notify('shardworker_jobs', queue) FROM ins;
 -- job_stage_create --
 -- A session-local staging table for bulk enqueue through COPY.
 CREATE TEMP TABLE shardworker_stage (
-    kind text, queue text, payload jsonb, priority int, max_attempts int,
+    kind text, queue text, payload text, priority int, max_attempts int,
     run_at timestamptz, dedupe_key text
 ) ON COMMIT DROP;
 
@@ -117,8 +128,9 @@ COPY shardworker_stage (kind, queue, payload, priority, max_attempts, run_at, de
 -- job_stage_insert --
 -- Move staged rows into the jobs table, skipping live dedupe-key duplicates.
 WITH ins AS (
-    INSERT INTO shardworker.jobs (kind, queue, payload, priority, max_attempts, run_at, dedupe_key)
-    SELECT kind, queue, payload, priority, max_attempts, coalesce(run_at, now()), dedupe_key
+    INSERT INTO shardworker.jobs (kind, queue, payload, payload_bytes, priority, max_attempts, run_at, dedupe_key)
+    SELECT kind, queue, payload::jsonb, octet_length(payload), priority, max_attempts, coalesce(run_at, now()),
+           dedupe_key
     FROM shardworker_stage
     ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('queued', 'running') DO NOTHING
     RETURNING 1

@@ -33,7 +33,7 @@ class Died(BaseException):
     """The process was killed during a call: its fds close, the page cache survives."""
 
 
-_REAL = {name: getattr(os, name) for name in ("open", "close", "write", "fdatasync", "fsync", "replace",
+_REAL = {name: getattr(os, name) for name in ("open", "close", "write", "writev", "fdatasync", "fsync", "replace",
                                               "unlink", "ftruncate")}
 
 
@@ -129,6 +129,12 @@ class FaultFS:
         written = _REAL["write"](fd, data)
         self._clip_lost(fd, lambda a, b: [(a, min(b, offset)), (max(a, offset + written), b)])
         return written
+
+    def _writev(self, fd: int, buffers: list[bytes]) -> int:
+        """A gathered write: one step, like a write of the joined bytes."""
+        if not self._mine(fd):
+            return _REAL["writev"](fd, buffers)
+        return self._write(fd, b"".join(buffers))
 
     def _ftruncate(self, fd: int, length: int) -> None:
         if self._mine(fd):

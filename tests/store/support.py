@@ -54,7 +54,7 @@ def claim_one(store: PgStore, worker: str = "w1", kinds: tuple[str, ...] = ("k",
 
 
 def done(job: ClaimedJob, result: str = '{"ok": true}') -> Outcome:
-    return Outcome(job.id, job.attempt, True, result_json=result)
+    return Outcome(job.id, job.attempt, True, result_json=result.encode())
 
 
 def failure(job: ClaimedJob, delay_s: float, error: str = "boom") -> Outcome:

@@ -297,7 +297,7 @@ def test_apply_batch_classifies_applied_replayed_and_missing(store: PgStore, pg_
     add_id(store)
     finished, live = store.claim(["k"], None, "w1", 2)
     store.apply_outcomes([done(finished)])
-    missing = Outcome(10**12, 1, True, result_json="1")
+    missing = Outcome(10**12, 1, True, result_json=b"1")
     result = store.apply_outcomes([done(live, "7"), done(finished), missing])
     assert result == ApplyResult(applied=1, replayed=1, missing_ids=(10**12,))
     assert row(pg_dsn, live.id)["result"] == 7

@@ -255,10 +255,10 @@ def test_every_query_block_has_a_description_and_sql() -> None:
 
 
 @pytest.mark.parametrize("outcome", [
-    Outcome(1, 1, True, result_json='{"bytes": 123}'),
+    Outcome(1, 1, True, result_json=b'{"bytes": 123}'),
     Outcome(2**62, 25, False, error="boom\nwith newline", retry_delay_s=12.5),
     Outcome(3, 2, False, error="no retry", retry_delay_s=-1.0),
-    Outcome(4, 1, True, result_json="null"),
+    Outcome(4, 1, True, result_json=b"null"),
 ])
 def test_outcome_round_trips_through_wire_format(outcome: Outcome) -> None:
     """encode_outcome then decode_outcome give back an equal Outcome."""

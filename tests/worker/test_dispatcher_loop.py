@@ -50,6 +50,9 @@ class Children:
     def target(self, index: int) -> int:
         return self.max_jobs
 
+    def held_bytes(self) -> int:
+        return 0
+
     @property
     def in_flight(self) -> int:
         return sum(len(s) for s in self.sent)

@@ -45,7 +45,7 @@ def claim_and_write(dsn: str, store: FlakyStore, directory: Path, n: int, shard:
     jobs = store.claim(["k"], None, "w1", n)
     with ShardWriter.open(str(directory), shard) as writer:
         for job in jobs:
-            outcome = Outcome(job.id, job.attempt, True, result_json=f'{{"n": {job.id}}}')
+            outcome = Outcome(job.id, job.attempt, True, result_json=f'{{"n": {job.id}}}'.encode())
             writer.append_bytes(wire.encode_outcome(outcome))
         writer.commit()
     return ids

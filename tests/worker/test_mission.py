@@ -9,10 +9,10 @@ import signal
 import time
 from pathlib import Path
 
-import orjson
 
 from outbox.segment import list_segments, parse, read_file, segment_name
 from shardworker.embedded import EmbeddedPostgres
+from shardworker.wire import outcome_key
 from tests.helpers import (
     enqueue,
     kill_worker_group,
@@ -34,8 +34,7 @@ def acknowledged(outbox_dir: Path) -> set[tuple[int, int]]:
         for segno in segs:
             buf = read_file(str(outbox_dir / segment_name(shard, segno)))
             for frame in parse(buf, shard, segno).data:
-                job_id, attempt, *_ = orjson.loads(frame.payload)
-                found.add((job_id, attempt))
+                found.add(outcome_key(frame.payload))
     return found
 
 
