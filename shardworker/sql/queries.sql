@@ -103,10 +103,11 @@ WHERE status = 'running' AND locked_by = %(worker_id)s
 RETURNING id;
 
 -- job_insert --
--- Enqueue one job; NULL id when a live job already holds the dedupe key.
+-- Enqueue one job; NULL id when a live job already holds the dedupe key. The payload is
+-- typed text first, so payload_bytes is the size of the JSON text as sent.
 WITH ins AS (
     INSERT INTO shardworker.jobs (kind, queue, payload, payload_bytes, priority, max_attempts, run_at, dedupe_key)
-    VALUES (%(kind)s, %(queue)s, %(payload)s::jsonb, octet_length(%(payload)s::text), %(priority)s,
+    VALUES (%(kind)s, %(queue)s, %(payload)s::text::jsonb, octet_length(%(payload)s::text), %(priority)s,
             %(max_attempts)s, coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay_s)s),
             %(dedupe_key)s)
     ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('queued', 'running') DO NOTHING

@@ -26,7 +26,7 @@ from shardworker.model import Outcome
 from shardworker.retry import Backoff, is_retryable, job_retry_delay
 from shardworker.routing import _mix64, shard_for
 from shardworker.sql import parse_queries, queries
-from shardworker.wire import decode_outcome, encode_outcome
+from shardworker.wire import decode_outcome, encode_outcome, outcome_key
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -273,6 +273,41 @@ def test_decode_outcome_rejects_garbage(garbage: object) -> None:
     """A value that is not a six-item outcome list with numeric id, attempt and delay raises."""
     with pytest.raises((ValueError, TypeError)):
         decode_outcome(orjson.dumps(garbage))
+
+
+def test_an_outcome_record_carries_the_result_bytes_verbatim_after_a_fixed_header() -> None:
+    """The result's JSON bytes appear in the record as they are, unescaped, at its end."""
+    result = orjson.dumps({"text": 'quote " and \\ backslash', "n": [1, 2]})
+    record = encode_outcome(Outcome(9, 3, True, result_json=result))
+    assert record.endswith(result) and len(record) == 30 + len(result)
+    assert outcome_key(record) == (9, 3)
+
+
+def test_records_of_the_first_json_format_still_decode() -> None:
+    """An outbox written by an older version (a JSON array per record) drains unchanged."""
+    old = orjson.dumps([5, 2, True, '{"a": 1}', None, 0.0])
+    assert decode_outcome(old) == Outcome(5, 2, True, result_json=b'{"a": 1}')
+    assert outcome_key(old) == (5, 2)
+    failed = orjson.dumps([6, 1, False, None, "boom", -1.0])
+    assert decode_outcome(failed) == Outcome(6, 1, False, error="boom", retry_delay_s=-1.0)
+
+
+@pytest.mark.parametrize("cut", [1, 10, 29, 31])
+def test_a_truncated_or_padded_record_is_refused(cut: int) -> None:
+    record = encode_outcome(Outcome(1, 1, True, result_json=b'"abc"'))
+    with pytest.raises(ValueError):
+        decode_outcome(record[:cut] if cut < len(record) else record + b"x")
+    with pytest.raises(ValueError):
+        decode_outcome(record + b"\0")
+
+
+def test_an_outcome_too_big_for_a_record_becomes_a_final_failure_saying_so() -> None:
+    from outbox import MAX_RECORD_BYTES
+
+    record = encode_outcome(Outcome(1, 1, True, result_json=b"1" * MAX_RECORD_BYTES))
+    outcome = decode_outcome(record)
+    assert (outcome.ok, outcome.retry_delay_s, outcome.result_json) == (False, -1.0, None)
+    assert outcome.error is not None and "too large" in outcome.error
 
 
 # --- handler registration and app loading -------------------------------------------------
