@@ -41,9 +41,9 @@ import orjson
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from throughput import code_version, database  # noqa: E402
+from throughput import code_version, database
 
-from shardworker.client import JobSpec, enqueue_many  # noqa: E402
+from shardworker.client import JobSpec, enqueue_many
 
 APP_MODULE = "bench_large_app"
 TARGET_TREE_MIB = 512

@@ -32,7 +32,7 @@ import psycopg
 from shardworker.client import enqueue
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from throughput import APP_MODULE, KINDS, code_version, database, write_app  # noqa: E402
+from throughput import APP_MODULE, KINDS, code_version, database, write_app
 
 TARGET_P50_MS = 10.0
 

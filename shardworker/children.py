@@ -24,229 +24,17 @@ resent to its successor.
 from __future__ import annotations
 
 import collections
-import contextlib
-import fcntl
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
 
-import outbox
 from shardworker import procs, wire
 from shardworker.app import HandlerSpec
+from shardworker.child_process import ASYNC_TIMEOUT_GRACE_S, ChildHandle, Death, Sent
 from shardworker.model import ClaimedJob
-from shardworker.shard import ChildConfig, Progress, child_main
+from shardworker.shard import ChildConfig
 
 log = logging.getLogger(__name__)
-
-_F_SETPIPE_SZ = 1031
-PIPE_BYTES = 1 << 20  # the most an unprivileged process may ask for by default
-ASYNC_TIMEOUT_GRACE_S = 10.0  # an async handler is cancelled in the child; this is the backstop
-
-
-@dataclass(frozen=True)
-class Death:
-    """What a dead child left: how many started jobs have a durable outcome, the started
-    jobs without one, and the jobs it never started (resent once it is restarted)."""
-
-    index: int
-    reason: str
-    durable: int
-    lost: tuple[ClaimedJob, ...]
-    unstarted: tuple[ClaimedJob, ...]
-
-
-PACE_WINDOW_S = 0.25
-
-
-@dataclass
-class Pace:
-    """A child's recent rate of finished jobs: a moving average over windows of
-    ``PACE_WINDOW_S``, decaying while it finishes nothing."""
-
-    rate: float = 0.0
-    window_start: float | None = None
-    count: int = 0
-
-    def finished(self, count: int, now: float) -> None:
-        self.roll(now)
-        self.count += count
-
-    def roll(self, now: float) -> float:
-        """The rate as of ``now`` (closing the window if it is over)."""
-        if self.window_start is None:
-            self.window_start = now
-        elapsed = now - self.window_start
-        if elapsed >= PACE_WINDOW_S:
-            self.rate = 0.5 * self.rate + 0.5 * self.count / elapsed
-            self.window_start, self.count = now, 0
-        return self.rate
-
-
-@dataclass
-class _Sent:
-    job: ClaimedJob
-    slot: int
-    size: int
-
-
-@dataclass
-class ChildHandle:
-    """One child process, the jobs sent to it and not yet reported, and those waiting here."""
-
-    config: ChildConfig
-    process: Any = None
-    out: wire.OutFrames | None = None
-    inp: wire.InFrames | None = None
-    progress: Progress | None = None
-    sent: dict[wire.JobKey, _Sent] = field(default_factory=dict)
-    held: deque[ClaimedJob] = field(default_factory=deque)
-    sent_bytes: int = 0
-    pace: Pace = field(default_factory=Pace)
-    stopped: bool = False
-    unstarted: tuple[wire.JobKey, ...] = ()  # what a stopping child never started
-    fatal: str = ""
-    restart_at: float | None = None
-    crashes: procs.CrashCounter = field(init=False)
-    _free: list[int] = field(default_factory=list)
-    _pipes: list[Any] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.crashes = procs.CrashCounter(f"child {self.index}")
-
-    @property
-    def index(self) -> int:
-        return self.config.shard
-
-    @property
-    def alive(self) -> bool:
-        return self.process is not None and self.process.is_alive()
-
-    @property
-    def ready(self) -> bool:
-        """Alive and not waiting for a restart: jobs may be sent."""
-        return self.restart_at is None and self.alive
-
-    def start(self, now: float) -> None:
-        ctx = procs.context()
-        self._close_pipes()
-        to_child_r, to_child_w = ctx.Pipe(duplex=False)
-        from_child_r, from_child_w = ctx.Pipe(duplex=False)
-        with contextlib.suppress(OSError):
-            fcntl.fcntl(to_child_w.fileno(), _F_SETPIPE_SZ, PIPE_BYTES)
-        array = ctx.Array("q", Progress.width(self.config.slots), lock=False)
-        self.process = ctx.Process(target=child_main, args=(self.config, to_child_r, from_child_w, array),
-                                   name=f"shardworker-shard-{self.index}", daemon=True)
-        procs.start(self.process)
-        to_child_r.close()
-        from_child_w.close()
-        self._pipes = [to_child_w, from_child_r]
-        self.out, self.inp = wire.OutFrames(to_child_w.fileno()), wire.InFrames(from_child_r.fileno())
-        self.progress, self._free = Progress(array, self.config.slots), list(range(self.config.slots - 1, -1, -1))
-        self.stopped, self.fatal, self.restart_at = False, "", None
-        self.crashes.started(now)
-
-    def _close_pipes(self) -> None:
-        for pipe in self._pipes:
-            pipe.close()
-        self._pipes = []
-
-    @property
-    def free_slots(self) -> int:
-        return len(self._free)
-
-    def send_now(self, jobs: list[ClaimedJob], sizes: list[int]) -> None:
-        slots = []
-        for job, size in zip(jobs, sizes, strict=True):
-            slot = self._free.pop()
-            assert self.progress is not None
-            self.progress.clear(slot)
-            self.sent[(job.id, job.attempt)] = _Sent(job, slot, size)
-            self.sent_bytes += size
-            slots.append(slot)
-        self._put(wire.Jobs(tuple(jobs), tuple(slots)))
-
-    def _put(self, msg: wire.Message) -> None:
-        with contextlib.suppress(OSError):  # the child is gone: the death check deals with it
-            assert self.out is not None
-            self.out.put(msg)
-
-    def flush(self) -> None:
-        with contextlib.suppress(OSError):
-            if self.out is not None:
-                self.out.flush()
-
-    def request_stop(self) -> None:
-        if self.out is not None:
-            self._put(wire.Stop())
-
-    def receive(self) -> list[_Sent]:
-        """Read what the child reported; returns the jobs it finished."""
-        finished: list[_Sent] = []
-        if self.inp is None:
-            return finished
-        try:
-            messages = self.inp.read()
-        except OSError:
-            return finished
-        for msg in messages:
-            if isinstance(msg, wire.Done):
-                for key in msg.finished:
-                    finished.append(self._release(key))
-            elif isinstance(msg, wire.Stopped):
-                self.stopped, self.unstarted = True, msg.unstarted
-            elif isinstance(msg, wire.Fatal):
-                self.fatal = msg.message
-                log.error("child %d: %s", self.index, self.fatal)
-        return finished
-
-    def _release(self, key: wire.JobKey) -> _Sent:
-        sent = self.sent.pop(key)
-        self.sent_bytes -= sent.size
-        self._free.append(sent.slot)
-        return sent
-
-    def running(self) -> Iterable[tuple[ClaimedJob, float]]:
-        """(job, monotonic start) of every handler running now."""
-        if self.progress is None:
-            return
-        for sent in self.sent.values():
-            since = self.progress.running_since(sent.slot, sent.job.id)
-            if since is not None:
-                yield sent.job, since
-
-    def settle(self, reason: str) -> tuple[Death, list[_Sent], list[_Sent]]:
-        """After the process died: split its unreported jobs by what its shard holds.
-
-        Returns the death, the jobs it reported before dying, and every other job taken off
-        it (the started ones, and the unstarted ones now held for its successor)."""
-        reported = self.receive()
-        self.process.join(1)
-        progress = self.progress
-        sent = list(self.sent.values())
-        started = [s for s in sent if progress is not None and progress.started(s.slot, s.job.id)]
-        durable = _durable_keys(self.config.outbox_dir, self.index, len(started)) if started else set()
-        lost = tuple(s.job for s in started if (s.job.id, s.job.attempt) not in durable)
-        unstarted = [s.job for s in sent if s not in started]
-        for s in sent:
-            self._release((s.job.id, s.job.attempt))
-        self.held.extendleft(reversed(unstarted))  # resent first, in their order, to the successor
-        self.progress = None
-        if lost:
-            log.error("child %d %s; %d started jobs failed this attempt, %d acknowledged, %d not started",
-                      self.index, reason, len(lost), len(started) - len(lost), len(unstarted))
-        return Death(self.index, reason, len(started) - len(lost), lost, tuple(unstarted)), reported, sent
-
-
-def _durable_keys(directory: str, shard: int, count: int) -> set[wire.JobKey]:
-    """(id, attempt) of the outcomes among a dead child's last ``count`` records."""
-    keys = set()
-    for payload in outbox.tail_records(directory, shard, count):
-        with contextlib.suppress(ValueError, TypeError):
-            keys.add(wire.outcome_key(payload))
-    return keys
 
 
 class ChildPool:
@@ -325,19 +113,22 @@ class ChildPool:
 
     def collect(self) -> int:
         """Jobs reported finished (their outcomes durable) since the last call."""
-        now = self.clock()
-        for handle in self.handles:
-            handle.flush()
-            finished = handle.receive()
-            if finished:
-                handle.pace.finished(len(finished), now)
-            self._forget(finished)
+        self._receive_all()
         for handle in self.handles:
             self._pump(handle)
         finished, self._finished = self._finished, 0
         return finished
 
-    def _forget(self, taken: list[_Sent], *, finished: bool = True) -> None:
+    def _receive_all(self) -> None:
+        now = self.clock()
+        for handle in self.handles:
+            handle.flush()
+            reported = handle.receive()
+            if reported:
+                handle.pace.finished(len(reported), now)
+            self._forget(reported)
+
+    def _forget(self, taken: list[Sent], *, finished: bool = True) -> None:
         """Jobs taken off a child: their kind caps free up; ``finished`` ones count as done."""
         for sent in taken:
             if sent.job.kind in self.limits:
@@ -430,13 +221,7 @@ class ChildPool:
 
     def _collect_only(self) -> int:
         """``collect`` without sending more (shutting down)."""
-        now = self.clock()
-        for handle in self.handles:
-            handle.flush()
-            finished = handle.receive()
-            if finished:
-                handle.pace.finished(len(finished), now)
-            self._forget(finished)
+        self._receive_all()
         finished, self._finished = self._finished, 0
         return finished
 

@@ -124,11 +124,10 @@ class Committer:
     def _take(self) -> tuple[list[tuple[JobKey, bytes]], list[tuple[JobKey, bytes]]]:
         """The next batch (up to ``max_records`` and ``max_bytes``, at least one) and the rest."""
         size = count = 0
-        for count, (_, record) in enumerate(self._waiting[:self.max_records], 1):
-            size += len(record)
-            if size >= self.max_bytes:
-                break
-        self._waiting_bytes -= sum(len(r) for _, r in self._waiting[:count])
+        while count < min(self.max_records, len(self._waiting)) and size < self.max_bytes:
+            size += len(self._waiting[count][1])
+            count += 1
+        self._waiting_bytes -= size
         return self._waiting[:count], self._waiting[count:]
 
     def _commit(self, batch: list[tuple[JobKey, bytes]]) -> None:

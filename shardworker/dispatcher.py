@@ -140,7 +140,7 @@ class Dispatcher:
         room = [t - self.pool.outstanding(i) for i, t in enumerate(targets)]
         limit = min(self.config.claim_batch, sum(room))  # a child over its share counts against it
         # Skip tiny claims while some child still has more than a quarter of its share queued.
-        if limit < 1 or (any(r < t // 4 * 3 for r, t in zip(room, targets)) and not self.more_due):
+        if limit < 1 or (any(r < t // 4 * 3 for r, t in zip(room, targets, strict=True)) and not self.more_due):
             return 0
         if self.pool.held_bytes() >= self.config.claim_bytes:
             return 0  # big payloads wait here for children to take them: claim no more bytes yet

@@ -90,9 +90,8 @@ def become_worker_process(parent_pid: int, role: str) -> None:
 
 def name_process(name: str) -> None:
     """Show ``name`` for this process in ``ps -o comm``, ``top`` and ``/proc/PID/comm``."""
-    with contextlib.suppress(OSError):
-        with open("/proc/self/comm", "w", encoding="ascii", errors="replace") as f:
-            f.write(name[:15])
+    with contextlib.suppress(OSError), open("/proc/self/comm", "w", encoding="ascii", errors="replace") as f:
+        f.write(name[:15])
 
 
 def die_with_parent() -> None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import os
 import struct
 from dataclasses import dataclass
+
 import orjson
 
 from outbox import MAX_RECORD_BYTES

@@ -415,7 +415,7 @@ def test_redact_dsn_hides_passwords(dsn: str, expected: str | None) -> None:
 # --- adaptive prefetch ---------------------------------------------------------------------
 
 
-def _pool(clock: "FakeClock", *, min_jobs: int = 65, max_jobs: int = 1001, horizon_s: float = 0.1):
+def _pool(clock: FakeClock, *, min_jobs: int = 65, max_jobs: int = 1001, horizon_s: float = 0.1):
     from shardworker.children import ChildPool
     from shardworker.shard import ChildConfig
 

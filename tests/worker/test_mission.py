@@ -9,7 +9,6 @@ import signal
 import time
 from pathlib import Path
 
-
 from outbox.segment import list_segments, parse, read_file, segment_name
 from shardworker.embedded import EmbeddedPostgres
 from shardworker.wire import outcome_key
@@ -88,7 +87,9 @@ def test_worker_killed_during_outage_reruns_nothing_acknowledged(
     assert all(n == 1 for n in after.values()), "a handler ran twice for one attempt"
     reran = sorted(j for j, n in runs_per_job(count_dir).items() if n > 1)
     assert all((j, 1) in ran_before and (j, 1) not in acked for j in reran)
-    assert len(reran) <= 2, f"only jobs in hand at the kill (one per child) may run again, got {reran}"
+    # In a child's hands at the kill: the running handler, the commit in flight and at most
+    # one outcome finished behind it (the next handler never waits for an fsync).
+    assert len(reran) <= 3 * 2, f"only jobs in hand at the kill (three per child) may run again, got {reran}"
 
 
 def test_shutdown_during_an_outage_keeps_outcomes_and_says_how_to_drain(

@@ -131,8 +131,10 @@ def test_restart_after_kill_requeues_unfinished_and_reruns_nothing_finished(
     per_attempt = runs(dirs[1])
     assert all(n == 1 for n in per_attempt.values()), "a handler ran twice for one attempt"
     reran = [job_id for job_id, n in runs_per_job(dirs[1]).items() if n > 1]
-    # Only jobs in a child's hands at the kill can run again: at most one per child.
-    assert len(reran) <= 2, reran
+    # Only jobs in a child's hands at the kill can run again: per child, the running handler
+    # and the outcomes not yet fsync'd (the commit in flight, and at most one finished
+    # behind it while that fdatasync outlasts a 10 ms handler), so at most three per child.
+    assert len(reran) <= 3 * 2, reran
 
 
 def test_result_too_large_for_the_outbox_fails_the_job_cleanly(pg_dsn: str, dirs: tuple[Path, Path]) -> None:
