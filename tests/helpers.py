@@ -103,3 +103,14 @@ def enqueue(dsn: str, kind: str, count: int, payload: Any = None, **options: Any
 def worker_log(count_dir: Path) -> str:
     path = count_dir / "worker.log"
     return path.read_text(errors="replace") if path.exists() else ""
+
+
+def exit_code(proc: subprocess.Popen[bytes], timeout_s: float, count_dir: Path) -> int:
+    """The worker's exit code; if it is still running after ``timeout_s``, kill it and
+    fail with the tail of its log (a bare ``TimeoutExpired`` says nothing about why)."""
+    try:
+        return proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        kill_worker_group(proc)
+        tail = "\n".join(worker_log(count_dir).splitlines()[-40:])
+        raise AssertionError(f"worker still running after {timeout_s}s; its log ends:\n{tail}") from None

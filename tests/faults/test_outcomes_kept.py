@@ -20,7 +20,7 @@ from shardworker.migrate import apply_migrations
 from shardworker.model import Outcome
 from shardworker.wire import encode_outcome
 from tests.faults.test_faults import FAST
-from tests.helpers import enqueue, query, runs, start_worker, status_counts, wait_for, worker_log
+from tests.helpers import enqueue, exit_code, query, runs, start_worker, status_counts, wait_for, worker_log
 
 
 def run_once_until_idle(dsn: str, outbox_dir: Path, counts: Path) -> None:
@@ -113,7 +113,7 @@ def test_jobs_of_a_segment_quarantined_mid_run_are_settled_at_once(
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([byte[0] ^ 0xFF]))
     private_pg.start()
-    assert proc.wait(90) == 0, worker_log(counts)
+    assert exit_code(proc, 90, counts) == 0, worker_log(counts)
     assert status_counts(dsn) == {"done": 400}
     reran = {job for (job, attempt) in runs(counts) if attempt == 2}
     assert reran, "no job was requeued"
