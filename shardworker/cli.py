@@ -186,7 +186,9 @@ def stats(as_json: bool, dsn: str | None) -> None:
 
 
 from shardworker.cli_demo import demo  # noqa: E402
+from shardworker.cli_jobs import jobs  # noqa: E402
 from shardworker.cli_outbox import outbox  # noqa: E402  (registers the outbox group)
 
 main.add_command(outbox)
 main.add_command(demo)
+main.add_command(jobs)

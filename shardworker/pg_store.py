@@ -502,3 +502,55 @@ def _classify(applied: int, missed: Sequence[Outcome], last_applied: dict[int, i
         else:
             stale.append(outcome.job_id)  # its attempt was rescued and claimed again
     return ApplyResult(applied, replayed, len(stale), tuple(stale), tuple(missing))
+
+
+# operator commands on jobs (shardworker.jobs) --------------------------------------------
+
+JOB_COLUMNS = ("id", "kind", "queue", "status", "attempt", "max_attempts", "priority", "payload", "result",
+               "last_error", "created_at", "run_at", "attempted_at", "finished_at", "locked_by")
+
+
+@contextlib.contextmanager
+def cursor_for(conn_or_dsn: Any, *, transaction: bool) -> Iterator[psycopg.Cursor[Any]]:
+    """A cursor on the caller's connection (see ``borrowed_cursor``) or on a connection of
+    its own to a DSN, opened and closed here."""
+    if not isinstance(conn_or_dsn, str):
+        with borrowed_cursor(conn_or_dsn, transaction=transaction) as cur:
+            yield cur
+        return
+    store = PgStore(StoreConfig(conn_or_dsn))
+    try:
+        with store._cursor(transaction=transaction) as cur:
+            yield cur
+    finally:
+        store.close()
+
+
+def list_jobs(cur: psycopg.Cursor[Any], *, statuses: Sequence[str] | None, kind: str | None, queue: str | None,
+              since: datetime | None, limit: int) -> list[dict[str, Any]]:
+    cur.execute(query("job_list"), {"statuses": list(statuses) if statuses else None, "kind": kind,
+                                    "queue": queue, "since": since, "limit": limit})
+    return [dict(zip(JOB_COLUMNS, row, strict=True)) for row in cur.fetchall()]
+
+
+def get_job(cur: psycopg.Cursor[Any], job_id: int) -> dict[str, Any] | None:
+    cur.execute(query("job_get"), {"id": job_id})
+    row = cur.fetchone()
+    return None if row is None else dict(zip(JOB_COLUMNS, row, strict=True))
+
+
+def lock_jobs(cur: psycopg.Cursor[Any], job_ids: Sequence[int]) -> dict[int, str]:
+    """Status of each of ``job_ids`` that exists, locked until the transaction ends."""
+    cur.execute(query("job_lock_for_change"), {"ids": list(job_ids)})
+    return {int(i): str(s) for i, s in cur.fetchall()}
+
+
+def failed_job_ids(cur: psycopg.Cursor[Any], kind: str | None, queue: str | None) -> list[int]:
+    cur.execute(query("job_failed_ids"), {"kind": kind, "queue": queue})
+    return [int(r[0]) for r in cur.fetchall()]
+
+
+def change_jobs(cur: psycopg.Cursor[Any], action: str, job_ids: Sequence[int]) -> int:
+    """Run ``job_retry``, ``job_cancel`` or ``job_delete`` on ``job_ids``; rows changed."""
+    cur.execute(query(f"job_{action}"), {"ids": list(job_ids)})
+    return cur.rowcount

@@ -220,3 +220,51 @@ SET status = CASE WHEN attempt < max_attempts THEN 'queued' ELSE 'failed' END,
     finished_at = CASE WHEN attempt < max_attempts THEN NULL ELSE now() END
 WHERE status = 'running' AND locked_by = %(worker_id)s AND NOT (id = ANY(%(keep_ids)s::bigint[]))
 RETURNING id;
+
+-- job_list --
+-- Jobs for `shardworker jobs list`, newest first, with optional filters.
+SELECT id, kind, queue, status, attempt, max_attempts, priority, payload, result, last_error,
+       created_at, run_at, attempted_at, finished_at, locked_by
+FROM shardworker.jobs
+WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+  AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s::timestamptz)
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- job_get --
+-- One job, whole.
+SELECT id, kind, queue, status, attempt, max_attempts, priority, payload, result, last_error,
+       created_at, run_at, attempted_at, finished_at, locked_by
+FROM shardworker.jobs WHERE id = %(id)s;
+
+-- job_lock_for_change --
+-- Lock the jobs an operator command changes, so a worker cannot claim or finish them
+-- between the check and the change.
+SELECT id, status FROM shardworker.jobs WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id FOR UPDATE;
+
+-- job_retry --
+-- Queue failed or cancelled jobs again, due now, with at least one attempt left. A rescued
+-- attempt's late outcome no longer applies (it would be stale).
+UPDATE shardworker.jobs
+SET status = 'queued', run_at = now(), max_attempts = greatest(max_attempts, attempt + 1),
+    finished_at = NULL, rescued_attempt = NULL, updated_at = now()
+WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('failed', 'cancelled');
+
+-- job_failed_ids --
+-- Failed jobs, optionally of one kind and queue, locked for a bulk retry.
+SELECT id FROM shardworker.jobs
+WHERE status = 'failed' AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+ORDER BY id FOR UPDATE;
+
+-- job_cancel --
+-- Cancel queued jobs: they will never be claimed.
+UPDATE shardworker.jobs
+SET status = 'cancelled', finished_at = now(), rescued_attempt = NULL, updated_at = now()
+WHERE id = ANY(%(ids)s::bigint[]) AND status = 'queued';
+
+-- job_delete --
+-- Delete jobs that are not running.
+DELETE FROM shardworker.jobs WHERE id = ANY(%(ids)s::bigint[]) AND status <> 'running';

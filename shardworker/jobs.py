@@ -1,0 +1,122 @@
+"""Operating on jobs without SQL: list, show, retry, cancel, delete.
+
+Each function takes an open psycopg connection (the caller's; used as ``enqueue`` uses it)
+or a DSN string. Changes are all or nothing: every id is checked, under a row lock that
+keeps workers from claiming or finishing the jobs meanwhile, and one unknown id or one job
+in the wrong state refuses the whole call with ``JobsError`` naming it.
+
+* ``retry``: a ``failed`` or ``cancelled`` job is queued again, due now, with at least one
+  attempt left (``max_attempts`` grows if it was used up); its history stays.
+* ``cancel``: a ``queued`` job becomes ``cancelled`` and is never claimed. A running job is
+  refused: its handler cannot be told to stop, and its outcome will land.
+* ``delete``: any job that is not ``running``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from shardworker import pg_store
+from shardworker.errors import ShardworkerError
+
+STATUSES = ("queued", "running", "done", "failed", "cancelled")
+_ALLOWED = {"retry": ("failed", "cancelled"), "cancel": ("queued",),
+            "delete": ("queued", "done", "failed", "cancelled")}
+
+
+class JobsError(ShardworkerError):
+    """An operator command refused (unknown id, a job in the wrong state, bad input)."""
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    id: int
+    kind: str
+    queue: str
+    status: str
+    attempt: int
+    max_attempts: int
+    priority: int
+    payload: Any
+    result: Any
+    last_error: str | None
+    created_at: datetime
+    run_at: datetime
+    attempted_at: datetime | None
+    finished_at: datetime | None
+    locked_by: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in self.__dict__.items()}
+
+
+def list_jobs(conn_or_dsn: Any, *, status: Sequence[str] | str | None = None, kind: str | None = None,
+              queue: str | None = None, since: datetime | None = None, limit: int = 50) -> list[JobInfo]:
+    """Jobs newest first, filtered by status (one or several), kind, queue and creation time."""
+    statuses = [status] if isinstance(status, str) else list(status or [])
+    unknown = [s for s in statuses if s not in STATUSES]
+    if unknown:
+        raise JobsError(f"unknown status {unknown[0]!r}; expected one of {', '.join(STATUSES)}")
+    if not isinstance(limit, int) or limit < 1:
+        raise JobsError(f"limit must be a positive integer, got {limit!r}")
+    with pg_store.cursor_for(conn_or_dsn, transaction=False) as cur:
+        rows = pg_store.list_jobs(cur, statuses=statuses or None, kind=kind, queue=queue, since=since, limit=limit)
+    return [JobInfo(**row) for row in rows]
+
+
+def get_job(conn_or_dsn: Any, job_id: int) -> JobInfo | None:
+    """One job, or None when no job has that id."""
+    with pg_store.cursor_for(conn_or_dsn, transaction=False) as cur:
+        row = pg_store.get_job(cur, _id(job_id))
+    return None if row is None else JobInfo(**row)
+
+
+def retry(conn_or_dsn: Any, job_ids: Sequence[int]) -> int:
+    """Queue failed or cancelled jobs again; how many."""
+    return _change(conn_or_dsn, "retry", job_ids)
+
+
+def retry_failed(conn_or_dsn: Any, *, kind: str | None = None, queue: str | None = None) -> int:
+    """Queue every failed job (of ``kind``, in ``queue``) again; how many."""
+    with pg_store.cursor_for(conn_or_dsn, transaction=True) as cur:
+        ids = pg_store.failed_job_ids(cur, kind, queue)
+        return pg_store.change_jobs(cur, "retry", ids) if ids else 0
+
+
+def cancel(conn_or_dsn: Any, job_ids: Sequence[int]) -> int:
+    """Cancel queued jobs; how many."""
+    return _change(conn_or_dsn, "cancel", job_ids)
+
+
+def delete(conn_or_dsn: Any, job_ids: Sequence[int]) -> int:
+    """Delete jobs that are not running; how many."""
+    return _change(conn_or_dsn, "delete", job_ids)
+
+
+def _change(conn_or_dsn: Any, action: str, job_ids: Sequence[int]) -> int:
+    ids = sorted({_id(i) for i in job_ids})
+    if not ids:
+        raise JobsError(f"{action}: no job ids given")
+    with pg_store.cursor_for(conn_or_dsn, transaction=True) as cur:
+        found = pg_store.lock_jobs(cur, ids)
+        missing = [i for i in ids if i not in found]
+        if missing:
+            more = f" (and {len(missing) - 1} more)" if missing[1:] else ""
+            raise JobsError(f"{action}: no job {missing[0]}{more}; nothing changed")
+        allowed = _ALLOWED[action]
+        refused = [(i, s) for i, s in found.items() if s not in allowed]
+        if refused:
+            job_id, status = refused[0]
+            why = " (its handler is running; its outcome will land)" if status == "running" else ""
+            raise JobsError(f"cannot {action} job {job_id}: it is {status}{why}; "
+                            f"only {' or '.join(allowed)} jobs can be; nothing changed")
+        return pg_store.change_jobs(cur, action, ids)
+
+
+def _id(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise JobsError(f"not a job id: {value!r}")
+    return value

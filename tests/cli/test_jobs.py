@@ -1,0 +1,161 @@
+"""``shardworker jobs`` and ``shardworker.jobs`` on a real PostgreSQL: listing, showing,
+retry, cancel and delete, all-or-nothing bulk changes, one-line errors, and races with a
+running worker (a retried job runs once; a cancelled queued job never runs)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from shardworker import jobs
+from shardworker.cli import main
+from tests.helpers import (
+    enqueue,
+    execute,
+    exit_code,
+    query,
+    runs,
+    start_worker,
+    status_counts,
+    wait_for,
+    worker_log,
+)
+
+
+def invoke(dsn: str, *args: str) -> Result:
+    return CliRunner().invoke(main, ["jobs", *args, "--dsn", dsn])
+
+
+def assert_one_line_error(result: Result, *fragments: str) -> None:
+    assert result.exit_code in (1, 2), result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert "Traceback" not in result.output
+    assert any(all(f in line for f in fragments) for line in lines), result.output
+
+
+def statuses(dsn: str) -> dict[int, str]:
+    return dict(query(dsn, "SELECT id, status FROM shardworker.jobs"))
+
+
+def test_list_is_newest_first_with_filters_and_json(pg_dsn: str) -> None:
+    a = enqueue(pg_dsn, "a", 3)
+    b = enqueue(pg_dsn, "b", 2, queue="mail")
+    execute(pg_dsn, "UPDATE shardworker.jobs SET status = 'failed', last_error = 'boom' WHERE id = %s", a[0])
+    listed = json.loads(invoke(pg_dsn, "list", "--json").output)
+    assert [j["id"] for j in listed] == sorted(a + b, reverse=True)
+    assert [j["id"] for j in json.loads(invoke(pg_dsn, "list", "--kind", "b", "--json").output)] == b[::-1]
+    assert [j["id"] for j in json.loads(invoke(pg_dsn, "list", "--queue", "mail", "--json").output)] == b[::-1]
+    failed = json.loads(invoke(pg_dsn, "list", "--status", "failed", "--json").output)
+    assert [(j["id"], j["last_error"]) for j in failed] == [(a[0], "boom")]
+    assert len(json.loads(invoke(pg_dsn, "list", "--limit", "2", "--json").output)) == 2
+    assert json.loads(invoke(pg_dsn, "list", "--since", "1h", "--json").output)
+    assert json.loads(invoke(pg_dsn, "list", "--since", "2999-01-01", "--json").output) == []
+    text = invoke(pg_dsn, "list", "--status", "failed")
+    assert text.exit_code == 0 and str(a[0]) in text.output and "boom" in text.output
+
+
+def test_show_gives_the_whole_job(pg_dsn: str) -> None:
+    [job_id] = enqueue(pg_dsn, "a", 1, {"x": [1, 2]})
+    shown = json.loads(invoke(pg_dsn, "show", str(job_id), "--json").output)
+    assert (shown["id"], shown["kind"], shown["payload"], shown["status"], shown["attempt"]) == (
+        job_id, "a", {"x": [1, 2]}, "queued", 0)
+    assert "created_at" in shown and "locked_by" in shown
+    info = jobs.get_job(pg_dsn, job_id)
+    assert info is not None and info.payload == {"x": [1, 2]}
+    assert jobs.get_job(pg_dsn, job_id + 1000) is None
+
+
+def test_retry_cancel_and_delete_change_what_they_may(pg_dsn: str) -> None:
+    ids = enqueue(pg_dsn, "a", 4)
+    execute(pg_dsn, "UPDATE shardworker.jobs SET status = 'failed', attempt = max_attempts, "
+                    "finished_at = now() WHERE id = %s", ids[0])
+    assert json.loads(invoke(pg_dsn, "cancel", str(ids[1]), "--json").output) == {"cancel": 1}
+    assert json.loads(invoke(pg_dsn, "retry", str(ids[0]), str(ids[1]), "--json").output) == {"retry": 2}
+    rows = query(pg_dsn, "SELECT id, status, attempt < max_attempts, finished_at IS NULL "
+                         "FROM shardworker.jobs WHERE id = ANY(%s) ORDER BY id", ids[:2])
+    assert rows == [(ids[0], "queued", True, True), (ids[1], "queued", True, True)]
+    assert invoke(pg_dsn, "delete", str(ids[2])).exit_code == 0
+    assert ids[2] not in statuses(pg_dsn)
+
+
+def test_retry_failed_in_bulk_by_kind_and_queue_with_a_count(pg_dsn: str) -> None:
+    a = enqueue(pg_dsn, "a", 3)
+    b = enqueue(pg_dsn, "b", 2)
+    execute(pg_dsn, "UPDATE shardworker.jobs SET status = 'failed'")
+    result = invoke(pg_dsn, "retry", "--failed", "--kind", "a")
+    assert result.exit_code == 0 and "3 jobs" in result.output
+    assert {i: s for i, s in statuses(pg_dsn).items()} == {**{i: "queued" for i in a}, **{i: "failed" for i in b}}
+    assert jobs.retry_failed(pg_dsn, queue="nowhere") == 0
+    assert jobs.retry_failed(pg_dsn) == 2
+
+
+@pytest.mark.parametrize(("args", "fragments"), [
+    (["show", "999999"], ("no job 999999",)),
+    (["cancel", "999999"], ("no job 999999", "nothing changed")),
+    (["list", "--status", "finished"], ("finished",)),
+    (["list", "--since", "yesterday"], ("--since", "yesterday")),
+    (["retry"], ("job ids or --failed",)),
+    (["retry", "1", "--kind", "a"], ("--failed",)),
+    (["show", "abc"], ("abc",)),
+])
+def test_bad_input_is_one_line(pg_dsn: str, args: list[str], fragments: tuple[str, ...]) -> None:
+    assert_one_line_error(invoke(pg_dsn, *args), *fragments)
+
+
+def test_a_refused_bulk_change_changes_nothing(pg_dsn: str) -> None:
+    ids = enqueue(pg_dsn, "a", 3)
+    execute(pg_dsn, "UPDATE shardworker.jobs SET status = 'done' WHERE id = %s", ids[2])
+    assert_one_line_error(invoke(pg_dsn, "cancel", str(ids[0]), str(ids[1]), str(ids[2])),
+                          f"cannot cancel job {ids[2]}", "done", "nothing changed")
+    assert_one_line_error(invoke(pg_dsn, "delete", str(ids[0]), "424242"), "no job 424242")
+    assert statuses(pg_dsn) == {ids[0]: "queued", ids[1]: "queued", ids[2]: "done"}
+    with pytest.raises(jobs.JobsError, match="it is done"):
+        jobs.retry(pg_dsn, [ids[2]])
+
+
+def test_a_running_job_cannot_be_cancelled_or_deleted(pg_dsn: str) -> None:
+    [job_id] = enqueue(pg_dsn, "a", 1)
+    execute(pg_dsn, "UPDATE shardworker.jobs SET status = 'running', attempt = 1 WHERE id = %s", job_id)
+    assert_one_line_error(invoke(pg_dsn, "cancel", str(job_id)), "it is running", "outcome will land")
+    assert_one_line_error(invoke(pg_dsn, "delete", str(job_id)), "it is running")
+    assert statuses(pg_dsn) == {job_id: "running"}
+
+
+def test_the_commands_work_from_a_real_subprocess(pg_dsn: str) -> None:
+    [job_id] = enqueue(pg_dsn, "a", 1)
+    out = subprocess.run([sys.executable, "-m", "shardworker", "jobs", "cancel", str(job_id), "--json",
+                          "--dsn", pg_dsn], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and json.loads(out.stdout) == {"cancel": 1}, out.stderr
+    again = subprocess.run([sys.executable, "-m", "shardworker", "jobs", "cancel", str(job_id), "--dsn", pg_dsn],
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode == 1 and again.stderr.count("\n") == 1 and "cancelled" in again.stderr
+
+
+def test_with_a_worker_running_a_cancelled_job_never_runs_and_a_retried_one_runs_once(
+        pg_dsn: str, tmp_path: Path) -> None:
+    outbox_dir, counts = tmp_path / "outbox", tmp_path / "counts"
+    counts.mkdir()
+    [failing] = enqueue(pg_dsn, "fail", 1)  # fails 3 times, then for good
+    later = enqueue(pg_dsn, "count", 5, run_at=datetime.now(UTC) + timedelta(seconds=3))  # not due yet
+    proc = start_worker(pg_dsn, outbox_dir, counts, procs=2)
+    try:
+        assert jobs.cancel(pg_dsn, later[:3]) == 3
+        wait_for(lambda: statuses(pg_dsn).get(failing) == "failed", 30, "the failing job failed for good")
+        assert jobs.retry(pg_dsn, [failing]) == 1
+        wait_for(lambda: status_counts(pg_dsn).get("done", 0) == 2 and statuses(pg_dsn).get(failing) == "failed"
+                 and query(pg_dsn, "SELECT attempt FROM shardworker.jobs WHERE id = %s", failing)[0][0] == 4,
+                 30, "the retried attempt and the uncancelled jobs finished")
+    finally:
+        proc.terminate()
+        assert exit_code(proc, 60, counts) == 0, worker_log(counts)
+    ran = runs(counts)
+    assert not any(job in later[:3] for job, _ in ran), "a cancelled job ran"
+    assert {a for j, a in ran if j == failing} == {1, 2, 3, 4} and all(n == 1 for n in ran.values())
+    assert {i: statuses(pg_dsn)[i] for i in later} == {**{i: "cancelled" for i in later[:3]},
+                                                        **{i: "done" for i in later[3:]}}
