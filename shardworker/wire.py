@@ -123,9 +123,7 @@ def decode_outcome(record: bytes) -> Outcome:
     """The outcome in an outbox record; ``ValueError`` when it is not one."""
     if record[:1] == b"[":
         return _decode_v1(record)
-    if len(record) < _RECORD.size or record[0] != _RECORD_V2:
-        raise ValueError(f"not an outcome record: {bytes(record[:16])!r}")
-    _, job_id, attempt, ok, delay, result_len, error_len = _RECORD.unpack_from(record)
+    _, job_id, attempt, ok, delay, result_len, error_len = _header(record)
     if ok > 1 or result_len < -1 or error_len < -1 or (
             _RECORD.size + max(result_len, 0) + max(error_len, 0) != len(record)):
         raise ValueError("not an outcome record: inconsistent header")
@@ -141,10 +139,14 @@ def outcome_key(record: bytes) -> JobKey:
     if record[:1] == b"[":
         outcome = _decode_v1(record)
         return outcome.job_id, outcome.attempt
+    _, job_id, attempt, *_ = _header(record)
+    return job_id, attempt
+
+
+def _header(record: bytes) -> tuple[int, int, int, int, float, int, int]:
     if len(record) < _RECORD.size or record[0] != _RECORD_V2:
         raise ValueError(f"not an outcome record: {bytes(record[:16])!r}")
-    _, job_id, attempt, *_ = _RECORD.unpack_from(record)
-    return job_id, attempt
+    return _RECORD.unpack_from(record)
 
 
 def _decode_v1(record: bytes) -> Outcome:
