@@ -210,6 +210,7 @@ def _readable(outcome: Outcome) -> dict[str, object]:
     """An outcome as a JSON object for a person: the result as a JSON value (or, when it
     is not valid JSON, its text under ``result_text``)."""
     value: dict[str, object] = {"job_id": outcome.job_id, "attempt": outcome.attempt, "ok": outcome.ok,
+                                "snooze": outcome.snooze, "cancel": outcome.cancel,
                                 "result": None, "error": outcome.error}
     if outcome.result_json is not None:
         try:

@@ -4,7 +4,8 @@ Whatever a handler does, the outcome is storable: an exception message with a lo
 surrogate or a NUL byte is escaped, a ``retry_delay`` that raises or returns NaN falls back
 to the default backoff, one that returns infinity means "do not retry", a result
 PostgreSQL's jsonb cannot hold (``\\u0000``) or orjson cannot encode fails the job for good
-with the reason. Only ``BaseException``s that are not ``Exception`` (a KeyboardInterrupt,
+with the reason. The exceptions of ``shardworker.control`` steer the job instead
+(``controlled``). Only ``BaseException``s that are not ``Exception`` (a KeyboardInterrupt,
 SystemExit) escape, and end the child.
 """
 
@@ -17,12 +18,11 @@ import traceback
 import orjson
 
 from shardworker.app import App, HandlerSpec
+from shardworker.control import MAX_DELAY_S, Cancel, Fail, JobControl, Retry, Snooze
 from shardworker.limits import MAX_PAYLOAD_BYTES, MAX_RESULT_BYTES
 from shardworker.model import ClaimedJob, Outcome
 from shardworker.retry import job_retry_delay
 
-# PostgreSQL's make_interval takes a float8 of seconds; a century is far past any sane retry.
-MAX_RETRY_DELAY_S = 100 * 365.25 * 86400
 
 
 def run_sync(app: App, job: ClaimedJob) -> Outcome:
@@ -35,6 +35,8 @@ def run_sync(app: App, job: ClaimedJob) -> Outcome:
         return refused
     try:
         result = spec.fn(job.to_job())
+    except JobControl as control:
+        return controlled(spec, job, control)
     except Exception as exc:
         return failure(spec, job, exc)
     return success(job, result)
@@ -55,6 +57,8 @@ async def run_async(app: App, job: ClaimedJob) -> Outcome:
     except TimeoutError as exc:
         expired = f"timed out after {spec.timeout_s:g}s" if deadline.expired() else None
         return failure(spec, job, exc, error=expired)  # else the handler's own TimeoutError
+    except JobControl as control:
+        return controlled(spec, job, control)
     except Exception as exc:
         return failure(spec, job, exc)
     return success(job, result)
@@ -79,6 +83,22 @@ def success(job: ClaimedJob, result: object) -> Outcome:
     if b"\\u0000" in result_json:
         return never_again(job, "handler result holds a NUL character (\\u0000), which PostgreSQL jsonb cannot store")
     return Outcome(job.id, job.attempt, True, result_json=result_json)
+
+
+def controlled(spec: HandlerSpec, job: ClaimedJob, control: JobControl) -> Outcome:
+    """The outcome a handler asked for by raising ``Retry``, ``Snooze``, ``Fail`` or ``Cancel``."""
+    if isinstance(control, Snooze):
+        return Outcome(job.id, job.attempt, False, retry_delay_s=control.delay_s, snooze=True)
+    if isinstance(control, Cancel):
+        return Outcome(job.id, job.attempt, False, error=printable(control.reason), retry_delay_s=-1.0, cancel=True)
+    if isinstance(control, Retry):
+        reason = control.reason or "retry requested"
+        spent = spec.max_attempts is not None and job.attempt >= spec.max_attempts  # the job row checks its own
+        return Outcome(job.id, job.attempt, False, error=printable(f"Retry: {reason}"),
+                       retry_delay_s=-1.0 if spent else control.delay_s)
+    if isinstance(control, Fail):
+        return never_again(job, printable(f"Fail: {control.reason}"))
+    return never_again(job, f"unknown job control {type(control).__name__}")
 
 
 def never_again(job: ClaimedJob, reason: str) -> Outcome:
@@ -116,7 +136,7 @@ def retry_delay(spec: HandlerSpec, attempt: int) -> float:
         return job_retry_delay(attempt)
     if delay < 0 or math.isinf(delay):
         return -1.0
-    return min(delay, MAX_RETRY_DELAY_S)
+    return min(delay, MAX_DELAY_S)
 
 
 def printable(text: str) -> str:

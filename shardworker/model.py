@@ -46,7 +46,9 @@ class Outcome:
 
     ``ok`` with ``result_json`` (the handler's return value as JSON text in UTF-8 bytes,
     carried as the child encoded it), or not ``ok`` with ``error`` and ``retry_delay_s``:
-    seconds until the retry, or -1 for "do not retry".
+    seconds until the retry, or -1 for "do not retry". Two outcomes that are not ``ok`` are
+    not failures: ``snooze`` (back to the queue after ``retry_delay_s``, no attempt used)
+    and ``cancel`` (``cancelled`` for good, ``error`` saying why).
     """
 
     job_id: int
@@ -55,6 +57,18 @@ class Outcome:
     result_json: bytes | None = None
     error: str | None = None
     retry_delay_s: float = 0.0
+    snooze: bool = False
+    cancel: bool = False
+
+    @property
+    def code(self) -> int:
+        """The outcome's disposition as one number (the outbox record and the apply
+        statement use it): 0 failed attempt, 1 done, 2 snoozed, 3 cancelled."""
+        return OUTCOME_DONE if self.ok else OUTCOME_SNOOZED if self.snooze else \
+            OUTCOME_CANCELLED if self.cancel else OUTCOME_FAILED
+
+
+OUTCOME_FAILED, OUTCOME_DONE, OUTCOME_SNOOZED, OUTCOME_CANCELLED = 0, 1, 2, 3
 
 
 @dataclass(frozen=True, slots=True)

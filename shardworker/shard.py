@@ -142,7 +142,9 @@ class ShardRunner:
     def _finished(self, slot: int, job: ClaimedJob, outcome: Outcome, started_at: float) -> None:
         self.progress.finish(slot)
         self.committer.add((job.id, job.attempt), wire.encode_outcome(outcome), started_at)
-        if not outcome.ok:
+        if outcome.snooze or outcome.cancel:
+            log_control(job, outcome)
+        elif not outcome.ok:
             spec = self.app.handlers.get(job.kind)
             limit = min(job.max_attempts, spec.max_attempts or job.max_attempts) if spec else job.max_attempts
             log_failure(job, outcome, limit)
@@ -162,6 +164,15 @@ def log_failure(job: ClaimedJob, outcome: Outcome, max_attempts: int) -> None:
     else:
         log.warning("job %d (%s) attempt %d/%d failed, retrying in %.1fs: %s", job.id, job.kind, job.attempt,
                     max_attempts, outcome.retry_delay_s, first)
+
+
+def log_control(job: ClaimedJob, outcome: Outcome) -> None:
+    """One line for a job its handler snoozed or cancelled."""
+    if outcome.snooze:
+        log.info("job %d (%s) attempt %d snoozed for %.1fs", job.id, job.kind, job.attempt, outcome.retry_delay_s)
+    else:
+        log.info("job %d (%s) attempt %d cancelled by its handler: %s", job.id, job.kind, job.attempt,
+                 outcome.error)
 
 
 def open_writer(config: ChildConfig, wait_s: float = 30.0) -> ShardWriter:

@@ -20,9 +20,10 @@ The outcome record (``encode_outcome`` / ``decode_outcome``) is what a child or 
 parent appends to the outbox and the flusher applies: a fixed header, then the result's
 JSON bytes exactly as the child encoded them, then the error text::
 
-    u8 version (2) | i64 job id | i32 attempt | u8 ok | f64 retry delay
+    u8 version (2) | i64 job id | i32 attempt | u8 code | f64 retry delay
     | i32 result length (-1: none) | i32 error length (-1: none) | result | error (UTF-8)
 
+where code is 0 failed attempt, 1 done, 2 snoozed, 3 cancelled (``Outcome.code``),
 so a result is never escaped, decoded or re-encoded on its way to PostgreSQL. Records of
 the first format (a JSON array, first byte ``[``) still decode. A record is never over
 ``outbox.MAX_RECORD_BYTES``: an outcome that would be is replaced by a failure that says so.
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 import orjson
 
 from outbox import MAX_RECORD_BYTES
-from shardworker.model import ClaimedJob, Outcome
+from shardworker.model import OUTCOME_CANCELLED, OUTCOME_DONE, OUTCOME_SNOOZED, ClaimedJob, Outcome
 
 JobKey = tuple[int, int]  # (job id, attempt)
 
@@ -114,7 +115,7 @@ def encode_outcome(outcome: Outcome) -> bytes:
         message = f"handler result too large: {size} bytes > {MAX_RECORD_BYTES}"
         outcome = Outcome(outcome.job_id, outcome.attempt, False, retry_delay_s=-1.0, error=message)
         result, error = None, message.encode()
-    header = _RECORD.pack(_RECORD_V2, outcome.job_id, outcome.attempt, outcome.ok, outcome.retry_delay_s,
+    header = _RECORD.pack(_RECORD_V2, outcome.job_id, outcome.attempt, outcome.code, outcome.retry_delay_s,
                           -1 if result is None else len(result), -1 if error is None else len(error))
     return b"".join((header, result or b"", error or b""))
 
@@ -123,15 +124,16 @@ def decode_outcome(record: bytes) -> Outcome:
     """The outcome in an outbox record; ``ValueError`` when it is not one."""
     if record[:1] == b"[":
         return _decode_v1(record)
-    _, job_id, attempt, ok, delay, result_len, error_len = _header(record)
-    if ok > 1 or result_len < -1 or error_len < -1 or (
+    _, job_id, attempt, code, delay, result_len, error_len = _header(record)
+    if code > OUTCOME_CANCELLED or result_len < -1 or error_len < -1 or (
             _RECORD.size + max(result_len, 0) + max(error_len, 0) != len(record)):
         raise ValueError("not an outcome record: inconsistent header")
     at = _RECORD.size
     result = None if result_len < 0 else bytes(record[at:at + result_len])
     at += max(result_len, 0)
     error = None if error_len < 0 else bytes(record[at:at + error_len]).decode("utf-8")
-    return Outcome(job_id, attempt, bool(ok), result, error, delay)
+    return Outcome(job_id, attempt, code == OUTCOME_DONE, result, error, delay,
+                   snooze=code == OUTCOME_SNOOZED, cancel=code == OUTCOME_CANCELLED)
 
 
 def outcome_key(record: bytes) -> JobKey:

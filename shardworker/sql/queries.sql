@@ -50,28 +50,43 @@ RETURNING j.id, j.kind, j.queue, j.payload::text, j.attempt, j.max_attempts;
 -- host that was stopped or cut off lands instead of the job running again). Returns the
 -- rows applied; an outcome missing from the result was applied before (a replay), its
 -- attempt lost its lease (stale), or its job does not exist: see job_classify.
+-- code: 0 failed attempt (retried while attempts remain and delay_s >= 0), 1 done,
+-- 2 snoozed (queued again after delay_s; max_attempts grows by one, so no attempt is
+-- used), 3 cancelled. Jobs that reach an end (done, failed, cancelled) are announced on
+-- the channel shardworker_finished, their ids comma-separated, up to 500 a notification.
 -- Parameters come in binary; results as bytea holding UTF-8 JSON text.
 WITH o AS (
-    SELECT id, attempt, ok, convert_from(result_utf8, 'UTF8')::jsonb AS result, error, delay_s
-    FROM unnest(%(ids)b::bigint[], %(attempts)b::int[], %(oks)b::bool[],
+    SELECT id, attempt, code, convert_from(result_utf8, 'UTF8')::jsonb AS result, error, delay_s,
+           code = 0 AND delay_s >= 0 AS retryable
+    FROM unnest(%(ids)b::bigint[], %(attempts)b::int[], %(codes)b::int2[],
                 %(results)b::bytea[], %(errors)b::text[], %(delays)b::float8[])
-        AS o(id, attempt, ok, result_utf8, error, delay_s)
+        AS o(id, attempt, code, result_utf8, error, delay_s)
+), applied AS (
+    UPDATE shardworker.jobs j
+    SET status = CASE WHEN o.code = 1 THEN 'done'
+                      WHEN o.code = 2 THEN 'queued'
+                      WHEN o.code = 3 THEN 'cancelled'
+                      WHEN o.retryable AND j.attempt < j.max_attempts THEN 'queued'
+                      ELSE 'failed' END,
+        result = CASE WHEN o.code = 1 THEN o.result ELSE j.result END,
+        last_error = CASE WHEN o.code IN (0, 3) THEN o.error ELSE j.last_error END,
+        max_attempts = CASE WHEN o.code = 2 THEN j.max_attempts + 1 ELSE j.max_attempts END,
+        run_at = CASE WHEN o.code = 2 OR (o.retryable AND j.attempt < j.max_attempts)
+                      THEN now() + make_interval(secs => o.delay_s) ELSE j.run_at END,
+        finished_at = CASE WHEN o.code = 2 OR (o.retryable AND j.attempt < j.max_attempts)
+                           THEN NULL ELSE now() END,
+        locked_by = NULL, applied_attempt = o.attempt, rescued_attempt = NULL, updated_at = now()
+    FROM o
+    WHERE j.id = o.id AND j.attempt = o.attempt
+      AND (j.status = 'running' OR (j.rescued_attempt = o.attempt AND j.status IN ('queued', 'failed')))
+    RETURNING j.id, j.attempt, j.status
+), announced AS (
+    SELECT pg_notify('shardworker_finished', string_agg(id::text, ',')) AS sent
+    FROM (SELECT id, (row_number() OVER ()) / 500 AS chunk FROM applied
+          WHERE status IN ('done', 'failed', 'cancelled')) f
+    GROUP BY chunk
 )
-UPDATE shardworker.jobs j
-SET status = CASE WHEN o.ok THEN 'done'
-                  WHEN j.attempt < j.max_attempts AND o.delay_s >= 0 THEN 'queued'
-                  ELSE 'failed' END,
-    result = CASE WHEN o.ok THEN o.result ELSE j.result END,
-    last_error = CASE WHEN o.ok THEN j.last_error ELSE o.error END,
-    run_at = CASE WHEN NOT o.ok AND j.attempt < j.max_attempts AND o.delay_s >= 0
-                  THEN now() + make_interval(secs => o.delay_s) ELSE j.run_at END,
-    finished_at = CASE WHEN o.ok OR j.attempt >= j.max_attempts OR o.delay_s < 0
-                       THEN now() ELSE NULL END,
-    locked_by = NULL, applied_attempt = o.attempt, rescued_attempt = NULL, updated_at = now()
-FROM o
-WHERE j.id = o.id AND j.attempt = o.attempt
-  AND (j.status = 'running' OR (j.rescued_attempt = o.attempt AND j.status IN ('queued', 'failed')))
-RETURNING j.id, j.attempt;
+SELECT id, attempt FROM applied WHERE (SELECT count(*) FROM announced) >= 0;
 
 -- job_classify --
 -- For outcomes that matched no running attempt: which attempt's outcome each job last

@@ -7,7 +7,7 @@ import os
 import signal
 import time
 
-from shardworker import App, Job
+from shardworker import App, Cancel, Fail, Job, Retry, Snooze
 
 app = App()
 
@@ -104,3 +104,47 @@ def sleepy(job: Job) -> dict[str, object]:
     record(job)
     time.sleep(float((job.payload or {}).get("sleep", 1.0)))
     return {"id": job.id}
+
+
+# Handler control: each records its run, then steers its job with an exception.
+
+@app.handler("retry_twice")
+def retry_twice(job: Job) -> int:
+    record(job)
+    if job.attempt < 3:
+        raise Retry("not yet", delay_s=0.05)
+    return job.attempt
+
+
+@app.handler("retry_always", max_attempts=3)
+def retry_always(job: Job) -> None:
+    record(job)
+    raise Retry(delay_s=0)
+
+
+@app.handler("snooze_once")
+def snooze_once(job: Job) -> int:
+    record(job)
+    if job.attempt == 1:
+        raise Snooze(delay_s=0.05)
+    return job.attempt
+
+
+@app.handler("snooze_async")
+async def snooze_async(job: Job) -> int:
+    record(job)
+    if job.attempt == 1:
+        raise Snooze(0.05)
+    return job.attempt
+
+
+@app.handler("fail_now")
+def fail_now(job: Job) -> None:
+    record(job)
+    raise Fail("card declined")
+
+
+@app.handler("cancel_me", threads=True)
+def cancel_me(job: Job) -> None:
+    record(job)
+    raise Cancel("order withdrawn")
