@@ -1,4 +1,4 @@
-"""``shardworker jobs list|show|retry|cancel|delete``: operating on jobs without SQL.
+"""``shardworker jobs list|show|wait|retry|cancel|delete``: operating on jobs without SQL.
 
 Thin commands over ``shardworker.jobs``; each takes ``--json``. Bad input (an unknown id or
 status, a job in the wrong state, a bad ``--since``) is one line on stderr and exit 1,
@@ -45,7 +45,7 @@ def _echo_jobs(found: list[jobs_api.JobInfo], as_json: bool) -> None:
 
 @click.group()
 def jobs() -> None:
-    """List, show, retry, cancel and delete jobs."""
+    """List, show, wait for, retry, cancel and delete jobs."""
 
 
 @jobs.command("list")
@@ -75,6 +75,22 @@ def show_command(job_id: int, as_json: bool, dsn: str | None) -> None:
     job = jobs_api.get_job(resolve_dsn(dsn), job_id)
     if job is None:
         raise jobs_api.JobsError(f"no job {job_id}")
+    _echo_job(job, as_json)
+
+
+@jobs.command("wait")
+@click.argument("job_id", type=click.IntRange(min=1))
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0), default=60.0, show_default=True,
+              help="Seconds to wait; exit 1 if the job has not ended by then.")
+@json_option
+@dsn_option
+@one_line_errors
+def wait_command(job_id: int, timeout_s: float, as_json: bool, dsn: str | None) -> None:
+    """Wait until a job is done, failed or cancelled, then show it (exit 0 whichever end)."""
+    _echo_job(jobs_api.wait_for(resolve_dsn(dsn), job_id, timeout_s), as_json)
+
+
+def _echo_job(job: jobs_api.JobInfo, as_json: bool) -> None:
     if as_json:
         click.echo(orjson.dumps(job.to_json()).decode())
         return

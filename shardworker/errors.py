@@ -6,6 +6,8 @@ Hierarchy::
     ├── ConfigError                   an option or setting is invalid
     ├── AppLoadError                  --app cannot be imported or holds no App
     ├── EnqueueError                  a job (or a line of a bulk file) is invalid
+    ├── JobsError                     an operator command refused (unknown id, wrong state, bad input)
+    │   └── WaitTimeout               wait_for ran out of time before the job ended
     ├── OutboxBusy                    a worker or another drain holds the outbox directory
     ├── DrainTimeout                  outcomes remained when --timeout ran out
     ├── CrashLoop                     a child or the flusher keeps dying right after start
@@ -38,6 +40,14 @@ class AppLoadError(ShardworkerError):
 
 class EnqueueError(ShardworkerError):
     """Invalid job."""
+
+
+class JobsError(ShardworkerError):
+    """An operator command refused (unknown id, a job in the wrong state, bad input)."""
+
+
+class WaitTimeout(JobsError, TimeoutError):
+    """The job did not end in time."""
 
 
 class OutboxBusy(ShardworkerError):

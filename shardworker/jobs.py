@@ -1,4 +1,4 @@
-"""Operating on jobs without SQL: list, show, retry, cancel, delete.
+"""Operating on jobs without SQL: list, show, wait for, retry, cancel, delete.
 
 Each function takes an open psycopg connection (the caller's; used as ``enqueue`` uses it)
 or a DSN string. Changes are all or nothing: every id is checked, under a row lock that
@@ -20,15 +20,11 @@ from datetime import datetime
 from typing import Any
 
 from shardworker import pg_store
-from shardworker.errors import ShardworkerError
+from shardworker.errors import JobsError, WaitTimeout
 
 STATUSES = ("queued", "running", "done", "failed", "cancelled")
 _ALLOWED = {"retry": ("failed", "cancelled"), "cancel": ("queued",),
             "delete": ("queued", "done", "failed", "cancelled")}
-
-
-class JobsError(ShardworkerError):
-    """An operator command refused (unknown id, a job in the wrong state, bad input)."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +68,26 @@ def get_job(conn_or_dsn: Any, job_id: int) -> JobInfo | None:
     with pg_store.cursor_for(conn_or_dsn, transaction=False) as cur:
         row = pg_store.get_job(cur, _id(job_id))
     return None if row is None else JobInfo(**row)
+
+
+def wait_for(conn_or_dsn: Any, job_id: int, timeout_s: float = 60.0) -> JobInfo:
+    """The job once it is ``done``, ``failed`` or ``cancelled``: it LISTENs for the end
+    (no polling). ``WaitTimeout`` (a ``TimeoutError``) when ``timeout_s`` runs out first,
+    ``JobsError`` when no job has that id (or it is deleted while waited on).
+
+    On your own connection it must be outside a transaction (notifications arrive only
+    between transactions). It holds that connection while it waits: from a web request,
+    prefer a connection of its own (pass the DSN) or a pool's.
+    """
+    job_id = _id(job_id)
+    if not isinstance(timeout_s, int | float) or not timeout_s >= 0:
+        raise JobsError(f"timeout_s must be a number of seconds >= 0, got {timeout_s!r}")
+    row, ended = pg_store.wait_job_end(conn_or_dsn, job_id, float(timeout_s))
+    if row is None:
+        raise JobsError(f"no job {job_id}")
+    if not ended:
+        raise WaitTimeout(f"job {job_id} is still {row['status']} after {timeout_s:g}s")
+    return JobInfo(**row)
 
 
 def retry(conn_or_dsn: Any, job_ids: Sequence[int]) -> int:

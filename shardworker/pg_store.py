@@ -31,6 +31,7 @@ from shardworker.dsn import redact_dsn
 from shardworker.errors import (
     DatabaseUnavailable,
     EnqueueError,
+    JobsError,
     OutcomeRejected,
     SchemaMissing,
     StoreError,
@@ -554,3 +555,68 @@ def change_jobs(cur: psycopg.Cursor[Any], action: str, job_ids: Sequence[int]) -
     """Run ``job_retry``, ``job_cancel`` or ``job_delete`` on ``job_ids``; rows changed."""
     cur.execute(query(f"job_{action}"), {"ids": list(job_ids)})
     return cur.rowcount
+
+
+FINAL_STATUSES = ("done", "failed", "cancelled")
+
+
+def wait_job_end(conn_or_dsn: Any, job_id: int, timeout_s: float) -> tuple[dict[str, Any] | None, bool]:
+    """The job's row once it is done, failed or cancelled (or gone), and True; or its row
+    when ``timeout_s`` ran out first, and False.
+
+    It LISTENs on ``shardworker_finished`` before reading the row, so an end committed
+    between the read and the wait still wakes it: a notification that arrives while a
+    statement runs waits in psycopg's backlog for ``notifies()``. On the caller's connection
+    (outside a transaction: notifications arrive only between transactions) each
+    statement is committed at once when it is not in autocommit, and the subscription is
+    undone before returning.
+    """
+    borrowed = not isinstance(conn_or_dsn, str)
+    if borrowed:
+        conn = _idle_connection(conn_or_dsn)
+    else:
+        store = PgStore(StoreConfig(conn_or_dsn))
+        with translate_errors():
+            conn = store.connection()
+    def run(name: str, params: dict[str, Any] | None = None) -> tuple[Any, ...] | None:
+        cur = conn.execute(query(name), params)
+        row = cur.fetchone() if cur.description else None
+        if not conn.autocommit:
+            conn.commit()
+        return row
+
+    def ended(notify: psycopg.Notify) -> bool:
+        return notify.channel == "shardworker_finished" and str(job_id) in notify.payload.split(",")
+
+    deadline = time.monotonic() + max(0.0, timeout_s)
+    try:
+        with translate_errors():
+            run("listen_finished")
+            while True:
+                row = run("job_get", {"id": job_id})
+                job = None if row is None else dict(zip(JOB_COLUMNS, row, strict=True))
+                if job is None or job["status"] in FINAL_STATUSES:
+                    return job, True
+                woken = False
+                while not woken:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return job, False
+                    woken = any(ended(n) for n in conn.notifies(timeout=remaining, stop_after=1))
+    finally:
+        if borrowed:
+            with contextlib.suppress(psycopg.Error):
+                run("unlisten_finished")
+        else:
+            store.close()
+
+
+def _idle_connection(conn: Any) -> psycopg.Connection[Any]:
+    if not isinstance(conn, psycopg.Connection):
+        raise EnqueueError(f"expected a DSN string or an open psycopg connection, got {type(conn).__name__}")
+    if conn.closed:
+        raise DatabaseUnavailable("database unavailable: the connection is closed")
+    if conn.info.transaction_status != TransactionStatus.IDLE:
+        raise JobsError("wait_for needs a connection outside a transaction: PostgreSQL delivers "
+                        "notifications only between transactions")
+    return conn

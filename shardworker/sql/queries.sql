@@ -53,7 +53,8 @@ RETURNING j.id, j.kind, j.queue, j.payload::text, j.attempt, j.max_attempts;
 -- code: 0 failed attempt (retried while attempts remain and delay_s >= 0), 1 done,
 -- 2 snoozed (queued again after delay_s; max_attempts grows by one, so no attempt is
 -- used), 3 cancelled. Jobs that reach an end (done, failed, cancelled) are announced on
--- the channel shardworker_finished, their ids comma-separated, up to 500 a notification.
+-- the channel shardworker_finished (shardworker.jobs.wait_for listens), their ids
+-- comma-separated, up to 300 a notification (within the 8,000-byte payload limit).
 -- Parameters come in binary; results as bytea holding UTF-8 JSON text.
 WITH o AS (
     SELECT id, attempt, code, convert_from(result_utf8, 'UTF8')::jsonb AS result, error, delay_s,
@@ -82,7 +83,7 @@ WITH o AS (
     RETURNING j.id, j.attempt, j.status
 ), announced AS (
     SELECT pg_notify('shardworker_finished', string_agg(id::text, ',')) AS sent
-    FROM (SELECT id, (row_number() OVER ()) / 500 AS chunk FROM applied
+    FROM (SELECT id, (row_number() OVER ()) / 300 AS chunk FROM applied
           WHERE status IN ('done', 'failed', 'cancelled')) f
     GROUP BY chunk
 )
@@ -275,11 +276,35 @@ WHERE status = 'failed' AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
 ORDER BY id FOR UPDATE;
 
 -- job_cancel --
--- Cancel queued jobs: they will never be claimed.
-UPDATE shardworker.jobs
-SET status = 'cancelled', finished_at = now(), rescued_attempt = NULL, updated_at = now()
-WHERE id = ANY(%(ids)s::bigint[]) AND status = 'queued';
+-- Cancel queued jobs: they will never be claimed. Announced as job_apply_outcomes does.
+WITH cancelled AS (
+    UPDATE shardworker.jobs
+    SET status = 'cancelled', finished_at = now(), rescued_attempt = NULL, updated_at = now()
+    WHERE id = ANY(%(ids)s::bigint[]) AND status = 'queued'
+    RETURNING id
+), announced AS (
+    SELECT pg_notify('shardworker_finished', string_agg(id::text, ','))
+    FROM (SELECT id, (row_number() OVER ()) / 300 AS chunk FROM cancelled) c
+    GROUP BY chunk
+)
+SELECT id FROM cancelled WHERE (SELECT count(*) FROM announced) >= 0;
 
 -- job_delete --
--- Delete jobs that are not running.
-DELETE FROM shardworker.jobs WHERE id = ANY(%(ids)s::bigint[]) AND status <> 'running';
+-- Delete jobs that are not running; announced, so a wait_for on one of them ends.
+WITH deleted AS (
+    DELETE FROM shardworker.jobs WHERE id = ANY(%(ids)s::bigint[]) AND status <> 'running'
+    RETURNING id
+), announced AS (
+    SELECT pg_notify('shardworker_finished', string_agg(id::text, ','))
+    FROM (SELECT id, (row_number() OVER ()) / 300 AS chunk FROM deleted) d
+    GROUP BY chunk
+)
+SELECT id FROM deleted WHERE (SELECT count(*) FROM announced) >= 0;
+
+-- listen_finished --
+-- Subscribe to the ends of jobs (shardworker.jobs.wait_for).
+LISTEN shardworker_finished;
+
+-- unlisten_finished --
+-- Undo listen_finished on a connection that is the caller's.
+UNLISTEN shardworker_finished;
