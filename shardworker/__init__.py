@@ -8,6 +8,6 @@ from shardworker.jobs import JobInfo, get_job, wait_for
 from shardworker.model import Job
 from shardworker.routing import shard_for
 
-__all__ = ["App", "Cancel", "Fail", "Job", "JobInfo", "JobSpec", "Retry", "Snooze", "enqueue", "enqueue_many", "get_job", "shard_for",
-           "wait_for"]
+__all__ = ["App", "Cancel", "Fail", "Job", "JobInfo", "JobSpec", "Retry", "Snooze", "enqueue", "enqueue_many",
+           "get_job", "shard_for", "wait_for"]
 __version__ = "0.1.0"

@@ -16,6 +16,10 @@
     def upload(job: Job) -> None:               # blocking I/O: a thread pool; at most 4 per worker
         ...
 
+    @app.periodic("*/5 * * * *", kind="report", payload={"scope": "all"})
+    def report(job: Job) -> None:               # enqueued every 5 minutes, once across workers
+        ...
+
 A handler returns any JSON-serializable value (stored in ``jobs.result``) or raises to
 fail the attempt. ``retry_delay`` maps an attempt number to seconds before the retry.
 This module loads the app; it runs nothing (``shardworker.handlers`` does).
@@ -33,6 +37,7 @@ from typing import Any
 
 from shardworker.errors import AppLoadError, ConfigError
 from shardworker.model import Job
+from shardworker.periodic import DEFAULT_CATCH_UP, Schedule
 from shardworker.retry import job_retry_delay
 
 Handler = Callable[[Job], Any]
@@ -71,6 +76,20 @@ class App:
 
     def __init__(self) -> None:
         self.handlers: dict[str, HandlerSpec] = {}
+        self.schedules: dict[str, Schedule] = {}
+
+    def periodic(self, cron: str, *, kind: str, payload: Any = None, name: str | None = None,
+                 queue: str = "default", priority: int = 0, max_attempts: int = 25, tz: str = "UTC",
+                 catch_up: int = DEFAULT_CATCH_UP, **handler_options: Any) -> Callable[[Handler], Handler]:
+        """Enqueue a ``kind`` job with ``payload`` at every tick of ``cron`` (see
+        ``shardworker.periodic``). Registered at once; used as a decorator it also registers
+        the function as the handler of ``kind`` (with ``handler_options``)."""
+        schedule = Schedule(cron, kind, Schedule.encode_payload(kind, payload), name or "", queue, priority,
+                            max_attempts, tz, catch_up)
+        if schedule.name in self.schedules:
+            raise ConfigError(f"periodic {schedule.name!r} is scheduled twice; give each a distinct name=")
+        self.schedules[schedule.name] = schedule
+        return self.handler(kind, **handler_options)
 
     def handler(self, kind: str, *, max_attempts: int | None = None, timeout_s: float | None = None,
                 retry_delay: Callable[[int], float] | None = None, threads: bool = False,

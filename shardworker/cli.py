@@ -15,7 +15,7 @@ from typing import Any
 import click
 import orjson
 
-from shardworker.cli_common import dsn_option, json_option, one_line_errors, outbox_dir_option, resolve_dsn
+from shardworker.cli_common import Duration, dsn_option, json_option, one_line_errors, outbox_dir_option, resolve_dsn
 
 log = logging.getLogger("shardworker")
 
@@ -43,12 +43,19 @@ def main(verbose: bool) -> None:
 
 
 @main.command()
+@click.option("--print", "print_sql", is_flag=True,
+              help="Print the SQL instead of applying it (for Alembic, Django or psql); needs no database.")
+@click.option("--after", type=click.IntRange(min=0), default=0, show_default=True,
+              help="With --print: only migrations after this version.")
 @dsn_option
 @one_line_errors
-def migrate(dsn: str | None) -> None:
-    """Apply migrations/*.sql in order (idempotent)."""
-    from shardworker.migrate import apply_migrations
+def migrate(print_sql: bool, after: int, dsn: str | None) -> None:
+    """Apply migrations/*.sql in order (idempotent), or --print them."""
+    from shardworker.migrate import apply_migrations, migration_script
 
+    if print_sql:
+        click.echo(migration_script(after), nl=False)
+        return
     applied = apply_migrations(resolve_dsn(dsn, migrate=False))
     click.echo(f"applied {len(applied)} migration(s)" + (f": {', '.join(applied)}" if applied else ""))
 
@@ -130,6 +137,8 @@ def enqueue(kind: str | None, payload_json: str | None, count: int, file_: Any, 
                    "(env SHARDWORKER_CONCURRENCY); plain sync handlers run one at a time per child.")
 @click.option("--prefetch", type=click.IntRange(min=1, max=100_000), default=64, show_default=True,
               help="Jobs a child holds beyond those it runs at once.")
+@click.option("--retention", type=Duration(), default="7d", show_default=True,
+              help="Prune done, failed and cancelled jobs older than this (30m, 12h, 7d); 0 keeps them all.")
 @click.option("--segment-bytes", type=click.IntRange(min=4096), default=16 * 1024 * 1024, show_default=True,
               help="Outbox segment size: a segment is deleted once every outcome in it is applied.")
 @dsn_option
@@ -137,7 +146,7 @@ def enqueue(kind: str | None, payload_json: str | None, count: int, file_: Any, 
 def run(app_ref: str, procs: int, outbox_dir: str, queues: str | None, worker_id: str | None,
         exit_when_idle: bool, shutdown_timeout: float, rescue_after: float, rescue_grace: float, backoff_cap: float,
         network_timeout: int, statement_timeout: float, min_free_mb: int, concurrency: int, prefetch: int,
-        segment_bytes: int, dsn: str | None) -> None:
+        retention: float, segment_bytes: int, dsn: str | None) -> None:
     """Run the worker: a parent, N children and one flusher."""
     from shardworker.app import load_app
     from shardworker.config import WorkerConfig
@@ -152,7 +161,7 @@ def run(app_ref: str, procs: int, outbox_dir: str, queues: str | None, worker_id
         backoff_cap_s=backoff_cap, backoff_base_s=min(0.05, backoff_cap), min_free_bytes=min_free_mb * 1024 * 1024,
         network_timeout_s=network_timeout, statement_timeout_s=statement_timeout,
         connect_timeout_s=min(5, network_timeout), concurrency=concurrency, prefetch_batch=prefetch,
-        segment_bytes=segment_bytes)
+        segment_bytes=segment_bytes, retention_s=retention)
     started = time.monotonic()
     summary = Supervisor(config, app).run()
     elapsed = time.monotonic() - started
@@ -161,15 +170,16 @@ def run(app_ref: str, procs: int, outbox_dir: str, queues: str | None, worker_id
 
 
 @main.command()
+@click.option("--exact", is_flag=True, help="Count every row, however big the table.")
 @json_option
 @dsn_option
 @one_line_errors
-def stats(as_json: bool, dsn: str | None) -> None:
-    """Job counts by status (and queue)."""
+def stats(exact: bool, as_json: bool, dsn: str | None) -> None:
+    """Job counts by status (and queue). Above a million rows, done is estimated (~)."""
     store = _store(resolve_dsn(dsn))
     try:
         store.check_schema()
-        rows = store.stats()
+        rows, estimated = store.job_counts(exact_up_to=2**62 if exact else 1_000_000)
     finally:
         store.close()
     totals: dict[str, int] = {s: 0 for s in ("queued", "running", "done", "failed", "cancelled")}
@@ -178,17 +188,28 @@ def stats(as_json: bool, dsn: str | None) -> None:
         totals[status] = totals.get(status, 0) + n
         queues.setdefault(queue, {})[status] = n
     if as_json:
-        click.echo(orjson.dumps({"total": totals, "queues": queues}).decode())
+        click.echo(orjson.dumps({"total": totals, "queues": queues,
+                                 "estimated": ["done"] if estimated else []}).decode())
         return
-    click.echo("  ".join(f"{s}={n}" for s, n in totals.items()))
+
+    def show(status: str, n: int) -> str:
+        return f"{status}={'~' if estimated and status == 'done' else ''}{n}"
+
+    click.echo("  ".join(show(s, n) for s, n in totals.items()))
     for queue, counts in sorted(queues.items()):
-        click.echo(f"  {queue}: " + "  ".join(f"{s}={n}" for s, n in sorted(counts.items())))
+        click.echo(f"  {queue}: " + "  ".join(show(s, n) for s, n in sorted(counts.items())))
+    if estimated:
+        click.echo("(~ estimated from the planner's statistics; --exact counts every row)", err=True)
 
 
 from shardworker.cli_demo import demo  # noqa: E402
 from shardworker.cli_jobs import jobs  # noqa: E402
+from shardworker.cli_ops import periodic, prune, workers  # noqa: E402
 from shardworker.cli_outbox import outbox  # noqa: E402  (registers the outbox group)
 
 main.add_command(outbox)
 main.add_command(demo)
 main.add_command(jobs)
+main.add_command(prune)
+main.add_command(workers)
+main.add_command(periodic)

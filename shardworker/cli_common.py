@@ -4,6 +4,7 @@ the DSN (given, or the embedded server's)."""
 from __future__ import annotations
 
 import functools
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +19,28 @@ dsn_option = click.option("--dsn", envvar="SHARDWORKER_DSN", default=None,
 outbox_dir_option = click.option("--outbox-dir", envvar="SHARDWORKER_OUTBOX_DIR", default=".shardworker/outbox",
                                  show_default=True, help="Outbox directory (env SHARDWORKER_OUTBOX_DIR).")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def duration_seconds(text: str) -> float | None:
+    """Seconds in ``90``, ``90s``, ``30m``, ``2h``, ``7d`` or ``1w``; None when it is not one."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([smhdw]?)", text.strip())
+    return float(match[1]) * _UNITS[match[2] or "s"] if match else None
+
+
+class Duration(click.ParamType):
+    """A click option type for durations (see ``duration_seconds``); bad input is a usage error."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, int | float):
+            return float(value)
+        seconds = duration_seconds(str(value))
+        if seconds is None:
+            self.fail(f"{value!r} is not a duration (like 90s, 30m, 2h, 7d, 0)", param, ctx)
+        return seconds
 
 
 def one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -7,25 +7,22 @@ and a refused bulk change changes nothing.
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime, timedelta
 
 import click
 import orjson
 
 from shardworker import jobs as jobs_api
-from shardworker.cli_common import dsn_option, json_option, one_line_errors, resolve_dsn
-
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+from shardworker.cli_common import dsn_option, duration_seconds, json_option, one_line_errors, resolve_dsn
 
 
 def parse_since(text: str | None) -> datetime | None:
     """``30m``, ``2h``, ``7d`` ago, or an ISO 8601 time."""
     if text is None:
         return None
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text.strip())
-    if match:
-        return datetime.now(UTC) - timedelta(seconds=float(match[1]) * _UNITS[match[2]])
+    seconds = duration_seconds(text)
+    if seconds is not None:
+        return datetime.now(UTC) - timedelta(seconds=seconds)
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:

@@ -63,6 +63,9 @@ class WorkerConfig:
     # A rescued job waits this long before it may be claimed again: the silent worker's late
     # outcomes of the rescued attempts still land meanwhile instead of the jobs running again.
     rescue_grace_s: float = 300.0
+    # Finished jobs (done, failed, cancelled) older than this are pruned; 0 keeps them all.
+    retention_s: float = 7 * 86400.0
+    prune_interval_s: float = 60.0
     connect_timeout_s: int = 5
     statement_timeout_s: float = 30.0
     network_timeout_s: int = 20
@@ -95,6 +98,8 @@ class WorkerConfig:
             ("rescue_after_s", self.rescue_after_s > self.shutdown_timeout_s,
              "must be longer than shutdown_timeout_s (a stopping worker must never look dead)"),
             ("rescue_grace_s", self.rescue_grace_s >= 0, "must be >= 0"),
+            ("retention_s", self.retention_s >= 0, "must be >= 0 (0 keeps every finished job)"),
+            ("prune_interval_s", self.prune_interval_s > 0, "must be > 0"),
             ("procs", self.procs < PARENT_SHARD, f"must be < {PARENT_SHARD}"),
             ("connect_timeout_s", self.connect_timeout_s >= 1, "must be >= 1"),
             ("statement_timeout_s", self.statement_timeout_s > 0, "must be > 0"),

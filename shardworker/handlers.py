@@ -24,7 +24,6 @@ from shardworker.model import ClaimedJob, Outcome
 from shardworker.retry import job_retry_delay
 
 
-
 def run_sync(app: App, job: ClaimedJob) -> Outcome:
     """Run a sync handler to its end (timeouts of sync handlers are the parent's to enforce)."""
     spec = app.handlers.get(job.kind)

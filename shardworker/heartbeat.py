@@ -24,7 +24,8 @@ log = logging.getLogger(__name__)
 
 
 class HeartbeatStore(RescueStore, Protocol):
-    def heartbeat(self, worker_id: str, hostname: str, pid: int) -> None: ...
+    def heartbeat(self, worker_id: str, hostname: str, pid: int, running: int | None = None,
+                  pending: int | None = None) -> None: ...
     def close(self) -> None: ...
 
 
@@ -32,8 +33,10 @@ class Heartbeat:
     """Call ``run_once(now)`` in a loop (``start`` runs that loop on a thread)."""
 
     def __init__(self, store: HeartbeatStore, worker_id: str, interval_s: float, rescue_after_s: float | None,
-                 backoff: Backoff, *, rescue_grace_s: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 backoff: Backoff, *, rescue_grace_s: float = 0.0, clock: Callable[[], float] = time.monotonic,
+                 load: Callable[[], tuple[int | None, int | None]] = lambda: (None, None)) -> None:
         self.store, self.worker_id, self.interval_s = store, worker_id, interval_s
+        self.load = load  # (jobs running, outcomes pending in the outbox), shown by `shardworker workers`
         self.backoff, self.clock = backoff, clock
         # No rescuer when it only keeps a worker alive (``outbox drain`` beating for the owner).
         self.rescuer = None if rescue_after_s is None else Rescuer(store, worker_id, rescue_after_s, rescue_grace_s)
@@ -44,7 +47,7 @@ class Heartbeat:
     def run_once(self, now: float) -> float:
         """Beat, then rescue; returns the seconds until the next beat."""
         try:
-            self.store.heartbeat(self.worker_id, socket.gethostname(), os.getpid())
+            self.store.heartbeat(self.worker_id, socket.gethostname(), os.getpid(), *self.load())
             self.last_ok = now
             self.backoff.reset()
             if self.rescuer is not None:

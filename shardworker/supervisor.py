@@ -6,11 +6,12 @@
 3. Start heartbeating (its own thread and connection) and the flusher.
 4. Startup recovery: wait until the flusher has applied every pending outcome, then
    requeue this worker's running jobs that have none (their handlers never finished).
-5. Start the children; run the dispatcher until a signal, or idleness with
+5. Start the children and, when the app has periodic jobs or ``retention_s`` is set, the
+   housekeeping thread; run the dispatcher until a signal, or idleness with
    ``exit_when_idle``.
 6. Shut down: stop claiming, let children finish the job in hand, give back jobs never
    started, let the flusher apply what the database accepts (all bounded by
-   ``shutdown_timeout_s``), stop heartbeating, forget the worker. A second signal exits
+   ``shutdown_timeout_s``), stop housekeeping and heartbeating, forget the worker. A second signal exits
    at once. A crash loop (``CrashLoop``) shuts down the same way, then is raised.
 
 Each step is another module's: this one only decides when.
@@ -35,6 +36,7 @@ from shardworker.errors import CrashLoop, OutboxBusy, StoreError
 from shardworker.flusher import FlusherConfig
 from shardworker.flusher_process import FlusherHandle
 from shardworker.heartbeat import Heartbeat
+from shardworker.housekeeping import Housekeeper
 from shardworker.parent_outcomes import ParentOutcomes
 from shardworker.pg_store import PgStore, StoreConfig
 from shardworker.retry import Backoff, retry_call
@@ -71,6 +73,9 @@ class Supervisor:
                               max_bytes=config.prefetch_bytes, horizon_s=config.prefetch_horizon_s)
         self.parent_outcomes = ParentOutcomes(config.outbox_dir, config.segment_bytes, app.handlers)
         self.heartbeat: Heartbeat | None = None
+        self.housekeeper = Housekeeper(PgStore(self.store_config), list(app.schedules.values()), config.retention_s,
+                                       self._backoff(), prune_interval_s=config.prune_interval_s)
+        self.dispatcher: Dispatcher | None = None
 
     def _child_configs(self) -> list[ChildConfig]:
         c = self.config
@@ -102,6 +107,9 @@ class Supervisor:
             self.pool.start()
             dispatcher = Dispatcher(self.config, self.worker_id, self.app.kinds, self.store, self.pool,
                                     self.flusher, self.parent_outcomes, stopping=lambda: self.stopping)
+            self.dispatcher = dispatcher
+            if self.housekeeper.needed:
+                self.housekeeper.start()
             try:
                 while not self.stopping and not dispatcher.run_once():
                     pass
@@ -114,6 +122,7 @@ class Supervisor:
             self.parent_outcomes.close()
             if self.heartbeat is not None:
                 self.heartbeat.stop(wait_s=1.0)
+            self.housekeeper.stop(wait_s=1.0)
             self.store.close()
             os.close(lock_fd)
 
@@ -148,8 +157,19 @@ class Supervisor:
     def _start_heartbeat(self) -> None:
         self.heartbeat = Heartbeat(PgStore(self.store_config), self.worker_id, self.config.heartbeat_interval_s,
                                    self.config.rescue_after_s, self._backoff(),
-                                   rescue_grace_s=self.config.rescue_grace_s)
+                                   rescue_grace_s=self.config.rescue_grace_s, load=self._load)
         self.heartbeat.start()
+
+    def _load(self) -> tuple[int | None, int | None]:
+        """(jobs running, outcomes not yet applied) for the heartbeat row; read from the
+        heartbeat's thread, so only plain reads of the dispatcher's counters."""
+        dispatcher = self.dispatcher
+        if dispatcher is None:
+            return None, None
+        try:
+            return self.pool.in_flight, max(0, dispatcher.backlog())
+        except Exception:  # a count caught mid-change is not worth a missed heartbeat
+            return None, None
 
     def _startup_recovery(self) -> bool:
         """Apply pending outcomes, then requeue our running jobs that have none; False when
@@ -179,6 +199,7 @@ class Supervisor:
         dispatcher.settle(deaths)
         released = dispatcher.give_back(unstarted, deadline)
         self.flusher.stop(deadline, lambda: dispatcher.backlog() <= 0)
+        self.housekeeper.stop(wait_s=1.0)
         if self.heartbeat is not None:
             self.heartbeat.stop()
         try:

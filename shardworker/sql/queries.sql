@@ -179,11 +179,21 @@ SELECT
   (SELECT count(*) FROM shardworker.jobs WHERE status = 'running' AND locked_by = %(worker_id)s);
 
 -- worker_heartbeat --
--- Record that this worker is alive.
-INSERT INTO shardworker.workers (worker_id, hostname, pid, heartbeat_at)
-VALUES (%(worker_id)s, %(hostname)s, %(pid)s, now())
+-- Record that this worker is alive, with its load (NULL: not known). A new process under
+-- the same worker id starts a new started_at.
+INSERT INTO shardworker.workers AS w (worker_id, hostname, pid, heartbeat_at, jobs_running, outbox_pending)
+VALUES (%(worker_id)s, %(hostname)s, %(pid)s, now(), %(running)s, %(pending)s)
 ON CONFLICT (worker_id) DO UPDATE
-SET hostname = excluded.hostname, pid = excluded.pid, heartbeat_at = now();
+SET hostname = excluded.hostname, pid = excluded.pid, heartbeat_at = now(),
+    started_at = CASE WHEN (w.hostname, w.pid) IS DISTINCT FROM (excluded.hostname, excluded.pid)
+                      THEN now() ELSE w.started_at END,
+    jobs_running = excluded.jobs_running, outbox_pending = excluded.outbox_pending;
+
+-- worker_list --
+-- Every worker row, with its silence as the database's clock measures it.
+SELECT worker_id, hostname, pid, started_at, heartbeat_at, jobs_running, outbox_pending,
+       extract(epoch FROM now() - heartbeat_at)::float8 AS silent_s
+FROM shardworker.workers ORDER BY hostname, worker_id;
 
 -- worker_forget --
 -- Remove this worker's heartbeat row at clean shutdown, unless jobs still run under its
@@ -308,3 +318,56 @@ LISTEN shardworker_finished;
 -- unlisten_finished --
 -- Undo listen_finished on a connection that is the caller's.
 UNLISTEN shardworker_finished;
+
+-- prune_lock --
+-- One pruner at a time across workers and hosts, for one batch: a transaction advisory lock.
+SELECT pg_try_advisory_xact_lock(hashtext('shardworker.prune'));
+
+-- prune_batch --
+-- Delete up to `limit` finished jobs that ended more than `older_than_s` seconds ago,
+-- oldest first, through jobs_finished_idx; rows locked by someone else are left for later.
+WITH doomed AS (
+    SELECT id FROM shardworker.jobs
+    WHERE status IN ('done', 'failed', 'cancelled')
+      AND finished_at < now() - make_interval(secs => %(older_than_s)s)
+    ORDER BY finished_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM shardworker.jobs WHERE id = ANY(ARRAY(SELECT id FROM doomed));
+
+-- job_table_size --
+-- The planner's estimate of the jobs table's rows (no scan).
+SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = 'shardworker.jobs'::regclass;
+
+-- job_stats_unfinished --
+-- Exact counts of every status but done, each through its partial index.
+SELECT queue, 'queued', count(*) FROM shardworker.jobs WHERE status = 'queued' GROUP BY queue
+UNION ALL
+SELECT queue, 'running', count(*) FROM shardworker.jobs WHERE status = 'running' GROUP BY queue
+UNION ALL
+SELECT queue, 'failed', count(*) FROM shardworker.jobs WHERE status = 'failed' GROUP BY queue
+UNION ALL
+SELECT queue, 'cancelled', count(*) FROM shardworker.jobs WHERE status = 'cancelled' GROUP BY queue;
+
+-- job_queue_shares --
+-- The planner's statistics: the share of rows in each common queue (from ANALYZE).
+SELECT s.queue, s.share
+FROM pg_stats, unnest(most_common_vals::text::text[], most_common_freqs) AS s(queue, share)
+WHERE schemaname = 'shardworker' AND tablename = 'jobs' AND attname = 'queue';
+
+-- periodic_claim --
+-- Take a schedule's row, creating it on first sight, and lock it until the transaction
+-- ends: the worker holding it decides which ticks are due, enqueues them and moves
+-- last_tick, so every tick is enqueued by exactly one worker. Returns the database's now.
+INSERT INTO shardworker.periodic AS p (name, schedule) VALUES (%(name)s, %(schedule)s)
+ON CONFLICT (name) DO UPDATE SET schedule = excluded.schedule
+RETURNING p.last_tick, now();
+
+-- periodic_advance --
+-- Record the last tick enqueued (in the transaction that enqueued it).
+UPDATE shardworker.periodic SET last_tick = %(last_tick)s, updated_at = now() WHERE name = %(name)s;
+
+-- periodic_list --
+-- Every schedule's state.
+SELECT name, schedule, last_tick, updated_at FROM shardworker.periodic ORDER BY name;

@@ -25,6 +25,7 @@ from shardworker.layout import lock_outbox
 from shardworker.model import ClaimedJob, Outcome
 from shardworker.pg_store import PgStore, StoreConfig
 from shardworker.wire import encode_outcome
+from tests.helpers import execute
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -206,7 +207,29 @@ def test_stats_counts_jobs_by_status_and_queue(pg_dsn: str, store: PgStore) -> N
     assert as_json.exit_code == 0, as_json.output
     assert json.loads(as_json.stdout) == {
         "total": {"queued": 4, "running": 1, "done": 0, "failed": 0, "cancelled": 0},
-        "queues": {"default": {"queued": 3}, "mail": {"queued": 1, "running": 1}}}
+        "queues": {"default": {"queued": 3}, "mail": {"queued": 1, "running": 1}}, "estimated": []}
+
+
+def test_stats_on_a_big_table_counts_all_but_done_exactly(pg_dsn: str, store: PgStore) -> None:
+    """Past the size where counting every row is slow, stats counts queued, running,
+    failed and cancelled through their partial indexes and estimates done from the
+    planner's statistics (forced here with a threshold of 0 rows)."""
+    execute(pg_dsn, "INSERT INTO shardworker.jobs (kind, queue, status, finished_at) "
+                    "SELECT 'k', CASE WHEN g % 4 = 0 THEN 'mail' ELSE 'default' END, "
+                    "CASE WHEN g % 100 = 0 THEN 'failed' WHEN g % 100 = 1 THEN 'cancelled' "
+                    "WHEN g % 100 = 2 THEN 'queued' ELSE 'done' END, now() FROM generate_series(1, 20000) g")
+    execute(pg_dsn, "ANALYZE shardworker.jobs")
+    exact, estimated = store.job_counts()
+    assert not estimated
+    rows, estimated = store.job_counts(exact_up_to=0)
+    assert estimated
+    truth = {(q, s): n for q, s, n in exact}
+    got = {(q, s): n for q, s, n in rows}
+    assert {k: v for k, v in got.items() if k[1] != "done"} == {k: v for k, v in truth.items() if k[1] != "done"}
+    for queue in ("default", "mail"):
+        assert abs(got[(queue, "done")] - truth[(queue, "done")]) <= 0.1 * truth[(queue, "done")]
+    text = invoke("stats", "--exact", "--json", "--dsn", pg_dsn)
+    assert json.loads(text.stdout)["total"]["done"] == sum(n for (_, s), n in truth.items() if s == "done")
 
 
 # --- outbox -------------------------------------------------------------------------------

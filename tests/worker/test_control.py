@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from shardworker import Cancel, Fail, Retry, Snooze, wire
+from shardworker.app import App
 from shardworker.errors import ConfigError
 from shardworker.handlers import run_sync
-from shardworker.app import App
 from shardworker.model import ClaimedJob, Outcome
 from tests.helpers import enqueue, exit_code, query, runs, start_worker
 
