@@ -3,6 +3,7 @@ restart and a time with no worker at all, on a real PostgreSQL."""
 
 from __future__ import annotations
 
+import itertools
 import signal
 import time
 from datetime import UTC, datetime, timedelta
@@ -25,7 +26,7 @@ def test_first_sight_starts_with_the_next_tick_and_later_every_tick_is_planned_o
     jobs, last = every5.plan(T0 + timedelta(minutes=17), last)
     assert [j["run_at"] for j in jobs] == [T0 + timedelta(minutes=m) for m in (5, 10, 15)]
     assert last == T0 + timedelta(minutes=15)
-    assert [j["dedupe_key"] for j in jobs][0] == "periodic:report:2026-03-01T12:05:00+00:00"
+    assert jobs[0]["dedupe_key"] == "periodic:report:2026-03-01T12:05:00+00:00"
     assert {(j["kind"], j["payload_json"]) for j in jobs} == {("report", '{"a": 1}')}
     assert every5.plan(T0 + timedelta(minutes=19), last) == ([], last)
     jobs, _ = every5.plan(T0 + timedelta(minutes=20), last)  # a tick exactly now is due
@@ -110,7 +111,7 @@ def test_each_tick_is_enqueued_once_across_two_workers_a_restart_and_a_gap(pg_ds
     every_two = ticks(pg_dsn, "tick-every-2s")
     assert len(set(every_two)) == len(every_two) >= 4
     assert all(t.second % 2 == 0 for t in every_two), every_two
-    assert [(b - a).total_seconds() for a, b in zip(every_two, every_two[1:])] == [2.0] * (len(every_two) - 1)
+    assert [(b - a).total_seconds() for a, b in itertools.pairwise(every_two)] == [2.0] * (len(every_two) - 1)
 
     rows = query(pg_dsn, "SELECT id, status, payload, run_at, dedupe_key FROM shardworker.jobs")
     # The draining worker runs the schedules too: only ticks it enqueued (catching up from
