@@ -1,6 +1,7 @@
-"""Enqueueing jobs: ``enqueue`` one, ``enqueue_many`` in bulk through COPY.
+"""Enqueueing jobs: ``enqueue`` one, ``enqueue_many`` in bulk through COPY, and their
+asyncio twins ``enqueue_async`` and ``enqueue_many_async``.
 
-Both accept a DSN string or an open psycopg connection (used as is, not closed).
+Each accepts a DSN string or an open psycopg connection (used as is, not closed).
 Validation happens before anything is sent: a bulk input with one bad entry enqueues
 nothing and names the entry.
 """
@@ -93,11 +94,7 @@ def enqueue(conn_or_dsn: Any, kind: str, payload: Any = None, *, queue: str = "d
     DSN string, which opens and closes a connection per call (milliseconds): pass a
     connection, or one from ``psycopg_pool.ConnectionPool.connection()``, for anything frequent.
     """
-    spec = JobSpec(kind, payload, queue, priority, max_attempts, run_at, dedupe_key)
-    if not isinstance(delay_s, int | float) or isinstance(delay_s, bool) or not 0 <= delay_s < _MAX_DELAY_S:
-        raise EnqueueError(f"delay must be a number of seconds from 0 to {_MAX_DELAY_S:.0f}, got {delay_s!r}")
-    fields: dict[str, Any] = {"queue": spec.queue, "priority": spec.priority, "max_attempts": spec.max_attempts,
-              "run_at": spec.run_at, "delay_s": float(delay_s), "dedupe_key": spec.dedupe_key}
+    spec, fields = _one_job(kind, payload, queue, priority, max_attempts, run_at, delay_s, dedupe_key)
     from shardworker import pg_store
 
     if not isinstance(conn_or_dsn, str):
@@ -109,13 +106,38 @@ def enqueue(conn_or_dsn: Any, kind: str, payload: Any = None, *, queue: str = "d
         store.close()
 
 
+async def enqueue_async(aconn_or_dsn: Any, kind: str, payload: Any = None, *, queue: str = "default",
+                        priority: int = 0, max_attempts: int = DEFAULT_MAX_ATTEMPTS, run_at: datetime | None = None,
+                        delay_s: float = 0.0, dedupe_key: str | None = None) -> int | None:
+    """``enqueue`` for asyncio code: ``await enqueue_async(aconn, "email", {...})``.
+
+    ``aconn_or_dsn`` is an open ``psycopg.AsyncConnection`` (inside the caller's open
+    transaction the job commits or rolls back with it) or a DSN string, which opens and
+    closes an async connection per call. Nothing here blocks the event loop.
+    """
+    spec, fields = _one_job(kind, payload, queue, priority, max_attempts, run_at, delay_s, dedupe_key)
+    from shardworker import pg_store
+
+    return await pg_store.enqueue_async_on(aconn_or_dsn, spec.kind, spec.payload_json(), **fields)
+
+
+def _one_job(kind: str, payload: Any, queue: str, priority: int, max_attempts: int, run_at: datetime | None,
+             delay_s: float, dedupe_key: str | None) -> tuple[JobSpec, dict[str, Any]]:
+    """The validated spec and the insert's other fields, before anything is sent."""
+    spec = JobSpec(kind, payload, queue, priority, max_attempts, run_at, dedupe_key)
+    if not isinstance(delay_s, int | float) or isinstance(delay_s, bool) or not 0 <= delay_s < _MAX_DELAY_S:
+        raise EnqueueError(f"delay must be a number of seconds from 0 to {_MAX_DELAY_S:.0f}, got {delay_s!r}")
+    return spec, {"queue": spec.queue, "priority": spec.priority, "max_attempts": spec.max_attempts,
+                  "run_at": spec.run_at, "delay_s": float(delay_s), "dedupe_key": spec.dedupe_key}
+
+
 def enqueue_many(conn_or_dsn: Any, jobs: Iterable[JobSpec]) -> int:
     """Enqueue many jobs in one transaction with COPY; returns how many were inserted.
 
     The connection rules are those of ``enqueue``; with a connection outside a transaction,
     the batch commits as one transaction of its own.
     """
-    rows = [(j.kind, j.queue, j.payload_json(), j.priority, j.max_attempts, j.run_at, j.dedupe_key) for j in jobs]
+    rows = _copy_rows(jobs)
     from shardworker import pg_store
 
     if not isinstance(conn_or_dsn, str):
@@ -126,6 +148,18 @@ def enqueue_many(conn_or_dsn: Any, jobs: Iterable[JobSpec]) -> int:
         return store.enqueue_many(rows)
     finally:
         store.close()
+
+
+async def enqueue_many_async(aconn_or_dsn: Any, jobs: Iterable[JobSpec]) -> int:
+    """``enqueue_many`` for asyncio code, on a ``psycopg.AsyncConnection`` or a DSN."""
+    rows = _copy_rows(jobs)
+    from shardworker import pg_store
+
+    return await pg_store.enqueue_many_async_on(aconn_or_dsn, rows)
+
+
+def _copy_rows(jobs: Iterable[JobSpec]) -> list[tuple[Any, ...]]:
+    return [(j.kind, j.queue, j.payload_json(), j.priority, j.max_attempts, j.run_at, j.dedupe_key) for j in jobs]
 
 
 def parse_jsonl(lines: Iterable[str | bytes], defaults: Mapping[str, Any] | None = None) -> list[JobSpec]:

@@ -18,7 +18,7 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -89,6 +89,16 @@ def _tcp_liveness(timeout_s: int) -> dict[str, Any]:
     return {"keepalives": 1, "keepalives_idle": max(1, timeout_s // 2),
             "keepalives_interval": max(1, timeout_s // 4), "keepalives_count": 2,
             "tcp_user_timeout": timeout_s * 1000}
+
+
+def _connect_options(config: StoreConfig) -> dict[str, Any]:
+    """Keyword arguments for ``psycopg.connect``: autocommit, every wait bounded."""
+    return {"autocommit": True, "connect_timeout": config.connect_timeout_s,
+            # Never server-prepare: a generic plan for the batched apply assumed ~1
+            # running row and nested-looped over all of them (seconds per batch).
+            "prepare_threshold": None, "application_name": config.application_name,
+            "options": f"-c statement_timeout={int(config.statement_timeout_s * 1000)}",
+            **_tcp_liveness(config.network_timeout_s)}
 
 
 def _first_line(exc: BaseException) -> str:
@@ -168,15 +178,7 @@ class PgStore:
         if self._conn is None or self._conn.closed or self._conn.broken:
             self.close()
             with translate_errors():
-                self._conn = psycopg.connect(
-                    self.config.dsn, autocommit=True, connect_timeout=self.config.connect_timeout_s,
-                    # Never server-prepare: a generic plan for the batched apply assumed ~1
-                    # running row and nested-looped over all of them (seconds per batch).
-                    prepare_threshold=None,
-                    application_name=self.config.application_name,
-                    options=f"-c statement_timeout={int(self.config.statement_timeout_s * 1000)}",
-                    **_tcp_liveness(self.config.network_timeout_s),
-                )
+                self._conn = psycopg.connect(self.config.dsn, **_connect_options(self.config))
             self.generation += 1
         return self._conn
 
@@ -494,13 +496,10 @@ class PgStore:
 # enqueue on any connection: the store's own, or one the caller lends -------------------
 
 
-def insert_job(cur: psycopg.Cursor[Any], kind: str, payload_json: str, *, queue: str, priority: int,
-               max_attempts: int, run_at: datetime | None, delay_s: float, dedupe_key: str | None) -> int | None:
+def insert_job(cur: psycopg.Cursor[Any], kind: str, payload_json: str, **fields: Any) -> int | None:
     """Insert one job and notify workers (at commit); its id, or None when the dedupe key is live."""
-    params = {"kind": kind, "queue": queue, "payload": payload_json, "priority": priority,
-              "max_attempts": max_attempts, "run_at": run_at, "delay_s": delay_s, "dedupe_key": dedupe_key}
     try:
-        cur.execute(query("job_insert"), params)
+        cur.execute(query("job_insert"), {"kind": kind, "payload": payload_json, **fields})
     except (psycopg.DataError, psycopg.IntegrityError) as exc:
         raise EnqueueError(f"job rejected: {_first_line(exc)}") from exc
     row = cur.fetchone()
@@ -535,16 +534,24 @@ def borrowed_cursor(conn: Any, *, transaction: bool) -> Iterator[psycopg.Cursor[
     is never left inside a transaction it did not open. No deadline thread: the caller
     owns the connection's timeouts.
     """
+    if isinstance(conn, psycopg.AsyncConnection):
+        raise EnqueueError("this is a psycopg.AsyncConnection: use `await enqueue_async(...)` "
+                           "or `await enqueue_many_async(...)`")
     if not isinstance(conn, psycopg.Connection):
         raise EnqueueError(f"expected a DSN string or an open psycopg connection, got {type(conn).__name__}")
+    own = _needs_own_transaction(conn, transaction)
+    with translate_errors(), conn.transaction() if own else contextlib.nullcontext(), conn.cursor() as cur:
+        yield cur
+
+
+def _needs_own_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], transaction: bool) -> bool:
+    """Whether work on a borrowed connection must open (and commit) a transaction of its own."""
     if conn.closed:
         raise DatabaseUnavailable("database unavailable: the connection is closed")
     status = conn.info.transaction_status
     if status == TransactionStatus.INERROR:
         raise EnqueueError("the connection's transaction has failed: roll it back before enqueueing")
-    own = status == TransactionStatus.IDLE and (transaction or not conn.autocommit)
-    with translate_errors(), conn.transaction() if own else contextlib.nullcontext(), conn.cursor() as cur:
-        yield cur
+    return status == TransactionStatus.IDLE and (transaction or not conn.autocommit)
 
 
 def enqueue_on(conn: Any, kind: str, payload_json: str, **fields: Any) -> int | None:
@@ -557,6 +564,80 @@ def enqueue_many_on(conn: Any, rows: Iterable[Sequence[Any]]) -> int:
     """``copy_jobs`` on a borrowed connection (see ``borrowed_cursor``)."""
     with borrowed_cursor(conn, transaction=True) as cur:
         return copy_jobs(cur, rows)
+
+
+# the same on an asyncio connection (shardworker.enqueue_async) ---------------------------
+
+
+@contextlib.asynccontextmanager
+async def borrowed_async_cursor(aconn: Any, *, transaction: bool) -> AsyncIterator[psycopg.AsyncCursor[Any]]:
+    """``borrowed_cursor`` for a ``psycopg.AsyncConnection``: the same transaction rules."""
+    if isinstance(aconn, psycopg.Connection):
+        raise EnqueueError("this is a sync psycopg connection: call enqueue() or enqueue_many(), "
+                           "or pass a psycopg.AsyncConnection")
+    if not isinstance(aconn, psycopg.AsyncConnection):
+        raise EnqueueError(f"expected a DSN string or an open psycopg.AsyncConnection, got {type(aconn).__name__}")
+    own = _needs_own_transaction(aconn, transaction)
+    with translate_errors():
+        async with aconn.transaction() if own else contextlib.nullcontext(), aconn.cursor() as cur:
+            yield cur
+
+
+@contextlib.asynccontextmanager
+async def async_cursor_for(conn_or_dsn: Any, *, transaction: bool,
+                           config: StoreConfig | None = None) -> AsyncIterator[psycopg.AsyncCursor[Any]]:
+    """A cursor on the caller's async connection, or on one of its own to a DSN, opened
+    with the store's bounds (connect and statement timeouts, TCP liveness) and closed here."""
+    if not isinstance(conn_or_dsn, str):
+        async with borrowed_async_cursor(conn_or_dsn, transaction=transaction) as cur:
+            yield cur
+        return
+    config = config or StoreConfig(conn_or_dsn)
+    with translate_errors():
+        aconn = await psycopg.AsyncConnection.connect(config.dsn, **_connect_options(config))
+    try:
+        async with borrowed_async_cursor(aconn, transaction=transaction) as cur:
+            yield cur
+    finally:
+        await aconn.close()
+
+
+async def insert_job_async(cur: psycopg.AsyncCursor[Any], kind: str, payload_json: str, **fields: Any) -> int | None:
+    """``insert_job`` on an async cursor."""
+    try:
+        await cur.execute(query("job_insert"), {"kind": kind, "payload": payload_json, **fields})
+    except (psycopg.DataError, psycopg.IntegrityError) as exc:
+        raise EnqueueError(f"job rejected: {_first_line(exc)}") from exc
+    row = await cur.fetchone()
+    return None if row is None else int(row[0])
+
+
+async def copy_jobs_async(cur: psycopg.AsyncCursor[Any], rows: Iterable[Sequence[Any]]) -> int:
+    """``copy_jobs`` on an async cursor; must run inside a transaction."""
+    await cur.execute(query("job_stage_create"))
+    try:
+        async with cur.copy(query("job_stage_copy")) as copy:
+            for values in rows:
+                await copy.write_row(values)
+        await cur.execute(query("job_stage_insert"))
+    except (psycopg.DataError, psycopg.IntegrityError) as exc:
+        raise EnqueueError(f"bulk enqueue rejected: {_first_line(exc)}") from exc
+    inserted = await cur.fetchone()
+    await cur.execute(query("job_stage_drop"))
+    await cur.execute(query("notify_jobs"))
+    return int(inserted[0]) if inserted else 0
+
+
+async def enqueue_async_on(conn_or_dsn: Any, kind: str, payload_json: str, **fields: Any) -> int | None:
+    async with async_cursor_for(conn_or_dsn, transaction=False) as cur:
+        return await insert_job_async(cur, kind, payload_json, **fields)
+
+
+async def enqueue_many_async_on(conn_or_dsn: Any, rows: Iterable[Sequence[Any]]) -> int:
+    # Bulk loads may take minutes: no 30 s statement timeout on a connection of our own.
+    config = StoreConfig(conn_or_dsn, statement_timeout_s=3600.0) if isinstance(conn_or_dsn, str) else None
+    async with async_cursor_for(conn_or_dsn, transaction=True, config=config) as cur:
+        return await copy_jobs_async(cur, rows)
 
 
 def _classify(applied: int, missed: Sequence[Outcome], last_applied: dict[int, int | None]) -> ApplyResult:
