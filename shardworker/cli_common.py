@@ -3,7 +3,9 @@ the DSN (given, or the embedded server's)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -52,6 +54,11 @@ def one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except (ShardworkerError, OutboxError) as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(1)
+        except BrokenPipeError:
+            # `shardworker jobs list | head`: the reader left; say nothing, as other tools do.
+            with contextlib.suppress(OSError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(141)
         except OSError as exc:
             where = f": {exc.filename}" if exc.filename else ""
             click.echo(f"error: {exc.strerror or exc}{where}", err=True)

@@ -34,6 +34,8 @@ def _echo_jobs(found: list[jobs_api.JobInfo], as_json: bool) -> None:
     if as_json:
         click.echo(orjson.dumps([j.to_json() for j in found]).decode())
         return
+    if not found:
+        click.echo("no jobs match", err=True)
     for j in found:
         error = (j.last_error or "").splitlines()[0][:60] if j.last_error else ""
         click.echo(f"{j.id:>10}  {j.status:<9}  {j.kind:<20}  {j.queue:<10}  attempt {j.attempt}/{j.max_attempts}"
@@ -98,8 +100,15 @@ def _echo_job(job: jobs_api.JobInfo, as_json: bool) -> None:
 
 
 def _change_command(action: str, ids: tuple[int, ...], as_json: bool, dsn: str | None) -> None:
-    changed = getattr(jobs_api, action)(resolve_dsn(dsn), list(ids))
-    click.echo(orjson.dumps({action: changed}).decode() if as_json else f"{changed} jobs: {action}")
+    _echo_changed(action, getattr(jobs_api, action)(resolve_dsn(dsn), list(ids)), as_json)
+
+
+_DONE = {"retry": "queued again", "cancel": "cancelled", "delete": "deleted"}
+
+
+def _echo_changed(action: str, changed: int, as_json: bool) -> None:
+    click.echo(orjson.dumps({action: changed}).decode() if as_json
+               else f"{changed} job{'' if changed == 1 else 's'} {_DONE[action]}")
 
 
 @jobs.command("retry")
@@ -118,8 +127,7 @@ def retry_command(job_ids: tuple[int, ...], failed: bool, kind: str | None, queu
     if not failed and (kind or queue):
         raise jobs_api.JobsError("--kind and --queue go with --failed")
     if failed:
-        changed = jobs_api.retry_failed(resolve_dsn(dsn), kind=kind, queue=queue)
-        click.echo(orjson.dumps({"retry": changed}).decode() if as_json else f"{changed} jobs: retry")
+        _echo_changed("retry", jobs_api.retry_failed(resolve_dsn(dsn), kind=kind, queue=queue), as_json)
         return
     _change_command("retry", job_ids, as_json, dsn)
 

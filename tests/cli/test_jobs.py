@@ -137,6 +137,23 @@ def test_the_commands_work_from_a_real_subprocess(pg_dsn: str) -> None:
     assert again.returncode == 1 and again.stderr.count("\n") == 1 and "cancelled" in again.stderr
 
 
+def test_a_reader_that_leaves_early_ends_the_listing_quietly(pg_dsn: str) -> None:
+    """``jobs list | head -1``: the listing stops at the closed pipe, with no error and no traceback."""
+    enqueue(pg_dsn, "a", 3000)
+    lister = subprocess.Popen([sys.executable, "-m", "shardworker", "jobs", "list", "--limit", "3000",
+                               "--dsn", pg_dsn], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert lister.stdout is not None and lister.stderr is not None
+    assert lister.stdout.readline().split()[1] == b"queued"
+    lister.stdout.close()
+    assert lister.wait(60) == 141
+    assert lister.stderr.read() == b""
+
+
+def test_an_empty_listing_says_so(pg_dsn: str) -> None:
+    result = invoke(pg_dsn, "list", "--status", "failed")
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "", "no jobs match\n")
+
+
 def test_with_a_worker_running_a_cancelled_job_never_runs_and_a_retried_one_runs_once(
         pg_dsn: str, tmp_path: Path) -> None:
     outbox_dir, counts = tmp_path / "outbox", tmp_path / "counts"
