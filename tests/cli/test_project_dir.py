@@ -104,7 +104,7 @@ OPERATED_APP = '''
 def test_an_operators_session_through_the_console_script(project: Path, pg_dsn: str) -> None:
     """Every operator command run as a user runs it, from the project directory: the schema
     printed, jobs enqueued and run, the failed one found, retried after the fix and run once
-    more, a live and a finished worker listed, the schedule seen, old jobs pruned."""
+    more, a live and a finished worker listed, the schedule seen, a job deleted, old jobs pruned."""
     (project / "tasks.py").write_text(textwrap.dedent(OPERATED_APP).lstrip())
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SHARDWORKER_DSN")}
 
@@ -148,5 +148,8 @@ def test_an_operators_session_through_the_console_script(project: Path, pg_dsn: 
     assert json.loads(sw("workers", "--all", "--json")) == []  # a worker that stops says so
     refused = sw("prune", "--older-than", "7x", code=2)
     assert "Error: Invalid value for '--older-than': '7x' is not a duration" in refused
+    assert sw("enqueue", "note", '{"n": 2}', "--delay", "3600") == "1\n"
+    [later] = json.loads(sw("jobs", "list", "--status", "queued", "--json"))
+    assert sw("jobs", "delete", str(later["id"])) == "1 job deleted\n"
     assert json.loads(sw("prune", "--older-than", "0", "--json")) == {"pruned": 5}
     assert sw("jobs", "show", str(failing), code=1) == f"error: no job {failing}\n"
