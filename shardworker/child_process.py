@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import outbox
-from shardworker import procs, wire
+from shardworker import logs, procs, wire
+from shardworker.jobstats import JobCounts
 from shardworker.model import ClaimedJob
 from shardworker.shard import ChildConfig, Progress, child_main
 
@@ -92,6 +93,7 @@ class ChildHandle:
     stopped: bool = False
     unstarted: tuple[wire.JobKey, ...] = ()  # what a stopping child never started
     fatal: str = ""
+    job_counts: JobCounts = field(default_factory=JobCounts)  # the pool's, for the metrics
     restart_at: float | None = None
     crashes: procs.CrashCounter = field(init=False)
     _free: list[int] = field(default_factory=list)
@@ -121,7 +123,8 @@ class ChildHandle:
         with contextlib.suppress(OSError):
             fcntl.fcntl(to_child_w.fileno(), _F_SETPIPE_SZ, PIPE_BYTES)
         array = ctx.Array("q", Progress.width(self.config.slots), lock=False)
-        self.process = ctx.Process(target=child_main, args=(self.config, to_child_r, from_child_w, array),
+        self.process = ctx.Process(target=child_main,
+                                   args=(self.config, to_child_r, from_child_w, array, logs.current()),
                                    name=f"shardworker-shard-{self.index}", daemon=True)
         procs.start(self.process)
         to_child_r.close()
@@ -179,6 +182,8 @@ class ChildHandle:
             if isinstance(msg, wire.Done):
                 for key in msg.finished:
                     finished.append(self._release(key))
+                if msg.stats:
+                    self.job_counts.add(msg.stats)
             elif isinstance(msg, wire.Stopped):
                 self.stopped, self.unstarted = True, msg.unstarted
             elif isinstance(msg, wire.Fatal):

@@ -28,9 +28,10 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-from shardworker import procs, wire
+from shardworker import logs, procs, wire
 from shardworker.app import HandlerSpec
 from shardworker.child_process import ASYNC_TIMEOUT_GRACE_S, ChildHandle, Death, Sent
+from shardworker.jobstats import JobCounts
 from shardworker.model import ClaimedJob
 from shardworker.shard import ChildConfig
 
@@ -43,7 +44,8 @@ class ChildPool:
     def __init__(self, configs: Iterable[ChildConfig], specs: Mapping[str, HandlerSpec], *, max_jobs: int,
                  max_bytes: int, min_jobs: int | None = None, horizon_s: float = 0.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.handles = [ChildHandle(config) for config in configs]
+        self.job_counts = JobCounts()  # finished jobs by kind and outcome, as the children report them
+        self.handles = [ChildHandle(config, job_counts=self.job_counts) for config in configs]
         self.specs, self.max_jobs, self.max_bytes, self.clock = specs, max_jobs, max_bytes, clock
         self.min_jobs, self.horizon_s = min(max_jobs, min_jobs or max_jobs), horizon_s
         self.limits = {kind: spec.concurrency for kind, spec in specs.items() if spec.concurrency}
@@ -180,7 +182,7 @@ class ChildPool:
             allowed = spec.timeout_s + (ASYNC_TIMEOUT_GRACE_S if spec.is_async else 0.0)
             if now - started > allowed:
                 log.error("job %d (%s) exceeded its %.1fs timeout; killing child %d", job.id, job.kind,
-                          spec.timeout_s, handle.index)
+                          spec.timeout_s, handle.index, extra=logs.job_fields(job))
                 return f"timed out after {spec.timeout_s:g}s"
         return None
 

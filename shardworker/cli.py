@@ -8,14 +8,23 @@ reuses an embedded PostgreSQL under ``.shardworker/`` and says so. Exit codes: 0
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from typing import Any
 
 import click
 import orjson
 
-from shardworker.cli_common import Duration, dsn_option, json_option, one_line_errors, outbox_dir_option, resolve_dsn
+from shardworker import logs
+from shardworker.cli_common import (
+    Duration,
+    dsn_option,
+    is_loopback,
+    json_option,
+    note,
+    one_line_errors,
+    outbox_dir_option,
+    resolve_dsn,
+)
 
 log = logging.getLogger("shardworker")
 
@@ -35,11 +44,12 @@ def _finite(value: float, name: str) -> float:
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", is_flag=True, help="Log debug messages.")
 @click.version_option(package_name="shardworker")
-def main(verbose: bool) -> None:
+@click.pass_context
+def main(ctx: click.Context, verbose: bool) -> None:
     """shardworker: a PostgreSQL job worker that never re-runs a finished job because the
     database was away."""
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    ctx.obj = {"level": logging.DEBUG if verbose else logging.INFO}
+    logs.configure(logs.LogSetup(level=ctx.obj["level"]), "cli")
 
 
 @main.command()
@@ -141,17 +151,33 @@ def enqueue(kind: str | None, payload_json: str | None, count: int, file_: Any, 
               help="Prune done, failed and cancelled jobs older than this (30m, 12h, 7d); 0 keeps them all.")
 @click.option("--segment-bytes", type=click.IntRange(min=4096), default=16 * 1024 * 1024, show_default=True,
               help="Outbox segment size: a segment is deleted once every outcome in it is applied.")
+@click.option("--metrics-port", envvar="SHARDWORKER_METRICS_PORT", type=click.IntRange(min=0, max=65535),
+              default=None, help="Serve Prometheus text at /metrics on this port (env SHARDWORKER_METRICS_PORT).")
+@click.option("--metrics-host", envvar="SHARDWORKER_METRICS_HOST", default="127.0.0.1", show_default=True,
+              help="Address the metrics server binds; beyond loopback it needs --metrics-token.")
+@click.option("--metrics-token", envvar="SHARDWORKER_METRICS_TOKEN", default=None,
+              help="Bearer token scrapes must send (env SHARDWORKER_METRICS_TOKEN).")
+@click.option("--log-format", envvar="SHARDWORKER_LOG_FORMAT", type=click.Choice(logs.FORMATS), default="text",
+              show_default=True,
+              help="text for people, json for machines: one object a line (env SHARDWORKER_LOG_FORMAT).")
 @dsn_option
 @one_line_errors
-def run(app_ref: str, procs: int, outbox_dir: str, queues: str | None, worker_id: str | None,
+@click.pass_context
+def run(ctx: click.Context, app_ref: str, procs: int, outbox_dir: str, queues: str | None, worker_id: str | None,
         exit_when_idle: bool, shutdown_timeout: float, rescue_after: float, rescue_grace: float, backoff_cap: float,
         network_timeout: int, statement_timeout: float, min_free_mb: int, concurrency: int, prefetch: int,
-        retention: float, segment_bytes: int, dsn: str | None) -> None:
+        retention: float, segment_bytes: int, metrics_port: int | None, metrics_host: str,
+        metrics_token: str | None, log_format: str, dsn: str | None) -> None:
     """Run the worker: a parent, N children and one flusher."""
     from shardworker.app import load_app
     from shardworker.config import WorkerConfig
     from shardworker.supervisor import Supervisor
 
+    if metrics_port is not None and not metrics_token and not is_loopback(metrics_host):
+        raise click.BadParameter(f"{metrics_host} is reachable from other hosts: give --metrics-token "
+                                 "(or SHARDWORKER_METRICS_TOKEN) too, or bind 127.0.0.1", param_hint="--metrics-host")
+
+    logs.configure(logs.LogSetup(log_format, (ctx.obj or {}).get("level", logging.INFO)), "parent")
     app = load_app(app_ref)
     config = WorkerConfig(
         dsn=resolve_dsn(dsn), embedded_db=dsn is None, app_ref=app_ref, procs=procs, outbox_dir=outbox_dir,
@@ -161,12 +187,14 @@ def run(app_ref: str, procs: int, outbox_dir: str, queues: str | None, worker_id
         backoff_cap_s=backoff_cap, backoff_base_s=min(0.05, backoff_cap), min_free_bytes=min_free_mb * 1024 * 1024,
         network_timeout_s=network_timeout, statement_timeout_s=statement_timeout,
         connect_timeout_s=min(5, network_timeout), concurrency=concurrency, prefetch_batch=prefetch,
-        segment_bytes=segment_bytes, retention_s=retention)
+        segment_bytes=segment_bytes, retention_s=retention, metrics_port=metrics_port, metrics_host=metrics_host,
+        metrics_token=metrics_token or None)
     started = time.monotonic()
     summary = Supervisor(config, app).run()
     elapsed = time.monotonic() - started
-    click.echo(f"worker stopped: {summary.done} jobs done in {elapsed:.1f}s, {summary.released} released, "
-               f"{summary.pending_outcomes} outcomes pending in the outbox", err=True)
+    note(f"worker stopped: {summary.done} jobs done in {elapsed:.1f}s, {summary.released} released, "
+         f"{summary.pending_outcomes} outcomes pending in the outbox", done=summary.done,
+         released=summary.released, pending_outcomes=summary.pending_outcomes, seconds=round(elapsed, 3))
 
 
 @main.command()

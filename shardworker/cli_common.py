@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import ipaddress
+import logging
 import os
 import re
 import sys
@@ -14,6 +16,7 @@ from typing import Any
 import click
 
 from outbox import OutboxError
+from shardworker import logs
 from shardworker.errors import ShardworkerError
 
 dsn_option = click.option("--dsn", envvar="SHARDWORKER_DSN", default=None,
@@ -75,7 +78,26 @@ def resolve_dsn(dsn: str | None, *, migrate: bool = True) -> str:
     from shardworker.migrate import apply_migrations
 
     dsn = ensure_embedded(".shardworker")
-    click.echo(f"using embedded PostgreSQL {redact_dsn(dsn)} (data in .shardworker/)", err=True)
+    note(f"using embedded PostgreSQL {redact_dsn(dsn)} (data in .shardworker/)")
     if migrate:
         apply_migrations(dsn)
     return dsn
+
+
+def note(message: str, **fields: Any) -> None:
+    """A line for the operator on stderr: a log record when logs are JSON (so every line
+    parses), a plain line otherwise."""
+    if logs.current().format == "json":
+        logging.getLogger("shardworker.cli").info(message, extra=fields)
+    else:
+        click.echo(message, err=True)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or a name) is this machine's loopback interface only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to any interface

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 
 from outbox import OutboxError, OutboxFull, ShardWriter
+from shardworker.jobstats import Stat
 from shardworker.wire import JobKey
 
 log = logging.getLogger(__name__)
@@ -34,16 +35,17 @@ FULL_DISK_RETRY_S = 1.0
 
 
 class Committer:
-    """Group commit for one shard writer; ``report`` receives the keys of each durable batch."""
+    """Group commit for one shard writer; ``report`` receives the keys of each durable batch
+    and the ``Stat`` each outcome was added with (for the metrics)."""
 
-    def __init__(self, writer: ShardWriter, report: Callable[[list[JobKey]], None], *, max_records: int,
+    def __init__(self, writer: ShardWriter, report: Callable[[list[JobKey], list[Stat]], None], *, max_records: int,
                  max_delay_s: float, max_bytes: int = 8 * 1024 * 1024,
                  on_fatal: Callable[[OutboxError], None] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.writer, self.report, self.on_fatal = writer, report, on_fatal
         self.max_records, self.max_bytes, self.max_delay_s, self.clock = max_records, max_bytes, max_delay_s, clock
         self._cond = threading.Condition()
-        self._waiting: list[tuple[JobKey, bytes]] = []
+        self._waiting: list[tuple[JobKey, bytes, Stat | None]] = []
         self._waiting_bytes = 0
         self._oldest_start = 0.0  # handler start of the oldest waiting outcome
         self._unfinished = 0  # jobs received and not yet finished
@@ -65,7 +67,7 @@ class Committer:
             self._unfinished -= jobs
             self._cond.notify_all()
 
-    def add(self, key: JobKey, record: bytes, started_at: float) -> None:
+    def add(self, key: JobKey, record: bytes, started_at: float, stat: Stat | None = None) -> None:
         """A finished job's outcome record; ``started_at`` is when its handler started."""
         with self._cond:
             while self._waiting_bytes >= self.max_bytes and self.error is None and self._thread.is_alive():
@@ -73,7 +75,7 @@ class Committer:
             earlier = not self._waiting or started_at < self._oldest_start
             if earlier:
                 self._oldest_start = started_at  # the deadline moved: the committer must look again
-            self._waiting.append((key, record))
+            self._waiting.append((key, record, stat))
             self._waiting_bytes += len(record)
             self._unfinished -= 1
             if earlier or self._due():
@@ -105,7 +107,7 @@ class Committer:
             if self.on_fatal is not None:
                 self.on_fatal(exc)
 
-    def _next_batch(self) -> list[tuple[JobKey, bytes]] | None:
+    def _next_batch(self) -> list[tuple[JobKey, bytes, Stat | None]] | None:
         """Wait until a commit is due; the batch to commit, or None once stopped and empty."""
         with self._cond:
             while not self._due():
@@ -121,7 +123,7 @@ class Committer:
                 self._oldest_start = 0.0  # unknown for the rest: commit them next, without waiting
             return batch
 
-    def _take(self) -> tuple[list[tuple[JobKey, bytes]], list[tuple[JobKey, bytes]]]:
+    def _take(self) -> tuple[list[tuple[JobKey, bytes, Stat | None]], list[tuple[JobKey, bytes, Stat | None]]]:
         """The next batch (up to ``max_records`` and ``max_bytes``, at least one) and the rest."""
         size = count = 0
         while count < min(self.max_records, len(self._waiting)) and size < self.max_bytes:
@@ -130,10 +132,10 @@ class Committer:
         self._waiting_bytes -= size
         return self._waiting[:count], self._waiting[count:]
 
-    def _commit(self, batch: list[tuple[JobKey, bytes]]) -> None:
+    def _commit(self, batch: list[tuple[JobKey, bytes, Stat | None]]) -> None:
         warned = False
         while True:
-            for _, record in batch:
+            for _, record, _ in batch:
                 self.writer.append_bytes(record)
             try:
                 self.writer.commit()
@@ -143,4 +145,4 @@ class Committer:
                     log.error("%s; holding %d outcomes until space returns", exc, len(batch))
                     warned = True
                 time.sleep(FULL_DISK_RETRY_S)
-        self.report([key for key, _ in batch])
+        self.report([key for key, _, _ in batch], [stat for _, _, stat in batch if stat is not None])

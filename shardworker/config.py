@@ -71,6 +71,11 @@ class WorkerConfig:
     network_timeout_s: int = 20
     log_interval_s: float = 10.0
     embedded_db: bool = False  # the DSN is the embedded server's (recorded in the outbox's binding)
+    # Prometheus text at http://metrics_host:metrics_port/metrics (None: no server); a
+    # bearer token is required beyond the loopback interface.
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    metrics_token: str | None = None
 
     def __post_init__(self) -> None:
         checks = [

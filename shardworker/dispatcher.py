@@ -25,6 +25,7 @@ import outbox
 from shardworker import procs
 from shardworker.children import ChildPool, Death
 from shardworker.config import WorkerConfig
+from shardworker.dbwatch import DatabaseWatch
 from shardworker.errors import SchemaMissing, StoreError
 from shardworker.flusher_process import FlusherHandle
 from shardworker.model import ClaimedJob
@@ -70,6 +71,9 @@ class Dispatcher:
         self.next_log_at = clock() + config.log_interval_s
         self.next_idle_check_at = 0.0
         self.db_ok = True
+        self.db_error = ""  # why the last claim failed, while db_ok is False
+        self.db_errors = 0  # claims the database failed, in all
+        self.watch = DatabaseWatch(self.backlog, clock)
         self.lost_claims: list[str] = []
         self.quarantine = QuarantineWatch(config.outbox_dir, worker_id, store,
                                           lambda: [*pool.job_ids(), *parent_outcomes.waiting_ids()], clock=clock)
@@ -83,6 +87,7 @@ class Dispatcher:
         self.flusher.check()
         self._settle_quarantined()
         claimed = self._maybe_claim()
+        self.watch.update(self.db_failure())
         self._log_progress()
         if self.config.exit_when_idle and self._idle():
             return True
@@ -109,6 +114,12 @@ class Dispatcher:
         if pending is not None:
             # The quarantined outcomes will never be flushed: count the backlog afresh.
             self.acked_total = self.flusher.flushed_total - self.flushed_base + pending
+
+    def db_failure(self) -> str | None:
+        """Why the database failed this worker's last claim or flush; None when both worked."""
+        if not self.db_ok:
+            return self.db_error
+        return self.flusher.failing or None
 
     def backlog(self) -> int:
         """Outcomes made durable and not yet flushed (an estimate)."""
@@ -184,14 +195,12 @@ class Dispatcher:
             raise exc
         delay = self.backoff.next_delay(exc)
         self.next_claim_at = self.clock() + delay
-        if self.db_ok or self.backoff.failures % 10 == 0:
-            log.warning("claim failed (%s); children finish what they hold, outcomes wait in the "
-                        "outbox; retrying in %.2fs", exc, delay)
-        self.db_ok = False
+        # One line per outage, from the watch; the retries are for -v.
+        log.debug("claim failed (%s); retrying in %.2fs", exc, delay)
+        self.db_ok, self.db_error = False, str(exc) or type(exc).__name__
+        self.db_errors += 1
 
     def _claim_ok(self) -> None:
-        if not self.db_ok:
-            log.info("database reachable again; claiming resumed")
         self.db_ok = True
         self.backoff.reset()
         self.next_claim_at = 0.0

@@ -15,11 +15,12 @@ as a failure instead, so the job does not stay running forever.
 from __future__ import annotations
 
 import base64
+import bisect
 import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import orjson
@@ -33,6 +34,8 @@ from shardworker.model import ApplyResult, Outcome
 from shardworker.retry import Backoff, is_retryable
 
 log = logging.getLogger(__name__)
+
+BATCH_BUCKETS = (1, 5, 10, 50, 100, 250, 500, 1000, 5000)  # outcomes per flushed batch, for the metrics
 
 
 class OutcomeStore(Protocol):
@@ -50,6 +53,13 @@ class FlushStats:
     missing: int = 0  # set aside: their jobs do not exist in this database
     flushed: int = 0  # records marked flushed (applied, replayed, stale, set aside or dead-lettered)
     db_errors: int = 0
+    batch_sum: int = 0  # records in every batch flushed, and how many batches per size bucket:
+    batch_buckets: list[int] = field(default_factory=lambda: [0] * (len(BATCH_BUCKETS) + 1))
+    failing: str = ""  # why the last try failed, while the database is failing; "" once it works
+
+    def batch(self, size: int) -> None:
+        self.batch_sum += size
+        self.batch_buckets[bisect.bisect_left(BATCH_BUCKETS, size)] += 1
 
 
 @dataclass(frozen=True)
@@ -65,9 +75,14 @@ class Flusher:
     """Moves outcomes from an open ``OutboxReader`` into an ``OutcomeStore``."""
 
     def __init__(self, reader: OutboxReader, store: OutcomeStore, config: FlusherConfig,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                 report_outages: bool = True) -> None:
         self.reader, self.store, self.config = reader, store, config
         self.clock, self.sleep = clock, sleep
+        # Whether to log "database unreachable" / "back": not in a worker, whose parent
+        # tells of the database for every process at once (shardworker.dbwatch).
+        self.outage_level = logging.WARNING if report_outages else logging.DEBUG
+        self._failing_since = 0.0
         self.backoff = Backoff(config.backoff_base_s, config.backoff_cap_s)
         self.stats = FlushStats()
         self._held: list[Record] = []  # read but not yet applied (kept across failures)
@@ -98,10 +113,12 @@ class Flusher:
             if not is_retryable(exc):
                 raise
             self.stats.db_errors += 1
+            self.stats.failing = str(exc) or type(exc).__name__
             delay = self.backoff.next_delay(exc)
-            if self.backoff.failures == 1 or self.backoff.failures % 10 == 0:
-                log.warning("flush of %d outcomes failed (attempt %d): %s; outcomes wait in the outbox, "
-                            "retrying in %.2fs", len(self._held), self.backoff.failures, exc, delay)
+            if self.backoff.failures == 1:
+                self._failing_since = self.clock()
+                log.log(self.outage_level, "database unreachable (%s): outcomes wait in the outbox; retrying "
+                        "with backoff", exc)
             self.sleep(delay)
             return 0
         try:
@@ -114,11 +131,15 @@ class Flusher:
             self.sleep(self.backoff.next_delay())
             return 0
         if self.backoff.failures:
-            log.info("database reachable again after %d failed flushes; flushing resumed", self.backoff.failures)
+            log.log(logging.INFO if self.outage_level > logging.DEBUG else logging.DEBUG,
+                    "database back after %.1fs (%d failed flushes); flushing resumed",
+                    self.clock() - self._failing_since, self.backoff.failures)
         self.backoff.reset()
+        self.stats.failing = ""
         flushed, self._held = self._held, []
         self.reader.mark_flushed(flushed)
         self.stats.flushed += len(flushed)
+        self.stats.batch(len(flushed))
         self._dirty = True
         self._maybe_checkpoint()
         return len(flushed)

@@ -21,8 +21,8 @@ from collections.abc import Callable
 from typing import Any
 
 from outbox import OutboxLocked, OutboxReader
-from shardworker import binding, procs
-from shardworker.flusher import Flusher, FlusherConfig
+from shardworker import binding, logs, procs
+from shardworker.flusher import BATCH_BUCKETS, Flusher, FlusherConfig, FlushStats
 from shardworker.pg_store import PgStore, StoreConfig
 from shardworker.retry import Backoff, retry_call
 
@@ -37,11 +37,31 @@ class StopRequest(enum.IntEnum):
     NOW = 2  # exit after the current batch, applied or not
 
 
+COUNTERS = ("applied", "stale", "missing", "deadlettered", "db_errors", "batch_sum")
+
+
 class SharedState(ctypes.Structure):
-    """What the flusher process and the parent share (lock-free: one writer per field)."""
+    """What the flusher process and the parent share (lock-free: one writer per field).
+    ``COUNTERS``, ``batch_buckets`` and ``failing`` are the flusher's ``FlushStats``, for
+    the metrics and the parent's view of the database."""
 
     _fields_ = [("flushed", ctypes.c_int64), ("idle", ctypes.c_bool), ("drained", ctypes.c_bool),
-                ("stop", ctypes.c_int), ("last_error", ctypes.c_char * 512)]
+                ("stop", ctypes.c_int), ("last_error", ctypes.c_char * 512),
+                *((name, ctypes.c_int64) for name in COUNTERS),
+                ("batch_buckets", ctypes.c_int64 * (len(BATCH_BUCKETS) + 1)), ("failing", ctypes.c_char * 256)]
+
+    def publish(self, stats: FlushStats) -> None:
+        """Copy the flusher's stats (the flusher's side; ``failing`` first, so the parent
+        never sees new counts with an old state)."""
+        self.failing = stats.failing.encode(errors="replace")[:255]
+        for name in COUNTERS:
+            setattr(self, name, getattr(stats, name))
+        for i, count in enumerate(stats.batch_buckets):
+            self.batch_buckets[i] = count
+        self.flushed = stats.flushed
+
+    def counters(self) -> dict[str, Any]:
+        return {**{name: int(getattr(self, name)) for name in COUNTERS}, "batch_buckets": list(self.batch_buckets)}
 
 
 def open_reader(directory: str, wait_s: float) -> OutboxReader:
@@ -59,6 +79,7 @@ class FlusherHandle:
         self.process: Any = None
         self.state: Any = None
         self._carried = 0  # flushed by flusher processes that have exited
+        self._carried_counters: dict[str, Any] = {}  # their SharedState.counters(), summed
         self._restart_at: float | None = None
         self._crashes = procs.CrashCounter("the flusher")
 
@@ -69,7 +90,7 @@ class FlusherHandle:
         self.state.flushed, self.state.idle, self.state.drained, self.state.last_error = 0, False, False, b""
         self.process = ctx.Process(target=flusher_main, name="shardworker-flusher", daemon=True,
                                    args=(self.outbox_dir, self.store_config, self.config, self.state,
-                                         self.idle_sleep_s, os.getpid()))
+                                         self.idle_sleep_s, os.getpid(), logs.current()))
         procs.start(self.process)
         self._crashes.started(self.clock())
 
@@ -99,7 +120,8 @@ class FlusherHandle:
         now = self.clock()
         if self._restart_at is None:
             self._carried += int(self.state.flushed)
-            self.state.flushed = 0
+            self._carried_counters = _add(self._carried_counters, self.state.counters())
+            self.state.publish(FlushStats())
             error = self.state.last_error.decode(errors="replace") or f"exit code {self.process.exitcode}"
             if self.process.exitcode == EXIT_WRONG_DATABASE:
                 raise binding.WrongDatabase(error)
@@ -121,15 +143,28 @@ class FlusherHandle:
         if self.process is not None:
             procs.join_or_kill(self.process, 10)
 
+    def counters(self) -> dict[str, Any]:
+        """The flusher's counters (``COUNTERS`` and ``batch_buckets``), summed over its restarts."""
+        if self.state is None:
+            return SharedState().counters()
+        return _add(self._carried_counters, self.state.counters())
+
+    @property
+    def failing(self) -> str:
+        """Why the flusher's last try failed while the database fails it; "" when it works."""
+        if self.state is None or not self.alive:
+            return ""
+        return bytes(self.state.failing).decode(errors="replace")
+
     def kill(self) -> None:
         if self.alive:
             procs.kill_quietly(self.process.pid)
 
 
 def flusher_main(directory: str, store_config: StoreConfig, config: FlusherConfig, state: Any,
-                 idle_sleep_s: float, parent_pid: int) -> None:
+                 idle_sleep_s: float, parent_pid: int, log_setup: logs.LogSetup | None = None) -> None:
     """Entry point of the flusher process (spawned; opens its own connection)."""
-    procs.become_worker_process(parent_pid, "flusher")
+    procs.become_worker_process(parent_pid, "flusher", log_setup)
     try:
         reader = open_reader(directory, wait_s=30.0)
     except Exception as exc:
@@ -147,7 +182,7 @@ def flusher_main(directory: str, store_config: StoreConfig, config: FlusherConfi
     except binding.WrongDatabase as exc:
         state.last_error = str(exc).encode()[:511]
         os._exit(EXIT_WRONG_DATABASE)
-    flusher = Flusher(reader, store, config, sleep=sleep)
+    flusher = Flusher(reader, store, config, sleep=sleep, report_outages=False)
     try:
         _loop(flusher, state, idle_sleep_s)
     except Exception as exc:
@@ -161,7 +196,7 @@ def flusher_main(directory: str, store_config: StoreConfig, config: FlusherConfi
 def _loop(flusher: Flusher, state: Any, idle_sleep_s: float) -> None:
     while True:
         flushed = flusher.run_once()
-        state.flushed = flusher.stats.flushed
+        state.publish(flusher.stats)
         state.idle = flusher.idle
         if flusher.idle:
             state.drained = True
@@ -170,3 +205,9 @@ def _loop(flusher: Flusher, state: Any, idle_sleep_s: float) -> None:
         if not flushed and flusher.idle:
             time.sleep(idle_sleep_s)
 
+
+def _add(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    if not a:
+        return b
+    return {key: [x + y for x, y in zip(a[key], value, strict=True)] if isinstance(value, list) else a[key] + value
+            for key, value in b.items()}

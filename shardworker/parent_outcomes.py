@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from outbox import OutboxError, OutboxSyncError, ShardWriter, WriterConfig
 from shardworker import wire
 from shardworker.app import HandlerSpec
+from shardworker.jobstats import JobCounts, outcome_label
 from shardworker.layout import PARENT_SHARD
 from shardworker.model import ClaimedJob, Outcome
 from shardworker.retry import job_retry_delay
@@ -25,14 +26,20 @@ log = logging.getLogger(__name__)
 class ParentOutcomes:
     """The parent's shard writer, opened on first use."""
 
-    def __init__(self, outbox_dir: str, segment_bytes: int, specs: Mapping[str, HandlerSpec]) -> None:
+    def __init__(self, outbox_dir: str, segment_bytes: int, specs: Mapping[str, HandlerSpec],
+                 job_counts: JobCounts | None = None) -> None:
         self.outbox_dir, self.segment_bytes, self.specs = outbox_dir, segment_bytes, specs
+        self.job_counts = job_counts
         self._writer: ShardWriter | None = None
         self._pending: list[Outcome] = []
 
     def fail(self, jobs: Iterable[ClaimedJob], reason: str) -> int:
         """Record a failed attempt for each job (retried per its handler's policy); returns how many."""
+        jobs = list(jobs)
         outcomes = [Outcome(j.id, j.attempt, False, error=reason, retry_delay_s=self._delay(j)) for j in jobs]
+        if self.job_counts is not None:
+            for job, outcome in zip(jobs, outcomes, strict=True):
+                self.job_counts.add_outcome(job.kind, outcome_label(job, outcome, job.max_attempts))
         self._pending.extend(outcomes)
         self.flush()
         return len(outcomes)

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 import multiprocess
 
+from shardworker import logs
 from shardworker.errors import CrashLoop
 from shardworker.retry import Backoff
 
@@ -73,7 +74,7 @@ def start(process: Any) -> None:
             os.environ[_SAFE_PATH] = before
 
 
-def become_worker_process(parent_pid: int, role: str) -> None:
+def become_worker_process(parent_pid: int, role: str, log_setup: logs.LogSetup | None = None) -> None:
     """First steps of a child or the flusher: die with the parent, leave signals to it, log."""
     # A process must not outlive its parent: an orphan finishing a job after a restarted
     # worker requeued it would make that job run twice.
@@ -85,7 +86,7 @@ def become_worker_process(parent_pid: int, role: str) -> None:
     # The parent coordinates shutdown: a terminal's Ctrl-C must not kill children mid-job.
     ignore_stop_signals()
     name_process(f"sw-{role}")
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {role} %(levelname)s %(message)s")
+    logs.configure(log_setup or logs.LogSetup(), role)
 
 
 def name_process(name: str) -> None:

@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from outbox import OutboxLocked, ShardWriter, WriterConfig
-from shardworker import procs, wire
+from shardworker import logs, procs, wire
 from shardworker.app import App, load_app
 from shardworker.committer import Committer
+from shardworker.jobstats import OUTCOMES, outcome_label, summarize
 from shardworker.lanes import AsyncLane, Lane, ThreadLane
 from shardworker.model import ClaimedJob, Outcome
 
@@ -97,7 +98,7 @@ class ShardRunner:
         self.config, self.app, self.progress = config, app, progress
         self.inbox_fd, self.outbox_fd = inbox_fd, outbox_fd
         self._send_lock = threading.Lock()
-        self.committer = Committer(writer, lambda keys: self.send(wire.Done(tuple(keys))),
+        self.committer = Committer(writer, lambda keys, stats: self.send(wire.Done(tuple(keys), summarize(stats))),
                                    max_records=config.group_commit_max_records,
                                    max_bytes=config.group_commit_max_bytes,
                                    max_delay_s=config.group_commit_max_delay_s, on_fatal=self.fatal)
@@ -140,13 +141,16 @@ class ShardRunner:
         self.progress.begin(slot, job.id)
 
     def _finished(self, slot: int, job: ClaimedJob, outcome: Outcome, started_at: float) -> None:
+        seconds = time.monotonic() - started_at
         self.progress.finish(slot)
-        self.committer.add((job.id, job.attempt), wire.encode_outcome(outcome), started_at)
+        spec = self.app.handlers.get(job.kind)
+        limit = min(job.max_attempts, spec.max_attempts or job.max_attempts) if spec else job.max_attempts
+        label = outcome_label(job, outcome, limit)
+        self.committer.add((job.id, job.attempt), wire.encode_outcome(outcome), started_at,
+                           (job.kind, OUTCOMES.index(label), seconds))
         if outcome.snooze or outcome.cancel:
             log_control(job, outcome)
         elif not outcome.ok:
-            spec = self.app.handlers.get(job.kind)
-            limit = min(job.max_attempts, spec.max_attempts or job.max_attempts) if spec else job.max_attempts
             log_failure(job, outcome, limit)
 
     def fatal(self, exc: BaseException) -> None:
@@ -158,21 +162,22 @@ class ShardRunner:
 def log_failure(job: ClaimedJob, outcome: Outcome, max_attempts: int) -> None:
     """One line per failed attempt: kind, id, attempt and the error's first line; ERROR when final."""
     first = (outcome.error or "").strip().splitlines()[0] if outcome.error else "failed"
-    if outcome.retry_delay_s < 0 or job.attempt >= max_attempts:
+    if outcome_label(job, outcome, max_attempts) == "failed":
         log.error("job %d (%s) attempt %d/%d failed for good: %s", job.id, job.kind, job.attempt, max_attempts,
-                  first)
+                  first, extra=logs.job_fields(job))
     else:
         log.warning("job %d (%s) attempt %d/%d failed, retrying in %.1fs: %s", job.id, job.kind, job.attempt,
-                    max_attempts, outcome.retry_delay_s, first)
+                    max_attempts, outcome.retry_delay_s, first, extra=logs.job_fields(job))
 
 
 def log_control(job: ClaimedJob, outcome: Outcome) -> None:
     """One line for a job its handler snoozed or cancelled."""
     if outcome.snooze:
-        log.info("job %d (%s) attempt %d snoozed for %.1fs", job.id, job.kind, job.attempt, outcome.retry_delay_s)
+        log.info("job %d (%s) attempt %d snoozed for %.1fs", job.id, job.kind, job.attempt, outcome.retry_delay_s,
+                 extra=logs.job_fields(job))
     else:
         log.info("job %d (%s) attempt %d cancelled by its handler: %s", job.id, job.kind, job.attempt,
-                 outcome.error)
+                 outcome.error, extra=logs.job_fields(job))
 
 
 def open_writer(config: ChildConfig, wait_s: float = 30.0) -> ShardWriter:
@@ -182,9 +187,10 @@ def open_writer(config: ChildConfig, wait_s: float = 30.0) -> ShardWriter:
                                OutboxLocked, wait_s)
 
 
-def child_main(config: ChildConfig, inbox: Any, outbox: Any, progress: Any) -> None:
+def child_main(config: ChildConfig, inbox: Any, outbox: Any, progress: Any,
+               log_setup: logs.LogSetup | None = None) -> None:
     """Entry point of a child process (started with spawn); ``inbox``/``outbox`` are pipe ends."""
-    procs.become_worker_process(config.parent_pid, f"shard-{config.shard}")
+    procs.become_worker_process(config.parent_pid, f"shard-{config.shard}", log_setup)
     inbox_fd, outbox_fd = inbox.fileno(), outbox.fileno()
     try:
         app = load_app(config.app_ref)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from outbox import status as outbox_status
-from shardworker import binding, layout, procs
+from shardworker import binding, layout, logs, procs
 from shardworker.app import App
 from shardworker.children import ChildPool
 from shardworker.config import WorkerConfig
@@ -37,6 +37,8 @@ from shardworker.flusher import FlusherConfig
 from shardworker.flusher_process import FlusherHandle
 from shardworker.heartbeat import Heartbeat
 from shardworker.housekeeping import Housekeeper
+from shardworker.jobstats import JobCounts
+from shardworker.metrics import MetricsServer, WorkerCollector
 from shardworker.parent_outcomes import ParentOutcomes
 from shardworker.pg_store import PgStore, StoreConfig
 from shardworker.retry import Backoff, retry_call
@@ -71,11 +73,16 @@ class Supervisor:
         self.min_jobs, self.max_jobs = config.prefetch_jobs(concurrent)
         self.pool = ChildPool(self._child_configs(), app.handlers, min_jobs=self.min_jobs, max_jobs=self.max_jobs,
                               max_bytes=config.prefetch_bytes, horizon_s=config.prefetch_horizon_s)
-        self.parent_outcomes = ParentOutcomes(config.outbox_dir, config.segment_bytes, app.handlers)
+        self.parent_outcomes = ParentOutcomes(config.outbox_dir, config.segment_bytes, app.handlers,
+                                              self.pool.job_counts)
         self.heartbeat: Heartbeat | None = None
         self.housekeeper = Housekeeper(PgStore(self.store_config), list(app.schedules.values()), config.retention_s,
                                        self._backoff(), prune_interval_s=config.prune_interval_s)
         self.dispatcher: Dispatcher | None = None
+        self.metrics: MetricsServer | None = None
+        if config.metrics_port is not None:
+            self.metrics = MetricsServer(config.metrics_host, config.metrics_port, [WorkerCollector(self)],
+                                         config.metrics_token)
 
     def _child_configs(self) -> list[ChildConfig]:
         c = self.config
@@ -86,6 +93,33 @@ class Supervisor:
     def _backoff(self) -> Backoff:
         return Backoff(self.config.backoff_base_s, self.config.backoff_cap_s)
 
+    # what the metrics read (shardworker.metrics.WorkerView), from the server's thread -------
+
+    @property
+    def outbox_dir(self) -> str:
+        return self.config.outbox_dir
+
+    @property
+    def job_counts(self) -> JobCounts:
+        return self.pool.job_counts
+
+    def claimed_total(self) -> int:
+        return self.dispatcher.claimed_total if self.dispatcher else 0
+
+    def unapplied(self) -> int:
+        return max(0, self.dispatcher.backlog()) if self.dispatcher else 0
+
+    def in_flight(self) -> int:
+        return self.pool.in_flight
+
+    def database_up(self) -> bool:
+        return self.dispatcher.watch.up if self.dispatcher else True
+
+    def flusher_counters(self) -> dict[str, Any]:
+        counters = self.flusher.counters()
+        counters["db_errors"] += self.dispatcher.db_errors if self.dispatcher else 0
+        return counters
+
     # the order of things ---------------------------------------------------------------
 
     def run(self) -> RunSummary:
@@ -93,6 +127,9 @@ class Supervisor:
         lock_fd = layout.lock_outbox(self.config.outbox_dir)
         try:
             self.worker_id = layout.resolve_worker_id(self.config.outbox_dir, self.config.worker_id)
+            logs.set_worker_id(self.worker_id)
+            if self.metrics is not None:
+                self.metrics.start()
             self._install_signals()
             retry_call(self.store.check_schema, "checking the schema", backoff=self._backoff(), log=log,
                        should_stop=lambda: self.stopping)
@@ -119,6 +156,8 @@ class Supervisor:
             return self._shutdown(dispatcher)
         finally:
             self._kill_everything()
+            if self.metrics is not None:
+                self.metrics.stop()
             self.parent_outcomes.close()
             if self.heartbeat is not None:
                 self.heartbeat.stop(wait_s=1.0)

@@ -4,10 +4,11 @@ Pipe messages between the parent and a child are frozen dataclasses; ``encode`` 
 ``decode`` turn them into orjson bytes and back::
 
     parent -> child   Jobs(jobs, slots)    Stop()
-    child -> parent   Done(finished)       Stopped(unstarted)    Fatal(message)
+    child -> parent   Done(finished, stats)    Stopped(unstarted)    Fatal(message)
 
 ``Jobs`` gives each job the progress slot the child marks when it starts it; ``Done``
-names jobs whose outcomes are durable, by (id, attempt); ``Stopped`` lists the jobs a
+names jobs whose outcomes are durable, by (id, attempt), with their counts for the
+metrics (``shardworker.metrics.summarize``); ``Stopped`` lists the jobs a
 stopping child never started; ``Fatal`` is the last error of a child that cannot go on
 (its app does not load, its outbox fails).
 
@@ -57,6 +58,7 @@ class Stop:
 @dataclass(frozen=True, slots=True)
 class Done:
     finished: tuple[JobKey, ...]
+    stats: dict[str, list[float]] | None = None  # the commit's outcomes by kind (metrics.summarize)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +80,7 @@ def encode(msg: Message) -> bytes:
         return orjson.dumps(["jobs", [[j.id, j.kind, j.queue, j.payload_json, j.attempt, j.max_attempts, slot]
                                       for j, slot in zip(msg.jobs, msg.slots, strict=True)]])
     if isinstance(msg, Done):
-        return orjson.dumps(["done", msg.finished])
+        return orjson.dumps(["done", msg.finished, msg.stats])
     if isinstance(msg, Stopped):
         return orjson.dumps(["stopped", msg.unstarted])
     if isinstance(msg, Fatal):
@@ -93,7 +95,7 @@ def decode(data: bytes) -> Message:
     if tag == "jobs":
         return Jobs(tuple(ClaimedJob(*j[:6]) for j in body), tuple(int(j[6]) for j in body))
     if tag == "done":
-        return Done(tuple((int(i), int(a)) for i, a in body))
+        return Done(tuple((int(i), int(a)) for i, a in body), value[2] if len(value) > 2 else None)
     if tag == "stopped":
         return Stopped(tuple((int(i), int(a)) for i, a in body))
     if tag == "fatal":

@@ -86,6 +86,7 @@ class Flusher:
     def __init__(self) -> None:
         self.flushed_total = 0
         self.idle = True
+        self.failing = ""
 
     def check(self) -> None:
         pass

@@ -17,6 +17,7 @@ import pytest
 from outbox import OutboxReader
 from shardworker import wire
 from shardworker.app import App
+from shardworker.jobstats import DURATION_BUCKETS, OUTCOMES, JobCounts
 from shardworker.model import ClaimedJob, Job
 from shardworker.shard import ChildConfig, Progress, ShardRunner, open_writer
 
@@ -163,10 +164,10 @@ def test_a_finished_outcome_is_committed_while_a_slow_handler_runs(tmp_path: Pat
     parent, thread, writer, _ = start_runner(tmp_path, app, time.monotonic, max_records=100, max_delay_s=0.05)
     try:
         parent.send(jobs_msg(job(1), job(2, "block")))
-        assert receive_until(parent, 1) == [wire.Done(((1, 1),))]
+        assert [m.finished for m in receive_until(parent, 1)] == [((1, 1),)]
         assert [o.job_id for o in outcomes(tmp_path)] == [1]  # durable before it was reported
         release.set()
-        assert receive_until(parent, 1) == [wire.Done(((2, 1),))]
+        assert [m.finished for m in receive_until(parent, 1)] == [((2, 1),)]
         parent.send(wire.Stop())
         thread.join(10)
     finally:
@@ -197,7 +198,28 @@ def test_stop_reports_the_jobs_never_started(tmp_path: Path) -> None:
     finally:
         writer.close()
     assert ran == [1]
-    assert messages == [wire.Done(((1, 1),)), wire.Stopped(((2, 1), (3, 1)))]
+    assert isinstance(messages[0], wire.Done) and messages[0].finished == ((1, 1),)
+    assert messages[1] == wire.Stopped(((2, 1), (3, 1)))
+
+
+def test_each_report_carries_its_outcomes_by_kind_for_the_metrics(tmp_path: Path) -> None:
+    """The Done of a commit sums its outcomes per kind (done, retried, failed for good) and
+    their handler seconds; the parent's JobCounts adds the summaries up."""
+    messages, _, _ = run_child(tmp_path, [job(1), job(2), job(3, "boom"), job(4, "boom", attempt=25)],
+                               max_records=100, max_delay_s=60)
+    counts = JobCounts()
+    for msg in messages:
+        assert isinstance(msg, wire.Done) and msg.stats is not None
+        counts.add(msg.stats)
+    rows = counts.snapshot()
+    assert sorted(rows) == ["boom", "ok"]
+    by_outcome = {kind: dict(zip(OUTCOMES, row, strict=False)) for kind, row in rows.items()}
+    assert by_outcome["ok"] == {"done": 2, "failed": 0, "retried": 0, "snoozed": 0, "cancelled": 0}
+    assert by_outcome["boom"] == {"done": 0, "failed": 1, "retried": 1, "snoozed": 0, "cancelled": 0}
+    # Every run lands in exactly one duration bucket; the seconds are real and small.
+    buckets = rows["ok"][len(OUTCOMES) + 1:]
+    assert len(buckets) == len(DURATION_BUCKETS) + 1 and sum(buckets) == 2
+    assert 0 <= rows["ok"][len(OUTCOMES)] < 1.0
 
 
 @pytest.mark.parametrize("kind", ["ok", "boom"])
