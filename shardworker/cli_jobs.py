@@ -7,6 +7,7 @@ and a refused bulk change changes nothing.
 
 from __future__ import annotations
 
+import sys
 from datetime import UTC, datetime, timedelta
 
 import click
@@ -127,7 +128,14 @@ def retry_command(job_ids: tuple[int, ...], failed: bool, kind: str | None, queu
     if not failed and (kind or queue):
         raise jobs_api.JobsError("--kind and --queue go with --failed")
     if failed:
-        _echo_changed("retry", jobs_api.retry_failed(resolve_dsn(dsn), kind=kind, queue=queue), as_json)
+        dsn = resolve_dsn(dsn)
+        tty = sys.stderr.isatty()
+        if tty:  # one all-or-nothing statement: no count until it commits
+            click.echo("queueing failed jobs again…", nl=False, err=True)
+        changed = jobs_api.retry_failed(dsn, kind=kind, queue=queue)
+        if tty:
+            click.echo("\r\033[K", nl=False, err=True)
+        _echo_changed("retry", changed, as_json)
         return
     _change_command("retry", job_ids, as_json, dsn)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import random
 import time
 
@@ -27,3 +28,18 @@ def flaky(job: Job) -> dict[str, object]:
         raise RuntimeError("simulated flaky dependency")
     time.sleep(0.001)
     return {"attempt": job.attempt}
+
+
+@app.handler("demo.outage", max_attempts=3)
+def outage(job: Job) -> dict[str, object]:
+    """A few milliseconds of work, counted from inside: one line per run, appended and
+    fsync'd to this process's ledger (``shardworker demo --outage`` counts re-runs there)."""
+    time.sleep(0.004)
+    path = os.path.join(os.environ["SHARDWORKER_DEMO_LEDGER"], f"runs-{os.getpid()}.log")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, f"{job.id} {job.attempt}\n".encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return {"n": job.payload["n"]}

@@ -378,6 +378,12 @@ class PgStore:
             cur.execute(query("job_stats"))
             return [(q, s, int(n)) for q, s, n in cur.fetchall()]
 
+    def delete_queue(self, queue: str) -> int:
+        """Delete every job of ``queue``, whatever its status; how many."""
+        with self._cursor() as cur:
+            cur.execute(query("queue_delete"), {"queue": queue})
+            return cur.rowcount
+
     def job_counts(self, exact_up_to: int = 1_000_000) -> tuple[list[tuple[str, str, int]], bool]:
         """(queue, status, count) rows, and whether ``done`` is an estimate.
 

@@ -299,6 +299,10 @@ WITH cancelled AS (
 )
 SELECT id FROM cancelled WHERE (SELECT count(*) FROM announced) >= 0;
 
+-- queue_delete --
+-- Delete every job of one queue (the outage demo's fresh start, on its own database).
+DELETE FROM shardworker.jobs WHERE queue = %(queue)s;
+
 -- job_delete --
 -- Delete jobs that are not running; announced, so a wait_for on one of them ends.
 WITH deleted AS (

@@ -1,0 +1,53 @@
+"""``shardworker demo --outage`` as a user runs it: the console script from a project
+directory, its own embedded PostgreSQL stopped and started for real, and a final table
+whose counts come from the handler's own ledger."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from shardworker.embedded import EmbeddedPostgres
+from tests.cli.test_project_dir import shardworker_script
+
+
+def table_rows(stdout: str) -> dict[str, str]:
+    rows = [line for line in stdout.splitlines() if line and not line.startswith("-")]
+    return {line[:22].strip(): line[22:].strip() for line in rows}
+
+
+def test_the_outage_demo_reruns_nothing(tmp_path: Path) -> None:
+    try:
+        run_the_demo_twice(tmp_path)
+    finally:
+        EmbeddedPostgres(tmp_path / ".shardworker" / "outage-demo" / "pgdata").stop("immediate")
+
+
+def run_the_demo_twice(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SHARDWORKER_DSN")}
+    done = subprocess.run([*shardworker_script(), "demo", "--outage", "--jobs", "400", "--outage-seconds", "1.5"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    rows = table_rows(done.stdout)
+    assert (rows["jobs"], rows["handler runs"], rows["re-runs"], rows["final rows"]) == ("400", "400", "0", "done 400")
+    assert float(rows["PostgreSQL down"].split()[0]) >= 1.5
+    assert int(rows["outcomes that waited"].split()[0].replace(",", "")) > 0
+    # Not a terminal: the phases only, no progress line redrawn in place.
+    assert "\r" not in done.stderr and "stopping PostgreSQL mid-run" in done.stderr
+    ledger = tmp_path / ".shardworker" / "outage-demo" / "ledger"
+    runs = [line.split()[0] for f in ledger.iterdir() for line in f.read_text().splitlines()]
+    assert len(runs) == len(set(runs)) == 400
+    # A second run starts afresh on the same server.
+    again = subprocess.run([*shardworker_script(), "demo", "--outage", "--jobs", "50", "--outage-seconds", "0.5"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert table_rows(again.stdout)["final rows"] == "done 50"
+
+
+def test_the_outage_demo_refuses_a_dsn(tmp_path: Path) -> None:
+    refused = subprocess.run([*shardworker_script(), "demo", "--outage", "--dsn", "postgresql://app@db/app"],
+                             cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2
+    assert "runs only on an embedded server of its own: drop --dsn" in refused.stderr
+    assert not (tmp_path / ".shardworker").exists()
