@@ -59,7 +59,7 @@ class Check:
 
     def line(self) -> str:
         label = "FAIL" if self.status is Status.FAIL else self.status.value
-        return f"{label:<4}  {self.name:<9} {self.detail}" + (f" -> {self.action}" if self.action else "")
+        return f"{label:<4}  {self.name:<10} {self.detail}" + (f" -> {self.action}" if self.action else "")
 
     def as_json(self) -> dict[str, Any]:
         return {"check": self.name, "status": self.status.value, "detail": self.detail, "action": self.action,
@@ -224,7 +224,7 @@ def gather_outbox(directory: str) -> OutboxFacts:
     too_open: list[tuple[str, int]] = []
     foreign: list[tuple[str, int]] = []
     for path, st in _walk(directory):
-        rel = os.path.relpath(path, directory)
+        rel = directory if path == directory else os.path.relpath(path, directory)
         if stat.S_IMODE(st.st_mode) & 0o077:
             too_open.append((rel, stat.S_IMODE(st.st_mode)))
         if st.st_uid != owner:
