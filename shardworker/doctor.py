@@ -82,7 +82,7 @@ class DatabaseFacts:
     state: ServerState | None = None
     versions: set[int] | None = None
     schema_error: str | None = None
-    workers: list[dict[str, Any]] = field(default_factory=list)
+    workers: list[dict[str, Any]] | None = None  # None: not readable (no schema, or one too old)
     identity: Binding | None = None
 
 
@@ -101,7 +101,7 @@ def gather_database(dsn: str, *, embedded: bool = False, connect_timeout_s: int 
         versions, schema_error = _attempt(store.schema_versions)
         workers, _ = _attempt(store.workers)
         identity, _ = _attempt(lambda: binding.current(store, embedded=embedded))
-        return DatabaseFacts(where, None, state, versions, schema_error, workers or [], identity)
+        return DatabaseFacts(where, None, state, versions, schema_error, workers, identity)
     finally:
         store.close()
 
@@ -191,7 +191,7 @@ def database_checks(facts: DatabaseFacts) -> list[Check]:
         return checks
     checks += [check_writable(facts.state), check_schema(facts.versions, facts.schema_error),
                check_clock(facts.state)]
-    if facts.versions is not None:
+    if facts.workers is not None:
         checks.append(check_workers(facts.workers))
     return checks
 
