@@ -160,6 +160,19 @@ def test_doctor_on_a_refused_port_fails_fast_without_the_password(tmp_path: Path
     assert "Traceback" not in result.output
 
 
+def test_doctor_on_a_server_that_never_answers_gives_up_within_the_connect_bound(tmp_path: Path) -> None:
+    """A port that accepts TCP but never speaks PostgreSQL (a hung server): FAIL after ~3 s, not a hang."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # the kernel completes the handshake; nobody ever reads or answers
+        started = time.monotonic()
+        code, checks = report("--dsn", f"postgresql://u@127.0.0.1:{silent.getsockname()[1]}/db")
+        elapsed = time.monotonic() - started
+    assert code == 1 and checks["database"]["status"] == "fail", checks
+    assert 2 <= elapsed < 10, elapsed
+    assert checks["outbox"]["status"] == "ok"  # still checked
+
+
 def test_doctor_flags_a_read_only_database(pg_dsn: str) -> None:
     """default_transaction_read_only on: writable FAIL (the flusher could not apply anything)."""
     [(name,)] = query(pg_dsn, "SELECT current_database()")
