@@ -497,6 +497,35 @@ class PgStore:
                                                     "keep_ids": list(keep_ids)})
             return [r[0] for r in cur.fetchall()]
 
+    # doctor --- read-only probes for `shardworker doctor` (shardworker.doctor); nothing written
+
+    def schema_versions(self) -> set[int] | None:
+        """Migration versions recorded as applied; None when the ledger table does not exist."""
+        with self._cursor() as cur:
+            return self._applied_versions(cur)
+
+    def server_state(self) -> ServerState:
+        """The server's clock (bracketed by local times around the round trip) and whether
+        it accepts writes; reads settings only, so it leaves nothing behind."""
+        with self._cursor() as cur:
+            sent = time.time()
+            cur.execute(query("doctor_server_state"))
+            received = time.time()
+            row = cur.fetchone()
+        assert row is not None
+        return ServerState(row[0].timestamp(), sent, received, bool(row[1]), bool(row[2]))
+
+
+@dataclass(frozen=True)
+class ServerState:
+    """What ``PgStore.server_state`` saw: the server's clock and local clocks around the query
+    (epoch seconds), and whether it is a standby or read-only."""
+
+    server_time: float
+    sent_at: float
+    received_at: float
+    in_recovery: bool
+    read_only: bool
 
 
 # enqueue on any connection: the store's own, or one the caller lends -------------------

@@ -375,3 +375,8 @@ UPDATE shardworker.periodic SET last_tick = %(last_tick)s, updated_at = now() WH
 -- periodic_list --
 -- Every schedule's state.
 SELECT name, schedule, last_tick, updated_at FROM shardworker.periodic ORDER BY name;
+
+-- doctor_server_state --
+-- The server's clock as the statement runs, and whether it accepts writes (a standby, or
+-- default_transaction_read_only): settings read, nothing written.
+SELECT clock_timestamp(), pg_is_in_recovery(), current_setting('transaction_read_only') = 'on';

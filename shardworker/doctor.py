@@ -1,0 +1,379 @@
+"""``shardworker doctor``: is this host's worker set up to keep its promise, and if not, what to do.
+
+Two kinds of function: ``gather_database`` and ``gather_outbox`` read facts (the database
+through the store, with a bounded connect timeout; the outbox directory without any lock and
+without writing), and the ``check_*`` functions turn facts into ``Check`` values, pure and
+unit-testable. ``diagnose`` runs them all. The database being down never stops the outbox
+checks: they need no database.
+
+Severity: ``FAIL`` needs action (the command exits 1), ``warn`` deserves a look but needs
+nothing now (a silent worker is rescued by its peers; a skewed clock only shifts what the
+operator reads), ``ok`` is fine.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import pwd
+import shlex
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import outbox
+from outbox.fsutil import is_locked
+from shardworker import binding, layout
+from shardworker.binding import Binding
+from shardworker.dsn import redact_dsn
+from shardworker.errors import ShardworkerError
+from shardworker.schema import available_migrations
+
+if TYPE_CHECKING:
+    from shardworker.pg_store import ServerState
+
+MiB = 1024 * 1024
+CLOCK_SKEW_WARN_S = 5.0  # periodic ticks and heartbeats use the database's clock, outbox ages this host's
+SILENT_AFTER_S = 60.0  # as `shardworker workers --silent-after`: 30 missed heartbeats of 2 s
+PENDING_AGE_WARN_S = 60.0  # a running worker's flusher applies outcomes within milliseconds
+CONNECT_TIMEOUT_S = 3  # a black-holed server is reported within ~3 s, not libpq's default of forever
+_T = TypeVar("_T")
+
+
+class Status(enum.Enum):
+    OK = "ok"
+    WARN = "warn"
+    FAIL = "fail"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One line of the report: what was checked, what was found, and what to do when not ok."""
+
+    name: str
+    status: Status
+    detail: str
+    action: str | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def line(self) -> str:
+        label = "FAIL" if self.status is Status.FAIL else self.status.value
+        return f"{label:<4}  {self.name:<10} {self.detail}" + (f" -> {self.action}" if self.action else "")
+
+    def as_json(self) -> dict[str, Any]:
+        return {"check": self.name, "status": self.status.value, "detail": self.detail, "action": self.action,
+                **self.data}
+
+
+def needs_action(checks: list[Check]) -> bool:
+    return any(c.status is Status.FAIL for c in checks)
+
+
+# database ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DatabaseFacts:
+    """What the database said; ``error`` set when it could not be reached at all."""
+
+    where: str | None  # the DSN, password hidden; None when there is none to check
+    error: str | None = None
+    state: ServerState | None = None
+    versions: set[int] | None = None
+    schema_error: str | None = None
+    workers: list[dict[str, Any]] | None = None  # None: not readable (no schema, or one too old)
+    identity: Binding | None = None
+
+
+def gather_database(dsn: str, *, embedded: bool = False, connect_timeout_s: int = CONNECT_TIMEOUT_S) -> DatabaseFacts:
+    """Connect once (bounded), read the server's state, schema, workers and identity; write nothing."""
+    from shardworker.pg_store import PgStore, StoreConfig
+
+    where = redact_dsn(dsn)
+    store = PgStore(StoreConfig(dsn, connect_timeout_s=connect_timeout_s, statement_timeout_s=10.0,
+                                network_timeout_s=connect_timeout_s * 2))
+    try:
+        try:
+            state = store.server_state()
+        except ShardworkerError as exc:
+            return DatabaseFacts(where, error=str(exc))
+        versions, schema_error = _attempt(store.schema_versions)
+        workers, _ = _attempt(store.workers)
+        identity, _ = _attempt(lambda: binding.current(store, embedded=embedded))
+        return DatabaseFacts(where, None, state, versions, schema_error, workers, identity)
+    finally:
+        store.close()
+
+
+def _attempt(fn: Callable[[], _T]) -> tuple[_T | None, str | None]:
+    """``fn()``'s value, or None and the one-line reason it failed (a missing table, a lost connection)."""
+    try:
+        return fn(), None
+    except ShardworkerError as exc:
+        return None, str(exc)
+
+
+def check_database(facts: DatabaseFacts) -> Check:
+    if facts.where is None:
+        return Check("database", Status.FAIL, f"not checked: {facts.error}",
+                     "pass --dsn (or set SHARDWORKER_DSN)", {"reachable": None})
+    if facts.error is not None:
+        reason = facts.error.removeprefix("database unavailable: ")
+        return Check("database", Status.FAIL, f"unreachable at {facts.where}: {reason}",
+                     "start PostgreSQL or fix --dsn (SHARDWORKER_DSN); the worker keeps outcomes in the outbox "
+                     "meanwhile", {"reachable": False})
+    return Check("database", Status.OK, f"reachable at {facts.where}", None, {"reachable": True})
+
+
+def check_writable(state: ServerState) -> Check:
+    """A standby or a read-only server cannot take outcomes: the flusher would wait for ever."""
+    if state.in_recovery:
+        return Check("writable", Status.FAIL, "the server is a standby (in recovery)",
+                     "point --dsn at the primary", {"writable": False})
+    if state.read_only:
+        return Check("writable", Status.FAIL, "transactions are read-only (default_transaction_read_only)",
+                     "point --dsn at a writable primary, or reset default_transaction_read_only",
+                     {"writable": False})
+    return Check("writable", Status.OK, "primary, read-write", None, {"writable": True})
+
+
+def check_schema(versions: set[int] | None, error: str | None = None) -> Check:
+    known = {m.version for m in available_migrations()}
+    needed = max(known)
+    if versions is None:
+        why = error or "no shardworker schema in this database"
+        return Check("schema", Status.FAIL, why.removesuffix(": run `shardworker migrate`"),
+                     "run `shardworker migrate`", {"applied": None, "needed": needed})
+    current = max(versions, default=0)
+    data = {"applied": current, "needed": needed}
+    missing = sorted(known - versions)
+    if missing:
+        return Check("schema", Status.FAIL, f"at version {current}, this code needs {needed} (missing "
+                     f"{', '.join(map(str, missing))})", "run `shardworker migrate`", data)
+    unknown = sorted(versions - known)
+    if unknown:
+        return Check("schema", Status.WARN, f"the database has migrations this code does not know "
+                     f"({', '.join(map(str, unknown))})", "upgrade shardworker on this host", data)
+    return Check("schema", Status.OK, f"version {current} (every migration applied)", None, data)
+
+
+def check_clock(state: ServerState, warn_s: float = CLOCK_SKEW_WARN_S) -> Check:
+    """Skew = the server's clock minus this host's at the midpoint of the round trip, which
+    bounds the error to half the round trip."""
+    skew = state.server_time - (state.sent_at + state.received_at) / 2
+    margin = (state.received_at - state.sent_at) / 2
+    data = {"skew_s": round(skew, 3), "uncertainty_s": round(margin, 3)}
+    text = f"{abs(skew):.3f} s {'ahead of' if skew > 0 else 'behind'} this host (+-{margin:.3f} s)"
+    if abs(skew) - margin > warn_s:
+        return Check("clock", Status.WARN, f"the database's clock is {text}",
+                     "sync both clocks (NTP): periodic jobs and heartbeats follow the database's clock, "
+                     "outbox ages this host's", data)
+    return Check("clock", Status.OK, f"database {text}", None, data)
+
+
+def check_workers(rows: list[dict[str, Any]], silent_after_s: float = SILENT_AFTER_S) -> Check:
+    silent = [r for r in rows if r["silent_s"] > silent_after_s]
+    data = {"workers": len(rows), "silent": [r["worker_id"] for r in silent]}
+    if not silent:
+        return Check("workers", Status.OK, f"{len(rows)} registered, none silent", None, data)
+    names = ", ".join(f"{r['worker_id']} on {r['hostname']} ({r['silent_s']:.0f} s)" for r in silent[:5])
+    more = f" and {len(silent) - 5} more" if len(silent) > 5 else ""
+    return Check("workers", Status.WARN, f"{len(silent)} of {len(rows)} silent for over {silent_after_s:.0f} s: "
+                 f"{names}{more}", "check those hosts; restart a stopped worker there (its outbox is drained at "
+                 "start); a host gone for good has its running jobs rescued after --rescue-after", data)
+
+
+def database_checks(facts: DatabaseFacts) -> list[Check]:
+    """The database's checks; only the first when it is unreachable (the rest need it)."""
+    checks = [check_database(facts)]
+    if facts.state is None:
+        return checks
+    checks += [check_writable(facts.state), check_schema(facts.versions, facts.schema_error),
+               check_clock(facts.state)]
+    if facts.workers is not None:
+        checks.append(check_workers(facts.workers))
+    return checks
+
+
+# outbox directory ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OutboxFacts:
+    """What the outbox directory holds; ``exists`` False leaves the rest at their defaults."""
+
+    directory: str
+    exists: bool
+    owner: int = -1
+    too_open: list[tuple[str, int]] = field(default_factory=list)  # (path relative to it, mode)
+    foreign: list[tuple[str, int]] = field(default_factory=list)  # (path relative to it, owner uid)
+    free_bytes: int = 0
+    status: outbox.OutboxStatus | None = None
+    worker_running: bool = False
+    bound: Binding | None = None
+    binding_error: str | None = None
+
+
+def gather_outbox(directory: str) -> OutboxFacts:
+    """Read the directory: modes and owners of everything in it, free space, pending records,
+    the worker lock (a probe, never held) and the binding. No lock taken, nothing written."""
+    if not os.path.isdir(directory):
+        return OutboxFacts(directory, False)
+    owner = os.stat(directory).st_uid
+    too_open: list[tuple[str, int]] = []
+    foreign: list[tuple[str, int]] = []
+    for path, st in _walk(directory):
+        rel = directory if path == directory else os.path.relpath(path, directory)
+        if stat.S_IMODE(st.st_mode) & 0o077:
+            too_open.append((rel, stat.S_IMODE(st.st_mode)))
+        if st.st_uid != owner:
+            foreign.append((rel, st.st_uid))
+    bound, binding_error = _attempt(lambda: binding.bound_to(directory))
+    return OutboxFacts(directory, True, owner, too_open, foreign, outbox.free_bytes(directory),
+                       outbox.status(directory), is_locked(os.path.join(directory, layout.WORKER_LOCK)),
+                       bound, binding_error)
+
+
+def _walk(directory: str) -> list[tuple[str, os.stat_result]]:
+    """Every entry under ``directory`` and itself, links not followed."""
+    found = [(directory, os.lstat(directory))]
+    for root, dirs, files in os.walk(directory):
+        found += [(os.path.join(root, name), os.lstat(os.path.join(root, name))) for name in dirs + files]
+    return found
+
+
+def check_outbox_dir(facts: OutboxFacts, given: bool) -> Check:
+    """A missing directory is fine (nothing pending) unless the user named it: then it is a typo
+    or the wrong host."""
+    if not facts.exists:
+        if given:
+            return Check("outbox", Status.FAIL, f"no outbox directory at {facts.directory}",
+                         "check --outbox-dir (SHARDWORKER_OUTBOX_DIR): it must be the worker's", {"exists": False})
+        return Check("outbox", Status.OK, f"no outbox directory at {facts.directory} (nothing pending)", None,
+                     {"exists": False})
+    return Check("outbox", Status.OK, f"directory {facts.directory}", None, {"exists": True})
+
+
+def check_permissions(facts: OutboxFacts, me: int | None = None) -> Check:
+    """Directories 0700 and files 0600 (outcomes hold job results), all of one owner."""
+    me = os.geteuid() if me is None else me
+    quoted = shlex.quote(facts.directory)
+    data = {"owner": _user(facts.owner), "too_open": [p for p, _ in facts.too_open],
+            "foreign": [p for p, _ in facts.foreign]}
+    if facts.too_open:
+        listed = ", ".join(f"{p} ({m:04o})" for p, m in facts.too_open[:3])
+        more = f" and {len(facts.too_open) - 3} more" if len(facts.too_open) > 3 else ""
+        return Check("modes", Status.FAIL, f"open to other users: {listed}{more} (directories must be 0700, "
+                     f"files 0600)", f"run `chmod -R go= {quoted}`", data)
+    if facts.foreign:
+        listed = ", ".join(f"{p} ({_user(uid)})" for p, uid in facts.foreign[:3])
+        return Check("modes", Status.FAIL, f"not owned by the directory's owner {_user(facts.owner)}: {listed}",
+                     f"run `chown -R {_user(facts.owner)} {quoted}` (and run the worker and drain as that user)",
+                     data)
+    if me not in (0, facts.owner):
+        return Check("modes", Status.WARN, f"owned by {_user(facts.owner)}, not by you ({_user(me)})",
+                     f"run the worker and `outbox drain` as {_user(facts.owner)}", data)
+    return Check("modes", Status.OK, f"0700/0600, owned by {_user(facts.owner)}", None, data)
+
+
+def _user(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def check_free_space(facts: OutboxFacts, min_free_bytes: int) -> Check:
+    """The worker stops claiming below its --min-free-mb; warn within twice that."""
+    free_mb, floor_mb = facts.free_bytes / MiB, min_free_bytes / MiB
+    data = {"free_bytes": facts.free_bytes, "min_free_bytes": min_free_bytes}
+    if facts.free_bytes < min_free_bytes:
+        return Check("disk", Status.FAIL, f"{free_mb:.0f} MiB free, under --min-free-mb {floor_mb:.0f}: the worker "
+                     "claims nothing", "free space on the outbox's file system", data)
+    if facts.free_bytes < 2 * min_free_bytes:
+        return Check("disk", Status.WARN, f"{free_mb:.0f} MiB free, near --min-free-mb {floor_mb:.0f}",
+                     "free space on the outbox's file system before the worker stops claiming", data)
+    return Check("disk", Status.OK, f"{free_mb:.0f} MiB free (--min-free-mb {floor_mb:.0f})", None, data)
+
+
+def check_pending(facts: OutboxFacts, age_warn_s: float = PENDING_AGE_WARN_S) -> Check:
+    """Outcomes waiting in the outbox; with no worker (or drain) on the directory, nobody applies them."""
+    assert facts.status is not None
+    shards = facts.status.shards
+    count, nbytes = facts.status.pending, sum(s.pending_bytes for s in shards)
+    ages = [s.oldest_age_s for s in shards if s.oldest_age_s is not None]
+    oldest = max(ages, default=None)
+    data = {"pending": count, "bytes": nbytes, "oldest_age_s": oldest, "worker_running": facts.worker_running}
+    if not count:
+        return Check("pending", Status.OK, "no outcomes pending", None, data)
+    text = f"{count} outcome(s) pending ({nbytes} bytes, oldest {oldest or 0:.0f} s)"
+    if not facts.worker_running:
+        return Check("pending", Status.FAIL, f"{text} and no worker running on it",
+                     f"run `shardworker outbox drain --outbox-dir {shlex.quote(facts.directory)}` with the --dsn "
+                     "it belongs to, or start the worker", data)
+    if oldest is not None and oldest > age_warn_s:
+        return Check("pending", Status.WARN, f"{text}; a worker runs but they wait",
+                     "check that the worker reaches its database (its log says why it waits)", data)
+    return Check("pending", Status.OK, f"{text}; a worker is applying them", None, data)
+
+
+def check_binding(facts: OutboxFacts, here: Binding | None, reachable: bool) -> Check:
+    """The database the outbox belongs to, against the one --dsn reaches."""
+    if facts.binding_error is not None:
+        return Check("bound-to", Status.FAIL, facts.binding_error, "restore database.json", {"bound": None})
+    bound = facts.bound
+    if bound is None:
+        return Check("bound-to", Status.OK, "no database yet (a worker records its database at first start)", None,
+                     {"bound": None})
+    data = {"bound": {"instance": bound.instance, "database": bound.database, "server": bound.server},
+            "matches": None if here is None else bound.same_database(here)}
+    if here is None:
+        if not reachable:
+            return Check("bound-to", Status.WARN, f"{bound.describe()}; not compared (database unreachable)",
+                         "run doctor again once the database is back", data)
+        return Check("bound-to", Status.WARN, f"{bound.describe()}; not compared (no shardworker schema there)",
+                     "run `shardworker migrate` if --dsn is the right database", data)
+    if not bound.same_database(here):
+        return Check("bound-to", Status.FAIL, f"{bound.describe()}, but --dsn reaches {here.describe()}",
+                     "point --dsn at the database this outbox belongs to (or use another --outbox-dir)", data)
+    return Check("bound-to", Status.OK, f"{bound.describe()}, the database --dsn reaches", None, data)
+
+
+def check_quarantine(facts: OutboxFacts) -> Check:
+    assert facts.status is not None
+    names = facts.status.quarantined
+    if not names:
+        return Check("quarantine", Status.OK, "no quarantined segments", None, {"quarantined": []})
+    listed = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return Check("quarantine", Status.FAIL, f"{len(names)} corrupt segment(s) set aside, their outcomes not "
+                 f"applied: {listed}", f"inspect with `shardworker outbox verify --outbox-dir "
+                 f"{shlex.quote(facts.directory)}` (their jobs were requeued: {layout.LOST_LOG}), then move them "
+                 "out of quarantine/", {"quarantined": names})
+
+
+def outbox_checks(facts: OutboxFacts, *, given: bool, min_free_bytes: int, here: Binding | None,
+                  reachable: bool) -> list[Check]:
+    checks = [check_outbox_dir(facts, given)]
+    if not facts.exists:
+        return checks
+    return [*checks, check_permissions(facts), check_free_space(facts, min_free_bytes), check_pending(facts),
+            check_binding(facts, here, reachable), check_quarantine(facts)]
+
+
+# all of it -------------------------------------------------------------------------------
+
+
+def diagnose(dsn: str | None, outbox_dir: str, *, outbox_dir_given: bool, min_free_bytes: int,
+             embedded: bool = False, dsn_error: str | None = None) -> list[Check]:
+    """Every check, the database's first. ``dsn_error``: why there is no database to check."""
+    db = gather_database(dsn, embedded=embedded) if dsn else DatabaseFacts(None, error=dsn_error or "no DSN")
+    checks = database_checks(db)
+    try:
+        facts = gather_outbox(outbox_dir)
+    except (OSError, outbox.OutboxError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        return [*checks, Check("outbox", Status.FAIL, f"cannot read {outbox_dir}: {reason}",
+                               "run doctor as the user the worker runs as")]
+    return checks + outbox_checks(facts, given=outbox_dir_given, min_free_bytes=min_free_bytes,
+                                  here=db.identity, reachable=db.error is None)
