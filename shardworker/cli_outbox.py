@@ -84,7 +84,9 @@ def drain(outbox_dir: str, timeout: float, dsn: str | None) -> None:
 
     total = outbox_status(outbox_dir).pending if os.path.isdir(outbox_dir) else 0
     dsn = _drain_dsn(outbox_dir, dsn, total)
-    with click.progressbar(length=max(total, 1), label="draining", file=sys.stderr) as bar:
+    # A bar on a terminal; nothing at all when stderr is a pipe or a file.
+    with click.progressbar(length=max(total, 1), label="draining", file=sys.stderr,
+                           hidden=not sys.stderr.isatty()) as bar:
         done = [0]
 
         def progress(stats: object, _held: int) -> None:

@@ -7,6 +7,7 @@ import os
 import pty
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.helpers import enqueue, execute
 
@@ -60,3 +61,13 @@ def test_retry_failed_says_what_it_does_on_a_terminal_only(pg_dsn: str) -> None:
     execute(pg_dsn, "UPDATE shardworker.jobs SET status = 'failed'")
     code, out, err = run_on(pg_dsn, "jobs", "retry", "--failed", tty=False)
     assert (code, out, err) == (0, "5 jobs queued again\n", "")
+
+
+def test_drain_draws_no_bar_into_a_pipe(pg_dsn: str, tmp_path: Path) -> None:
+    outbox_dir = tmp_path / "outbox"
+    outbox_dir.mkdir(mode=0o700)
+    code, out, err = run_on(pg_dsn, "outbox", "drain", "--outbox-dir", str(outbox_dir), tty=False)
+    assert code == 0, err
+    assert out.startswith("drained 0 outcomes") and "draining" not in err
+    code, out, err = run_on(pg_dsn, "outbox", "drain", "--outbox-dir", str(outbox_dir), tty=True)
+    assert code == 0 and "draining" in err
