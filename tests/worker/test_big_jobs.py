@@ -121,7 +121,8 @@ class SlowWriter:
 def test_committer_holds_handlers_back_once_its_byte_budget_waits_behind_a_commit() -> None:
     writer = SlowWriter()
     reported: list[list[wire.JobKey]] = []
-    committer = Committer(writer, reported.append, max_records=100, max_delay_s=0.0, max_bytes=3 * MiB)
+    committer = Committer(writer, lambda keys, _stats: reported.append(keys), max_records=100, max_delay_s=0.0,
+                          max_bytes=3 * MiB)
     committer.start()
     record = b"x" * MiB
     added: list[int] = []
