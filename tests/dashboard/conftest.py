@@ -16,9 +16,15 @@ import httpx
 import pytest
 
 from tests.conftest import free_port
-from tests.helpers import REPO
+from tests.helpers import REPO, execute
 
 STARTUP_TIMEOUT_S = 15.0
+
+
+def fail(dsn: str, job_id: int, error: str = "ValueError: boom") -> None:
+    """Make a job failed as a worker leaves it: attempts used up, the error kept."""
+    execute(dsn, "UPDATE shardworker.jobs SET status = 'failed', attempt = 1, max_attempts = 1, last_error = %s, "
+                 "attempted_at = now(), finished_at = now() WHERE id = %s", error, job_id)
 
 
 @dataclass(frozen=True)

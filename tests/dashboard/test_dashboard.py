@@ -13,14 +13,8 @@ import httpx
 
 from shardworker.dashboard import data
 from tests.conftest import free_port
-from tests.dashboard.conftest import Dashboard, command, dashboard_env, running_dashboard
+from tests.dashboard.conftest import Dashboard, command, dashboard_env, fail, running_dashboard
 from tests.helpers import enqueue, execute, query
-
-
-def fail(dsn: str, job_id: int, error: str = "ValueError: boom") -> None:
-    """Make a job failed as a worker leaves it: attempts used up, the error kept."""
-    execute(dsn, "UPDATE shardworker.jobs SET status = 'failed', attempt = 1, max_attempts = 1, last_error = %s, "
-                 "attempted_at = now(), finished_at = now() WHERE id = %s", error, job_id)
 
 
 def status(dsn: str, job_id: int) -> str:
