@@ -6,12 +6,27 @@ that is not loopback without a token: the page can retry and cancel jobs.
 
 from __future__ import annotations
 
+import socket
 import sys
 
 import click
 
 from shardworker.cli_common import dsn_option, one_line_errors, resolve_dsn
 from shardworker.dashboard.security import LOOPBACK_HOSTS, is_loopback
+from shardworker.errors import ConfigError
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The listening socket, bound here so that a port in use is one line and exit 1."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    return sock
 
 
 def _usage_error(message: str) -> None:
@@ -43,7 +58,9 @@ def dashboard(host: str, port: int, token: str | None, dsn: str | None) -> None:
 
     dsn = resolve_dsn(dsn)
     app = create_app(dsn, token=token, allowed_hosts=LOOPBACK_HOSTS if loopback else None)
+    sock = _listen(host, port)
     shown = f"[{host}]" if ":" in host else host
     click.echo(f"dashboard on http://{shown}:{port}/ (database {redact_dsn(dsn)}"
                f"{'; token required' if token else ''})", err=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, server_header=False)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, server_header=False)
+    uvicorn.Server(config).run(sockets=[sock])

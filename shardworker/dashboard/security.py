@@ -84,12 +84,13 @@ def unauthorized(_conn: HTTPConnection, exc: Exception) -> Response:
 
 
 def same_origin(request: Request) -> bool:
-    """Whether the request's Origin (or Referer) is this host, as the browser addressed it."""
+    """Whether the request's Origin (or Referer) names this host and port, as the browser
+    addressed it. The scheme is not compared: behind a TLS proxy the page is https while
+    uvicorn sees http, and a page on another host or port is cross-site either way."""
     source = request.headers.get("origin") or request.headers.get("referer")
     if not source or source == "null":
         return False
-    parts = urlsplit(source)
-    return parts.scheme == request.url.scheme and parts.netloc.lower() == request.headers.get("host", "").lower()
+    return urlsplit(source).netloc.lower() == request.headers.get("host", "").lower()
 
 
 class SameOriginPosts(BaseHTTPMiddleware):

@@ -5,6 +5,7 @@ the retry and cancel buttons, a 404 page, and a banner when the database is away
 from __future__ import annotations
 
 import base64
+import socket
 import subprocess
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -117,6 +118,17 @@ def test_non_loopback_bind_without_a_token_is_refused(pg_dsn: str) -> None:
     empty = subprocess.run(command(pg_dsn, free_port(), "--token", " "), env=dashboard_env(), capture_output=True,
                            timeout=30)
     assert empty.returncode == 2 and b"--token is empty" in empty.stderr
+
+
+def test_a_port_in_use_is_one_line_and_exit_1(pg_dsn: str) -> None:
+    """Another process on the port: the command says so in one line and exits 1."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(command(pg_dsn, port), env=dashboard_env(), capture_output=True, timeout=30)
+    assert done.returncode == 1, done
+    assert done.stderr.decode().strip() == f"error: cannot listen on 127.0.0.1:{port}: Address already in use"
 
 
 def test_a_token_is_required_of_every_request(pg_dsn: str, tmp_path: Path) -> None:
