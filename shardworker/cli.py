@@ -235,6 +235,7 @@ from shardworker.cli_doctor import doctor  # noqa: E402
 from shardworker.cli_jobs import jobs  # noqa: E402
 from shardworker.cli_ops import periodic, prune, workers  # noqa: E402
 from shardworker.cli_outbox import outbox  # noqa: E402  (registers the outbox group)
+from shardworker.dashboard.command import dashboard  # noqa: E402
 
 main.add_command(outbox)
 main.add_command(demo)
@@ -243,3 +244,4 @@ main.add_command(prune)
 main.add_command(workers)
 main.add_command(periodic)
 main.add_command(doctor)
+main.add_command(dashboard)

@@ -804,3 +804,21 @@ def _idle_connection(conn: Any) -> psycopg.Connection[Any]:
         raise JobsError("wait_for needs a connection outside a transaction: PostgreSQL delivers "
                         "notifications only between transactions")
     return conn
+
+
+# dashboard ---------------------------------------------------------------------------------
+# Read-only queries for `shardworker dashboard`, on a connection or a DSN like the jobs API.
+
+def dashboard_kind_counts(conn_or_dsn: Any) -> list[tuple[str, str, str, int]]:
+    """(queue, kind, status, count) rows: every unfinished, failed and cancelled job, and
+    ``done_1h`` for jobs done in the last hour (no statement reads the whole table)."""
+    with cursor_for(conn_or_dsn, transaction=False) as cur:
+        cur.execute(query("dashboard_kind_counts"))
+        return [(str(q), str(k), str(s), int(n)) for q, k, s, n in cur.fetchall()]
+
+
+def dashboard_finished_per_minute(conn_or_dsn: Any) -> list[tuple[datetime, int, int]]:
+    """(minute, done, failed) for each of the last 60 minutes, oldest first, zeros included."""
+    with cursor_for(conn_or_dsn, transaction=False) as cur:
+        cur.execute(query("dashboard_finished_per_minute"))
+        return [(m, int(d), int(f)) for m, d, f in cur.fetchall()]

@@ -380,3 +380,38 @@ SELECT name, schedule, last_tick, updated_at FROM shardworker.periodic ORDER BY 
 -- The server's clock as the statement runs, and whether it accepts writes (a standby, or
 -- default_transaction_read_only): settings read, nothing written.
 SELECT clock_timestamp(), pg_is_in_recovery(), current_setting('transaction_read_only') = 'on';
+
+-- dashboard_kind_counts --
+-- The dashboard's counts by queue, kind and status, cheap however big the table: queued,
+-- running, failed and cancelled counted exactly, each status through its partial index, and
+-- done only over the last hour through jobs_finished_idx (reported as status 'done_1h').
+SELECT queue, kind, 'queued', count(*) FROM shardworker.jobs WHERE status = 'queued' GROUP BY queue, kind
+UNION ALL
+SELECT queue, kind, 'running', count(*) FROM shardworker.jobs WHERE status = 'running' GROUP BY queue, kind
+UNION ALL
+SELECT queue, kind, 'failed', count(*) FROM shardworker.jobs WHERE status = 'failed' GROUP BY queue, kind
+UNION ALL
+SELECT queue, kind, 'cancelled', count(*) FROM shardworker.jobs WHERE status = 'cancelled' GROUP BY queue, kind
+UNION ALL
+SELECT queue, kind, 'done_1h', count(*) FROM shardworker.jobs
+WHERE status = 'done' AND finished_at >= now() - interval '1 hour'
+GROUP BY queue, kind;
+
+-- dashboard_finished_per_minute --
+-- Jobs that ended in each of the last 60 minutes (the current one last), done and failed
+-- apart: a range scan of jobs_finished_idx over one hour, so the cost follows the hour's
+-- throughput, not the table's size. Minutes with none are zeros.
+WITH ended AS (
+    SELECT date_trunc('minute', finished_at) AS minute,
+           count(*) FILTER (WHERE status = 'done') AS done,
+           count(*) FILTER (WHERE status = 'failed') AS failed
+    FROM shardworker.jobs
+    WHERE status IN ('done', 'failed', 'cancelled')
+      AND finished_at >= date_trunc('minute', now()) - interval '59 minutes'
+    GROUP BY 1
+)
+SELECT m.minute, coalesce(e.done, 0), coalesce(e.failed, 0)
+FROM generate_series(date_trunc('minute', now()) - interval '59 minutes', date_trunc('minute', now()),
+                     interval '1 minute') AS m(minute)
+LEFT JOIN ended e USING (minute)
+ORDER BY m.minute;

@@ -1,0 +1,141 @@
+"""The dashboard's Starlette app: pages, the fragments they refresh, and the two buttons.
+
+Routes: ``/`` (counts, throughput, workers, failed and recent jobs), ``/jobs/{id}`` (one
+job), ``/live/...`` (the same bodies alone, which ``static/dashboard.js`` swaps in every
+few seconds), ``POST /jobs/{id}/retry`` and ``/cancel``. Database calls block, so each runs
+in Starlette's thread pool with a connection of its own (``data``); a database that is
+away, or a schema that is missing, becomes a banner on the page (503), never a traceback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.authentication import AuthenticationMiddleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+
+from shardworker.dashboard import data
+from shardworker.dashboard.chart import HEIGHT, WIDTH, chart
+from shardworker.dashboard.security import SameOriginPosts, TokenAuth, unauthorized
+from shardworker.errors import JobsError, ShardworkerError
+
+HERE = Path(__file__).parent
+REFRESH_MS = 2000
+DONE = {"retry": "queued again", "cancel": "cancelled"}
+
+
+def when(value: datetime | None) -> str:
+    return "" if value is None else f"{value.astimezone(UTC):%Y-%m-%d %H:%M:%S}"
+
+
+def ago(seconds: float) -> str:
+    return f"{seconds:.0f}s ago" if seconds < 120 else f"{seconds / 60:.0f}m ago"
+
+
+def pretty(value: Any) -> str:
+    return orjson.dumps(value, option=orjson.OPT_INDENT_2).decode()
+
+
+def _templates() -> Jinja2Templates:
+    templates = Jinja2Templates(directory=str(HERE / "templates"))
+    templates.env.filters.update(when=when, ago=ago, pretty=pretty,
+                                 first_line=lambda text: (text or "").splitlines()[0] if text else "")
+    templates.env.globals.update(refresh_ms=REFRESH_MS, chart_width=WIDTH, chart_height=HEIGHT)
+    return templates
+
+
+class Dashboard:
+    """The endpoints, bound to one database."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.templates = _templates()
+
+    async def _load(self, fn: Callable[..., Any], *args: Any) -> tuple[Any, str | None]:
+        """``fn(dsn, *args)`` in the thread pool: (its value, None), or (None, why the database said no)."""
+        try:
+            return await run_in_threadpool(fn, self.dsn, *args), None
+        except JobsError:
+            raise
+        except ShardworkerError as exc:
+            return None, str(exc)
+
+    def _render(self, request: Request, name: str, status: int = 200, **context: Any) -> Response:
+        return self.templates.TemplateResponse(request, name, context, status_code=status)
+
+    async def overview(self, request: Request) -> Response:
+        found, db_error = await self._load(data.overview)
+        page = "_overview.html" if request.url.path.startswith("/live/") else "overview.html"
+        return self._render(request, page, 503 if db_error else 200, o=found,
+                            chart=chart(found.minutes) if found else None, db_error=db_error,
+                            notice=self._notice(request))
+
+    async def job(self, request: Request) -> Response:
+        job_id = int(request.path_params["job_id"])
+        found, db_error = await self._load(data.job, job_id)
+        if found is None and db_error is None:
+            raise HTTPException(404, f"no job {job_id}")
+        page = "_job.html" if request.url.path.startswith("/live/") else "job.html"
+        return self._render(request, page, 503 if db_error else 200, job=found, job_id=job_id,
+                            db_error=db_error, notice=self._notice(request))
+
+    async def change(self, request: Request) -> Response:
+        """A retry or cancel button: back where it was pressed, or the job's page with why not (409)."""
+        action, job_id = request.path_params["action"], int(request.path_params["job_id"])
+        if action not in DONE:
+            raise HTTPException(404, f"no such button: {action}")
+        back = "/" if request.query_params.get("back") == "overview" else f"/jobs/{job_id}"
+        try:
+            _, db_error = await self._load(data.change, action, job_id)
+        except JobsError as exc:
+            found, db_error = await self._load(data.job, job_id)
+            if found is None and db_error is None:
+                raise HTTPException(404, f"no job {job_id}") from None
+            return self._render(request, "job.html", 409, job=found, job_id=job_id, db_error=db_error,
+                                notice=None, refused=str(exc))
+        if db_error:
+            return self._render(request, "error.html", 503, db_error=db_error, notice=None)
+        return RedirectResponse(f"{back}?done={action}&job={job_id}", status_code=303)
+
+    @staticmethod
+    def _notice(request: Request) -> str | None:
+        """The line a redirect after a button asks for (fixed text: nothing of the query is echoed)."""
+        action, job_id = request.query_params.get("done"), request.query_params.get("job", "")
+        return f"job {int(job_id)} {DONE[action]}" if action in DONE and job_id.isdigit() else None
+
+    async def not_found(self, request: Request, exc: Exception) -> Response:
+        detail = exc.detail if isinstance(exc, HTTPException) else "not found"
+        return self._render(request, "not_found.html", 404, detail=detail, db_error=None, notice=None)
+
+
+def create_app(dsn: str, *, token: str | None = None, allowed_hosts: Sequence[str] | None = None) -> Starlette:
+    """The dashboard over ``dsn``; ``token`` (if any) is required of every request, and only
+    ``allowed_hosts`` may be named in the Host header (None: any)."""
+    board = Dashboard(dsn)
+    routes = [
+        Route("/", board.overview),
+        Route("/live/overview", board.overview),
+        Route("/jobs/{job_id:int}", board.job),
+        Route("/live/jobs/{job_id:int}", board.job),
+        Route("/jobs/{job_id:int}/{action:str}", board.change, methods=["POST"]),
+        Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
+    ]
+    middleware = [
+        Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts or ["*"])),
+        Middleware(AuthenticationMiddleware, backend=TokenAuth(token), on_error=unauthorized),
+        Middleware(SameOriginPosts),
+    ]
+    return Starlette(routes=routes, middleware=middleware, exception_handlers={404: board.not_found})

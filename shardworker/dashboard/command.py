@@ -1,0 +1,66 @@
+"""``shardworker dashboard``: serve the web dashboard with uvicorn.
+
+It binds 127.0.0.1 unless told otherwise, and refuses (one line, exit 2) to bind anything
+that is not loopback without a token: the page can retry and cancel jobs.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+
+import click
+
+from shardworker.cli_common import dsn_option, one_line_errors, resolve_dsn
+from shardworker.dashboard.security import LOOPBACK_HOSTS, is_loopback
+from shardworker.errors import ConfigError
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The listening socket, bound here so that a port in use is one line and exit 1."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    return sock
+
+
+def _usage_error(message: str) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(2)
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to bind; anything but loopback needs --token.")
+@click.option("--port", type=click.IntRange(min=1, max=65535), default=8080, show_default=True, help="TCP port.")
+@click.option("--token", envvar="SHARDWORKER_DASHBOARD_TOKEN", default=None,
+              help="Secret every request must present, as a Bearer token or a basic-auth password "
+                   "(env SHARDWORKER_DASHBOARD_TOKEN, which keeps it out of ps).")
+@dsn_option
+@one_line_errors
+def dashboard(host: str, port: int, token: str | None, dsn: str | None) -> None:
+    """Web dashboard: counts, throughput, workers, failed jobs with retry and cancel."""
+    if token is not None and not token.strip():
+        _usage_error("--token is empty")
+    loopback = is_loopback(host)
+    if not loopback and not token:
+        _usage_error(f"--host {host} is reachable from other machines: set --token "
+                     "(or SHARDWORKER_DASHBOARD_TOKEN), or bind 127.0.0.1")
+    import uvicorn
+
+    from shardworker.dashboard.app import create_app
+    from shardworker.dsn import redact_dsn
+
+    dsn = resolve_dsn(dsn)
+    app = create_app(dsn, token=token, allowed_hosts=LOOPBACK_HOSTS if loopback else None)
+    sock = _listen(host, port)
+    shown = f"[{host}]" if ":" in host else host
+    click.echo(f"dashboard on http://{shown}:{port}/ (database {redact_dsn(dsn)}"
+               f"{'; token required' if token else ''})", err=True)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, server_header=False)
+    uvicorn.Server(config).run(sockets=[sock])

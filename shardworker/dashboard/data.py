@@ -1,0 +1,98 @@
+"""What the dashboard shows, gathered from PostgreSQL in plain values.
+
+Each call opens one connection of its own (short timeouts: a dashboard must not hang on a
+database that is away), runs its queries and closes it; ``shardworker.errors`` exceptions
+(``DatabaseUnavailable``, ``SchemaMissing``...) reach the caller, which shows a banner.
+These functions block: the web app runs them in its thread pool.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from shardworker import jobs, pg_store
+from shardworker.jobs import STATUSES, JobInfo
+
+FAILED_SHOWN = 20
+RECENT_SHOWN = 15
+LIVE_AFTER_S = 60.0  # as `shardworker workers --silent-after`: a heartbeat older than this is not live
+KIND_STATUSES = ("queued", "running", "failed", "cancelled", "done_1h")
+# Up to this many rows (the planner's estimate) done is counted exactly, a scan of ~20 ms;
+# above it, estimated as `stats` does past a million: an open page asks every 2 s.
+EXACT_UP_TO = 100_000
+
+
+@dataclass(frozen=True)
+class Counts:
+    """One row of a counts table: a queue (and kind) with a count per status."""
+
+    queue: str
+    kind: str | None
+    by_status: dict[str, int]
+
+
+@dataclass(frozen=True)
+class Minute:
+    start: datetime
+    done: int
+    failed: int
+
+
+@dataclass(frozen=True)
+class Overview:
+    queues: list[Counts]
+    totals: dict[str, int]
+    done_estimated: bool
+    kinds: list[Counts]
+    minutes: list[Minute]
+    failed: list[JobInfo]
+    recent: list[JobInfo]
+    workers: list[dict[str, Any]]
+
+
+@contextlib.contextmanager
+def connection(dsn: str) -> Iterator[tuple[Any, Any]]:
+    """(store, its connection), opened here and closed on the way out."""
+    store = pg_store.PgStore(pg_store.StoreConfig(dsn, connect_timeout_s=3, statement_timeout_s=10,
+                                                  application_name="shardworker-dashboard"))
+    try:
+        yield store, store.connection()
+    finally:
+        store.close()
+
+
+def overview(dsn: str) -> Overview:
+    """Everything the front page shows, read on one connection."""
+    with connection(dsn) as (store, conn):
+        rows, estimated = store.job_counts(exact_up_to=EXACT_UP_TO)
+        kind_rows = pg_store.dashboard_kind_counts(conn)
+        minutes = [Minute(*m) for m in pg_store.dashboard_finished_per_minute(conn)]
+        failed = jobs.list_jobs(conn, status="failed", limit=FAILED_SHOWN)
+        recent = jobs.list_jobs(conn, limit=RECENT_SHOWN)
+        workers = [w for w in store.workers() if w["silent_s"] <= LIVE_AFTER_S]
+    queues = _group(((q, None, s, n) for q, s, n in rows), STATUSES)
+    totals = {s: sum(c.by_status[s] for c in queues) for s in STATUSES}
+    return Overview(queues, totals, estimated, _group(kind_rows, KIND_STATUSES), minutes, failed, recent, workers)
+
+
+def job(dsn: str, job_id: int) -> JobInfo | None:
+    with connection(dsn) as (_, conn):
+        return jobs.get_job(conn, job_id)
+
+
+def change(dsn: str, action: str, job_id: int) -> int:
+    """``retry`` or ``cancel`` one job (``JobsError`` says why not); how many changed."""
+    with connection(dsn) as (_, conn):
+        return int(jobs.retry(conn, [job_id]) if action == "retry" else jobs.cancel(conn, [job_id]))
+
+
+def _group(rows: Any, statuses: tuple[str, ...]) -> list[Counts]:
+    grouped: dict[tuple[str, str | None], dict[str, int]] = {}
+    for queue, kind, status, n in rows:
+        grouped.setdefault((queue, kind), dict.fromkeys(statuses, 0))[status] = n
+    ordered = sorted(grouped.items(), key=lambda item: (item[0][0], item[0][1] or ""))
+    return [Counts(queue, kind, counts) for (queue, kind), counts in ordered]

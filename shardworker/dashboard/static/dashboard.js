@@ -1,0 +1,36 @@
+// Keeps the page current without reloading it: every few seconds, each element with a
+// data-live URL gets that URL's HTML (the same fragment the server rendered it with).
+// A fetch that fails leaves the last content and says so; a 404 (the job was deleted)
+// or 401 (the credentials went stale) reloads the page so the server can say why.
+(function () {
+  "use strict";
+  const period = Number(document.body.dataset.refreshMs) || 2000;
+  const status = document.getElementById("live-status");
+
+  function say(text, stale) {
+    status.textContent = text;
+    status.classList.toggle("stale", stale);
+  }
+
+  async function refresh(el) {
+    const response = await fetch(el.dataset.live, {cache: "no-store", credentials: "same-origin"});
+    if (response.status === 404 || response.status === 401) {
+      window.location.reload();
+      return;
+    }
+    el.innerHTML = await response.text();
+    el.dataset.refreshed = String(Number(el.dataset.refreshed || 0) + 1);
+  }
+
+  async function tick() {
+    try {
+      await Promise.all(Array.from(document.querySelectorAll("[data-live]"), refresh));
+      say("live · " + new Date().toLocaleTimeString(), false);
+    } catch (err) {
+      say("dashboard unreachable; retrying", true);
+    }
+    window.setTimeout(tick, period);
+  }
+
+  window.setTimeout(tick, period);
+})();

@@ -1,0 +1,178 @@
+"""``shardworker dashboard`` over HTTP, as a real subprocess on a real PostgreSQL: what the
+page shows, who may see it (token, loopback), which POSTs it accepts (same origin only),
+the retry and cancel buttons, a 404 page, and a banner when the database is away."""
+
+from __future__ import annotations
+
+import base64
+import socket
+import subprocess
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+
+from shardworker.dashboard import data
+from tests.conftest import free_port
+from tests.dashboard.conftest import Dashboard, command, dashboard_env, fail, running_dashboard
+from tests.helpers import enqueue, execute, query
+
+
+def status(dsn: str, job_id: int) -> str:
+    return str(query(dsn, "SELECT status FROM shardworker.jobs WHERE id = %s", job_id)[0][0])
+
+
+def post(board: Dashboard, path: str, origin: str | None = "same", back: str = "job") -> httpx.Response:
+    headers = {"Origin": board.url} if origin == "same" else ({"Origin": origin} if origin else {})
+    return httpx.post(f"{board.url}{path}", params={"back": back}, headers=headers, follow_redirects=False)
+
+
+def test_overview_shows_counts_failed_jobs_and_workers(pg_dsn: str, dashboard: Dashboard) -> None:
+    """Counts by queue and by kind, a failed job with its error and a Retry button, a live worker."""
+    ids = enqueue(pg_dsn, "thumbnail", 3)
+    enqueue(pg_dsn, "mail", 2, queue="emails")
+    fail(pg_dsn, ids[0], "OSError: <disk> full")
+    execute(pg_dsn, "INSERT INTO shardworker.workers (worker_id, hostname, pid, heartbeat_at, jobs_running, "
+                    "outbox_pending) VALUES ('w-1', 'host-a', 42, now(), 2, 17)")
+    page = httpx.get(dashboard.url)
+    assert page.status_code == 200
+    html = page.text
+    assert 'data-count="default/queued">2<' in html and 'data-count="default/failed">1<' in html
+    assert 'data-count="emails/mail/queued">2<' in html and 'data-count="default/thumbnail/failed">1<' in html
+    assert "OSError: &lt;disk&gt; full" in html  # escaped, never markup
+    assert f'data-action="retry" data-job="{ids[0]}"' in html
+    assert 'data-worker="w-1"' in html and "host-a" in html and "<td class=\"num\" data-pending>17</td>" in html
+    assert page.headers["x-frame-options"] == "DENY" and "default-src 'self'" in page.headers["content-security-policy"]
+    fragment = httpx.get(f"{dashboard.url}/live/overview").text
+    assert 'data-count="default/queued">2<' in fragment and "<html" not in fragment
+
+
+def test_retry_button_queues_a_failed_job_again(pg_dsn: str, dashboard: Dashboard) -> None:
+    """POST /jobs/N/retry from the page: the job is queued again and the page says so."""
+    [job_id] = enqueue(pg_dsn, "count", 1)
+    fail(pg_dsn, job_id)
+    response = post(dashboard, f"/jobs/{job_id}/retry", back="overview")
+    assert response.status_code == 303 and response.headers["location"] == f"/?done=retry&job={job_id}"
+    assert status(pg_dsn, job_id) == "queued"
+    assert f"job {job_id} queued again" in httpx.get(dashboard.url + response.headers["location"]).text
+
+
+def test_cancel_button_cancels_a_queued_job_and_refuses_a_running_one(pg_dsn: str, dashboard: Dashboard) -> None:
+    """Cancel works on a queued job; on a running one it changes nothing and says why (409)."""
+    queued, running = enqueue(pg_dsn, "count", 2)
+    execute(pg_dsn, "UPDATE shardworker.jobs SET status = 'running', attempt = 1, locked_by = 'w' WHERE id = %s",
+            running)
+    response = post(dashboard, f"/jobs/{queued}/cancel", back="job")
+    assert response.status_code == 303 and response.headers["location"] == f"/jobs/{queued}?done=cancel&job={queued}"
+    assert status(pg_dsn, queued) == "cancelled"
+    refused = post(dashboard, f"/jobs/{running}/cancel", back="job")
+    assert refused.status_code == 409 and f"cannot cancel job {running}: it is running" in refused.text
+    assert status(pg_dsn, running) == "running"
+
+
+def test_cross_site_posts_are_refused(pg_dsn: str, dashboard: Dashboard) -> None:
+    """A POST from another origin, or with no Origin or Referer at all, changes nothing (403)."""
+    [job_id] = enqueue(pg_dsn, "count", 1)
+    assert post(dashboard, f"/jobs/{job_id}/cancel", origin="http://evil.example").status_code == 403
+    assert post(dashboard, f"/jobs/{job_id}/cancel", origin=None).status_code == 403
+    assert post(dashboard, f"/jobs/{job_id}/cancel", origin="null").status_code == 403
+    other_port = dashboard.url.rsplit(":", 1)[0] + f":{free_port()}"
+    assert post(dashboard, f"/jobs/{job_id}/cancel", origin=other_port).status_code == 403
+    assert status(pg_dsn, job_id) == "queued"
+    referer = httpx.post(f"{dashboard.url}/jobs/{job_id}/cancel", headers={"Referer": f"{dashboard.url}/"})
+    assert referer.status_code == 303 and status(pg_dsn, job_id) == "cancelled"
+
+
+def test_a_foreign_host_name_is_refused_on_loopback(dashboard: Dashboard) -> None:
+    """DNS rebinding: a page served as evil.example but resolving to 127.0.0.1 gets 400."""
+    assert httpx.get(dashboard.url, headers={"Host": "evil.example:80"}).status_code == 400
+    assert httpx.get(dashboard.url, headers={"Host": "localhost"}).status_code == 200
+
+
+def test_unknown_job_is_a_404_page(pg_dsn: str, dashboard: Dashboard) -> None:
+    """An id no job has, and a path that is no page, answer 404 with the dashboard's page."""
+    missing = httpx.get(f"{dashboard.url}/jobs/999999")
+    assert missing.status_code == 404 and "no job 999999" in missing.text and "<html" in missing.text
+    assert httpx.get(f"{dashboard.url}/jobs/abc").status_code == 404
+    assert post(dashboard, "/jobs/999999/retry").status_code == 404
+    [job_id] = enqueue(pg_dsn, "count", 1)
+    assert post(dashboard, f"/jobs/{job_id}/explode").status_code == 404
+
+
+def test_job_page_shows_the_whole_job(pg_dsn: str, dashboard: Dashboard) -> None:
+    """Payload, error and a Retry button on a failed job's page."""
+    [job_id] = enqueue(pg_dsn, "count", 1, {"url": "https://example.com/a.png"})
+    fail(pg_dsn, job_id, "Traceback-like\nsecond line")
+    html = httpx.get(f"{dashboard.url}/jobs/{job_id}").text
+    assert "https://example.com/a.png" in html and "second line" in html
+    assert 'data-job-status>failed<' in html and f'data-action="retry" data-job="{job_id}"' in html
+
+
+def test_non_loopback_bind_without_a_token_is_refused(pg_dsn: str) -> None:
+    """--host 0.0.0.0 with no token: one error line, exit 2, nothing served."""
+    done = subprocess.run(command(pg_dsn, free_port(), "--host", "0.0.0.0"), env=dashboard_env(),
+                          capture_output=True, timeout=30)
+    assert done.returncode == 2, done
+    lines = done.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --host 0.0.0.0") and "--token" in lines[0]
+    empty = subprocess.run(command(pg_dsn, free_port(), "--token", " "), env=dashboard_env(), capture_output=True,
+                           timeout=30)
+    assert empty.returncode == 2 and b"--token is empty" in empty.stderr
+
+
+def test_a_port_in_use_is_one_line_and_exit_1(pg_dsn: str) -> None:
+    """Another process on the port: the command says so in one line and exits 1."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(command(pg_dsn, port), env=dashboard_env(), capture_output=True, timeout=30)
+    assert done.returncode == 1, done
+    assert done.stderr.decode().strip() == f"error: cannot listen on 127.0.0.1:{port}: Address already in use"
+
+
+def test_a_token_is_required_of_every_request(pg_dsn: str, tmp_path: Path) -> None:
+    """Bound to 0.0.0.0 with a token: 401 (with a basic-auth challenge) without it or with a
+    wrong one; the token as Bearer or as the basic-auth password gets in."""
+    token = "s3cret-token"
+    with running_dashboard(pg_dsn, tmp_path, token=token, host="0.0.0.0") as board:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic !!!"}):
+            for path in ("/", "/live/overview", "/static/dashboard.js", "/jobs/1"):
+                denied = httpx.get(board.url + path, headers=headers)
+                assert denied.status_code == 401 and denied.headers["www-authenticate"].startswith("Basic ")
+        assert httpx.get(board.url, headers={"Authorization": f"Bearer {token}"}).status_code == 200
+        basic = base64.b64encode(f"ops:{token}".encode()).decode()
+        assert httpx.get(board.url, headers={"Authorization": f"Basic {basic}"}).status_code == 200
+        assert httpx.get(board.url, auth=("ops", "nope")).status_code == 401
+        assert "token required" in board.output() and token not in board.output()
+
+
+def test_database_down_is_a_banner_not_a_traceback(tmp_path: Path) -> None:
+    """With nothing listening at the DSN, pages answer 503 with a banner (password hidden)."""
+    dsn = f"postgresql://app:hunter2@127.0.0.1:{free_port()}/app?connect_timeout=1"
+    with running_dashboard(dsn, tmp_path) as board:
+        for path in ("/", "/live/overview", "/jobs/5"):
+            page = httpx.get(board.url + path, timeout=15)
+            assert page.status_code == 503 and "Database unavailable" in page.text, page.text
+            assert "Traceback" not in page.text and "hunter2" not in page.text
+        assert "hunter2" not in board.output() and "***" in board.output()
+
+
+def test_counts_and_throughput_read_the_last_hour(pg_dsn: str) -> None:
+    """done_1h counts only jobs done within the hour; the chart has 60 minutes, the current
+    one last, with each finished job in the minute it ended."""
+    ids = enqueue(pg_dsn, "count", 5)
+    now = query(pg_dsn, "SELECT now()")[0][0]
+    ended = [now - timedelta(minutes=m) for m in (2, 2, 30, 180)]
+    for job_id, at in zip(ids, ended, strict=False):
+        execute(pg_dsn, "UPDATE shardworker.jobs SET status = 'done', finished_at = %s WHERE id = %s", at, job_id)
+    execute(pg_dsn, "UPDATE shardworker.jobs SET status = 'failed', finished_at = %s WHERE id = %s", now, ids[4])
+    seen = data.overview(pg_dsn)
+    assert [(c.queue, c.kind, c.by_status["done_1h"], c.by_status["failed"]) for c in seen.kinds] == [
+        ("default", "count", 3, 1)]
+    assert len(seen.minutes) == 60 and seen.minutes[-1].start <= now < seen.minutes[-1].start + timedelta(minutes=1)
+    assert sum(m.done for m in seen.minutes) == 3 and seen.minutes[-1].failed == 1
+    two_ago = next(m for m in seen.minutes if m.start <= now - timedelta(minutes=2) < m.start + timedelta(minutes=1))
+    assert two_ago.done == 2
+    assert seen.totals == {"queued": 0, "running": 0, "done": 4, "failed": 1, "cancelled": 0}
+    assert datetime.now(UTC) - seen.minutes[0].start < timedelta(minutes=61)
