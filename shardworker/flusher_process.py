@@ -152,9 +152,10 @@ class FlusherHandle:
     @property
     def failing(self) -> str:
         """Why the flusher's last try failed while the database fails it; "" when it works."""
-        if self.state is None or not self.alive:
-            return ""
-        return bytes(self.state.failing).decode(errors="replace")
+        # Read on every dispatcher pass: one field, no syscall (a dead flusher's value is
+        # cleared before its successor starts).
+        raw = self.state.failing if self.state is not None else b""
+        return raw.decode(errors="replace") if raw else ""
 
     def kill(self) -> None:
         if self.alive:
