@@ -26,7 +26,7 @@ from shardworker import procs
 from shardworker.children import ChildPool, Death
 from shardworker.config import WorkerConfig
 from shardworker.dbwatch import DatabaseWatch
-from shardworker.errors import SchemaMissing, StoreError
+from shardworker.errors import NotConnected, SchemaMissing, StoreError
 from shardworker.flusher_process import FlusherHandle
 from shardworker.model import ClaimedJob
 from shardworker.parent_outcomes import ParentOutcomes
@@ -165,7 +165,8 @@ class Dispatcher:
             jobs = self.store.claim(self.kinds, self.config.queues, self.worker_id, limit, token,
                                     max_bytes=self.config.claim_bytes)
         except StoreError as exc:
-            self.lost_claims.append(token)  # the server may have committed it before the connection broke
+            if not isinstance(exc, NotConnected):
+                self.lost_claims.append(token)  # the server may have committed it before the connection broke
             self._claim_failed(exc)
             return 0
         self._claim_ok()

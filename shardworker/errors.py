@@ -70,6 +70,10 @@ class DatabaseUnavailable(StoreError):
     """The database is unreachable."""
 
 
+class NotConnected(DatabaseUnavailable):
+    """No connection could be opened: nothing of the operation reached the server."""
+
+
 class TransientConflict(StoreError):
     """The database gave up on the statement for now (serialization failure, deadlock, timeout)."""
 

@@ -32,6 +32,7 @@ from shardworker.errors import (
     DatabaseUnavailable,
     EnqueueError,
     JobsError,
+    NotConnected,
     OutcomeRejected,
     SchemaMissing,
     StoreError,
@@ -177,8 +178,11 @@ class PgStore:
     def connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed or self._conn.broken:
             self.close()
-            with translate_errors():
-                self._conn = psycopg.connect(self.config.dsn, **_connect_options(self.config))
+            try:
+                with translate_errors():
+                    self._conn = psycopg.connect(self.config.dsn, **_connect_options(self.config))
+            except DatabaseUnavailable as exc:
+                raise NotConnected(str(exc)) from exc.__cause__
             self.generation += 1
         return self._conn
 

@@ -133,3 +133,22 @@ def test_second_signal_exits_at_once(private_pg: EmbeddedPostgres, tmp_path: Pat
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(10) == 1
     assert time.monotonic() - started < 5
+
+
+def test_a_stop_during_an_outage_with_nothing_in_hand_exits_at_once(private_pg: EmbeddedPostgres,
+                                                                    tmp_path: Path) -> None:
+    """An idle worker stopped while PostgreSQL is down: claims refused at connect never reached
+    the server, so there is nothing to give back and no reason to wait out --shutdown-timeout."""
+    dsn, count_dir = private_pg.dsn, tmp_path / "counts"
+    count_dir.mkdir()
+    proc = start_worker(dsn, tmp_path / "outbox", count_dir, "--backoff-cap", "0.5", "--shutdown-timeout", "30")
+    wait_for(lambda: "Traceback" not in worker_log(count_dir) and (tmp_path / "outbox").exists(), 30, "the start")
+    time.sleep(1.5)
+    private_pg.stop("immediate")
+    wait_for(lambda: "database unreachable" in worker_log(count_dir), 30, "the worker to notice the outage")
+    time.sleep(1.5)  # a few refused claims
+    stopped_at = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(30) == 0, worker_log(count_dir)
+    assert time.monotonic() - stopped_at < 10, worker_log(count_dir)
+    assert "could not give back" not in worker_log(count_dir)
