@@ -28,6 +28,7 @@ from typing import TextIO
 
 import outbox
 from shardworker.client import JobSpec, enqueue_many
+from shardworker.drain import drain
 from shardworker.dsn import redact_dsn
 from shardworker.embedded import EmbeddedPostgres, ensure_embedded
 from shardworker.errors import ShardworkerError
@@ -97,15 +98,17 @@ def run(jobs: int, procs: int, outage_s: float, stream: TextIO = sys.stderr,
     server = EmbeddedPostgres(base / "pgdata")
     apply_migrations(dsn)
     outbox_dir, ledger_dir = base / "outbox", base / "ledger"
-    _fresh(dsn, outbox_dir, ledger_dir)
+    _fresh(dsn, outbox_dir, ledger_dir, display)
     enqueue_many(dsn, [JobSpec("demo.outage", {"n": i}, queue=QUEUE) for i in range(jobs)])
     display.phase(f"enqueued {jobs:,} jobs on {redact_dsn(dsn)}; starting `shardworker run --procs {procs}` "
                   f"(log: {BASE_DIR}/worker.log)")
     worker = _start_worker(dsn, procs, outbox_dir, ledger_dir, base / "worker.log")
+    stopped = False
     try:
         _wait(lambda: _counts(dsn).get("done", 0) >= max(1, jobs // 5), 120, worker, base,
               "the first fifth of the jobs to be done")
         display.phase("stopping PostgreSQL mid-run (pg_ctl stop -m immediate) …")
+        stopped = True
         server.stop("immediate")
         peak, down_at = 0, clock()
         while clock() - down_at < outage_s:
@@ -118,6 +121,7 @@ def run(jobs: int, procs: int, outage_s: float, stream: TextIO = sys.stderr,
         peak = max(peak, outbox.status(str(outbox_dir)).pending)
         display.phase(f"{peak:,} outcomes waited in the outbox; starting PostgreSQL again …")
         server.start()
+        stopped = False
         back_at = clock()
         outage = back_at - down_at
         drained_at = None
@@ -136,17 +140,21 @@ def run(jobs: int, procs: int, outage_s: float, stream: TextIO = sys.stderr,
         drain = (drained_at or clock()) - back_at
         display.phase("every job done; stopping the worker")
     finally:
+        if stopped:  # interrupted mid-outage (Ctrl-C): bring PostgreSQL back so the worker's outcomes land
+            display.phase("starting PostgreSQL again, so the worker can store its outcomes before it stops …")
+            server.start()
         _stop(worker)
     runs = _runs_per_job(ledger_dir)
     return Result(jobs, sum(runs.values()), sum(1 for n in runs.values() if n > 1), outage, peak, drain,
                   _counts(dsn))
 
 
-def _fresh(dsn: str, outbox_dir: Path, ledger_dir: Path) -> None:
-    """Start from nothing: no demo jobs, an empty outbox, an empty ledger."""
-    if outbox_dir.exists() and outbox.status(str(outbox_dir)).pending:
-        raise DemoFailed(f"{outbox_dir} holds outcomes of an earlier run: run `shardworker outbox drain "
-                         f"--outbox-dir {outbox_dir}` against the demo's database, or delete {BASE_DIR}")
+def _fresh(dsn: str, outbox_dir: Path, ledger_dir: Path, display: Display) -> None:
+    """Start from nothing: no demo jobs, an empty outbox, an empty ledger. Outcomes an
+    interrupted run left in the outbox are drained into the demo's database first."""
+    if outbox_dir.exists() and (pending := outbox.status(str(outbox_dir)).pending):
+        display.phase(f"draining {pending:,} outcomes an earlier, interrupted run left in {outbox_dir} …")
+        drain(str(outbox_dir), dsn, timeout_s=120)
     store = PgStore(StoreConfig(dsn))
     try:
         store.delete_queue(QUEUE)

@@ -5,7 +5,9 @@ whose counts come from the handler's own ledger."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 from shardworker.embedded import EmbeddedPostgres
@@ -51,3 +53,29 @@ def test_the_outage_demo_refuses_a_dsn(tmp_path: Path) -> None:
     assert refused.returncode == 2
     assert "runs only on an embedded server of its own: drop --dsn" in refused.stderr
     assert not (tmp_path / ".shardworker").exists()
+
+
+def test_an_interrupted_outage_demo_brings_postgresql_back_and_runs_again(tmp_path: Path) -> None:
+    """Ctrl-C while PostgreSQL is down: the demo starts it again so the worker's outcomes land,
+    stops the worker, and exits; the next run starts afresh (draining anything left)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SHARDWORKER_DSN")}
+    try:
+        demo = subprocess.Popen([*shardworker_script(), "demo", "--outage", "--jobs", "2000", "--outage-seconds", "60"],
+                                cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert demo.stderr is not None
+        for line in demo.stderr:
+            if "stopping PostgreSQL mid-run" in line:
+                break
+        time.sleep(1.0)
+        interrupted_at = time.monotonic()
+        demo.send_signal(signal.SIGINT)
+        _, err = demo.communicate(timeout=60)
+        assert demo.returncode == 1 and "Aborted!" in err, err
+        assert time.monotonic() - interrupted_at < 20
+        assert "starting PostgreSQL again, so the worker can store its outcomes" in err
+        again = subprocess.run([*shardworker_script(), "demo", "--outage", "--jobs", "100", "--outage-seconds", "0.5"],
+                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert table_rows(again.stdout)["final rows"] == "done 100"
+    finally:
+        EmbeddedPostgres(tmp_path / ".shardworker" / "outage-demo" / "pgdata").stop("immediate")
