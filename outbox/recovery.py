@@ -51,6 +51,12 @@ def recover_shard(directory: str, shard: int) -> list[RecoveryEvent]:
             continue
         events.extend(_recover_segment(directory, path, scan))
     for event in events:
+        if event.action == "sealed":
+            # Routine after any unclean stop: the segment a writer left open is closed where
+            # its last whole record ends. Nothing acknowledged is lost.
+            log.info("outbox shard %s segment %s closed at offset %s after an unclean stop (its records are kept)",
+                     event.shard, event.segno, event.offset)
+            continue
         level = logging.ERROR if event.action == "quarantined" else logging.WARNING
         log.log(level, "outbox shard %s segment %s %s at offset %s: %s",
                 event.shard, event.segno, event.action, event.offset, event.detail)

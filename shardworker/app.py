@@ -135,9 +135,12 @@ def load_app(ref: str) -> App:
         module = importlib.import_module(module_name)
     except Exception as exc:
         raise AppLoadError(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}") from exc
-    app = getattr(module, attr or "app", None)
+    if not hasattr(module, attr or "app"):
+        raise AppLoadError(f"module {module_name!r} has no attribute {attr or 'app'!r} (--app MODULE[:ATTR]; "
+                           "ATTR defaults to app)")
+    app = getattr(module, attr or "app")
     if not isinstance(app, App):
-        raise AppLoadError(f"{module_name}:{attr or 'app'} is not a shardworker App")
+        raise AppLoadError(f"{module_name}:{attr or 'app'} is a {type(app).__name__}, not a shardworker App")
     if not app.handlers:
         raise AppLoadError(f"{ref}: the App has no handlers")
     return app

@@ -62,8 +62,15 @@ def main(ctx: click.Context, verbose: bool) -> None:
 def migrate(print_sql: bool, after: int, dsn: str | None) -> None:
     """Apply migrations/*.sql in order (idempotent), or --print them."""
     from shardworker.migrate import apply_migrations, migration_script
+    from shardworker.schema import latest_version
 
     if print_sql:
+        latest = latest_version()
+        if after > latest:
+            raise click.BadParameter(f"there is no version {after}: the latest migration is {latest}",
+                                     param_hint="--after")
+        if after == latest:
+            note(f"no migrations after version {after}, the latest")
         click.echo(migration_script(after), nl=False)
         return
     applied = apply_migrations(resolve_dsn(dsn, migrate=False))
@@ -83,14 +90,17 @@ def migrate(print_sql: bool, after: int, dsn: str | None) -> None:
 @click.option("--delay", type=click.FloatRange(min=0, max=100 * 365.25 * 86400), default=0.0, show_default=True,
               callback=lambda _ctx, _param, value: _finite(value, "--delay"), help="Seconds before the job may run.")
 @click.option("--dedupe-key", default=None, help="Skip when a live job holds this key.")
+@json_option
 @dsn_option
 @one_line_errors
 def enqueue(kind: str | None, payload_json: str | None, count: int, file_: Any, queue: str, priority: int,
-            max_attempts: int, delay: float, dedupe_key: str | None, dsn: str | None) -> None:
-    """Enqueue KIND with PAYLOAD_JSON, or a bulk --file; prints the count enqueued."""
+            max_attempts: int, delay: float, dedupe_key: str | None, as_json: bool, dsn: str | None) -> None:
+    """Enqueue KIND with PAYLOAD_JSON, or a bulk --file; prints the count enqueued (--json: with
+    the job's id when it is one job)."""
     from datetime import UTC, datetime, timedelta
 
     from shardworker.client import JobSpec, enqueue_many, parse_jsonl
+    from shardworker.client import enqueue as enqueue_one
     from shardworker.errors import EnqueueError
 
     if file_ is not None:
@@ -114,7 +124,17 @@ def enqueue(kind: str | None, payload_json: str | None, count: int, file_: Any, 
             raise click.UsageError("--dedupe-key with --count > 1 would enqueue one job")
         specs = [JobSpec(kind, payload, queue, priority, max_attempts, run_at, dedupe_key)] * count
     dsn = resolve_dsn(dsn)
-    click.echo(enqueue_many(dsn, specs))
+    if len(specs) == 1 and file_ is None:
+        spec = specs[0]
+        job_id = enqueue_one(dsn, spec.kind, spec.payload, queue=spec.queue, priority=spec.priority,
+                             max_attempts=spec.max_attempts, run_at=spec.run_at, dedupe_key=spec.dedupe_key)
+        enqueued, ids = (0, []) if job_id is None else (1, [job_id])
+    else:
+        enqueued, ids = enqueue_many(dsn, specs), None
+    if as_json:
+        click.echo(orjson.dumps({"enqueued": enqueued, **({"ids": ids} if ids is not None else {})}).decode())
+    else:
+        click.echo(enqueued)
 
 
 @main.command()
@@ -173,6 +193,9 @@ def run(ctx: click.Context, app_ref: str, procs: int, outbox_dir: str, queues: s
     from shardworker.config import WorkerConfig
     from shardworker.supervisor import Supervisor
 
+    if rescue_after <= shutdown_timeout:
+        raise click.BadParameter(f"{rescue_after:g}s must be longer than --shutdown-timeout ({shutdown_timeout:g}s): "
+                                 "a stopping worker must never look dead to its peers", param_hint="--rescue-after")
     if metrics_port is not None and not metrics_token and not is_loopback(metrics_host):
         raise click.BadParameter(f"{metrics_host} is reachable from other hosts: give --metrics-token "
                                  "(or SHARDWORKER_METRICS_TOKEN) too, or bind 127.0.0.1", param_hint="--metrics-host")
@@ -192,9 +215,11 @@ def run(ctx: click.Context, app_ref: str, procs: int, outbox_dir: str, queues: s
     started = time.monotonic()
     summary = Supervisor(config, app).run()
     elapsed = time.monotonic() - started
-    note(f"worker stopped: {summary.done} jobs done in {elapsed:.1f}s, {summary.released} released, "
-         f"{summary.pending_outcomes} outcomes pending in the outbox", done=summary.done,
-         released=summary.released, pending_outcomes=summary.pending_outcomes, seconds=round(elapsed, 3))
+    kinds = ", ".join(f"{n} {name}" for name, n in summary.outcomes.items() if n)
+    note(f"worker stopped after {elapsed:.1f}s: {summary.done} outcomes" + (f" ({kinds})" if kinds else "")
+         + f", {summary.released} jobs given back, {summary.pending_outcomes} outcomes pending in the outbox",
+         outcomes=summary.done, **summary.outcomes, released=summary.released,
+         pending_outcomes=summary.pending_outcomes, seconds=round(elapsed, 3))
 
 
 @main.command()

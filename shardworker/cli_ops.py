@@ -33,6 +33,12 @@ def prune(older_than: float, batch: int, as_json: bool, dsn: str | None) -> None
     """Delete finished jobs older than a duration, in small batches (workers do this by --retention)."""
     from shardworker.housekeeping import prune as prune_jobs
 
+    if older_than <= 0:
+        # In --retention, 0 keeps everything; here it would delete everything: say which is meant.
+        raise click.BadParameter("0 would delete every finished job (while --retention 0 keeps them all); "
+                                 "give a duration such as 1s to mean every job finished a second ago or more",
+                                 param_hint="--older-than")
+
     tty = sys.stderr.isatty()
 
     def progress(total: int) -> None:

@@ -23,6 +23,8 @@ from shardworker import pg_store
 from shardworker.errors import JobsError, WaitTimeout
 
 STATUSES = ("queued", "running", "done", "failed", "cancelled")
+_WHO = {"retry": "only failed or cancelled jobs can be retried", "cancel": "only queued jobs can be cancelled",
+        "delete": "any job but a running one can be deleted"}
 _ALLOWED = {"retry": ("failed", "cancelled"), "cancel": ("queued",),
             "delete": ("queued", "done", "failed", "cancelled")}
 
@@ -127,8 +129,7 @@ def _change(conn_or_dsn: Any, action: str, job_ids: Sequence[int]) -> int:
         if refused:
             job_id, status = refused[0]
             why = " (its handler is running; its outcome will land)" if status == "running" else ""
-            raise JobsError(f"cannot {action} job {job_id}: it is {status}{why}; "
-                            f"only {' or '.join(allowed)} jobs can be; nothing changed")
+            raise JobsError(f"cannot {action} job {job_id}: it is {status}{why}; {_WHO[action]}; nothing changed")
         return pg_store.change_jobs(cur, action, ids)
 
 

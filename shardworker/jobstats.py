@@ -54,6 +54,11 @@ class JobCounts:
         """An outcome the parent wrote itself (a failed attempt of a job a dead child lost)."""
         self.add(summarize([(kind, OUTCOMES.index(outcome), -1.0)]))
 
+    def by_outcome(self) -> dict[str, int]:
+        """Every kind's outcomes summed, by outcome name."""
+        rows = self.snapshot().values()
+        return {name: int(sum(row[i] for row in rows)) for i, name in enumerate(OUTCOMES)}
+
     def snapshot(self) -> dict[str, list[float]]:
         return {kind: list(row) for kind, row in self.by_kind.copy().items()}
 

@@ -162,7 +162,9 @@ class ShardRunner:
 def log_failure(job: ClaimedJob, outcome: Outcome, max_attempts: int) -> None:
     """One line per failed attempt: kind, id, attempt and the error's first line; ERROR when final."""
     first = (outcome.error or "").strip().splitlines()[0] if outcome.error else "failed"
-    if outcome_label(job, outcome, max_attempts) == "failed":
+    final = outcome_label(job, outcome, max_attempts) == "failed"
+    max_attempts = max(max_attempts, job.attempt)  # a job retried by hand past its handler's limit
+    if final:
         log.error("job %d (%s) attempt %d/%d failed for good: %s", job.id, job.kind, job.attempt, max_attempts,
                   first, extra=logs.job_fields(job))
     else:

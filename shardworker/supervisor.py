@@ -23,7 +23,7 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from outbox import status as outbox_status
@@ -49,9 +49,10 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class RunSummary:
-    done: int = 0
+    done: int = 0  # outcomes made durable, of every kind (see outcomes)
     pending_outcomes: int = 0
     released: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)  # by jobstats.OUTCOMES name
 
 
 class Supervisor:
@@ -252,7 +253,7 @@ class Supervisor:
             log.warning("%d outcomes remain in the outbox %s; they apply at the next start, or run "
                         "`shardworker outbox drain --outbox-dir %s`", pending, self.config.outbox_dir,
                         self.config.outbox_dir)
-        return RunSummary(dispatcher.done_total, pending, released)
+        return RunSummary(dispatcher.done_total, pending, released, self.pool.job_counts.by_outcome())
 
     def _kill_everything(self) -> None:
         self.pool.kill_all()

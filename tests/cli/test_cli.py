@@ -443,3 +443,36 @@ def test_enqueue_delay_that_is_not_a_duration_is_a_usage_error(pg_dsn: str, dela
     assert "--delay" in result.output
     with psycopg.connect(pg_dsn) as conn:
         assert conn.execute("SELECT count(*) FROM shardworker.jobs").fetchone() == (0,)
+
+
+def test_enqueue_json_names_the_new_job(pg_dsn: str) -> None:
+    """One job: its id, so `jobs show ID` can follow; a live dedupe key: none; bulk: the count."""
+    first = invoke("enqueue", "k", '{"a": 1}', "--dedupe-key", "d1", "--json", "--dsn", pg_dsn)
+    assert first.exit_code == 0, first.output
+    [job] = rows(pg_dsn)
+    assert json.loads(first.stdout) == {"enqueued": 1, "ids": [job["id"]]}
+    again = invoke("enqueue", "k", "--dedupe-key", "d1", "--json", "--dsn", pg_dsn)
+    assert json.loads(again.stdout) == {"enqueued": 0, "ids": []}
+    assert invoke("enqueue", "k", "--dedupe-key", "d1", "--dsn", pg_dsn).stdout == "0\n"
+    bulk = invoke("enqueue", "k", "--count", "3", "--json", "--dsn", pg_dsn)
+    assert json.loads(bulk.stdout) == {"enqueued": 3}
+    assert len(rows(pg_dsn)) == 4
+
+
+def test_migrate_print_after_a_version_that_does_not_exist_is_a_usage_error() -> None:
+    from shardworker.schema import latest_version
+
+    latest = latest_version()
+    refused = invoke("migrate", "--print", "--after", str(latest + 1))
+    assert refused.exit_code == 2 and f"there is no version {latest + 1}" in refused.output
+    nothing = invoke("migrate", "--print", "--after", str(latest))
+    assert nothing.exit_code == 0 and "BEGIN" not in nothing.stdout
+    assert f"no migrations after version {latest}, the latest" in nothing.stderr
+
+
+def test_run_names_its_options_when_rescue_after_is_too_short(pg_dsn: str, tmp_path: Path) -> None:
+    result = invoke("run", "--app", "counting_app", "--shutdown-timeout", "4000", "--outbox-dir",
+                    str(tmp_path / "o"), "--dsn", pg_dsn)
+    assert result.exit_code == 2
+    assert "Invalid value for --rescue-after: 3600s must be longer than --shutdown-timeout (4000s)" in result.output
+    assert "rescue_after_s" not in result.output

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -140,7 +141,7 @@ def test_an_operators_session_through_the_console_script(project: Path, pg_dsn: 
     assert ledger.count(str(failing)) == 2 and len(ledger) == 2 * 6  # the retried job twice, the rest once
 
     assert sw("jobs", "cancel", str(failing), code=1) == (
-        f"error: cannot cancel job {failing}: it is done; only queued jobs can be; nothing changed\n")
+        f"error: cannot cancel job {failing}: it is done; only queued jobs can be cancelled; nothing changed\n")
     stats = json.loads(sw("stats", "--exact", "--json"))
     assert stats["total"] == {"queued": 0, "running": 0, "done": 5, "failed": 0, "cancelled": 0}
     [schedule] = json.loads(sw("periodic", "--json"))
@@ -151,5 +152,7 @@ def test_an_operators_session_through_the_console_script(project: Path, pg_dsn: 
     assert sw("enqueue", "note", '{"n": 2}', "--delay", "3600") == "1\n"
     [later] = json.loads(sw("jobs", "list", "--status", "queued", "--json"))
     assert sw("jobs", "delete", str(later["id"])) == "1 job deleted\n"
-    assert json.loads(sw("prune", "--older-than", "0", "--json")) == {"pruned": 5}
+    assert "0 would delete every finished job" in sw("prune", "--older-than", "0", code=2)
+    time.sleep(1.0)
+    assert json.loads(sw("prune", "--older-than", "1s", "--json")) == {"pruned": 5}
     assert sw("jobs", "show", str(failing), code=1) == f"error: no job {failing}\n"

@@ -379,8 +379,8 @@ def test_load_app_returns_the_named_app(app_modules: Path) -> None:
 @pytest.mark.parametrize(("ref", "message"), [
     ("sw_no_such_module_xyz", "cannot import 'sw_no_such_module_xyz'"),
     ("sw_broken_app", "RuntimeError: broken on import"),
-    ("sw_good_app:not_an_app", "sw_good_app:not_an_app is not a shardworker App"),
-    ("sw_good_app:missing", "sw_good_app:missing is not a shardworker App"),
+    ("sw_good_app:not_an_app", "sw_good_app:not_an_app is a int, not a shardworker App"),
+    ("sw_good_app:missing", "module 'sw_good_app' has no attribute 'missing'"),
     ("sw_good_app:empty", "the App has no handlers"),
     (":app", "expected MODULE"),
 ])
