@@ -306,6 +306,13 @@ class PgStore:
             cur.execute(query("job_requeue_orphans"), {"worker_id": worker_id, "error": error})
             return [r[0] for r in cur.fetchall()]
 
+    def unhandled_kinds(self, kinds: Sequence[str], queues: Sequence[str] | None) -> list[tuple[str, int]]:
+        """(kind, queued jobs) of the kinds not in ``kinds``, most first, up to ten."""
+        with self._cursor() as cur:
+            cur.execute(query("job_unhandled_kinds"), {"kinds": list(kinds),
+                                                       "queues": list(queues) if queues else None})
+            return [(k, int(n)) for k, n in cur.fetchall()]
+
     def count_active(self, kinds: Sequence[str], queues: Sequence[str] | None, worker_id: str) -> int:
         """Jobs due now for these kinds, plus jobs running for this worker."""
         with self._cursor() as cur:

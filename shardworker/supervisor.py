@@ -148,12 +148,15 @@ class Supervisor:
             self.dispatcher = dispatcher
             if self.housekeeper.needed:
                 self.housekeeper.start()
+            self._warn_unhandled()
             try:
                 while not self.stopping and not dispatcher.run_once():
                     pass
             except CrashLoop:
                 self._shutdown(dispatcher)
                 raise
+            if self.config.exit_when_idle and not self.stopping:
+                self._warn_unhandled()
             return self._shutdown(dispatcher)
         finally:
             self._kill_everything()
@@ -165,6 +168,18 @@ class Supervisor:
             self.housekeeper.stop(wait_s=1.0)
             self.store.close()
             os.close(lock_fd)
+
+    def _warn_unhandled(self) -> None:
+        """Say so when queued jobs have kinds no handler here runs (they would wait unseen)."""
+        try:
+            unhandled = self.store.unhandled_kinds(self.app.kinds, self.config.queues)
+        except StoreError as exc:
+            log.debug("could not look for queued jobs without a handler: %s", exc)
+            return
+        if unhandled:
+            log.warning("%d queued jobs have kinds this worker has no handler for, so it never claims them "
+                        "(a typo, or another worker's kinds?): %s", sum(n for _, n in unhandled),
+                        ", ".join(f"{kind} ({n})" for kind, n in unhandled))
 
     def _install_signals(self) -> None:
         def on_signal(signum: int, _frame: Any) -> None:

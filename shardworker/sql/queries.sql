@@ -170,6 +170,14 @@ LISTEN shardworker_jobs;
 -- Job counts by queue and status.
 SELECT queue, status, count(*) FROM shardworker.jobs GROUP BY queue, status ORDER BY queue, status;
 
+-- job_unhandled_kinds --
+-- Queued jobs (in these queues) of kinds this worker has no handler for: a typo in a kind,
+-- or another worker's; the ten kinds with most jobs.
+SELECT kind, count(*) FROM shardworker.jobs
+WHERE status = 'queued' AND NOT (kind = ANY(%(kinds)s::text[]))
+  AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+GROUP BY kind ORDER BY count(*) DESC, kind LIMIT 10;
+
 -- job_count_active --
 -- Jobs due now or running for this worker: what --exit-when-idle waits on.
 SELECT

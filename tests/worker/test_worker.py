@@ -9,6 +9,7 @@ import pytest
 
 from tests.helpers import (
     enqueue,
+    exit_code,
     query,
     runs,
     runs_per_job,
@@ -147,3 +148,18 @@ def test_result_too_large_for_the_outbox_fails_the_job_cleanly(pg_dsn: str, dirs
     assert (status, attempt) == ("failed", 1) and "too large" in error
     assert status_counts(pg_dsn) == {"done": 5, "failed": 1}
     assert "worker process died" not in worker_log(dirs[1])
+
+
+def test_queued_jobs_of_a_kind_without_a_handler_are_named(pg_dsn: str, tmp_path: Path) -> None:
+    """A typo in a kind would leave its jobs queued unseen: the worker names such kinds at its
+    start and when it exits idle, and claims none of them."""
+    count_dir = tmp_path / "counts"
+    count_dir.mkdir()
+    enqueue(pg_dsn, "cuont", 3)
+    enqueue(pg_dsn, "count", 2)
+    proc = start_worker(pg_dsn, tmp_path / "outbox", count_dir, "--exit-when-idle")
+    assert exit_code(proc, 60, count_dir) == 0
+    log = worker_log(count_dir)
+    assert log.count("3 queued jobs have kinds this worker has no handler for") == 2, log
+    assert "cuont (3)" in log
+    assert status_counts(pg_dsn) == {"queued": 3, "done": 2}
