@@ -26,7 +26,7 @@ from shardworker import procs
 from shardworker.children import ChildPool, Death
 from shardworker.config import WorkerConfig
 from shardworker.dbwatch import DatabaseWatch
-from shardworker.errors import NotConnected, SchemaMissing, StoreError
+from shardworker.errors import DatabaseUnavailable, NotConnected, SchemaMissing, StoreError
 from shardworker.flusher_process import FlusherHandle
 from shardworker.model import ClaimedJob
 from shardworker.parent_outcomes import ParentOutcomes
@@ -71,7 +71,8 @@ class Dispatcher:
         self.next_log_at = clock() + config.log_interval_s
         self.next_idle_check_at = 0.0
         self.db_ok = True
-        self.db_error = ""  # why the last claim failed, while db_ok is False
+        self.db_error = ""  # why the last claim failed for want of the database, while db_ok is False
+        self._flushed_at_failure = 0  # flusher.flushed_total when that claim failed
         self.db_errors = 0  # claims the database failed, in all
         self.watch = DatabaseWatch(self.backlog, clock)
         self.lost_claims: list[str] = []
@@ -116,10 +117,15 @@ class Dispatcher:
             self.acked_total = self.flusher.flushed_total - self.flushed_base + pending
 
     def db_failure(self) -> str | None:
-        """Why the database failed this worker's last claim or flush; None when both worked."""
-        if not self.db_ok:
+        """Why the database was unreachable for this worker's last claim or flush; None when
+        both worked. A claim failure counts until a claim works, or until the flusher has
+        applied outcomes since (claims may stay paused after an outage: a backlog, no room)."""
+        failing = self.flusher.failing
+        if failing:
+            return failing
+        if self.db_error and not self.db_ok and self.flusher.flushed_total == self._flushed_at_failure:
             return self.db_error
-        return self.flusher.failing or None
+        return None
 
     def backlog(self) -> int:
         """Outcomes made durable and not yet flushed (an estimate)."""
@@ -198,11 +204,14 @@ class Dispatcher:
         self.next_claim_at = self.clock() + delay
         # One line per outage, from the watch; the retries are for -v.
         log.debug("claim failed (%s); retrying in %.2fs", exc, delay)
-        self.db_ok, self.db_error = False, str(exc) or type(exc).__name__
+        self.db_ok = False
         self.db_errors += 1
+        # A conflict or a statement timeout is not an outage: only an unreachable database is told.
+        self.db_error = (str(exc) or type(exc).__name__) if isinstance(exc, DatabaseUnavailable) else ""
+        self._flushed_at_failure = self.flusher.flushed_total
 
     def _claim_ok(self) -> None:
-        self.db_ok = True
+        self.db_ok, self.db_error = True, ""
         self.backoff.reset()
         self.next_claim_at = 0.0
 

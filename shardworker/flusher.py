@@ -28,7 +28,7 @@ import orjson
 from outbox import OutboxReader, Record
 from outbox.fsutil import atomic_write, ensure_dir
 from shardworker import layout, wire
-from shardworker.errors import OutcomeRejected, StoreError
+from shardworker.errors import DatabaseUnavailable, OutcomeRejected, StoreError
 from shardworker.limits import MiB
 from shardworker.model import ApplyResult, Outcome
 from shardworker.retry import Backoff, is_retryable
@@ -113,7 +113,8 @@ class Flusher:
             if not is_retryable(exc):
                 raise
             self.stats.db_errors += 1
-            self.stats.failing = str(exc) or type(exc).__name__
+            # Only an unreachable database is an outage; a conflict or a timeout is retried quietly.
+            self.stats.failing = (str(exc) or type(exc).__name__) if isinstance(exc, DatabaseUnavailable) else ""
             delay = self.backoff.next_delay(exc)
             if self.backoff.failures == 1:
                 self._failing_since = self.clock()

@@ -16,6 +16,7 @@ import ctypes
 import enum
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -80,6 +81,7 @@ class FlusherHandle:
         self.state: Any = None
         self._carried = 0  # flushed by flusher processes that have exited
         self._carried_counters: dict[str, Any] = {}  # their SharedState.counters(), summed
+        self._carry_lock = threading.Lock()  # a scrape never sees a restart's counts twice
         self._restart_at: float | None = None
         self._crashes = procs.CrashCounter("the flusher")
 
@@ -120,8 +122,9 @@ class FlusherHandle:
         now = self.clock()
         if self._restart_at is None:
             self._carried += int(self.state.flushed)
-            self._carried_counters = _add(self._carried_counters, self.state.counters())
-            self.state.publish(FlushStats())
+            with self._carry_lock:
+                self._carried_counters = _add(self._carried_counters, self.state.counters())
+                self.state.publish(FlushStats())
             error = self.state.last_error.decode(errors="replace") or f"exit code {self.process.exitcode}"
             if self.process.exitcode == EXIT_WRONG_DATABASE:
                 raise binding.WrongDatabase(error)
@@ -147,7 +150,8 @@ class FlusherHandle:
         """The flusher's counters (``COUNTERS`` and ``batch_buckets``), summed over its restarts."""
         if self.state is None:
             return SharedState().counters()
-        return _add(self._carried_counters, self.state.counters())
+        with self._carry_lock:
+            return _add(self._carried_counters, self.state.counters())
 
     @property
     def failing(self) -> str:

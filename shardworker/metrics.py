@@ -35,13 +35,12 @@ from prometheus_client.registry import Collector
 
 import outbox
 from shardworker.errors import ConfigError
+from shardworker.flusher import BATCH_BUCKETS
 from shardworker.jobstats import DURATION_BUCKETS, OUTCOMES, JobCounts
 from shardworker.layout import PARENT_SHARD
 
 log = logging.getLogger(__name__)
 
-# Outcomes per flushed batch (the batch holds up to --flush-batch, 1000 by default).
-BATCH_BUCKETS = (1, 5, 10, 50, 100, 250, 500, 1000, 5000)
 OUTBOX_REFRESH_S = 1.0
 
 
@@ -65,7 +64,7 @@ class WorkerCollector(Collector):
     def __init__(self, view: WorkerView, clock: Callable[[], float] = time.monotonic) -> None:
         self.view, self.clock = view, clock
         self._outbox: outbox.OutboxStatus | None = None
-        self._outbox_at = -OUTBOX_REFRESH_S
+        self._outbox_next = 0.0
         self._lock = threading.Lock()  # scrapes, not the hot path: one outbox read at a time
 
     def describe(self) -> Iterable[Metric]:
@@ -143,13 +142,17 @@ class WorkerCollector(Collector):
                      len(status.quarantined) if status else 0)
 
     def _outbox_status(self) -> outbox.OutboxStatus | None:
+        """At most every ``OUTBOX_REFRESH_S``, and never more than 5% of the time: reading a
+        big outbox (a long outage) is paid for rarely, not at every scrape."""
         with self._lock:
-            if self.clock() - self._outbox_at >= OUTBOX_REFRESH_S:
+            if self.clock() >= self._outbox_next:
+                started = self.clock()
                 try:
                     self._outbox = outbox.status(self.view.outbox_dir)
                 except OSError as exc:
                     log.debug("outbox status for metrics failed: %s", exc)
-                self._outbox_at = self.clock()
+                took = self.clock() - started
+                self._outbox_next = self.clock() + max(OUTBOX_REFRESH_S, 20 * took)
             return self._outbox
 
 
@@ -173,6 +176,7 @@ class _Server(ThreadingMixIn, WSGIServer):
 
 
 class _QuietHandler(WSGIRequestHandler):
+    timeout = 10  # a client that connects and sends nothing does not hold a thread for ever
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("metrics: " + format, *args)
 
@@ -197,8 +201,11 @@ class MetricsServer:
 
     def _guarded(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         if self.token is not None:
-            given = environ.get("HTTP_AUTHORIZATION", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
+            scheme, _, given = environ.get("HTTP_AUTHORIZATION", "").partition(" ")
+            # WSGI hands a header's bytes over as latin-1 text (so .encode("latin-1") gives the
+            # bytes sent back); the scheme is case-insensitive (RFC 7235).
+            sent = given.strip().encode("latin-1", "replace")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(sent, self.token.encode()):
                 start_response("401 Unauthorized", [("Content-Type", "text/plain"),
                                                     ("WWW-Authenticate", 'Bearer realm="shardworker"')])
                 return [b"a bearer token is required\n"]

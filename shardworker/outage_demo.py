@@ -140,10 +140,12 @@ def run(jobs: int, procs: int, outage_s: float, stream: TextIO = sys.stderr,
         drain = (drained_at or clock()) - back_at
         display.phase("every job done; stopping the worker")
     finally:
-        if stopped:  # interrupted mid-outage (Ctrl-C): bring PostgreSQL back so the worker's outcomes land
-            display.phase("starting PostgreSQL again, so the worker can store its outcomes before it stops …")
-            server.start()
-        _stop(worker)
+        try:
+            if stopped:  # interrupted mid-outage (Ctrl-C): bring PostgreSQL back so the worker's outcomes land
+                display.phase("starting PostgreSQL again, so the worker can store its outcomes before it stops …")
+                server.start()
+        finally:
+            _stop(worker)
     runs = _runs_per_job(ledger_dir)
     return Result(jobs, sum(runs.values()), sum(1 for n in runs.values() if n > 1), outage, peak, drain,
                   _counts(dsn))
@@ -177,6 +179,8 @@ def _start_worker(dsn: str, procs: int, outbox_dir: Path, ledger_dir: Path, log_
 
 
 def _stop(worker: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL to its whole session after 60 s, or at once on a second Ctrl-C
+    (it runs in a session of its own, so nothing else would stop it)."""
     if worker.poll() is None:
         worker.send_signal(signal.SIGTERM)
         try:
@@ -184,6 +188,10 @@ def _stop(worker: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(worker.pid, signal.SIGKILL)
             worker.wait(10)
+        except KeyboardInterrupt:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait(10)
+            raise
 
 
 def _check_alive(worker: subprocess.Popen[bytes], base: Path) -> None:

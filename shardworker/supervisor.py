@@ -23,7 +23,7 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from outbox import status as outbox_status
@@ -80,6 +80,7 @@ class Supervisor:
         self.housekeeper = Housekeeper(PgStore(self.store_config), list(app.schedules.values()), config.retention_s,
                                        self._backoff(), prune_interval_s=config.prune_interval_s)
         self.dispatcher: Dispatcher | None = None
+        self.schema_checked = False  # the database answered at startup (what database_up says until claims)
         self.metrics: MetricsServer | None = None
         if config.metrics_port is not None:
             self.metrics = MetricsServer(config.metrics_host, config.metrics_port, [WorkerCollector(self)],
@@ -114,7 +115,7 @@ class Supervisor:
         return self.pool.in_flight
 
     def database_up(self) -> bool:
-        return self.dispatcher.watch.up if self.dispatcher else True
+        return self.dispatcher.watch.up if self.dispatcher else self.schema_checked
 
     def flusher_counters(self) -> dict[str, Any]:
         counters = self.flusher.counters()
@@ -134,6 +135,7 @@ class Supervisor:
             self._install_signals()
             retry_call(self.store.check_schema, "checking the schema", backoff=self._backoff(), log=log,
                        should_stop=lambda: self.stopping)
+            self.schema_checked = True
             retry_call(lambda: binding.bind(self.config.outbox_dir, self.store, embedded=self.config.embedded_db),
                        "checking which database the outbox belongs to", backoff=self._backoff(), log=log,
                        should_stop=lambda: self.stopping)
@@ -171,11 +173,16 @@ class Supervisor:
 
     def _warn_unhandled(self) -> None:
         """Say so when queued jobs have kinds no handler here runs (they would wait unseen)."""
+        # Its own short-lived connection with a short statement timeout: on millions of queued
+        # rows this is worth skipping, not waiting for.
+        store = PgStore(replace(self.store_config, statement_timeout_s=2.0))
         try:
-            unhandled = self.store.unhandled_kinds(self.app.kinds, self.config.queues)
+            unhandled = store.unhandled_kinds(self.app.kinds, self.config.queues)
         except StoreError as exc:
             log.debug("could not look for queued jobs without a handler: %s", exc)
             return
+        finally:
+            store.close()
         if unhandled:
             log.warning("%d queued jobs have kinds this worker has no handler for, so it never claims them "
                         "(a typo, or another worker's kinds?): %s", sum(n for _, n in unhandled),

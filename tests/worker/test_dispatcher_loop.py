@@ -15,6 +15,7 @@ from shardworker.app import App
 from shardworker.children import Death
 from shardworker.config import WorkerConfig
 from shardworker.dispatcher import Dispatcher
+from shardworker.errors import NotConnected, TransientConflict
 from shardworker.layout import PARENT_SHARD
 from shardworker.model import ClaimedJob
 from shardworker.parent_outcomes import ParentOutcomes
@@ -233,3 +234,34 @@ def test_exit_when_idle_once_nothing_is_due_or_held(pg_dsn: str, store: FlakySto
     flusher.flushed_total = 2
     clock.now += 1
     assert dispatcher.run_once() is True
+
+
+def test_the_database_is_back_once_the_flusher_applies_even_while_claims_wait(
+        pg_dsn: str, store: FlakyStore, tmp_path: Path) -> None:
+    """After a failed claim the watch says the database is down; outcomes applied since (claims
+    still waiting out their backoff, or paused for a backlog) say it is back."""
+    enqueue(pg_dsn, "k", 5)
+    dispatcher, _, flusher, _ = make(store, tmp_path)
+    store.fail("claim", times=1)
+    dispatcher.run_once()
+    assert not dispatcher.watch.up and dispatcher.watch.outages == 1
+    dispatcher.run_once()
+    assert not dispatcher.watch.up  # nothing applied since: still down
+    flusher.flushed_total += 3
+    dispatcher.run_once()
+    assert dispatcher.watch.up and store.calls["claim"] == 1
+
+
+def test_a_conflict_is_not_an_outage_and_a_refused_connect_is_not_a_lost_claim(
+        pg_dsn: str, store: FlakyStore, tmp_path: Path) -> None:
+    enqueue(pg_dsn, "k", 5)
+    dispatcher, _, _, clock = make(store, tmp_path)
+    store.fail("claim", times=1, make=lambda: TransientConflict("transient conflict: deadlock detected"))
+    dispatcher.run_once()
+    assert dispatcher.watch.up and dispatcher.db_errors == 1
+    assert len(dispatcher.lost_claims) == 1  # it may have been sent: given back before the next claim
+    clock.now += 60
+    store.fail("claim", times=1, make=lambda: NotConnected("database unavailable: connection refused"))
+    dispatcher.run_once()
+    assert not dispatcher.watch.up
+    assert dispatcher.lost_claims == []  # the earlier one released; the refused one never reached the server

@@ -173,3 +173,16 @@ def test_a_metrics_port_in_use_is_one_line_and_exit_1(pg_dsn: str, tmp_path: Pat
     assert result.returncode == 1, result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
         f"error: cannot serve metrics on 127.0.0.1:{port}: Address already in use")
+
+
+def test_a_worker_started_during_an_outage_says_the_database_is_down(private_pg: EmbeddedPostgres,
+                                                                     tmp_path: Path) -> None:
+    dsn, count_dir, port = private_pg.dsn, tmp_path / "counts", free_port()
+    count_dir.mkdir()
+    private_pg.stop("immediate")
+    proc = start_worker(dsn, tmp_path / "outbox", count_dir, "--metrics-port", str(port), "--backoff-cap", "0.5")
+    assert value(scrape_when_up(port), "shardworker_database_up") == 0
+    private_pg.start()
+    wait_for(lambda: value(scrape(port), "shardworker_database_up") == 1, 30, "the database up once it answers")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0, worker_log(count_dir)
