@@ -52,7 +52,8 @@ RETURNING j.id, j.kind, j.queue, j.payload::text, j.attempt, j.max_attempts;
 -- attempt lost its lease (stale), or its job does not exist: see job_classify.
 -- code: 0 failed attempt (retried while attempts remain and delay_s >= 0), 1 done,
 -- 2 snoozed (queued again after delay_s; max_attempts grows by one, so no attempt is
--- used), 3 cancelled. Jobs that reach an end (done, failed, cancelled) are announced on
+-- used), 3 cancelled; a failure with delay_s < 0 (no more attempts) sets max_attempts to
+-- the attempt it ended on. Jobs that reach an end (done, failed, cancelled) are announced on
 -- the channel shardworker_finished (shardworker.jobs.wait_for listens), their ids
 -- comma-separated, up to 300 a notification (within the 8,000-byte payload limit).
 -- Parameters come in binary; results as bytea holding UTF-8 JSON text.
@@ -71,7 +72,11 @@ WITH o AS (
                       ELSE 'failed' END,
         result = CASE WHEN o.code = 1 THEN o.result ELSE j.result END,
         last_error = CASE WHEN o.code IN (0, 3) THEN o.error ELSE j.last_error END,
-        max_attempts = CASE WHEN o.code = 2 THEN j.max_attempts + 1 ELSE j.max_attempts END,
+        -- A snooze pays for its run; a failure the handler ends (Fail, or its own lower
+        -- max_attempts) uses the job's last attempt, so the row reads "3/3", not "3/25".
+        max_attempts = CASE WHEN o.code = 2 THEN j.max_attempts + 1
+                            WHEN o.code = 0 AND o.delay_s < 0 THEN LEAST(j.max_attempts, j.attempt)
+                            ELSE j.max_attempts END,
         run_at = CASE WHEN o.code = 2 OR (o.retryable AND j.attempt < j.max_attempts)
                       THEN now() + make_interval(secs => o.delay_s) ELSE j.run_at END,
         finished_at = CASE WHEN o.code = 2 OR (o.retryable AND j.attempt < j.max_attempts)

@@ -61,13 +61,14 @@ def test_a_worker_obeys_each_control(pg_dsn: str, tmp_path: Path) -> None:
     def final(kind: str) -> set[tuple[object, ...]]:
         return {rows[i] for i in ids[kind]}
 
-    # Retry uses attempts: the third one succeeds; with max_attempts=3 it fails after 3.
+    # Retry uses attempts: the third one succeeds; with the handler's max_attempts=3 it fails
+    # after 3, and the row says 3 of 3 (not 3 of the job's 25).
     assert final("retry_twice") == {("done", 3, 25, 3, "Retry: not yet", True)}
-    assert final("retry_always") == {("failed", 3, 25, None, "Retry: retry requested", True)}
+    assert final("retry_always") == {("failed", 3, 3, None, "Retry: retry requested", True)}
     # Snooze uses none: two runs, and max_attempts grew by one to pay for the first.
     assert final("snooze_once") == {("done", 2, 26, 2, None, True)}
     assert final("snooze_async") == {("done", 2, 26, 2, None, True)}
     # Fail ends the job at once, attempts left or not; Cancel marks it cancelled.
-    assert final("fail_now") == {("failed", 1, 25, None, "Fail: card declined", True)}
+    assert final("fail_now") == {("failed", 1, 1, None, "Fail: card declined", True)}
     assert final("cancel_me") == {("cancelled", 1, 25, None, "order withdrawn", True)}
     assert sum(ran.values()) == 2 * (3 + 3 + 2 + 2 + 1 + 1)
