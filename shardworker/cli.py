@@ -258,7 +258,7 @@ def stats(exact: bool, as_json: bool, dsn: str | None) -> None:
 from shardworker.cli_demo import demo  # noqa: E402
 from shardworker.cli_doctor import doctor  # noqa: E402
 from shardworker.cli_jobs import jobs  # noqa: E402
-from shardworker.cli_ops import periodic, prune, workers  # noqa: E402
+from shardworker.cli_ops import embedded, periodic, prune, workers  # noqa: E402
 from shardworker.cli_outbox import outbox  # noqa: E402  (registers the outbox group)
 from shardworker.dashboard.command import dashboard  # noqa: E402
 
@@ -270,3 +270,4 @@ main.add_command(workers)
 main.add_command(periodic)
 main.add_command(doctor)
 main.add_command(dashboard)
+main.add_command(embedded)

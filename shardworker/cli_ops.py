@@ -1,10 +1,11 @@
-"""``shardworker prune``, ``shardworker workers`` and ``shardworker periodic``: keeping the
-table small and seeing who works on it."""
+"""``shardworker prune``, ``workers``, ``periodic`` and ``embedded``: keeping the table
+small, seeing who works on it, and the embedded server."""
 
 from __future__ import annotations
 
 import sys
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import click
@@ -117,3 +118,49 @@ def periodic(as_json: bool, dsn: str | None) -> None:
         click.echo("no periodic schedules seen yet")
     for name, schedule, last_tick, _ in rows:
         click.echo(f"{name:<30} {schedule:<20} last tick {last_tick.isoformat() if last_tick else '(none yet)'}")
+
+
+@click.group()
+def embedded() -> None:
+    """The embedded PostgreSQL under .shardworker/ that commands use without --dsn."""
+
+
+@embedded.command("status")
+@json_option
+def embedded_status(as_json: bool) -> None:
+    """Whether it runs, on which port, and where its data is; exit 1 when it is not running."""
+    from shardworker.embedded import EmbeddedPostgres
+
+    datadir = Path(".shardworker") / "pgdata"
+    exists = (datadir / "PG_VERSION").exists()
+    server = EmbeddedPostgres(datadir) if exists else None
+    running = server is not None and server.is_running()
+    info = {"data": str(datadir), "exists": exists, "running": running, "port": server.port if server else None}
+    if as_json:
+        click.echo(orjson.dumps(info).decode())
+    elif not exists:
+        click.echo(f"no embedded PostgreSQL in {datadir} (a command without --dsn creates one)")
+    else:
+        state = f"running on 127.0.0.1:{server.port}" if server and running else "stopped"
+        click.echo(f"embedded PostgreSQL in {datadir}: {state}")
+    if not running:
+        sys.exit(1)
+
+
+@embedded.command("stop")
+@one_line_errors
+def embedded_stop() -> None:
+    """Stop it (a fast shutdown: connections are closed, nothing is lost); the next command
+    without --dsn starts it again."""
+    from shardworker.embedded import EmbeddedPostgres
+
+    datadir = Path(".shardworker") / "pgdata"
+    if not (datadir / "PG_VERSION").exists():
+        click.echo(f"no embedded PostgreSQL in {datadir}")
+        return
+    server = EmbeddedPostgres(datadir)
+    if not server.is_running():
+        click.echo(f"embedded PostgreSQL in {datadir} is not running")
+        return
+    server.stop("fast")
+    click.echo(f"stopped the embedded PostgreSQL in {datadir}")
