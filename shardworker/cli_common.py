@@ -55,8 +55,7 @@ def one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except (ShardworkerError, OutboxError) as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(1)
+            _fail(str(exc))
         except BrokenPipeError:
             # `shardworker jobs list | head`: the reader left; say nothing, as other tools do.
             with contextlib.suppress(OSError):
@@ -64,9 +63,17 @@ def one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             sys.exit(141)
         except OSError as exc:
             where = f": {exc.filename}" if exc.filename else ""
-            click.echo(f"error: {exc.strerror or exc}{where}", err=True)
-            sys.exit(1)
+            _fail(f"{exc.strerror or exc}{where}")
     return wrapper
+
+
+def _fail(message: str) -> None:
+    """``error: <message>`` on stderr (a JSON record when logs are JSON) and exit 1."""
+    if logs.current().format == "json":
+        logging.getLogger("shardworker.cli").error(message)
+    else:
+        click.echo(f"error: {message}", err=True)
+    sys.exit(1)
 
 
 def resolve_dsn(dsn: str | None, *, migrate: bool = True) -> str:

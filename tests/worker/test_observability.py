@@ -186,3 +186,12 @@ def test_a_worker_started_during_an_outage_says_the_database_is_down(private_pg:
     wait_for(lambda: value(scrape(port), "shardworker_database_up") == 1, 30, "the database up once it answers")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 0, worker_log(count_dir)
+
+
+def test_a_refusal_is_a_json_line_too(pg_dsn: str, tmp_path: Path) -> None:
+    refused = run_cli("run", "--app", "counting_app:nope", "--log-format", "json", "--outbox-dir",
+                      str(tmp_path / "outbox"), "--dsn", pg_dsn)
+    assert refused.returncode == 1
+    [line] = json_lines(refused.stderr)
+    assert (line["level"], line["role"]) == ("ERROR", "parent")
+    assert line["message"].startswith("module 'counting_app' has no attribute 'nope'")
