@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -175,6 +176,10 @@ class _Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True
 
 
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
 class _QuietHandler(WSGIRequestHandler):
     timeout = 10  # a client that connects and sends nothing does not hold a thread for ever
     def log_message(self, format: str, *args: Any) -> None:
@@ -217,7 +222,8 @@ class MetricsServer:
     def start(self) -> None:
         """Bind (``OSError`` when the port is taken) and serve in the background."""
         try:
-            self._httpd = make_server(self.host, self.port, self._guarded, server_class=_Server,
+            self._httpd = make_server(self.host, self.port, self._guarded,
+                                      server_class=_Server6 if ":" in self.host else _Server,
                                       handler_class=_QuietHandler)
         except OSError as exc:
             raise ConfigError(f"cannot serve metrics on {self.host}:{self.port}: {exc.strerror or exc}") from exc

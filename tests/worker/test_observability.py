@@ -16,9 +16,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from shardworker.embedded import EmbeddedPostgres
+from shardworker.errors import ConfigError
 from tests.conftest import free_port
 from tests.helpers import enqueue, runs_per_job, start_worker, status_counts, wait_for, worker_env, worker_log
 
@@ -195,3 +197,30 @@ def test_a_refusal_is_a_json_line_too(pg_dsn: str, tmp_path: Path) -> None:
     [line] = json_lines(refused.stderr)
     assert (line["level"], line["role"]) == ("ERROR", "parent")
     assert line["message"].startswith("module 'counting_app' has no attribute 'nope'")
+
+
+def test_the_metrics_server_on_ipv6_loopback_with_a_token() -> None:
+    from shardworker.metrics import MetricsServer
+
+    server = MetricsServer("::1", 0, [], token="t0ken")
+    try:
+        server.start()
+    except ConfigError as exc:  # a machine without IPv6 on loopback
+        pytest.skip(str(exc))
+    try:
+        def status(path: str, auth: str | None) -> int:
+            request = urllib.request.Request(f"http://[::1]:{server.port}{path}")
+            if auth:
+                request.add_header("Authorization", auth)
+            try:
+                with urllib.request.urlopen(request, timeout=5) as response:
+                    return int(response.status)
+            except urllib.error.HTTPError as exc:
+                return exc.code
+
+        assert status("/metrics", None) == 401
+        assert status("/metrics", "Bearer wrong") == 401
+        assert status("/metrics", "bearer t0ken") == 200  # the scheme is case-insensitive
+        assert status("/other", "Bearer t0ken") == 404
+    finally:
+        server.stop()
