@@ -288,6 +288,7 @@ class Dispatcher:
                        backoff=Backoff(self.config.backoff_base_s, min(1.0, self.config.backoff_cap_s)))
             return released[0]
         except StoreError as exc:
-            log.warning("could not give back %d unstarted jobs (%s); they stay running under worker %s "
-                        "until its next start, or a rescue", len(unstarted), exc, self.worker_id)
+            log.warning("could not give back %d unstarted jobs and %d claims whose replies were lost (%s); "
+                        "they stay running under worker %s until its next start, or a rescue", len(unstarted),
+                        len(self.lost_claims), exc, self.worker_id)
             return 0

@@ -46,6 +46,8 @@ from shardworker.shard import ChildConfig
 
 log = logging.getLogger(__name__)
 
+GIVE_BACK_IN_OUTAGE_S = 3.0
+
 
 @dataclass
 class RunSummary:
@@ -259,7 +261,10 @@ class Supervisor:
         self.pool.request_stop()
         deaths, unstarted = self.pool.finish(deadline, dispatcher.count_finished)
         dispatcher.settle(deaths)
-        released = dispatcher.give_back(unstarted, deadline)
+        # With the database away, giving back is tried briefly, not for the whole timeout: what
+        # cannot be given back now is requeued at this worker's next start (or rescued).
+        give_back_by = deadline if dispatcher.watch.up else min(deadline, time.monotonic() + GIVE_BACK_IN_OUTAGE_S)
+        released = dispatcher.give_back(unstarted, give_back_by)
         self.flusher.stop(deadline, lambda: dispatcher.backlog() <= 0)
         self.housekeeper.stop(wait_s=1.0)
         if self.heartbeat is not None:
