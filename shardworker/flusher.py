@@ -81,7 +81,7 @@ class Flusher:
         self.clock, self.sleep = clock, sleep
         # Whether to log "database unreachable" / "back": not in a worker, whose parent
         # tells of the database for every process at once (shardworker.dbwatch).
-        self.outage_level = logging.WARNING if report_outages else logging.DEBUG
+        self.report_outages = report_outages
         self._failing_since = 0.0
         self.backoff = Backoff(config.backoff_base_s, config.backoff_cap_s)
         self.stats = FlushStats()
@@ -118,8 +118,8 @@ class Flusher:
             delay = self.backoff.next_delay(exc)
             if self.backoff.failures == 1:
                 self._failing_since = self.clock()
-                log.log(self.outage_level, "database unreachable (%s): outcomes wait in the outbox; retrying "
-                        "with backoff", exc)
+                log.log(logging.WARNING if self.report_outages else logging.DEBUG,
+                        "database unreachable (%s): outcomes wait in the outbox; retrying with backoff", exc)
             self.sleep(delay)
             return 0
         try:
@@ -132,7 +132,7 @@ class Flusher:
             self.sleep(self.backoff.next_delay())
             return 0
         if self.backoff.failures:
-            log.log(logging.INFO if self.outage_level > logging.DEBUG else logging.DEBUG,
+            log.log(logging.INFO if self.report_outages else logging.DEBUG,
                     "database back after %.1fs (%d failed flushes); flushing resumed",
                     self.clock() - self._failing_since, self.backoff.failures)
         self.backoff.reset()

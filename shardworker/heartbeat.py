@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from shardworker.errors import StoreError
+from shardworker.errors import DatabaseUnavailable, StoreError
 from shardworker.rescuer import Rescuer, RescueStore
 from shardworker.retry import Backoff
 
@@ -57,7 +57,9 @@ class Heartbeat:
                 self.rescuer.connection_lost()
             delay = max(self.interval_s, self.backoff.next_delay(exc))
             if self.backoff.failures == 1:
-                log.warning("heartbeat failed (%s); retrying every %.1fs or so", exc, delay)
+                # An unreachable database is told once for the whole worker (shardworker.dbwatch).
+                log.log(logging.DEBUG if isinstance(exc, DatabaseUnavailable) else logging.WARNING,
+                        "heartbeat failed (%s); retrying every %.1fs or so", exc, delay)
             return delay
         return self.interval_s
 

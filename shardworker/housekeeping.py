@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from shardworker.errors import StoreError
+from shardworker.errors import DatabaseUnavailable, StoreError
 from shardworker.periodic import PeriodicStore, Schedule, Scheduler
 from shardworker.retry import Backoff
 
@@ -80,11 +80,12 @@ class Housekeeper:
             delay = max(self.tick_s, self.backoff.next_delay(exc))
             if self._down_since is None:
                 self._down_since = self.clock()
-                log.warning("housekeeping (periodic jobs, retention) paused: %s; retrying every %.1fs or so",
-                            exc, delay)
+                # An unreachable database is told once for the whole worker (shardworker.dbwatch).
+                log.log(logging.DEBUG if isinstance(exc, DatabaseUnavailable) else logging.WARNING,
+                        "housekeeping (periodic jobs, retention) paused: %s; retrying every %.1fs or so", exc, delay)
             return delay
         if self._down_since is not None:
-            log.info("housekeeping resumed after %.1fs", self.clock() - self._down_since)
+            log.debug("housekeeping resumed after %.1fs", self.clock() - self._down_since)
             self._down_since = None
             self.backoff.reset()
         return 0.0 if self._pruning else self.tick_s

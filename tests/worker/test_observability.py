@@ -116,6 +116,9 @@ def test_metrics_and_json_logs_through_an_outage(private_pg: EmbeddedPostgres, t
     assert [(line["role"], line["level"]) for line in lost] == [("parent", "WARNING")], lost
     assert [(line["role"], line["level"]) for line in back] == [("parent", "INFO")], back
     assert back[0]["outcomes_waited"] > 0 and back[0]["outage_s"] >= 2.0
+    # Nor does each part of the parent tell the outage again (heartbeat, housekeeping).
+    others = [line for line in lines if line["level"] == "WARNING" and line["role"] == "parent" and line not in lost]
+    assert not others, others
     worker_id = back[0]["worker_id"]
     assert worker_id and {line["worker_id"] for line in lines} == {worker_id}
     failures = [line for line in lines if line["logger"] == "shardworker.shard"]
