@@ -201,7 +201,8 @@ def flusher_main(directory: str, store_config: StoreConfig, config: FlusherConfi
 def _loop(flusher: Flusher, state: Any, idle_sleep_s: float) -> None:
     while True:
         flushed = flusher.run_once()
-        state.publish(flusher.stats)
+        if flushed or not flusher.idle:  # an idle pass changes no count: nothing to publish
+            state.publish(flusher.stats)
         state.idle = flusher.idle
         if flusher.idle:
             state.drained = True

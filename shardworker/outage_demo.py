@@ -97,19 +97,30 @@ def run(jobs: int, procs: int, outage_s: float, stream: TextIO = sys.stderr,
     dsn = ensure_embedded(base)
     server = EmbeddedPostgres(base / "pgdata")
     apply_migrations(dsn)
+    store = PgStore(StoreConfig(dsn, connect_timeout_s=2))  # the demo's one connection, for counting
+    try:
+        return _run(dsn, server, store, jobs, procs, outage_s, display, clock)
+    finally:
+        store.close()
+
+
+def _run(dsn: str, server: EmbeddedPostgres, store: PgStore, jobs: int, procs: int, outage_s: float,
+         display: Display, clock: Callable[[], float]) -> Result:
+    base = BASE_DIR.absolute()
     outbox_dir, ledger_dir = base / "outbox", base / "ledger"
-    _fresh(dsn, outbox_dir, ledger_dir, display)
+    _fresh(dsn, store, outbox_dir, ledger_dir, display)
     enqueue_many(dsn, [JobSpec("demo.outage", {"n": i}, queue=QUEUE) for i in range(jobs)])
     display.phase(f"enqueued {jobs:,} jobs on {redact_dsn(dsn)}; starting `shardworker run --procs {procs}` "
                   f"(log: {BASE_DIR}/worker.log)")
     worker = _start_worker(dsn, procs, outbox_dir, ledger_dir, base / "worker.log")
     stopped = False
     try:
-        _wait(lambda: _counts(dsn).get("done", 0) >= max(1, jobs // 5), 120, worker, base,
+        _wait(lambda: _counts(store).get("done", 0) >= max(1, jobs // 5), 120, worker, base,
               "the first fifth of the jobs to be done")
         display.phase("stopping PostgreSQL mid-run (pg_ctl stop -m immediate) …")
         stopped = True
         server.stop("immediate")
+        store.close()  # its connection died with the server; the next count opens a new one
         peak, down_at = 0, clock()
         while clock() - down_at < outage_s:
             pending = outbox.status(str(outbox_dir)).pending
@@ -129,7 +140,7 @@ def run(jobs: int, procs: int, outage_s: float, stream: TextIO = sys.stderr,
             pending = outbox.status(str(outbox_dir)).pending
             if pending == 0 and drained_at is None:
                 drained_at = clock()
-            done = _counts(dsn).get("done", 0)
+            done = _counts(store).get("done", 0)
             display.progress(f"PostgreSQL back | outbox pending {pending:,} | done {done:,}/{jobs:,}")
             if done >= jobs and pending == 0:
                 break
@@ -148,20 +159,16 @@ def run(jobs: int, procs: int, outage_s: float, stream: TextIO = sys.stderr,
             _stop(worker)
     runs = _runs_per_job(ledger_dir)
     return Result(jobs, sum(runs.values()), sum(1 for n in runs.values() if n > 1), outage, peak, drain,
-                  _counts(dsn))
+                  _counts(store))
 
 
-def _fresh(dsn: str, outbox_dir: Path, ledger_dir: Path, display: Display) -> None:
+def _fresh(dsn: str, store: PgStore, outbox_dir: Path, ledger_dir: Path, display: Display) -> None:
     """Start from nothing: no demo jobs, an empty outbox, an empty ledger. Outcomes an
     interrupted run left in the outbox are drained into the demo's database first."""
     if outbox_dir.exists() and (pending := outbox.status(str(outbox_dir)).pending):
         display.phase(f"draining {pending:,} outcomes an earlier, interrupted run left in {outbox_dir} …")
         drain(str(outbox_dir), dsn, timeout_s=120)
-    store = PgStore(StoreConfig(dsn))
-    try:
-        store.delete_queue(QUEUE)
-    finally:
-        store.close()
+    store.delete_queue(QUEUE)
     ledger_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     for name in os.listdir(ledger_dir):
         os.unlink(ledger_dir / name)
@@ -210,12 +217,8 @@ def _wait(predicate: Callable[[], bool], timeout_s: float, worker: subprocess.Po
         time.sleep(0.1)
 
 
-def _counts(dsn: str) -> dict[str, int]:
-    store = PgStore(StoreConfig(dsn, connect_timeout_s=2))
-    try:
-        return {status: n for queue, status, n in store.stats() if queue == QUEUE}
-    finally:
-        store.close()
+def _counts(store: PgStore) -> dict[str, int]:
+    return {status: n for queue, status, n in store.stats() if queue == QUEUE}
 
 
 def _runs_per_job(ledger_dir: Path) -> collections.Counter[int]:
