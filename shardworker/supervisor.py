@@ -11,8 +11,9 @@
    ``exit_when_idle``.
 6. Shut down: stop claiming, let children finish the job in hand, give back jobs never
    started, let the flusher apply what the database accepts (all bounded by
-   ``shutdown_timeout_s``), stop housekeeping and heartbeating, forget the worker. A second signal exits
-   at once. A crash loop (``CrashLoop``) shuts down the same way, then is raised.
+   ``shutdown_timeout_s``; during an outage, what needs the database gets only
+   ``DATABASE_WAIT_IN_OUTAGE_S``), stop housekeeping and heartbeating, forget the worker.
+   A second signal exits at once. A crash loop (``CrashLoop``) shuts down the same way, then is raised.
 
 Each step is another module's: this one only decides when.
 """
@@ -46,7 +47,7 @@ from shardworker.shard import ChildConfig
 
 log = logging.getLogger(__name__)
 
-GIVE_BACK_IN_OUTAGE_S = 3.0
+DATABASE_WAIT_IN_OUTAGE_S = 3.0  # what a shutdown during an outage waits for the database
 
 
 @dataclass
@@ -261,11 +262,12 @@ class Supervisor:
         self.pool.request_stop()
         deaths, unstarted = self.pool.finish(deadline, dispatcher.count_finished)
         dispatcher.settle(deaths)
-        # With the database away, giving back is tried briefly, not for the whole timeout: what
-        # cannot be given back now is requeued at this worker's next start (or rescued).
-        give_back_by = deadline if dispatcher.watch.up else min(deadline, time.monotonic() + GIVE_BACK_IN_OUTAGE_S)
-        released = dispatcher.give_back(unstarted, give_back_by)
-        self.flusher.stop(deadline, lambda: dispatcher.backlog() <= 0)
+        # With the database away, what needs it (giving back, applying outcomes) is tried
+        # briefly, not for the whole timeout: nothing is lost by leaving it. Unstarted jobs are
+        # requeued at this worker's next start (or rescued); outcomes wait in the outbox.
+        db_by = deadline if dispatcher.watch.up else min(deadline, time.monotonic() + DATABASE_WAIT_IN_OUTAGE_S)
+        released = dispatcher.give_back(unstarted, db_by)
+        self.flusher.stop(db_by, lambda: dispatcher.backlog() <= 0)
         self.housekeeper.stop(wait_s=1.0)
         if self.heartbeat is not None:
             self.heartbeat.stop()

@@ -153,3 +153,25 @@ def test_a_stop_during_an_outage_with_nothing_in_hand_exits_at_once(private_pg: 
     assert proc.wait(30) == 0, worker_log(count_dir)
     assert time.monotonic() - stopped_at < 10, worker_log(count_dir)
     assert "could not give back 0 unstarted jobs and 0 claims" not in worker_log(count_dir)
+
+
+def test_a_stop_during_an_outage_with_outcomes_pending_exits_in_seconds(private_pg: EmbeddedPostgres,
+                                                                        tmp_path: Path) -> None:
+    """Outcomes waiting in the outbox when a stop comes during an outage: the worker waits for
+    the database a few seconds, not --shutdown-timeout, and leaves them for its next start."""
+    dsn, count_dir, outbox_dir = private_pg.dsn, tmp_path / "counts", tmp_path / "outbox"
+    count_dir.mkdir()
+    enqueue(dsn, "slow", 100, {"sleep": 0.01})
+    proc = start_worker(dsn, outbox_dir, count_dir, "--backoff-cap", "0.5", "--shutdown-timeout", "60", procs=2)
+    wait_for(lambda: status_counts(dsn).get("done", 0) >= 10, 30, "a first part done")
+    private_pg.stop("immediate")
+    wait_for(lambda: len(runs(count_dir)) >= 60, 30, "handlers finishing into the outbox")
+    stopped_at = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 0, worker_log(count_dir)
+    assert time.monotonic() - stopped_at < 15, worker_log(count_dir)
+    assert "outcomes remain in the outbox" in worker_log(count_dir)
+    private_pg.start()
+    assert start_worker(dsn, outbox_dir, count_dir, "--exit-when-idle", procs=2).wait(60) == 0
+    assert status_counts(dsn) == {"done": 100}
+    assert set(runs_per_job(count_dir).values()) == {1}
