@@ -102,6 +102,8 @@ def run(jobs: int, procs: int, outage_s: float, stream: TextIO = sys.stderr,
         return _run(dsn, server, store, jobs, procs, outage_s, display, clock)
     finally:
         store.close()
+        # The demo's server is the demo's alone: it does not outlive the demo.
+        server.stop()
 
 
 def _run(dsn: str, server: EmbeddedPostgres, store: PgStore, jobs: int, procs: int, outage_s: float,
@@ -175,13 +177,14 @@ def _fresh(dsn: str, store: PgStore, outbox_dir: Path, ledger_dir: Path, display
 
 
 def _start_worker(dsn: str, procs: int, outbox_dir: Path, ledger_dir: Path, log_path: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, LEDGER_ENV: str(ledger_dir)}
-    env.pop("SHARDWORKER_DSN", None)
+    # The DSN holds the server's superuser password: it goes in the environment, which only
+    # this user (and root) can read, never in argv, which every local user can (/proc/PID/cmdline).
+    env = {**os.environ, LEDGER_ENV: str(ledger_dir), "SHARDWORKER_DSN": dsn}
     with open(log_path, "ab") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "shardworker", "run", "--app", "shardworker.demo_app:app", "--procs", str(procs),
              "--queues", QUEUE, "--outbox-dir", str(outbox_dir), "--prefetch", "400", "--backoff-cap", "1",
-             "--retention", "0", "--dsn", dsn],
+             "--retention", "0"],
             stdout=log, stderr=log, env=env, start_new_session=True)
 
 

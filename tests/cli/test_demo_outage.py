@@ -4,6 +4,7 @@ whose counts come from the handler's own ledger."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -26,11 +27,35 @@ def test_the_outage_demo_reruns_nothing(tmp_path: Path) -> None:
         EmbeddedPostgres(tmp_path / ".shardworker" / "outage-demo" / "pgdata").stop("immediate")
 
 
+def command_lines_while(proc: subprocess.Popen[str]) -> list[bytes]:
+    """Every process command line on the machine, sampled every 50 ms until ``proc`` exits
+    (what any local user can read in /proc)."""
+    seen: set[bytes] = set()
+    while proc.poll() is None:
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError):
+                    seen.add((entry / "cmdline").read_bytes())
+        time.sleep(0.05)
+    return sorted(seen)
+
+
 def run_the_demo_twice(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SHARDWORKER_DSN")}
-    done = subprocess.run([*shardworker_script(), "demo", "--outage", "--jobs", "400", "--outage-seconds", "1.5"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    proc = subprocess.Popen([*shardworker_script(), "demo", "--outage", "--jobs", "400", "--outage-seconds", "1.5"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    command_lines = command_lines_while(proc)
+    stdout, stderr = proc.communicate(timeout=240)
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    # The demo's superuser password is in no process's argv (readable by every local user),
+    # and the demo's server is stopped when it ends.
+    demo_dir = tmp_path / ".shardworker" / "outage-demo"
+    password = (demo_dir / "password").read_text().strip().encode()
+    assert any(b"shardworker.demo_app" in line for line in command_lines)  # the worker was seen
+    assert not [line for line in command_lines if password in line]
+    assert password not in (demo_dir / "worker.log").read_bytes()
+    assert not EmbeddedPostgres(demo_dir / "pgdata").is_running()
     rows = table_rows(done.stdout)
     assert (rows["jobs"], rows["handler runs"], rows["re-runs"], rows["final rows"]) == ("400", "400", "0", "done 400")
     assert float(rows["PostgreSQL down"].split()[0]) >= 1.5
