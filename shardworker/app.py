@@ -32,7 +32,7 @@ import inspect
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from shardworker.errors import AppLoadError, ConfigError
@@ -119,6 +119,17 @@ class App:
     @property
     def kinds(self) -> list[str]:
         return sorted(self.handlers)
+
+    def with_default_timeout(self, timeout_s: float | None) -> App:
+        """A copy in which every handler without its own ``timeout_s`` has ``timeout_s``
+        (``None`` or 0: no limit, the app itself)."""
+        if not timeout_s:
+            return self
+        app = App()
+        app.schedules = self.schedules
+        app.handlers = {kind: spec if spec.timeout_s is not None else replace(spec, timeout_s=timeout_s)
+                        for kind, spec in self.handlers.items()}
+        return app
 
 
 def load_app(ref: str) -> App:

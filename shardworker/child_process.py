@@ -2,10 +2,10 @@
 
 ``ChildHandle`` starts the child (with a large non-blocking pipe each way), queues frames
 for it without ever blocking, reads what it reports, tracks which sent jobs it started
-(one progress slot per job in flight) and, after a death, settles what it held: started
-jobs whose outcome is durable in its shard count as finished, started ones without an
-outcome were lost, unstarted ones go back to be resent. ``Pace`` keeps its recent rate of
-finished jobs. The pool of children (``shardworker.children``) drives these handles.
+(one progress slot per job in flight) and, after a death, sorts what it held: started
+jobs whose outcome is durable in its shard count as finished; started ones without an
+outcome are left for ``shardworker.blame`` to judge; unstarted ones go back to be resent.
+``Pace`` keeps its recent rate of finished jobs. The pool of children (``shardworker.children``) drives these handles.
 """
 
 from __future__ import annotations
@@ -34,13 +34,36 @@ ASYNC_TIMEOUT_GRACE_S = 10.0  # an async handler is cancelled in the child; this
 @dataclass(frozen=True)
 class Death:
     """What a dead child left: how many started jobs have a durable outcome, the started
-    jobs without one, and the jobs it never started (resent once it is restarted)."""
+    jobs charged a failed attempt (``errors`` holds each one's error; when empty, ``reason``
+    is every one's), the jobs it never started (resent once it is restarted) and those to
+    snooze (their handler returned, the outcome was lost with the child)."""
 
     index: int
     reason: str
     durable: int
     lost: tuple[ClaimedJob, ...]
     unstarted: tuple[ClaimedJob, ...]
+    errors: tuple[str, ...] = ()
+    snoozed: tuple[ClaimedJob, ...] = ()
+
+    def charges(self) -> dict[str, list[ClaimedJob]]:
+        """The charged jobs by their error."""
+        by_error: dict[str, list[ClaimedJob]] = {}
+        for job, error in zip(self.lost, self.errors or (self.reason,) * len(self.lost), strict=True):
+            by_error.setdefault(error, []).append(job)
+        return by_error
+
+
+@dataclass(frozen=True)
+class Leftovers:
+    """A dead child's unreported jobs, split by what its progress slots and shard tell."""
+
+    reported: list[Sent]  # reported finished before it died (read at last)
+    taken: list[Sent]  # every other job sent to it, now taken off it
+    durable: int  # started jobs whose outcome is durable in its shard
+    unfinished: list[ClaimedJob]  # started, handler still running, no durable outcome
+    unsaved: list[ClaimedJob]  # handler returned, outcome not durable
+    unstarted: list[ClaimedJob]
 
 
 PACE_WINDOW_S = 0.25
@@ -95,6 +118,9 @@ class ChildHandle:
     fatal: str = ""
     job_counts: JobCounts = field(default_factory=JobCounts)  # the pool's, for the metrics
     restart_at: float | None = None
+    # Jobs that were running when it died by itself, the cause unknown: each runs alone, in turn.
+    suspects: deque[ClaimedJob] = field(default_factory=deque)
+    suspect: wire.JobKey | None = None  # the suspect sent last
     crashes: procs.CrashCounter = field(init=False)
     _free: list[int] = field(default_factory=list)
     _pipes: list[Any] = field(default_factory=list)
@@ -112,8 +138,13 @@ class ChildHandle:
 
     @property
     def ready(self) -> bool:
-        """Alive and not waiting for a restart: jobs may be sent."""
-        return self.restart_at is None and self.alive
+        """Alive, not waiting for a restart and not running suspects: jobs may be sent."""
+        return self.restart_at is None and self.alive and not self.isolating
+
+    @property
+    def isolating(self) -> bool:
+        """Suspects wait, or one runs alone: nothing else may be sent."""
+        return bool(self.suspects) or self.suspect in self.sent
 
     def start(self, now: float) -> None:
         ctx = procs.context()
@@ -206,27 +237,24 @@ class ChildHandle:
             if since is not None:
                 yield sent.job, since
 
-    def settle(self, reason: str) -> tuple[Death, list[Sent], list[Sent]]:
-        """After the process died: split its unreported jobs by what its shard holds.
-
-        Returns the death, the jobs it reported before dying, and every other job taken off
-        it (the started ones, and the unstarted ones now held for its successor)."""
+    def settle(self) -> Leftovers:
+        """After the process died: split its unreported jobs by what its shard holds, and take
+        them all off it (the pool decides who is charged and what is resent)."""
         reported = self.receive()
         self.process.join(1)
         progress = self.progress
         sent = list(self.sent.values())
         started = [s for s in sent if progress is not None and progress.started(s.slot, s.job.id)]
         durable = durable_keys(self.config.outbox_dir, self.index, len(started)) if started else set()
-        lost = tuple(s.job for s in started if (s.job.id, s.job.attempt) not in durable)
+        left = [s for s in started if (s.job.id, s.job.attempt) not in durable]
+        running = [progress is not None and progress.running_since(s.slot, s.job.id) is not None for s in left]
+        unfinished = [s.job for s, r in zip(left, running, strict=True) if r]
+        unsaved = [s.job for s, r in zip(left, running, strict=True) if not r]
         unstarted = [s.job for s in sent if s not in started]
         for s in sent:
             self._release((s.job.id, s.job.attempt))
-        self.held.extendleft(reversed(unstarted))  # resent first, in their order, to the successor
         self.progress = None
-        if lost:
-            log.error("child %d %s; %d started jobs failed this attempt, %d acknowledged, %d not started",
-                      self.index, reason, len(lost), len(started) - len(lost), len(unstarted))
-        return Death(self.index, reason, len(started) - len(lost), lost, tuple(unstarted)), reported, sent
+        return Leftovers(reported, sent, len(started) - len(left), unfinished, unsaved, unstarted)
 
 
 def durable_keys(directory: str, shard: int, count: int) -> set[wire.JobKey]:

@@ -17,8 +17,11 @@ non-blocking pipe and go out as the child reads.
 
 Each sent job gets a progress slot; the child marks it when the handler starts and when
 it finishes. After a death, a started job whose outcome is durable in the child's shard
-counts as finished, a started job without one was lost with the child, and the rest are
-resent to its successor.
+counts as finished, the unstarted ones are resent to its successor, and ``shardworker.blame``
+judges the started ones without an outcome: the job that caused the death is charged, the
+others run again uncharged, as *suspects* (one at a time, alone) when the cause is unknown.
+A death a job caused restarts the child at once; only one with no job running, or a
+``Fatal`` report, counts toward the crash-loop verdict.
 """
 
 from __future__ import annotations
@@ -28,9 +31,10 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-from shardworker import logs, procs, wire
+from shardworker import blame, logs, procs, wire
 from shardworker.app import HandlerSpec
 from shardworker.child_process import ASYNC_TIMEOUT_GRACE_S, ChildHandle, Death, Sent
+from shardworker.errors import CrashLoop
 from shardworker.jobstats import JobCounts
 from shardworker.model import ClaimedJob
 from shardworker.shard import ChildConfig
@@ -51,6 +55,7 @@ class ChildPool:
         self.limits = {kind: spec.concurrency for kind, spec in specs.items() if spec.concurrency}
         self.by_kind: collections.Counter[str] = collections.Counter()  # sent and unreported, per capped kind
         self._finished = 0
+        self._crash_loop: CrashLoop | None = None  # raised by the next ``check``
 
     def __len__(self) -> int:
         return len(self.handles)
@@ -71,11 +76,12 @@ class ChildPool:
 
     @property
     def in_flight(self) -> int:
-        return sum(len(h.sent) + len(h.held) for h in self.handles)
+        return sum(len(h.sent) + len(h.held) + len(h.suspects) for h in self.handles)
 
     def job_ids(self) -> list[int]:
         """Ids of every job routed to a child and not yet reported."""
-        return [s.job.id for h in self.handles for s in h.sent.values()] + [j.id for h in self.handles for j in h.held]
+        return ([s.job.id for h in self.handles for s in h.sent.values()] + [j.id for h in self.handles for j in h.held]
+                + [j.id for h in self.handles for j in h.suspects])
 
     def held_bytes(self) -> int:
         """Payload bytes claimed and waiting here, not yet sent to a child."""
@@ -144,47 +150,101 @@ class ChildPool:
         return [h.inp.fd for h in ready if h.inp], [h.out.fd for h in ready if h.out and h.out.queued_bytes]
 
     def check(self) -> list[Death]:
-        """Settle dead and timed-out children, restart those whose backoff has passed.
+        """Settle dead and timed-out children, restart those whose backoff has passed, send
+        suspects their turn.
 
-        Raises ``CrashLoop`` when a child died too often right after starting.
+        Raises ``CrashLoop`` when a child died too often right after starting (once the
+        deaths that led to it were returned, so their jobs are settled first).
         """
+        if self._crash_loop is not None:
+            raise self._crash_loop
         deaths, now = [], self.clock()
         for handle in self.handles:
             if handle.restart_at is not None:
                 if now >= handle.restart_at:
                     handle.start(now)
+                    self._send_suspect(handle)
                     self._pump(handle)
                 continue
             if handle.alive:
                 timed_out = self._timed_out(handle, now)
-                if timed_out is None:
+                if not timed_out:
+                    self._send_suspect(handle)
                     continue
                 procs.kill_quietly(handle.process.pid)
-                deaths.append(self._settle(handle, timed_out))
-                handle.restart_at = now  # the handler's fault, not the child's: no crash-loop count
+                deaths.append(self._settle(handle, blame.Cause(killed=True, timed_out=timed_out), now))
                 continue
-            reason = handle.fatal or f"worker process died (exit code {handle.process.exitcode})"
-            deaths.append(self._settle(handle, reason))
-            handle.restart_at = now + handle.crashes.died(now, reason)
+            deaths.append(self._settle(handle, blame.Cause(fatal=handle.fatal, exitcode=handle.process.exitcode),
+                                       now))
         return deaths
 
-    def _settle(self, handle: ChildHandle, reason: str) -> Death:
-        death, reported, released = handle.settle(reason)
-        self._forget(reported)
-        self._forget(released, finished=False)  # the dispatcher counts the death's own
-        return death
+    def _settle(self, handle: ChildHandle, cause: blame.Cause, now: float | None = None) -> Death:
+        """Judge a dead child's jobs (``shardworker.blame``), hold what runs again for its
+        successor and, with ``now``, schedule the restart: at once after a death a job
+        caused, paced by its crash counter otherwise."""
+        left = handle.settle()
+        self._forget(left.reported)
+        self._forget(left.taken, finished=False)  # the dispatcher counts the death's own
+        verdict = blame.judge(cause, left.unfinished, left.unsaved)
+        unstarted = left.unstarted
+        if handle.suspect is not None:  # a suspect it never started keeps its turn
+            back = [j for j in unstarted if (j.id, j.attempt) == handle.suspect]
+            unstarted = [j for j in unstarted if (j.id, j.attempt) != handle.suspect]
+            handle.suspects.extendleft(back)
+            handle.suspect = None
+        handle.suspects.extend(verdict.suspects)
+        handle.held.extendleft(reversed([*verdict.resend, *unstarted]))  # first, in their order
+        self._log_death(handle, verdict, len(left.unstarted))
+        if now is not None:
+            handle.restart_at = now
+            if verdict.crash:
+                self._count_crash(handle, now, verdict.reason)
+        charged = verdict.charged
+        return Death(handle.index, verdict.reason, left.durable, tuple(j for j, _ in charged),
+                     tuple(left.unstarted), tuple(e for _, e in charged), verdict.snooze)
 
-    def _timed_out(self, handle: ChildHandle, now: float) -> str | None:
+    def _count_crash(self, handle: ChildHandle, now: float, reason: str) -> None:
+        try:
+            handle.restart_at = now + handle.crashes.died(now, reason)
+        except CrashLoop as exc:
+            handle.restart_at = float("inf")
+            self._crash_loop = exc
+
+    @staticmethod
+    def _log_death(handle: ChildHandle, verdict: blame.Verdict, unstarted: int) -> None:
+        if verdict.charged or verdict.suspects or verdict.resend or verdict.snooze:
+            log.error("child %d: %s; %d jobs charged a failed attempt (%s), %d run again alone, %d run again, "
+                      "%d queued again (outcome lost), %d not started", handle.index, verdict.reason,
+                      len(verdict.charged), ", ".join(str(j.id) for j, _ in verdict.charged) or "none",
+                      len(verdict.suspects), len(verdict.resend), len(verdict.snooze), unstarted)
+
+    def _send_suspect(self, handle: ChildHandle) -> None:
+        """Send the next suspect when the child holds nothing else (and its kind is under its cap)."""
+        if not handle.suspects or handle.sent or handle.restart_at is not None or not handle.alive:
+            return
+        job = handle.suspects[0]
+        limit = self.limits.get(job.kind)
+        if limit is not None and self.by_kind[job.kind] >= limit:
+            return
+        handle.suspects.popleft()
+        if limit is not None:
+            self.by_kind[job.kind] += 1
+        handle.suspect = (job.id, job.attempt)
+        handle.send_now([job], [len(job.payload_json) + 64])
+
+    def _timed_out(self, handle: ChildHandle, now: float) -> dict[wire.JobKey, str]:
+        """The running jobs past their timeout (async ones past it and the grace), with their error."""
+        late = {}
         for job, started in handle.running():
             spec = self.specs.get(job.kind)
             if spec is None or spec.timeout_s is None:
                 continue
             allowed = spec.timeout_s + (ASYNC_TIMEOUT_GRACE_S if spec.is_async else 0.0)
             if now - started > allowed:
-                log.error("job %d (%s) exceeded its %.1fs timeout; killing child %d", job.id, job.kind,
+                log.error("job %d (%s) exceeded its %gs timeout; killing child %d", job.id, job.kind,
                           spec.timeout_s, handle.index, extra=logs.job_fields(job))
-                return f"timed out after {spec.timeout_s:g}s"
-        return None
+                late[(job.id, job.attempt)] = f"timed out after {spec.timeout_s:g}s"
+        return late
 
     def request_stop(self) -> None:
         for handle in self.handles:
@@ -209,17 +269,25 @@ class ChildPool:
                 handle.process.join(5)
             elif handle.process is not None:
                 # Out of time, or it died: settle what it held without restarting it.
-                reason = "shutdown timeout" if handle.alive else (handle.fatal or "worker process died")
-                if handle.alive:
-                    procs.kill_quietly(handle.process.pid)
-                    handle.process.join(5)
-                death = self._settle(handle, reason)
-                deaths.append(death)
+                deaths.append(self._settle(handle, self._shutdown_cause(handle)))
                 on_finished(self._finished)
                 self._finished = 0
-            unstarted.extend((j.id, j.attempt) for j in handle.held)
+            # What would run again (unstarted, resent, suspects) goes back to the queue uncharged.
+            unstarted.extend((j.id, j.attempt) for j in (*handle.suspects, *handle.held))
             handle.held.clear()
+            handle.suspects.clear()
         return deaths, unstarted
+
+    @staticmethod
+    def _shutdown_cause(handle: ChildHandle) -> blame.Cause:
+        """Why a child did not stop in time: it died (judged as any death), or it is killed now
+        and its running jobs are charged, as a timeout."""
+        if not handle.alive:
+            return blame.Cause(fatal=handle.fatal, exitcode=handle.process.exitcode)
+        procs.kill_quietly(handle.process.pid)
+        handle.process.join(5)
+        running = handle.running()
+        return blame.Cause(killed=True, timed_out={(job.id, job.attempt): "shutdown timeout" for job, _ in running})
 
     def _collect_only(self) -> int:
         """``collect`` without sending more (shutting down)."""

@@ -147,6 +147,10 @@ def enqueue(kind: str | None, payload_json: str | None, count: int, file_: Any, 
 @click.option("--exit-when-idle", is_flag=True, help="Exit 0 once nothing is due or running and the outbox is empty.")
 @click.option("--shutdown-timeout", type=click.FloatRange(min=0), default=30.0, show_default=True,
               help="Seconds to finish jobs in hand at shutdown.")
+@click.option("--default-timeout", envvar="SHARDWORKER_DEFAULT_TIMEOUT", type=Duration(), default="30m",
+              show_default=True,
+              help="Timeout of every handler without its own timeout_s (90s, 30m, 2h; 0: none); a handler past "
+                   "it fails that attempt (env SHARDWORKER_DEFAULT_TIMEOUT).")
 @click.option("--rescue-after", type=click.FloatRange(min=1), default=3600.0, show_default=True,
               help="Seconds of watched heartbeat silence before a peer rescues a worker's jobs "
                    "(must exceed --shutdown-timeout).")
@@ -184,7 +188,8 @@ def enqueue(kind: str | None, payload_json: str | None, count: int, file_: Any, 
 @one_line_errors
 @click.pass_context
 def run(ctx: click.Context, app_ref: str, procs: int, outbox_dir: str, queues: str | None, worker_id: str | None,
-        exit_when_idle: bool, shutdown_timeout: float, rescue_after: float, rescue_grace: float, backoff_cap: float,
+        exit_when_idle: bool, shutdown_timeout: float, default_timeout: float, rescue_after: float,
+        rescue_grace: float, backoff_cap: float,
         network_timeout: int, statement_timeout: float, min_free_mb: int, concurrency: int, prefetch: int,
         retention: float, segment_bytes: int, metrics_port: int | None, metrics_host: str,
         metrics_token: str | None, log_format: str, dsn: str | None) -> None:
@@ -205,7 +210,8 @@ def run(ctx: click.Context, app_ref: str, procs: int, outbox_dir: str, queues: s
     config = WorkerConfig(
         dsn=resolve_dsn(dsn), embedded_db=dsn is None, app_ref=app_ref, procs=procs, outbox_dir=outbox_dir,
         queues=tuple(q.strip() for q in queues.split(",")) if queues else None, worker_id=worker_id,
-        exit_when_idle=exit_when_idle, shutdown_timeout_s=shutdown_timeout, rescue_after_s=rescue_after,
+        exit_when_idle=exit_when_idle, shutdown_timeout_s=shutdown_timeout, default_timeout_s=default_timeout,
+        rescue_after_s=rescue_after,
         rescue_grace_s=rescue_grace,
         backoff_cap_s=backoff_cap, backoff_base_s=min(0.05, backoff_cap), min_free_bytes=min_free_mb * 1024 * 1024,
         network_timeout_s=network_timeout, statement_timeout_s=statement_timeout,

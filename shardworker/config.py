@@ -56,6 +56,11 @@ class WorkerConfig:
     min_free_bytes: int = 64 * MiB
     segment_bytes: int = 16 * MiB
     shutdown_timeout_s: float = 30.0
+    # The timeout of every handler without its own timeout_s (0: none). A handler that never
+    # returns would hold its child, and the jobs routed to it, forever; 30 minutes is far
+    # beyond what a job queue's handler usually takes (seconds to minutes), so only a stuck
+    # one reaches it. A kind that needs longer says so with timeout_s=.
+    default_timeout_s: float = 1800.0
     heartbeat_interval_s: float = 2.0
     # Watched silence before a peer rescues this worker's jobs: an hour, as peers use (1-4 h),
     # so a restart, a blip or a failover never triggers it; only a host gone for longer.
@@ -97,6 +102,7 @@ class WorkerConfig:
             ("min_free_bytes", self.min_free_bytes >= 0, "must be >= 0"),
             ("segment_bytes", self.segment_bytes >= 4096, "must be >= 4096"),
             ("shutdown_timeout_s", self.shutdown_timeout_s >= 0, "must be >= 0"),
+            ("default_timeout_s", 0 <= self.default_timeout_s < float("inf"), "must be >= 0 seconds (0: no limit)"),
             ("heartbeat_interval_s", self.heartbeat_interval_s > 0, "must be > 0"),
             ("rescue_after_s", self.rescue_after_s > 2 * self.heartbeat_interval_s,
              "must be more than twice heartbeat_interval_s"),

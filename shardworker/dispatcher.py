@@ -102,9 +102,11 @@ class Dispatcher:
         self.done_total += jobs
 
     def settle(self, deaths: list[Death]) -> None:
-        """Count a dead child's durable outcomes and fail the started jobs it lost."""
+        """Count a dead child's durable outcomes and fail the started jobs charged for its death
+        (``shardworker.blame``: the job that caused it, never a neighbour)."""
         for death in deaths:
-            self.count_finished(death.durable + self.parent_outcomes.fail(death.lost, death.reason))
+            charged = sum(self.parent_outcomes.fail(jobs, error) for error, jobs in death.charges().items())
+            self.count_finished(death.durable + charged + self.parent_outcomes.snooze(death.snoozed))
 
     def _settle_quarantined(self) -> None:
         try:

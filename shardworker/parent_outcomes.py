@@ -1,8 +1,9 @@
 """Outcomes the parent decides itself, made durable in its own outbox shard.
 
-When a child dies or a handler times out, the started jobs without a durable outcome get
-a failure ("worker process died", "timed out after 30s") that the flusher applies like
-any other. The parent writes them to shard ``layout.PARENT_SHARD``. When the outbox cannot
+When a child dies or a handler times out, the started jobs charged for it get a failure
+("the handler's process died: exit code 1", "timed out after 30s"), and those whose
+handler returned but whose outcome died with the child a snooze (``shardworker.blame``),
+that the flusher applies like any other. The parent writes them to shard ``layout.PARENT_SHARD``. When the outbox cannot
 take them (a full disk), they wait in memory and ``flush`` retries; the dispatcher does
 not claim meanwhile.
 """
@@ -43,6 +44,17 @@ class ParentOutcomes:
         self._pending.extend(outcomes)
         self.flush()
         return len(outcomes)
+
+    def snooze(self, jobs: Iterable[ClaimedJob]) -> int:
+        """Queue each job again at once, using no attempt (its run's outcome was lost with a
+        child that something else killed); returns how many."""
+        jobs = list(jobs)
+        if self.job_counts is not None:
+            for job in jobs:
+                self.job_counts.add_outcome(job.kind, "snoozed")
+        self._pending.extend(Outcome(j.id, j.attempt, False, retry_delay_s=0.0, snooze=True) for j in jobs)
+        self.flush()
+        return len(jobs)
 
     def _delay(self, job: ClaimedJob) -> float:
         spec = self.specs.get(job.kind)

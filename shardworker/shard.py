@@ -46,6 +46,7 @@ class ChildConfig:
     concurrency: int = 1  # handlers in flight for the threads and async lanes
     slots: int = 64  # the most jobs the parent sends before some are reported
     group_commit_max_bytes: int = 8 * 1024 * 1024
+    default_timeout_s: float = 0.0  # handlers without timeout_s get this one (0: none)
 
 
 class Progress:
@@ -195,7 +196,7 @@ def child_main(config: ChildConfig, inbox: Any, outbox: Any, progress: Any,
     procs.become_worker_process(config.parent_pid, f"shard-{config.shard}", log_setup)
     inbox_fd, outbox_fd = inbox.fileno(), outbox.fileno()
     try:
-        app = load_app(config.app_ref)
+        app = load_app(config.app_ref).with_default_timeout(config.default_timeout_s)
         writer = open_writer(config)
     except Exception as exc:
         wire.write_frame(outbox_fd, wire.Fatal(procs.one_line(exc)))

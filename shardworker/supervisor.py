@@ -62,6 +62,7 @@ class Supervisor:
     """Owns every process of one worker."""
 
     def __init__(self, config: WorkerConfig, app: App) -> None:
+        app = app.with_default_timeout(config.default_timeout_s)  # the children apply the same
         self.config, self.app = config, app
         self.store_config = StoreConfig(config.dsn, connect_timeout_s=config.connect_timeout_s,
                                         statement_timeout_s=config.statement_timeout_s,
@@ -92,7 +93,8 @@ class Supervisor:
     def _child_configs(self) -> list[ChildConfig]:
         c = self.config
         return [ChildConfig(index, c.outbox_dir, c.app_ref, c.group_commit_max_delay_s, c.group_commit_max_records,
-                            c.segment_bytes, os.getpid(), c.concurrency, self.max_jobs, c.group_commit_max_bytes)
+                            c.segment_bytes, os.getpid(), c.concurrency, self.max_jobs, c.group_commit_max_bytes,
+                            c.default_timeout_s)
                 for index in range(c.procs)]
 
     def _backoff(self) -> Backoff:

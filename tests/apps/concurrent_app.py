@@ -42,6 +42,17 @@ def wait_thread(job: Job) -> dict[str, object]:
     return {"id": job.id, "lane": "threads"}
 
 
+@app.handler("wait_release")
+async def wait_release(job: Job) -> dict[str, object]:
+    """Waits until the file ``release`` appears in $SW_TEST_COUNT_DIR (a minute at most)."""
+    record(job)
+    release = os.path.join(os.environ["SW_TEST_COUNT_DIR"], "release")
+    deadline = time.monotonic() + 60
+    while not os.path.exists(release) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return {"id": job.id, "lane": "async"}
+
+
 @app.handler("cpu")
 def cpu(job: Job) -> dict[str, object]:
     record(job)

@@ -476,3 +476,14 @@ def test_run_names_its_options_when_rescue_after_is_too_short(pg_dsn: str, tmp_p
     assert result.exit_code == 2
     assert "Invalid value for --rescue-after: 3600s must be longer than --shutdown-timeout (4000s)" in result.output
     assert "rescue_after_s" not in result.output
+
+
+def test_run_refuses_a_default_timeout_that_is_not_a_duration(pg_dsn: str, tmp_path: Path) -> None:
+    """--default-timeout (and SHARDWORKER_DEFAULT_TIMEOUT) take a duration: anything else is a usage error."""
+    result = invoke("run", "--app", "counting_app", "--default-timeout", "soon", "--outbox-dir",
+                    str(tmp_path / "o"), "--dsn", pg_dsn)
+    assert result.exit_code == 2 and "'soon' is not a duration" in result.output
+    from_env = CliRunner().invoke(main, ["run", "--app", "counting_app", "--outbox-dir", str(tmp_path / "o"),
+                                         "--dsn", pg_dsn], env={"SHARDWORKER_DEFAULT_TIMEOUT": "-5"})
+    assert from_env.exit_code == 2 and "'-5' is not a duration" in from_env.output
+    assert not (tmp_path / "o").exists()
