@@ -84,3 +84,7 @@ class SchemaMissing(StoreError):
 
 class OutcomeRejected(StoreError):
     """The database rejected an outcome for good."""
+
+
+class DataRejected(StoreError):
+    """The database refuses this data for good (too big for an index, invalid, out of range)."""
