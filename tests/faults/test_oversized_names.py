@@ -16,7 +16,7 @@ from click.testing import CliRunner, Result
 from shardworker import App, JobSpec, enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from shardworker.cli import main
 from shardworker.config import WorkerConfig
-from shardworker.errors import ConfigError, DatabaseUnavailable, DataRejected, EnqueueError, StoreError
+from shardworker.errors import ConfigError, DatabaseUnavailable, DataRejected, EnqueueError
 from shardworker.pg_store import PgStore, StoreConfig
 from shardworker.retry import is_retryable
 from tests.helpers import exit_code, kill_worker_group, query, runs, start_worker, wait_for, worker_log
@@ -145,15 +145,15 @@ def test_the_python_api_refuses_oversized_names_and_keys_on_every_path(pg_dsn: s
 
 def test_handler_and_periodic_names_queues_and_worker_ids_are_bounded(tmp_path: Path) -> None:
     app = App()
-    with pytest.raises(ConfigError, match="kind.*256 bytes"):
+    with pytest.raises(ConfigError, match=r"kind.*256 bytes"):
         app.handler("k" * 256)
-    with pytest.raises(ConfigError, match="name.*300 bytes"):
+    with pytest.raises(ConfigError, match=r"name.*300 bytes"):
         app.periodic("* * * * *", kind="k", name="n" * 300)
-    with pytest.raises(ConfigError, match="queue.*256 bytes"):
+    with pytest.raises(ConfigError, match=r"queue.*256 bytes"):
         app.periodic("* * * * *", kind="k", queue="q" * 256)
-    with pytest.raises(ConfigError, match="worker_id.*256 bytes"):
+    with pytest.raises(ConfigError, match=r"worker_id.*256 bytes"):
         WorkerConfig(dsn="postgresql://x", app_ref="m", outbox_dir=str(tmp_path), worker_id="w" * 256)
-    with pytest.raises(ConfigError, match="queue.*256 bytes"):
+    with pytest.raises(ConfigError, match=r"queue.*256 bytes"):
         WorkerConfig(dsn="postgresql://x", app_ref="m", outbox_dir=str(tmp_path), queues=("ok", "q" * 256))
 
 
@@ -170,16 +170,14 @@ def test_cli_run_refuses_an_oversized_queue_or_worker_id(pg_dsn: str, tmp_path: 
 def test_a_program_limit_or_data_error_is_a_non_retryable_refusal(pg_dsn: str) -> None:
     store = PgStore(StoreConfig(pg_dsn))
     try:
-        with pytest.raises(StoreError) as caught:  # straight to the store, past the client's checks
+        with pytest.raises((DataRejected, EnqueueError)) as caught:  # to the store, past the client's checks
             store.enqueue("k", "null", queue="default", priority=0, max_attempts=1, run_at=None, delay_s=0.0,
                           dedupe_key=secrets.token_hex(1650))
-        assert isinstance(caught.value, DataRejected | EnqueueError)
         assert not isinstance(caught.value, DatabaseUnavailable) and not is_retryable(caught.value)
         assert "\n" not in str(caught.value)
         job = insert_raw(pg_dsn, "k", queue="q")
-        with pytest.raises(DataRejected) as refused:
-            with store._cursor() as cur:
-                cur.execute("UPDATE shardworker.jobs SET max_attempts = 0 WHERE id = %s", (job,))
+        with pytest.raises(DataRejected) as refused, store._cursor() as cur:
+            cur.execute("UPDATE shardworker.jobs SET max_attempts = 0 WHERE id = %s", (job,))
         assert not is_retryable(refused.value)
         assert store.stats()  # the connection was not dropped as if the server had gone
     finally:
