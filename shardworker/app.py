@@ -36,6 +36,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from shardworker.errors import AppLoadError, ConfigError
+from shardworker.limits import MAX_KIND_BYTES, MAX_PERIODIC_NAME_BYTES, MAX_QUEUE_BYTES, too_long
 from shardworker.model import Job
 from shardworker.periodic import DEFAULT_CATCH_UP, Schedule
 from shardworker.retry import job_retry_delay
@@ -84,6 +85,8 @@ class App:
         """Enqueue a ``kind`` job with ``payload`` at every tick of ``cron`` (see
         ``shardworker.periodic``). Registered at once; used as a decorator it also registers
         the function as the handler of ``kind`` (with ``handler_options``)."""
+        _check_sizes("a periodic job's", (("kind", kind, MAX_KIND_BYTES), ("queue", queue, MAX_QUEUE_BYTES),
+                                          ("name", name, MAX_PERIODIC_NAME_BYTES)))
         schedule = Schedule(cron, kind, Schedule.encode_payload(kind, payload), name or "", queue, priority,
                             max_attempts, tz, catch_up)
         if schedule.name in self.schedules:
@@ -97,6 +100,7 @@ class App:
         """Register the decorated function (sync or ``async def``) as the handler of ``kind``."""
         if not isinstance(kind, str) or not kind:
             raise ConfigError("a handler's kind must be a non-empty string")
+        _check_sizes("a handler's", (("kind", kind, MAX_KIND_BYTES),))
         if max_attempts is not None and max_attempts < 1:
             raise ConfigError(f"handler {kind!r}: max_attempts must be >= 1")
         if timeout_s is not None and not 0 < timeout_s < float("inf"):
@@ -130,6 +134,15 @@ class App:
         app.handlers = {kind: spec if spec.timeout_s is not None else replace(spec, timeout_s=timeout_s)
                         for kind, spec in self.handlers.items()}
         return app
+
+
+def _check_sizes(whose: str, fields: tuple[tuple[str, Any, int], ...]) -> None:
+    """Refuse a name the database could not index (``shardworker.limits``) at registration,
+    not when its first job is written."""
+    for name, value, limit in fields:
+        why = too_long(f"{whose} {name}", value, limit) if isinstance(value, str) else None
+        if why:
+            raise ConfigError(why)
 
 
 def load_app(ref: str) -> App:

@@ -16,7 +16,13 @@ from typing import Any
 import orjson
 
 from shardworker.errors import EnqueueError
-from shardworker.limits import MAX_PAYLOAD_BYTES
+from shardworker.limits import (
+    MAX_DEDUPE_KEY_BYTES,
+    MAX_KIND_BYTES,
+    MAX_PAYLOAD_BYTES,
+    MAX_QUEUE_BYTES,
+    too_long,
+)
 
 DEFAULT_MAX_ATTEMPTS = 25
 _INT32 = (-(2**31), 2**31 - 1)
@@ -49,6 +55,11 @@ class JobSpec:
             raise EnqueueError("max_attempts must be an integer from 1 to 2147483647")
         if self.dedupe_key is not None and not isinstance(self.dedupe_key, str):
             raise EnqueueError("dedupe_key must be a string")
+        for name, value, limit in (("kind", self.kind, MAX_KIND_BYTES), ("queue", self.queue, MAX_QUEUE_BYTES),
+                                   ("dedupe_key", self.dedupe_key, MAX_DEDUPE_KEY_BYTES)):
+            why = None if value is None else too_long(name, value, limit)
+            if why:
+                raise EnqueueError(why)
 
     def payload_json(self) -> str:
         try:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from shardworker.errors import ConfigError
 from shardworker.layout import PARENT_SHARD
-from shardworker.limits import MiB
+from shardworker.limits import MAX_QUEUE_BYTES, MAX_WORKER_ID_BYTES, MiB, too_long
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,14 @@ class WorkerConfig:
                 raise ConfigError(f"{name} {why} (got {getattr(self, name)!r})")
         if self.queues is not None and not all(self.queues):
             raise ConfigError("queues must be non-empty names")
+        # Names the database indexes (shardworker.limits): refused here, not at the first claim.
+        sized = [("queue", q, MAX_QUEUE_BYTES) for q in self.queues or ()]
+        if self.worker_id is not None:
+            sized.append(("worker_id", self.worker_id, MAX_WORKER_ID_BYTES))
+        for field_name, value, limit in sized:
+            refusal = too_long(field_name, value, limit)
+            if refusal:
+                raise ConfigError(refusal)
 
     def prefetch_jobs(self, concurrent: bool) -> tuple[int, int]:
         """(least, most) jobs a child holds: what it runs at once (``concurrency`` when the

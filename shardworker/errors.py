@@ -15,7 +15,10 @@ Hierarchy::
         ├── DatabaseUnavailable       cannot connect or the connection broke: retry slowly
         ├── TransientConflict         serialization failure, deadlock, cancelled statement: retry fast
         ├── SchemaMissing             the schema is missing or older than the code
-        └── OutcomeRejected           the database refuses an outcome for good (bad data)
+        └── DataRejected              the database refuses this data for good: a value over an
+            │                         index's limit (class 54), bad data (class 22), a check
+            │                         (23514); never retried, never told as an outage
+            └── OutcomeRejected       the database refuses an outcome for good (bad data)
 
 Each class's docstring is its default message.
 """
@@ -82,5 +85,9 @@ class SchemaMissing(StoreError):
     """The shardworker schema is missing or out of date: run `shardworker migrate`."""
 
 
-class OutcomeRejected(StoreError):
+class DataRejected(StoreError):
+    """The database refuses this data for good (too big for an index, invalid, out of range)."""
+
+
+class OutcomeRejected(DataRejected):
     """The database rejected an outcome for good."""

@@ -9,7 +9,8 @@ statement, and only after the commit marks them flushed and (at most every
 ``checkpoint_interval_s``) checkpoints. When the database is away, the same batch is
 retried with capped, jittered backoff: the flusher never gives up because PostgreSQL is
 down. An outcome the database refuses for good is written to ``deadletter/`` and applied
-as a failure instead, so the job does not stay running forever.
+as a failure instead, so the job does not stay running forever; if even that failure is
+refused, the job is set aside (one ERROR line, ``stats.refused``) and the batch goes on.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class FlushStats:
     stale: int = 0
     deadlettered: int = 0
     missing: int = 0  # set aside: their jobs do not exist in this database
+    refused: int = 0  # dead-lettered, and even their failure refused: their jobs left running
     flushed: int = 0  # records marked flushed (applied, replayed, stale, set aside or dead-lettered)
     db_errors: int = 0
     batch_sum: int = 0  # records in every batch flushed, and how many batches per size bucket:
@@ -156,7 +158,8 @@ class Flusher:
             return wire.decode_outcome(record.payload)
         except (ValueError, TypeError) as exc:
             # CRC-valid but not ours: keep the bytes, apply nothing for it.
-            self._deadletter(record.payload, f"undecodable record: {exc}")
+            name = self._deadletter(record.payload, f"undecodable record: {exc}")
+            log.error("outcome dead-lettered to %s/%s: undecodable record: %s", layout.DEADLETTER_DIR, name, exc)
             return None
 
     def _apply_one_by_one(self, outcomes: list[Outcome]) -> ApplyResult:
@@ -164,18 +167,34 @@ class Flusher:
         total = ApplyResult()
         for outcome in outcomes:
             try:
-                result = self.store.apply_outcomes([outcome])
+                total += self.store.apply_outcomes([outcome])
             except OutcomeRejected as exc:
-                self._deadletter(wire.encode_outcome(outcome), str(exc), outcome)
-                result = self.store.apply_outcomes([Outcome(
-                    outcome.job_id, outcome.attempt, False, error=f"result rejected by the database: {exc}",
-                    retry_delay_s=-1)])
-            total += result
+                total += self._apply_as_failure(outcome, exc)
         return total
 
-    def _deadletter(self, payload: bytes, reason: str, outcome: Outcome | None = None) -> None:
+    def _apply_as_failure(self, outcome: Outcome, refusal: OutcomeRejected) -> ApplyResult:
+        """Keep a refused outcome in ``deadletter/`` (first: it must outlive a crash), then
+        fail its job for good with the reason. If the database refuses even that failure,
+        the job is set aside: left running, its outcome dead-lettered, counted in
+        ``stats.refused``, one ERROR line; the rest of the batch goes on (retrying a
+        refusal would only crash-loop the flusher)."""
+        name = self._deadletter(wire.encode_outcome(outcome), str(refusal), outcome)
+        failure = Outcome(outcome.job_id, outcome.attempt, False,
+                          error=f"result rejected by the database: {refusal}", retry_delay_s=-1)
+        try:
+            result = self.store.apply_outcomes([failure])
+        except OutcomeRejected as again:
+            self.stats.refused += 1
+            log.error("job %d attempt %d set aside, left running: the database refused its outcome (%s) and "
+                      "its failure too (%s); the outcome is kept in %s/%s", outcome.job_id, outcome.attempt,
+                      refusal, again, layout.DEADLETTER_DIR, name)
+            return ApplyResult()
+        log.error("outcome dead-lettered to %s/%s: %s", layout.DEADLETTER_DIR, name, refusal)
+        return result
+
+    def _deadletter(self, payload: bytes, reason: str, outcome: Outcome | None = None) -> str:
         """Keep a record the database refused (with its outcome, readable) or could not
-        decode (its bytes in base64) in ``deadletter/``."""
+        decode (its bytes in base64) in ``deadletter/``; returns the file's name."""
         directory = layout.deadletter_dir(self.reader.directory)
         ensure_dir(directory)
         name = f"{time.time_ns()}.json"
@@ -184,7 +203,7 @@ class Flusher:
             letter.update(_readable(outcome))
         atomic_write(directory, name, orjson.dumps(letter))
         self.stats.deadlettered += 1
-        log.error("outcome dead-lettered to %s/%s: %s", layout.DEADLETTER_DIR, name, reason)
+        return name
 
     def _record(self, result: ApplyResult) -> None:
         self.stats.applied += result.applied

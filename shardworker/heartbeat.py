@@ -18,7 +18,7 @@ from typing import Protocol
 
 from shardworker.errors import DatabaseUnavailable, StoreError
 from shardworker.rescuer import Rescuer, RescueStore
-from shardworker.retry import Backoff
+from shardworker.retry import Backoff, is_retryable
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,7 @@ class Heartbeat:
         # No rescuer when it only keeps a worker alive (``outbox drain`` beating for the owner).
         self.rescuer = None if rescue_after_s is None else Rescuer(store, worker_id, rescue_after_s, rescue_grace_s)
         self.last_ok: float | None = None
+        self._refusing = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -48,11 +49,13 @@ class Heartbeat:
         """Beat, then rescue; returns the seconds until the next beat."""
         try:
             self.store.heartbeat(self.worker_id, socket.gethostname(), os.getpid(), *self.load())
-            self.last_ok = now
+            self.last_ok, self._refusing = now, False
             self.backoff.reset()
             if self.rescuer is not None:
                 self.rescuer.run_once(now)
         except StoreError as exc:
+            if not is_retryable(exc):
+                return self._refused(exc)
             if self.rescuer is not None:
                 self.rescuer.connection_lost()
             delay = max(self.interval_s, self.backoff.next_delay(exc))
@@ -61,6 +64,14 @@ class Heartbeat:
                 log.log(logging.DEBUG if isinstance(exc, DatabaseUnavailable) else logging.WARNING,
                         "heartbeat failed (%s); retrying every %.1fs or so", exc, delay)
             return delay
+        return self.interval_s
+
+    def _refused(self, exc: StoreError) -> float:
+        """The database refuses the beat for good (not an outage): say so at ERROR, once per
+        streak, and beat again at the normal pace; backing off would not help."""
+        if not self._refusing:
+            self._refusing = True
+            log.error("heartbeat refused by the database: %s; trying again every %.1fs", exc, self.interval_s)
         return self.interval_s
 
     def start(self) -> None:

@@ -19,7 +19,7 @@ from typing import Protocol
 
 from shardworker.errors import DatabaseUnavailable, StoreError
 from shardworker.periodic import PeriodicStore, Schedule, Scheduler
-from shardworker.retry import Backoff
+from shardworker.retry import Backoff, is_retryable
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,8 @@ class Housekeeper:
             if self.retention_s > 0:
                 self._prune_step()
         except StoreError as exc:
+            if not is_retryable(exc):
+                return self._refused(exc)
             delay = max(self.tick_s, self.backoff.next_delay(exc))
             if self._down_since is None:
                 self._down_since = self.clock()
@@ -89,6 +91,15 @@ class Housekeeper:
             self._down_since = None
             self.backoff.reset()
         return 0.0 if self._pruning else self.tick_s
+
+    def _refused(self, exc: StoreError) -> float:
+        """The database refuses this turn's work for good (not an outage): say what at ERROR,
+        end a prune round, and wait ``prune_interval_s``, not a backoff meant for outages."""
+        if self._pruning:
+            self._end_round(self.clock())
+        log.error("housekeeping (periodic jobs, retention) refused by the database: %s; next try in %gs",
+                  exc, self.prune_interval_s)
+        return self.prune_interval_s
 
     def _prune_step(self) -> None:
         now = self.clock()

@@ -8,6 +8,23 @@ Fixed limits (the same for every worker):
 * ``MAX_RESULT_BYTES``: one handler's return value, as JSON text in UTF-8. A bigger one
   fails its job for good with the reason (running it again would compute it again).
 
+Names and keys (PostgreSQL indexes them; a btree entry holds at most 2,704 bytes, a
+third of an 8 KiB page less its headers, and a value that does not fit is refused with
+``program_limit_exceeded`` on every write that would index it):
+
+* ``MAX_KIND_BYTES`` and ``MAX_QUEUE_BYTES`` (255 bytes of UTF-8 each): the partial indexes
+  of failed and cancelled jobs hold ``left(queue, 255)`` and ``left(kind, 255)`` (migration
+  0007), at most 255 characters of at most 4 bytes each: 2 x (1,020 + a 4-byte header) +
+  an 8-byte tuple header = 2,064 bytes, under 2,704 whatever a row holds. The 255-byte
+  limit at enqueue keeps the expressions equal to the names, so those indexes answer
+  exactly. Also handler kinds, periodic kinds and queues, and ``run --queues``.
+* ``MAX_DEDUPE_KEY_BYTES`` (1,024): ``jobs_dedupe_idx`` holds the whole key.
+* ``MAX_WORKER_ID_BYTES`` (255): ``jobs_running_idx`` holds ``locked_by`` and the workers
+  table's primary key the id. ``MAX_PERIODIC_NAME_BYTES`` (255): the periodic table's key.
+
+Each is checked before anything is sent (``too_long``); the error names the field, its
+size and the limit.
+
 Budgets (``WorkerConfig`` fields; each stage takes at least one item, so a single job or
 outcome over a budget goes alone and nothing is ever stuck behind it):
 
@@ -34,3 +51,20 @@ MiB = 1024 * 1024
 MAX_PAYLOAD_BYTES = 64 * MiB
 # An outbox record holds the result and a small header; the outbox caps a record at 64 MiB.
 MAX_RESULT_BYTES = 64 * MiB - 4096
+
+MAX_KIND_BYTES = 255
+MAX_QUEUE_BYTES = 255
+MAX_DEDUPE_KEY_BYTES = 1024
+MAX_WORKER_ID_BYTES = 255
+MAX_PERIODIC_NAME_BYTES = 255
+
+
+def too_long(field: str, value: str, limit: int) -> str | None:
+    """Why ``value`` is over ``limit`` bytes of UTF-8 (a message naming ``field``, its size
+    and the limit), or None when it fits. Lone surrogates count as their 3 bytes here;
+    whether they may be stored at all is checked elsewhere."""
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if size <= limit:
+        return None
+    return (f"{field} is {size} bytes of UTF-8, the limit is {limit} "
+            "(shardworker.limits: the database indexes it)")

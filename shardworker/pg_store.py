@@ -3,7 +3,8 @@
 Everything else talks to ``PgStore`` in domain values (``ClaimedJob``, ``Outcome``,
 ``ApplyResult``) and sees ``shardworker.errors`` exceptions: connection failures become
 ``DatabaseUnavailable`` (retryable), a missing schema ``SchemaMissing``, data the
-database refuses ``OutcomeRejected`` or ``EnqueueError``.
+database refuses for good ``DataRejected`` (``OutcomeRejected`` for an outcome,
+``EnqueueError`` for a job): never retried, never told as an outage.
 
 A store owns one connection, opened lazily and re-opened after a failure. Never share
 a store across processes: children get none, and the flusher opens its own after spawn.
@@ -30,6 +31,7 @@ from psycopg.pq import TransactionStatus
 from shardworker.dsn import redact_dsn
 from shardworker.errors import (
     DatabaseUnavailable,
+    DataRejected,
     EnqueueError,
     JobsError,
     NotConnected,
@@ -71,17 +73,34 @@ def translate_errors() -> Iterator[None]:
     """Turn psycopg errors into shardworker errors at the store boundary."""
     try:
         yield
-    except (pgerr.UndefinedTable, pgerr.InvalidSchemaName, pgerr.UndefinedColumn) as exc:
-        raise SchemaMissing() from exc
-    except (pgerr.SerializationFailure, pgerr.DeadlockDetected, pgerr.QueryCanceled) as exc:
-        raise TransientConflict(f"transient conflict: {exc.diag.message_primary or exc}") from exc
-    except pgerr.ReadOnlySqlTransaction as exc:
-        # A standby, or a primary mid-failover: wait for a writable server as for any outage.
-        raise DatabaseUnavailable(f"database unavailable: read-only: {_first_line(exc)}") from exc
-    except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-        raise DatabaseUnavailable(f"database unavailable: {_first_line(exc)}") from exc
     except psycopg.Error as exc:
-        raise StoreError(f"database error: {_first_line(exc)}") from exc
+        raise _translate(exc) from exc
+
+
+def _translate(exc: psycopg.Error) -> StoreError:
+    """The shardworker error for a psycopg one. A refusal the server would repeat (a value
+    over an index's limit, bad data, a failed check) is ``DataRejected`` before anything
+    else: psycopg files program_limit_exceeded under OperationalError, which would
+    otherwise read as an outage and be retried forever."""
+    if _is_refusal(exc):
+        return DataRejected(f"database refused: {_first_line(exc)}")
+    if isinstance(exc, pgerr.UndefinedTable | pgerr.InvalidSchemaName | pgerr.UndefinedColumn):
+        return SchemaMissing()
+    if isinstance(exc, pgerr.SerializationFailure | pgerr.DeadlockDetected | pgerr.QueryCanceled):
+        return TransientConflict(f"transient conflict: {exc.diag.message_primary or exc}")
+    if isinstance(exc, pgerr.ReadOnlySqlTransaction):
+        # A standby, or a primary mid-failover: wait for a writable server as for any outage.
+        return DatabaseUnavailable(f"database unavailable: read-only: {_first_line(exc)}")
+    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+        return DatabaseUnavailable(f"database unavailable: {_first_line(exc)}")
+    return StoreError(f"database error: {_first_line(exc)}")
+
+
+def _is_refusal(exc: psycopg.Error) -> bool:
+    """SQLSTATE class 54 (program limit exceeded), class 22 (data exception) or 23514
+    (check violation): the same statement would fail the same way again."""
+    state = exc.sqlstate or ""
+    return state[:2] in ("54", "22") or state == "23514"
 
 
 def _tcp_liveness(timeout_s: int) -> dict[str, Any]:
@@ -336,7 +355,9 @@ class PgStore:
         with self._cursor() as cur:
             try:
                 cur.execute(query("job_apply_outcomes"), params)
-            except (psycopg.DataError, pgerr.ProgramLimitExceeded) as exc:
+            except psycopg.Error as exc:
+                if not _is_refusal(exc):
+                    raise
                 raise OutcomeRejected(f"outcome rejected: {_first_line(exc)}") from exc
             applied = set(cur.fetchall())
             missed = [o for o in outcomes if (o.job_id, o.attempt) not in applied]
@@ -546,7 +567,7 @@ def insert_job(cur: psycopg.Cursor[Any], kind: str, payload_json: str, **fields:
     """Insert one job and notify workers (at commit); its id, or None when the dedupe key is live."""
     try:
         cur.execute(query("job_insert"), {"kind": kind, "payload": payload_json, **fields})
-    except (psycopg.DataError, psycopg.IntegrityError) as exc:
+    except (psycopg.DataError, psycopg.IntegrityError, pgerr.ProgramLimitExceeded) as exc:
         raise EnqueueError(f"job rejected: {_first_line(exc)}") from exc
     row = cur.fetchone()
     return None if row is None else int(row[0])
@@ -562,7 +583,7 @@ def copy_jobs(cur: psycopg.Cursor[Any], rows: Iterable[Sequence[Any]]) -> int:
             for values in rows:
                 copy.write_row(values)
         cur.execute(query("job_stage_insert"))
-    except (psycopg.DataError, psycopg.IntegrityError) as exc:
+    except (psycopg.DataError, psycopg.IntegrityError, pgerr.ProgramLimitExceeded) as exc:
         raise EnqueueError(f"bulk enqueue rejected: {_first_line(exc)}") from exc
     inserted = cur.fetchone()
     cur.execute(query("job_stage_drop"))
@@ -652,7 +673,7 @@ async def insert_job_async(cur: psycopg.AsyncCursor[Any], kind: str, payload_jso
     """``insert_job`` on an async cursor."""
     try:
         await cur.execute(query("job_insert"), {"kind": kind, "payload": payload_json, **fields})
-    except (psycopg.DataError, psycopg.IntegrityError) as exc:
+    except (psycopg.DataError, psycopg.IntegrityError, pgerr.ProgramLimitExceeded) as exc:
         raise EnqueueError(f"job rejected: {_first_line(exc)}") from exc
     row = await cur.fetchone()
     return None if row is None else int(row[0])
@@ -666,7 +687,7 @@ async def copy_jobs_async(cur: psycopg.AsyncCursor[Any], rows: Iterable[Sequence
             for values in rows:
                 await copy.write_row(values)
         await cur.execute(query("job_stage_insert"))
-    except (psycopg.DataError, psycopg.IntegrityError) as exc:
+    except (psycopg.DataError, psycopg.IntegrityError, pgerr.ProgramLimitExceeded) as exc:
         raise EnqueueError(f"bulk enqueue rejected: {_first_line(exc)}") from exc
     inserted = await cur.fetchone()
     await cur.execute(query("job_stage_drop"))

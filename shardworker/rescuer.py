@@ -9,6 +9,9 @@ those attempts still apply meanwhile.
 So a database outage, which silences every worker at once (the rescuer included),
 rescues nobody when it ends; only a worker that stayed silent while this one kept
 beating is rescued. Losing the connection (or the lock) forgets every observation.
+A rescue the database refuses for good (``DataRejected``: retrying would fail the same
+way) is told at ERROR and set aside: those workers are not tried again until they beat
+again or this worker restarts; a lost connection is raised, for the heartbeat to retry.
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 from typing import Protocol
+
+from shardworker.errors import StoreError
+from shardworker.retry import is_retryable
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +40,7 @@ class Rescuer:
     def __init__(self, store: RescueStore, worker_id: str, rescue_after_s: float, grace_s: float = 0.0) -> None:
         self.store, self.worker_id, self.rescue_after_s, self.grace_s = store, worker_id, rescue_after_s, grace_s
         self._seen: dict[str, tuple[datetime, float]] = {}  # worker -> (heartbeat, first seen at)
+        self._refused: dict[str, datetime] = {}  # worker -> the heartbeat whose rescue was refused
         self._has_lock = False
         self._generation = -1
 
@@ -58,7 +65,7 @@ class Rescuer:
             return []
         silent: list[tuple[str, datetime]] = []
         for worker, beat in beats.items():
-            if worker == self.worker_id:
+            if worker == self.worker_id or self._refused.get(worker) == beat:
                 continue
             seen = self._seen.get(worker)
             if seen is None or seen[0] != beat:
@@ -67,11 +74,22 @@ class Rescuer:
                 silent.append((worker, beat))
         for gone in set(self._seen) - set(beats):
             del self._seen[gone]
+        for gone in set(self._refused) - set(beats):
+            del self._refused[gone]
         if not silent:
             return []
-        rescued = self.store.rescue_workers(silent, self.grace_s)
-        for worker, _ in silent:
-            self._seen.pop(worker, None)
+        try:
+            rescued = self.store.rescue_workers(silent, self.grace_s)
+        except StoreError as exc:
+            if is_retryable(exc):
+                raise
+            self._refused.update(silent)
+            log.error("cannot rescue the jobs of silent workers %s: %s; set aside, not tried again until they "
+                      "beat again or this worker restarts", ", ".join(sorted(w for w, _ in silent)), exc)
+            return []
+        finally:
+            for worker, _ in silent:
+                self._seen.pop(worker, None)
         log.warning("rescued %d jobs of silent workers %s (claimable again in %gs)", len(rescued),
                     ", ".join(sorted(w for w, _ in silent)), self.grace_s)
         return rescued

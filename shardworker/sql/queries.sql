@@ -292,10 +292,12 @@ SET status = 'queued', run_at = now(), max_attempts = greatest(max_attempts, att
 WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('failed', 'cancelled');
 
 -- job_failed_ids --
--- Failed jobs, optionally of one kind and queue, locked for a bulk retry.
+-- Failed jobs, optionally of one kind and queue, locked for a bulk retry. The left(..., 255)
+-- terms match jobs_failed_bounded_idx (migration 0007); the whole names then decide.
 SELECT id FROM shardworker.jobs
-WHERE status = 'failed' AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
-  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+WHERE status = 'failed'
+  AND (%(kind)s::text IS NULL OR (left(kind, 255) = left(%(kind)s::text, 255) AND kind = %(kind)s::text))
+  AND (%(queue)s::text IS NULL OR (left(queue, 255) = left(%(queue)s::text, 255) AND queue = %(queue)s::text))
 ORDER BY id FOR UPDATE;
 
 -- job_cancel --

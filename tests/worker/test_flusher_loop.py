@@ -143,6 +143,36 @@ def test_a_refused_outcome_is_dead_lettered_and_its_job_failed(pg_dsn: str, stor
     assert str(ids[1]) in (Path(layout.deadletter_dir(str(tmp_path))) / letter).read_text()
 
 
+def test_an_outcome_refused_even_as_a_failure_is_set_aside_and_the_flusher_goes_on(
+        pg_dsn: str, store: FlakyStore, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """When the database refuses one job's outcome and then its substitute failure too, that
+    outcome is kept in deadletter/ with one ERROR line and counted; the rest of the batch
+    applies, and the next batch flows: no crash loop on a permanent refusal."""
+    ids = claim_and_write(pg_dsn, store, tmp_path, 3)
+    real = store.store.apply_outcomes
+
+    def refuse_second_always(outcomes: list[Outcome]) -> Any:
+        if any(o.job_id == ids[1] for o in outcomes):
+            raise OutcomeRejected("outcome rejected: index row size 3056 exceeds btree maximum")
+        return real(outcomes)
+
+    store.store.apply_outcomes = refuse_second_always  # type: ignore[method-assign]
+    flusher = make_flusher(tmp_path, store, FakeClock())
+    with caplog.at_level("ERROR", logger="shardworker.flusher"):
+        assert flusher.run_once() == 3
+    rows = dict(query(pg_dsn, "SELECT id, status FROM shardworker.jobs"))
+    assert rows == {ids[0]: "done", ids[1]: "running", ids[2]: "done"}
+    assert flusher.stats.refused == 1
+    [letter] = os.listdir(layout.deadletter_dir(str(tmp_path)))
+    assert str(ids[1]) in (Path(layout.deadletter_dir(str(tmp_path))) / letter).read_text()
+    set_aside = [r for r in caplog.records if "set aside" in r.getMessage()]
+    assert len(set_aside) == 1 and str(ids[1]) in set_aside[0].getMessage()
+    later = claim_and_write(pg_dsn, store, tmp_path, 2, shard=1)[-2:]
+    assert flusher.run_once() == 2
+    assert {i: s for i, s in query(pg_dsn, "SELECT id, status FROM shardworker.jobs") if i in later} == {
+        later[0]: "done", later[1]: "done"}
+
+
 def test_checkpoints_follow_the_injected_clock(pg_dsn: str, store: FlakyStore, tmp_path: Path) -> None:
     """The checkpoint is written at most every checkpoint_interval_s of the injected clock, and when idle."""
     claim_and_write(pg_dsn, store, tmp_path, 4)

@@ -1,0 +1,76 @@
+"""The parent's database loops (heartbeat, rescuer, housekeeping) driven in-process with
+``run_once`` on a real PostgreSQL behind ``FlakyStore``: a refusal the database will
+repeat (``DataRejected``) is told at ERROR with what it is and is not retried as an
+outage; an unreachable database still is."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from shardworker.errors import DataRejected
+from shardworker.heartbeat import Heartbeat
+from shardworker.housekeeping import Housekeeper
+from shardworker.pg_store import PgStore, StoreConfig
+from shardworker.rescuer import Rescuer
+from shardworker.retry import Backoff
+from tests.flaky_store import FlakyStore
+
+REFUSAL = "database refused: index row size 3056 exceeds btree version 4 maximum 2704"
+
+
+@pytest.fixture
+def store(pg_dsn: str) -> Iterator[FlakyStore]:
+    s = PgStore(StoreConfig(pg_dsn, connect_timeout_s=3, statement_timeout_s=5))
+    yield FlakyStore(s)
+    s.close()
+
+
+def errors(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_a_refused_rescue_is_told_at_error_and_set_aside(store: FlakyStore, caplog: pytest.LogCaptureFixture) -> None:
+    store.heartbeat("gone-worker", socket.gethostname(), os.getpid())
+    rescuer = Rescuer(store, "me", rescue_after_s=1.0)
+    store.fail("rescue_workers", times=100, make=lambda: DataRejected(REFUSAL))
+    with caplog.at_level(logging.DEBUG):
+        assert rescuer.run_once(0.0) == []
+        assert rescuer.run_once(2.0) == []  # silent long enough: the rescue is refused
+        assert rescuer.run_once(4.0) == [] and rescuer.run_once(6.0) == []
+    assert store.calls["rescue_workers"] == 1, "a refused rescue must not be retried forever"
+    [line] = errors(caplog)
+    assert "gone-worker" in line and "exceeds btree" in line
+    assert "unavailable" not in caplog.text
+
+
+def test_a_refused_heartbeat_is_told_at_error_without_outage_backoff(
+        store: FlakyStore, caplog: pytest.LogCaptureFixture) -> None:
+    beat = Heartbeat(store, "me", interval_s=1.0, rescue_after_s=None, backoff=Backoff(0.05, 60.0))
+    store.fail("heartbeat", times=20, make=lambda: DataRejected(REFUSAL))
+    with caplog.at_level(logging.DEBUG):
+        delays = [beat.run_once(float(t)) for t in range(12)]
+    assert delays == [1.0] * 12, "a refusal is not an outage: no growing backoff"
+    [line] = errors(caplog)
+    assert "exceeds btree" in line
+
+
+def test_refused_housekeeping_is_told_at_error_and_waits_a_round(
+        store: FlakyStore, caplog: pytest.LogCaptureFixture) -> None:
+    clock: list[float] = [100.0]
+
+    def now() -> Any:
+        return clock[0]
+
+    keeper = Housekeeper(store, [], retention_s=60.0, backoff=Backoff(0.05, 5.0), prune_interval_s=30.0, clock=now)
+    clock[0] += 10  # past the startup pause
+    store.fail("prune_batch", times=5, make=lambda: DataRejected(REFUSAL))
+    with caplog.at_level(logging.DEBUG):
+        assert keeper.run_once() == 30.0
+    [line] = errors(caplog)
+    assert "exceeds btree" in line and "housekeeping" in line
