@@ -105,6 +105,8 @@ class Flusher:
             self._held = self.reader.poll(self.config.flush_batch, self.config.flush_bytes)
             self._outcomes = [o for o in map(self._decode, self._held) if o is not None]
         if not self._held:
+            # A passed seal or empty segment frees space only once a checkpoint deletes it.
+            self._dirty = self._dirty or self.reader.wants_checkpoint
             self._maybe_checkpoint(force=True)
             return 0
         try:
