@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import bisect
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ from typing import Protocol
 import orjson
 
 from outbox import OutboxReader, Record
-from outbox.fsutil import atomic_write, ensure_dir
+from outbox.fsutil import append_durably, atomic_write, ensure_dir
 from shardworker import layout, wire
 from shardworker.errors import DatabaseUnavailable, OutcomeRejected, StoreError
 from shardworker.limits import MiB
@@ -209,14 +208,7 @@ class Flusher:
         wanted = set(job_ids)
         lines = b"".join(orjson.dumps({"at": time.time(), "reason": reason, **_readable(o)}) + b"\n"
                          for o in self._outcomes if o.job_id in wanted)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            view = memoryview(lines)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        append_durably(path, lines)
 
     def _maybe_checkpoint(self, force: bool = False) -> None:
         now = self.clock()
