@@ -12,6 +12,10 @@ It imports nothing from ``shardworker`` and never touches a database.
 * ``free_bytes(dir)``: for a free-space watermark checked before taking on work that will
   need the outbox. ``MAX_RECORD_BYTES``: the largest record a writer accepts.
 
+Trust: a directory (and ``torn/``, ``quarantine/``) must be owned by the process's effective
+user and must not be a symlink, or every entry point refuses it with ``OutboxUntrusted``;
+no file in it is opened through a symlink.
+
 Layout of a directory (0700; files 0600)::
 
     shard-0003.lock                 writer lock of shard 3 (flock)
@@ -29,6 +33,7 @@ from outbox.errors import (
     OutboxLocked,
     OutboxSyncError,
     OutboxUnserializable,
+    OutboxUntrusted,
 )
 from outbox.frame import MAX_PAYLOAD_BYTES as MAX_RECORD_BYTES
 from outbox.fsutil import free_bytes
@@ -39,7 +44,7 @@ from outbox.writer import ShardWriter, WriterConfig
 
 __all__ = [
     "MAX_RECORD_BYTES", "OutboxCorrupt", "OutboxError", "OutboxFull", "OutboxLocked", "OutboxReader",
-    "OutboxStatus", "OutboxSyncError", "OutboxUnserializable", "Record", "RecoveryEvent", "ShardStatus",
-    "ShardWriter", "VerifyReport", "WriterConfig", "free_bytes", "pending_records", "status", "tail_records",
-    "verify",
+    "OutboxStatus", "OutboxSyncError", "OutboxUnserializable", "OutboxUntrusted", "Record", "RecoveryEvent",
+    "ShardStatus", "ShardWriter", "VerifyReport", "WriterConfig", "free_bytes", "pending_records", "status",
+    "tail_records", "verify",
 ]

@@ -29,8 +29,7 @@ def load(directory: str) -> dict[int, Position]:
     """The saved positions, or an empty map when there is no checkpoint yet."""
     path = os.path.join(directory, CHECKPOINT_NAME)
     try:
-        with open(path, "rb") as f:
-            doc = orjson.loads(f.read())
+        doc = orjson.loads(fsutil.read_small(path))
     except FileNotFoundError:
         return {}
     except orjson.JSONDecodeError:

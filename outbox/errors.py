@@ -7,7 +7,8 @@ Hierarchy::
     ├── OutboxFull          a write came up short or hit ENOSPC; nothing was acknowledged
     ├── OutboxSyncError     fdatasync failed; the segment is abandoned, nothing acknowledged
     ├── OutboxCorrupt       a segment holds damage followed by valid data; it was quarantined
-    └── OutboxUnserializable  a value orjson cannot encode; nothing was written
+    ├── OutboxUnserializable  a value orjson cannot encode; nothing was written
+    └── OutboxUntrusted     the directory is a symlink or another user's; nothing was touched
 
 Each class's docstring is its default message.
 """
@@ -40,3 +41,7 @@ class OutboxCorrupt(OutboxError):
 
 class OutboxUnserializable(OutboxError):
     """The value cannot be serialized to JSON."""
+
+
+class OutboxUntrusted(OutboxError):
+    """The outbox directory is a symlink or is owned by another user; it was not used."""

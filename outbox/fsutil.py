@@ -1,4 +1,9 @@
-"""File-system helpers: directory fsync, atomic state files, locks, free space."""
+"""File-system helpers: directory fsync, atomic state files, locks, free space, and the
+trust check every outbox directory passes before anything in it is read or written.
+
+Every file is opened with ``O_NOFOLLOW``: a symlink planted in place of an outbox file is an
+error (ELOOP), never a way to make the writer or reader touch a file elsewhere.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,13 @@ import errno
 import fcntl
 import os
 import shutil
+import stat
+
+from outbox.errors import OutboxUntrusted
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600
+NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def fsync_dir(directory: str) -> None:
@@ -21,20 +30,94 @@ def fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
+def check_dir(directory: str) -> os.stat_result:
+    """Refuse (``OutboxUntrusted``) a ``directory`` that is a symlink, not a directory, or
+    not owned by this process's effective user; its ``lstat`` otherwise.
+
+    Another user who owns the directory (or a symlink's target) can plant files in it:
+    forged outcomes the flusher would apply, or symlinks that redirect our writes.
+    """
+    st = os.lstat(directory)
+    if stat.S_ISLNK(st.st_mode):
+        raise OutboxUntrusted(f"the outbox directory {directory} is a symlink (to {os.readlink(directory)}): "
+                              "refusing it; point --outbox-dir at the real directory")
+    if not stat.S_ISDIR(st.st_mode):
+        raise OutboxUntrusted(f"the outbox path {directory} is not a directory")
+    if st.st_uid != os.geteuid():
+        raise OutboxUntrusted(f"the outbox directory {directory} is owned by {_user(st.st_uid)}, not by this "
+                              f"process's user {_user(os.geteuid())}: refusing it (another user could plant "
+                              "outcomes in it); move it aside and let the worker create its own")
+    return st
+
+
+def _user(uid: int) -> str:
+    import pwd
+
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
 def ensure_dir(directory: str) -> None:
-    """Create ``directory`` (0700) if missing, durably; tighten its mode if too open."""
-    if not os.path.isdir(directory):
+    """Create ``directory`` (0700) if missing, durably; refuse it if it is not ours
+    (``check_dir``); tighten its mode if too open."""
+    created = False
+    try:
+        os.mkdir(directory, DIR_MODE)
+        created = True
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
         os.makedirs(directory, mode=DIR_MODE, exist_ok=True)
+        created = True
+    if created:
         fsync_dir(os.path.dirname(os.path.abspath(directory)))
-    if os.stat(directory).st_mode & 0o077:
-        os.chmod(directory, DIR_MODE)
+    st = check_dir(directory)
+    if st.st_mode & 0o077:
+        # An fd on the checked directory: a rename between check and chmod cannot redirect it.
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW)
+        try:
+            os.fchmod(fd, DIR_MODE)
+        finally:
+            os.close(fd)
+
+
+def read_small(path: str) -> bytes:
+    """The whole of a small state file, not following a symlink (``FileNotFoundError`` if absent)."""
+    fd = os.open(path, os.O_RDONLY | NOFOLLOW)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def append_durably(path: str, data: bytes) -> None:
+    """Append ``data`` to ``path`` (created 0600, never through a symlink) and fsync it."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | NOFOLLOW, FILE_MODE)
+    try:
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            if written == 0:
+                raise OSError(errno.ENOSPC, "short write", path)
+            view = view[written:]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def atomic_write(directory: str, name: str, data: bytes) -> None:
     """Durably replace ``name``: write tmp, fsync, rename, fsync the directory."""
     path = os.path.join(directory, name)
     tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+    # A stale tmp (a crash mid-write) or a planted symlink goes first; O_EXCL then creates a
+    # fresh file and never follows or reuses whatever sits at that name.
+    _unlink_quietly(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, FILE_MODE)
     try:
         view = memoryview(data)
         while view:
@@ -59,7 +142,7 @@ def _unlink_quietly(path: str) -> None:
 
 def try_lock(path: str, *, shared: bool = False) -> int | None:
     """Open ``path`` and take a non-blocking flock; the fd, or None if held elsewhere."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, FILE_MODE)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | NOFOLLOW, FILE_MODE)
     try:
         fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -70,7 +153,7 @@ def try_lock(path: str, *, shared: bool = False) -> int | None:
 
 def is_locked(path: str) -> bool:
     """Whether another process holds an exclusive flock on ``path`` (a brief probe)."""
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         return False
     fd = try_lock(path, shared=True)
     if fd is None:

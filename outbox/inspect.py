@@ -1,7 +1,8 @@
 """Read-only inspection of an outbox directory: ``status``, ``verify`` and ``tail_records``.
 
 Both work without any lock and without a database, so an operator can run them while a
-worker is up, or on a directory copied from a dead host.
+worker is up, or on a directory copied from a dead host. Both refuse (``OutboxUntrusted``) a
+directory that is a symlink or another user's (``fsutil.check_dir``).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class OutboxStatus:
 def status(directory: str, *, now: float | None = None) -> OutboxStatus:
     """Count records after the checkpoint, per shard (the checkpoint may lag a live flusher)."""
     now = time.time() if now is None else now
+    fsutil.check_dir(directory)
     saved = checkpoint.load(directory)
     shards = [_shard_status(directory, shard, segs, saved.get(shard, Position(0, 0, 0)), now)
               for shard, segs in sorted(list_segments(directory).items())]
@@ -81,7 +83,7 @@ def _shard_status(directory: str, shard: int, segs: list[int], pos: Position, no
 def _is_sealed(directory: str, shard: int, segno: int) -> bool:
     """Whether the segment ends with a valid SEAL frame (reads only its last frame)."""
     try:
-        fd = os.open(os.path.join(directory, segment_name(shard, segno)), os.O_RDONLY)
+        fd = os.open(os.path.join(directory, segment_name(shard, segno)), os.O_RDONLY | fsutil.NOFOLLOW)
     except FileNotFoundError:
         return False
     try:
@@ -168,10 +170,12 @@ class VerifyReport:
 def verify(directory: str) -> VerifyReport:
     """Checksum every frame of every segment, quarantined ones included."""
     report = VerifyReport()
+    fsutil.check_dir(directory)
     for sub in ("", QUARANTINE_DIR):
         folder = os.path.join(directory, sub)
-        if not os.path.isdir(folder):
+        if not os.path.lexists(folder):
             continue
+        fsutil.check_dir(folder)
         for name in sorted(os.listdir(folder)):
             parsed = parse_segment_name(name)
             if parsed is None:

@@ -10,8 +10,11 @@ Usage::
 
 The reader follows segments still being written, covers shards that no longer have a
 writer (recovering and sealing their last segment), and quarantines corrupt segments
-(logged, and listed by ``status``). ``mark_flushed`` must receive records in the order
-``poll`` returned them, per shard.
+(logged, and listed by ``status``). ``checkpoint`` reclaims space: it deletes every sealed,
+fully flushed segment but each shard's newest, and when a shard without a live writer has
+all of its newest segment flushed, it seals that one and puts an empty sealed segment after
+it, so the next ``checkpoint`` deletes it too (numbers never go backwards).
+``mark_flushed`` must receive records in the order ``poll`` returned them, per shard.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from outbox import checkpoint, fsutil
 from outbox.checkpoint import Position
 from outbox.errors import OutboxLocked
 from outbox.frame import HEADER, HEADER_SIZE, MAX_PAYLOAD_BYTES, Kind, decode_at
-from outbox.recovery import RecoveryEvent, quarantine, recover_shard
+from outbox.recovery import RecoveryEvent, highest_segno, quarantine, recover_shard, write_empty_segment
 from outbox.segment import State, list_segments, lock_name, parse, read_file, segment_name
 
 log = logging.getLogger(__name__)
@@ -99,6 +102,7 @@ class OutboxReader:
         self._lock_fd: int | None = lock_fd
         self._shards: dict[int, _Shard] = {}
         self._next_start = 0
+        self._moved = False  # a flushed position crossed a segment since the last checkpoint
         for shard, pos in checkpoint.load(directory).items():
             self._shards[shard] = _Shard(pos, pos)
 
@@ -109,7 +113,11 @@ class OutboxReader:
         lock_fd = fsutil.try_lock(os.path.join(directory, FLUSHER_LOCK))
         if lock_fd is None:
             raise OutboxLocked(f"another flusher or worker holds the outbox {directory}")
-        return cls(directory, lock_fd)
+        try:
+            return cls(directory, lock_fd)
+        except BaseException:
+            os.close(lock_fd)
+            raise
 
     def poll(self, max_records: int, max_bytes: int | None = None) -> list[Record]:
         """Up to ``max_records`` records not yet returned, in order within each shard, and
@@ -164,6 +172,7 @@ class OutboxReader:
             state.inflight.append(state.cursor)
         else:
             state.flushed = state.cursor
+            self._moved = True
 
     def _read_segment(self, shard: int, state: _Shard, budget: _Budget) -> tuple[list[Record], str]:
         """Read frames at the cursor; stop reason: more, sealed, end or damage."""
@@ -208,7 +217,7 @@ class OutboxReader:
             self._close_fd(state)
             path = os.path.join(self.directory, segment_name(shard, state.cursor.segno))
             try:
-                state.fd = os.open(path, os.O_RDONLY)
+                state.fd = os.open(path, os.O_RDONLY | fsutil.NOFOLLOW)
             except FileNotFoundError:
                 return None
             state.fd_segno = state.cursor.segno
@@ -254,14 +263,29 @@ class OutboxReader:
             while state.inflight and state.inflight[0].offset == 0:
                 state.flushed = state.inflight.popleft()
 
+    @property
+    def wants_checkpoint(self) -> bool:
+        """Whether a segment was passed since the last ``checkpoint`` without any record
+        being flushed (a seal or an empty segment): one is due to reclaim it."""
+        return self._moved
+
     def checkpoint(self) -> int:
         """Delete finished segments, then save flushed positions durably; returns deletions.
 
         Deleting first frees space on a full disk before the checkpoint needs some; a crash
         in between leaves an older checkpoint that may name a deleted segment, which the
         next reader steps over (everything in it was flushed)."""
+        segments = list_segments(self.directory)
+        deleted = self._delete_finished(segments)
+        checkpoint.save(self.directory, {k: s.flushed for k, s in self._shards.items()})
+        self._moved = False
+        for shard, segs in segments.items():
+            self._retire_if_applied(shard, segs[-1])
+        return deleted
+
+    def _delete_finished(self, segments: dict[int, list[int]]) -> int:
         deleted = 0
-        for shard, segs in list_segments(self.directory).items():
+        for shard, segs in segments.items():
             state = self._shards.get(shard)
             if state is None:
                 continue
@@ -272,8 +296,33 @@ class OutboxReader:
                     deleted += 1
         if deleted:
             fsutil.fsync_dir(self.directory)
-        checkpoint.save(self.directory, {k: s.flushed for k, s in self._shards.items()})
         return deleted
+
+    def _retire_if_applied(self, shard: int, last: int) -> None:
+        """Seal ``last``, the newest segment of ``shard``, and start an empty one after it,
+        when it holds records, all of them are flushed, and no writer holds the shard."""
+        state = self._shards.get(shard)
+        if state is None or state.inflight or state.flushed != state.cursor or state.cursor.segno > last + 1:
+            return
+        path = os.path.join(self.directory, segment_name(shard, last))
+        try:
+            size = os.lstat(path).st_size
+        except FileNotFoundError:
+            return
+        if size <= 2 * HEADER_SIZE or (state.cursor.segno == last and state.cursor.offset < size):
+            return  # no record in it (an empty one is what retiring leaves), or some unread
+        lock_fd = fsutil.try_lock(os.path.join(self.directory, lock_name(shard)))
+        if lock_fd is None:
+            return  # a live writer: it rotates by itself once the checkpoint shows it applied
+        try:
+            if list_segments(self.directory).get(shard, [])[-1:] == [last]:
+                recover_shard(self.directory, shard)
+                # The next poll passes both; the next checkpoint deletes ``last``.
+                write_empty_segment(self.directory, shard, highest_segno(self.directory, shard) + 1)
+        except OSError as exc:
+            log.warning("could not retire applied outbox shard %s segment %s yet: %s", shard, last, exc)
+        finally:
+            os.close(lock_fd)
 
     def _close_fd(self, state: _Shard) -> None:
         if state.fd is not None:

@@ -12,6 +12,7 @@ and a reader's cursor never points past a segment written later.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import time
@@ -79,9 +80,7 @@ def _recover_segment(directory: str, path: str, scan: Scan) -> list[RecoveryEven
 def _copy_tail_aside(directory: str, path: str, scan: Scan) -> None:
     torn = os.path.join(directory, TORN_DIR)
     fsutil.ensure_dir(torn)
-    with open(path, "rb") as src:
-        src.seek(scan.valid_end)
-        tail = src.read()
+    tail = read_file(path)[scan.valid_end:]
     name = f"{os.path.basename(path)}.{scan.valid_end}.{time.time_ns()}.tail"
     fsutil.atomic_write(torn, name, tail)
 
@@ -98,7 +97,7 @@ def _truncate_and_seal(path: str, scan: Scan) -> None:
     else:
         seal = (encode(scan.shard, scan.segno, Kind.HEADER, 0, now_ms, b"")
                 + encode(scan.shard, scan.segno, Kind.SEAL, 1, now_ms, b""))
-    fd = os.open(path, os.O_WRONLY)
+    fd = os.open(path, os.O_WRONLY | fsutil.NOFOLLOW)
     try:
         os.ftruncate(fd, scan.valid_end)
         os.lseek(fd, scan.valid_end, os.SEEK_SET)
@@ -108,6 +107,27 @@ def _truncate_and_seal(path: str, scan: Scan) -> None:
         os.fdatasync(fd)
     finally:
         os.close(fd)
+
+
+def write_empty_segment(directory: str, shard: int, segno: int) -> None:
+    """Create segment ``segno`` sealed and empty (a header and a seal), durably; the caller
+    holds the shard's lock. It keeps the shard's highest number once the flusher deletes the
+    applied segments before it, so numbers never go backwards."""
+    now_ms = time.time_ns() // 1_000_000
+    data = encode(shard, segno, Kind.HEADER, 0, now_ms, b"") + encode(shard, segno, Kind.SEAL, 1, now_ms, b"")
+    path = os.path.join(directory, segment_name(shard, segno))
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | fsutil.NOFOLLOW, fsutil.FILE_MODE)
+    try:
+        if os.write(fd, data) != len(data):
+            raise OSError(errno.ENOSPC, "short write while creating an empty segment", path)
+        os.fdatasync(fd)
+    except OSError:
+        # Nobody else can have seen it (the caller holds the lock): leave no half segment.
+        os.close(fd)
+        os.unlink(path)
+        raise
+    os.close(fd)
+    fsutil.fsync_dir(directory)
 
 
 def highest_segno(directory: str, shard: int) -> int:

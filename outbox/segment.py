@@ -105,7 +105,8 @@ def _mark(scan: Scan, state: State, pos: int, reason: str) -> Scan:
 
 
 def read_file(path: str) -> bytes:
-    fd = os.open(path, os.O_RDONLY)
+    """A segment's bytes, never through a symlink (ELOOP instead)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         chunks = []
         while chunk := os.read(fd, 1 << 20):

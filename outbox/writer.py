@@ -14,6 +14,12 @@ acknowledged. On a short write or ENOSPC (``OutboxFull``) or an fsync error
 abandoned: it is never written again, and the next commit starts a new segment. Either way
 the batch is dropped from the writer and nothing in it is acknowledged: the caller decides
 what happens to it.
+
+Reclaiming space: the flusher deletes only sealed segments, so a writer seals and starts a
+new segment early once the flusher has caught up with it (by the flusher's checkpoint): at a
+commit once the segment holds ``reclaim_bytes`` and the flusher reads in it, and in
+``reclaim`` (for an idle writer) once all of it is applied. Applied outcomes therefore never
+sit in a writer's current segment for long, whatever ``segment_bytes`` is.
 """
 
 from __future__ import annotations
@@ -27,7 +33,8 @@ from dataclasses import dataclass
 
 import orjson
 
-from outbox import fsutil
+from outbox import checkpoint, fsutil
+from outbox.checkpoint import Position
 from outbox.errors import OutboxError, OutboxFull, OutboxLocked, OutboxSyncError, OutboxUnserializable
 from outbox.frame import HEADER_SIZE, MAX_PAYLOAD_BYTES, Kind, encode, encode_header
 from outbox.recovery import highest_segno, recover_shard
@@ -43,12 +50,21 @@ class WriterConfig:
     segment_bytes: int = 64 * 1024 * 1024
     # Room kept free for a seal frame and the flusher's checkpoint: 1 MiB covers both many times.
     reserve_bytes: int = 1024 * 1024
+    # Seal early once this much is written and the flusher has caught up: with the flusher
+    # keeping up, a shard holds about this much applied data, not up to segment_bytes.
+    reclaim_bytes: int = 1024 * 1024
+    # How often (at most) the writer reads the flusher's checkpoint to decide that.
+    reclaim_check_s: float = 0.2
 
     def __post_init__(self) -> None:
         if self.segment_bytes < 4096:
             raise ValueError("segment_bytes must be at least 4096")
         if self.reserve_bytes < 0:
             raise ValueError("reserve_bytes must be >= 0")
+        if self.reclaim_bytes < 0:
+            raise ValueError("reclaim_bytes must be >= 0")
+        if self.reclaim_check_s < 0:
+            raise ValueError("reclaim_check_s must be >= 0")
 
 
 def _now_ms() -> int:
@@ -66,6 +82,7 @@ class ShardWriter:
         self._size = 0  # bytes acknowledged (durable) in the current segment
         self._seq = 0  # next sequence number in the current segment
         self._pending: list[tuple[int, bytes]] = []  # (ts_ms, payload)
+        self._next_check = 0.0  # monotonic time of the next checkpoint read (see reclaim)
 
     @classmethod
     def open(cls, directory: str, shard: int, config: WriterConfig | None = None) -> ShardWriter:
@@ -133,7 +150,7 @@ class ShardWriter:
             # Check the room first: a full disk must not leave a new empty segment per retry.
             self._check_room(size + self.config.reserve_bytes)
             self._start_segment(self._segno + 1)
-        if self._size + size > self.config.segment_bytes and self._seq > 1:
+        if self._seq > 1 and (self._size + size > self.config.segment_bytes or self._flusher_caught_up()):
             self.seal()
             self._start_segment(self._segno + 1)
         # Headers and payloads go out side by side (writev): a big payload is never copied.
@@ -170,6 +187,45 @@ class ShardWriter:
             raise OutboxSyncError(f"fdatasync failed on outbox shard {self.shard} segment "
                                   f"{self._segno}: {exc}; segment abandoned") from exc
         self._size += size
+
+    def reclaim(self) -> bool:
+        """For an idle writer: seal the current segment and start the next when it holds
+        records and the flusher's checkpoint says every one of them is applied, so the
+        flusher can delete it. True if it did. Never raises for a full disk or a failed
+        fsync (the records were applied already): the segment stays, or is abandoned and
+        the next commit starts another."""
+        if self._fd is None or self._seq <= 1 or self._pending:
+            return False
+        pos = self._checkpointed()
+        if pos is None or pos.segno != self._segno or pos.offset < self._size:
+            return False
+        try:
+            self.seal()
+            self._start_segment(self._segno + 1)
+        except (OutboxError, OSError) as exc:
+            log.warning("could not rotate applied outbox shard %s segment %s: %s", self.shard, self._segno, exc)
+            return False
+        return True
+
+    def _flusher_caught_up(self) -> bool:
+        """Whether the segment holds ``reclaim_bytes`` and the flusher is reading it: all
+        older segments applied, so this one goes soon after it is sealed."""
+        if self._size < self.config.reclaim_bytes:
+            return False
+        pos = self._checkpointed()
+        return pos is not None and pos.segno == self._segno
+
+    def _checkpointed(self) -> Position | None:
+        """This shard's position in the flusher's checkpoint, read at most every
+        ``reclaim_check_s`` (None in between, or when there is none)."""
+        now = time.monotonic()
+        if now < self._next_check:
+            return None
+        self._next_check = now + self.config.reclaim_check_s
+        try:
+            return checkpoint.load(self.directory).get(self.shard)
+        except OSError:
+            return None  # an unreadable hint only delays reclaiming
 
     def _check_room(self, nbytes: int) -> None:
         if fsutil.free_bytes(self.directory) < nbytes:
@@ -217,7 +273,7 @@ class ShardWriter:
         """
         name = segment_name(self.shard, segno)
         fd = os.open(os.path.join(self.directory, name),
-                     os.O_WRONLY | os.O_CREAT | os.O_EXCL, fsutil.FILE_MODE)
+                     os.O_WRONLY | os.O_CREAT | os.O_EXCL | fsutil.NOFOLLOW, fsutil.FILE_MODE)
         self._fd, self._segno, self._size, self._seq = fd, segno, 0, 0
         try:
             # The directory entry must be durable before any record in it is acknowledged.

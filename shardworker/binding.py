@@ -16,7 +16,7 @@ from typing import Protocol
 
 import orjson
 
-from outbox.fsutil import atomic_write
+from outbox.fsutil import atomic_write, read_small
 from shardworker.errors import ShardworkerError
 from shardworker.layout import DATABASE_FILE
 
@@ -46,8 +46,7 @@ class Binding:
 def bound_to(directory: str) -> Binding | None:
     """The binding recorded in ``directory``, or None before its first use."""
     try:
-        with open(os.path.join(directory, DATABASE_FILE), "rb") as f:
-            doc = orjson.loads(f.read())
+        doc = orjson.loads(read_small(os.path.join(directory, DATABASE_FILE)))
         return Binding(str(doc["instance"]), str(doc["database"]), str(doc["server"]), bool(doc.get("embedded")))
     except FileNotFoundError:
         return None

@@ -32,6 +32,7 @@ from shardworker.wire import JobKey
 log = logging.getLogger(__name__)
 
 FULL_DISK_RETRY_S = 1.0
+IDLE_RECLAIM_S = 1.0  # how often an idle committer offers the writer to rotate an applied segment
 
 
 class Committer:
@@ -100,7 +101,12 @@ class Committer:
                 batch = self._next_batch()
                 if batch is None:
                     return
-                self._commit(batch)
+                if batch:
+                    self._commit(batch)
+                else:
+                    # Idle: no commit will rotate an applied segment, so offer it here
+                    # (the flusher can delete only sealed segments).
+                    self.writer.reclaim()
         except OutboxError as exc:
             self.error = exc
             log.error("outbox failure, exiting so unacknowledged jobs run again: %s", exc)
@@ -108,15 +114,17 @@ class Committer:
                 self.on_fatal(exc)
 
     def _next_batch(self) -> list[tuple[JobKey, bytes, Stat | None]] | None:
-        """Wait until a commit is due; the batch to commit, or None once stopped and empty."""
+        """Wait until a commit is due; the batch to commit, None once stopped and empty, or
+        an empty batch after ``IDLE_RECLAIM_S`` with nothing waiting."""
         with self._cond:
             while not self._due():
                 if self._stopping and not self._waiting:
                     return None
-                timeout = None
-                if self._waiting:
-                    timeout = max(0.0, self._oldest_start + self.max_delay_s - self.clock())
-                self._cond.wait(timeout)
+                if not self._waiting:
+                    if not self._cond.wait(IDLE_RECLAIM_S):
+                        return []
+                    continue
+                self._cond.wait(max(0.0, self._oldest_start + self.max_delay_s - self.clock()))
             batch, self._waiting = self._take()
             self._cond.notify_all()  # room for handlers waiting in add
             if self._waiting:

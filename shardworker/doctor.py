@@ -213,14 +213,23 @@ class OutboxFacts:
     worker_running: bool = False
     bound: Binding | None = None
     binding_error: str | None = None
+    symlink_to: str | None = None  # the directory is a symlink (to this): the worker refuses it
 
 
-def gather_outbox(directory: str) -> OutboxFacts:
+def gather_outbox(directory: str, me: int | None = None) -> OutboxFacts:
     """Read the directory: modes and owners of everything in it, free space, pending records,
-    the worker lock (a probe, never held) and the binding. No lock taken, nothing written."""
+    the worker lock (a probe, never held) and the binding. No lock taken, nothing written.
+    A symlink, or a directory another user owns, is not read further (the worker refuses it)."""
+    me = os.geteuid() if me is None else me
+    if not os.path.lexists(directory):
+        return OutboxFacts(directory, False)
+    if os.path.islink(directory):
+        return OutboxFacts(directory, True, os.lstat(directory).st_uid, symlink_to=os.readlink(directory))
     if not os.path.isdir(directory):
         return OutboxFacts(directory, False)
     owner = os.stat(directory).st_uid
+    if owner != me:
+        return OutboxFacts(directory, True, owner, free_bytes=outbox.free_bytes(directory))
     too_open: list[tuple[str, int]] = []
     foreign: list[tuple[str, int]] = []
     for path, st in _walk(directory):
@@ -256,11 +265,23 @@ def check_outbox_dir(facts: OutboxFacts, given: bool) -> Check:
 
 
 def check_permissions(facts: OutboxFacts, me: int | None = None) -> Check:
-    """Directories 0700 and files 0600 (outcomes hold job results), all of one owner."""
+    """Owned by you and no symlink (the worker refuses anything else), directories 0700 and
+    files 0600 (outcomes hold job results), all of one owner. Advice never hands the directory
+    or anything in it to another user: whoever owns it could plant outcomes the flusher applies."""
     me = os.geteuid() if me is None else me
     quoted = shlex.quote(facts.directory)
     data = {"owner": _user(facts.owner), "too_open": [p for p, _ in facts.too_open],
             "foreign": [p for p, _ in facts.foreign]}
+    aside = (f"move it aside (`mv {quoted} {shlex.quote(facts.directory + '.untrusted')}`), check what is in it, "
+             "and let the worker create a new one; never chown it to another user")
+    if facts.symlink_to is not None:
+        return Check("modes", Status.FAIL, f"{facts.directory} is a symlink to {facts.symlink_to}: the worker "
+                     "refuses an outbox directory reached through a symlink",
+                     "point --outbox-dir at a real directory owned by the user the worker runs as", data)
+    if facts.owner != me:
+        return Check("modes", Status.FAIL, f"owned by {_user(facts.owner)}, not by you ({_user(me)}): a worker or "
+                     "drain run as you refuses it", "run doctor as the user the worker runs as; if that is you, "
+                     f"another user created this directory: {aside}", data)
     if facts.too_open:
         listed = ", ".join(f"{p} ({m:04o})" for p, m in facts.too_open[:3])
         more = f" and {len(facts.too_open) - 3} more" if len(facts.too_open) > 3 else ""
@@ -269,11 +290,8 @@ def check_permissions(facts: OutboxFacts, me: int | None = None) -> Check:
     if facts.foreign:
         listed = ", ".join(f"{p} ({_user(uid)})" for p, uid in facts.foreign[:3])
         return Check("modes", Status.FAIL, f"not owned by the directory's owner {_user(facts.owner)}: {listed}",
-                     f"run `chown -R {_user(facts.owner)} {quoted}` (and run the worker and drain as that user)",
-                     data)
-    if me not in (0, facts.owner):
-        return Check("modes", Status.WARN, f"owned by {_user(facts.owner)}, not by you ({_user(me)})",
-                     f"run the worker and `outbox drain` as {_user(facts.owner)}", data)
+                     f"run `chown -R {_user(me)} {quoted}` as root once you have checked them (and run the "
+                     f"worker and drain as {_user(me)})", data)
     return Check("modes", Status.OK, f"0700/0600, owned by {_user(facts.owner)}", None, data)
 
 
@@ -357,6 +375,8 @@ def outbox_checks(facts: OutboxFacts, *, given: bool, min_free_bytes: int, here:
     checks = [check_outbox_dir(facts, given)]
     if not facts.exists:
         return checks
+    if facts.status is None:  # a symlink or another user's: nothing in it is read, or trusted
+        return [*checks, check_permissions(facts)]
     return [*checks, check_permissions(facts), check_free_space(facts, min_free_bytes), check_pending(facts),
             check_binding(facts, here, reachable), check_quarantine(facts)]
 

@@ -33,9 +33,9 @@ HEARTBEAT_INTERVAL_S = 2.0
 def drain(outbox_dir: str, dsn: str, *, timeout_s: float, backoff_cap_s: float = 5.0,
           progress: Callable[[FlushStats, int], None] | None = None) -> FlushStats:
     """Apply everything pending; raise ``DrainTimeout`` if outcomes remain at the deadline."""
-    if not os.path.isdir(outbox_dir):
+    if not os.path.lexists(outbox_dir):
         raise OutboxBusy(f"no outbox directory at {outbox_dir}")
-    lock_fd = layout.lock_outbox(outbox_dir)
+    lock_fd = layout.lock_outbox(outbox_dir)  # refuses another user's directory, or a symlink
     try:
         try:
             reader = open_reader(outbox_dir, wait_s=0)
@@ -66,11 +66,7 @@ def drain(outbox_dir: str, dsn: str, *, timeout_s: float, backoff_cap_s: float =
 
 def _heartbeat_for_owner(outbox_dir: str, dsn: str, backoff: Backoff) -> Heartbeat | None:
     """Beat for the worker id stored in the outbox (none before its first run); no rescuing."""
-    try:
-        with open(os.path.join(outbox_dir, layout.WORKER_ID_FILE), encoding="utf-8") as f:
-            worker_id = f.read().strip()
-    except FileNotFoundError:
-        return None
+    worker_id = layout.read_worker_id(outbox_dir)
     if not worker_id:
         return None
     heartbeat = Heartbeat(PgStore(StoreConfig(dsn)), worker_id, HEARTBEAT_INTERVAL_S, None, backoff)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import bisect
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ from typing import Protocol
 import orjson
 
 from outbox import OutboxReader, Record
-from outbox.fsutil import atomic_write, ensure_dir
+from outbox.fsutil import append_durably, atomic_write, ensure_dir
 from shardworker import layout, wire
 from shardworker.errors import DatabaseUnavailable, OutcomeRejected, StoreError
 from shardworker.limits import MiB
@@ -107,6 +106,8 @@ class Flusher:
             self._held = self.reader.poll(self.config.flush_batch, self.config.flush_bytes)
             self._outcomes = [o for o in map(self._decode, self._held) if o is not None]
         if not self._held:
+            # A passed seal or empty segment frees space only once a checkpoint deletes it.
+            self._dirty = self._dirty or self.reader.wants_checkpoint
             self._maybe_checkpoint(force=True)
             return 0
         try:
@@ -226,14 +227,7 @@ class Flusher:
         wanted = set(job_ids)
         lines = b"".join(orjson.dumps({"at": time.time(), "reason": reason, **_readable(o)}) + b"\n"
                          for o in self._outcomes if o.job_id in wanted)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            view = memoryview(lines)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        append_durably(path, lines)
 
     def _maybe_checkpoint(self, force: bool = False) -> None:
         now = self.clock()

@@ -12,7 +12,9 @@ The ``outbox`` package owns its segments, shard locks, ``flusher.lock``, the che
     setaside.jsonl   outcomes whose job does not exist in the database, kept whole
     lost.jsonl       jobs requeued because their outcome was in a quarantined segment
 
-Everything that opens, locks or counts one of these names comes through here.
+Everything that opens, locks or counts one of these names comes through here, and opens
+nothing through a symlink (the directory itself is checked by ``outbox.fsutil.ensure_dir``:
+owned by this user, no symlink).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import os
 import socket
 import uuid
 
-from outbox.fsutil import atomic_write, ensure_dir, try_lock
+from outbox.fsutil import NOFOLLOW, atomic_write, ensure_dir, read_small, try_lock
 from shardworker.errors import OutboxBusy
 
 WORKER_LOCK = "worker.lock"
@@ -47,17 +49,19 @@ def resolve_worker_id(directory: str, given: str | None) -> str:
     """``given``, else the id stored in the outbox directory, else a new one. The id used is
     stored either way: ``outbox drain`` heartbeats under it, so the jobs whose outcomes it
     applies are not rescued from under it."""
-    path = os.path.join(directory, WORKER_ID_FILE)
-    stored = ""
-    try:
-        with open(path, encoding="utf-8") as f:
-            stored = f.read().strip()
-    except FileNotFoundError:
-        pass
+    stored = read_worker_id(directory)
     chosen = given or stored or f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
     if chosen != stored:
         atomic_write(directory, WORKER_ID_FILE, chosen.encode())
     return chosen
+
+
+def read_worker_id(directory: str) -> str:
+    """The worker id stored in ``directory``; "" before the first run."""
+    try:
+        return read_small(os.path.join(directory, WORKER_ID_FILE)).decode("utf-8", errors="replace").strip()
+    except FileNotFoundError:
+        return ""
 
 
 def deadletter_dir(directory: str) -> str:
@@ -83,10 +87,11 @@ def count_deadlettered(directory: str) -> int:
 
 def count_lines(path: str) -> int:
     try:
-        with open(path, "rb") as f:
-            return sum(1 for _ in f)
+        fd = os.open(path, os.O_RDONLY | NOFOLLOW)
     except FileNotFoundError:
         return 0
+    with open(fd, "rb") as f:
+        return sum(1 for _ in f)
 
 
 def count_stale(directory: str) -> int:

@@ -71,6 +71,8 @@ class ParentOutcomes:
     def flush(self) -> bool:
         """Try to make the waiting outcomes durable; True when none waits."""
         if not self._pending:
+            if self._writer is not None:
+                self._writer.reclaim()  # an applied segment goes once sealed (rate-limited in the writer)
             return True
         try:
             if self._writer is None:

@@ -20,6 +20,7 @@ from typing import Protocol
 import orjson
 
 import outbox
+from outbox.fsutil import append_durably
 from shardworker import layout, wire
 
 log = logging.getLogger(__name__)
@@ -75,10 +76,6 @@ class QuarantineWatch:
     def _record(self, job_ids: list[int], reason: str) -> None:
         lines = b"".join(orjson.dumps({"at": time.time(), "job_id": i, "reason": reason}) + b"\n" for i in job_ids)
         try:
-            fd = os.open(layout.lost_log(self.outbox_dir), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            try:
-                os.write(fd, lines)
-            finally:
-                os.close(fd)
+            append_durably(layout.lost_log(self.outbox_dir), lines)  # never through a symlink
         except OSError as exc:
             log.warning("could not record the requeued jobs in %s: %s", layout.LOST_LOG, exc)

@@ -188,7 +188,8 @@ def test_records_not_marked_flushed_are_replayed_by_a_new_reader(tmp_path):
 
 
 def test_checkpoint_deletes_only_sealed_fully_flushed_segments(tmp_path):
-    """Segments go only when sealed and fully flushed; each shard keeps its newest segment."""
+    """Segments go only when sealed and fully flushed; each shard keeps its newest segment
+    (a writerless shard's, once applied, behind an empty sealed one that keeps its number)."""
     d = str(tmp_path)
     write(d, 0, [{"n": i, "pad": "z" * 300} for i in range(40)])
     segs = list_segments(d)[0]
@@ -202,8 +203,9 @@ def test_checkpoint_deletes_only_sealed_fully_flushed_segments(tmp_path):
         reader.mark_flushed(records[len(first_seg) - 1 :])
         deleted = reader.checkpoint()
     assert deleted == len(segs) - 1
-    assert list_segments(d)[0] == [segs[-1]]
-    assert read_all(d) == []
+    assert list_segments(d)[0] == [segs[-1], segs[-1] + 1]
+    assert read_all(d, flush=True) == []
+    assert list_segments(d)[0] == [segs[-1] + 1]
 
 
 def test_checkpoint_keeps_the_segment_a_live_writer_appends_to(tmp_path):
@@ -239,8 +241,8 @@ def test_files_are_0600_and_directories_0700(tmp_path):
     os.makedirs(d, mode=0o755)
     os.chmod(d, 0o755)
     write(d, 0, list(range(5)))
-    die_after_writing(d, 1, list(range(5)))
     read_all(d, flush=True)
+    die_after_writing(d, 1, list(range(5)))
     for shard in (0, 1):  # junk after the seal: quarantine; junk after a dead writer's data: torn
         append_junk(d, shard, list_segments(d)[shard][-1])
         ShardWriter.open(d, shard).close()
@@ -486,3 +488,74 @@ def test_status_counts_sealed_segments(tmp_path) -> None:
     writer.close()
     [closed] = outbox.status(directory).shards
     assert closed.sealed_segments == closed.segments
+
+
+# --- reclaiming applied segments whatever their size ------------------------------------------
+
+
+def flush_passes(directory: str, passes: int = 3) -> list[outbox.Record]:
+    """What a flusher does over a few passes: poll, mark flushed, checkpoint."""
+    out: list[outbox.Record] = []
+    with OutboxReader.open(directory) as reader:
+        for _ in range(passes):
+            records = drain(reader)
+            reader.mark_flushed(records)
+            reader.checkpoint()
+            out.extend(records)
+    return out
+
+
+@pytest.mark.parametrize("left", ["closed", "killed"])
+def test_applied_segment_of_a_shard_without_writer_is_reclaimed(tmp_path, left):
+    """A shard whose writer is gone (closed, or killed unsealed) keeps no applied record: its
+    newest segment is sealed, an empty one takes its number, and a later writer goes on after it."""
+    d = str(tmp_path)
+    items = [{"n": i, "pad": "p" * 500} for i in range(5)]
+    if left == "closed":
+        write(d, 7, items, WriterConfig())
+    else:
+        die_after_writing(d, 7, items)
+    assert [r.value() for r in flush_passes(d)] == items
+    (only,) = list_segments(d)[7]
+    assert os.path.getsize(os.path.join(d, segment_name(7, only))) == 2 * HEADER_SIZE
+    write(d, 7, ["after"], WriterConfig())
+    assert values(flush_passes(d)) == ["after"]
+    assert min(list_segments(d)[7]) > only
+
+
+def test_idle_writer_rotates_its_applied_segment_so_it_is_deleted(tmp_path):
+    """A live writer's current segment, once every record in it is applied, is sealed by
+    ``reclaim`` and then deleted by the flusher; records written after it are still read."""
+    d = str(tmp_path)
+    with ShardWriter.open(d, 2, WriterConfig(reclaim_check_s=0)) as w:
+        for i in range(3):
+            w.append({"n": i, "pad": "q" * 2000})
+        w.commit()
+        first = w.segno
+        assert not w.reclaim(), "rotated before the flusher applied the records"
+        with OutboxReader.open(d) as reader:
+            reader.mark_flushed(drain(reader))
+            reader.checkpoint()
+            assert w.reclaim()
+            assert w.segno > first
+            assert drain(reader) == []
+            reader.checkpoint()
+            assert first not in list_segments(d)[2]
+            w.append("later")
+            w.commit()
+            assert values(drain(reader)) == ["later"]
+
+
+def test_busy_writer_seals_at_reclaim_bytes_once_the_flusher_reads_its_segment(tmp_path):
+    """While the flusher keeps up, a writer starts a new segment every ``reclaim_bytes``, far
+    below ``segment_bytes``, so the flusher can delete what it applied."""
+    d = str(tmp_path)
+    config = WriterConfig(segment_bytes=64 * 1024 * 1024, reclaim_bytes=16 * 1024, reclaim_check_s=0)
+    with ShardWriter.open(d, 1, config) as w, OutboxReader.open(d) as reader:
+        for i in range(40):
+            w.append({"n": i, "pad": "r" * 1000})
+            w.commit()
+            reader.mark_flushed(drain(reader))
+            reader.checkpoint()
+        held = sum(os.path.getsize(os.path.join(d, segment_name(1, s))) for s in list_segments(d)[1])
+    assert held < 2 * 16 * 1024 + 2048, f"{held} bytes of applied records kept"
