@@ -16,6 +16,7 @@ import orjson
 
 from shardworker import logs
 from shardworker.cli_common import (
+    UTF8,
     Duration,
     dsn_option,
     is_loopback,
@@ -78,18 +79,18 @@ def migrate(print_sql: bool, after: int, dsn: str | None) -> None:
 
 
 @main.command()
-@click.argument("kind", required=False)
+@click.argument("kind", type=UTF8, required=False)
 @click.argument("payload_json", required=False)
 @click.option("--count", type=click.IntRange(min=1), default=1, show_default=True, help="Enqueue N copies.")
 @click.option("--file", "file_", type=click.File("rb"), default=None,
               help="Bulk JSONL file (or -): one object a line with kind, payload and optional fields; "
                    "--queue, --priority, --max-attempts and --delay fill fields a line leaves out.")
-@click.option("--queue", default="default", show_default=True, help="Queue name.")
+@click.option("--queue", type=UTF8, default="default", show_default=True, help="Queue name.")
 @click.option("--priority", type=int, default=0, show_default=True, help="Smaller runs first.")
 @click.option("--max-attempts", type=click.IntRange(min=1), default=25, show_default=True, help="Attempts allowed.")
 @click.option("--delay", type=click.FloatRange(min=0, max=100 * 365.25 * 86400), default=0.0, show_default=True,
               callback=lambda _ctx, _param, value: _finite(value, "--delay"), help="Seconds before the job may run.")
-@click.option("--dedupe-key", default=None, help="Skip when a live job holds this key.")
+@click.option("--dedupe-key", type=UTF8, default=None, help="Skip when a live job holds this key.")
 @json_option
 @dsn_option
 @one_line_errors
@@ -99,7 +100,7 @@ def enqueue(kind: str | None, payload_json: str | None, count: int, file_: Any, 
     the job's id when it is one job)."""
     from datetime import UTC, datetime, timedelta
 
-    from shardworker.client import JobSpec, enqueue_many, parse_jsonl
+    from shardworker.client import JobSpec, enqueue_many, loads_json, parse_jsonl
     from shardworker.client import enqueue as enqueue_one
     from shardworker.errors import EnqueueError
 
@@ -116,7 +117,7 @@ def enqueue(kind: str | None, payload_json: str | None, count: int, file_: Any, 
         if not kind:
             raise click.UsageError("KIND is required (or --file)")
         try:
-            payload = orjson.loads(payload_json) if payload_json is not None else None
+            payload = loads_json(payload_json) if payload_json is not None else None
         except orjson.JSONDecodeError as exc:
             raise EnqueueError(f"PAYLOAD_JSON is not valid JSON: {exc}") from exc
         run_at = datetime.now(UTC) + timedelta(seconds=delay) if delay else None
@@ -142,7 +143,7 @@ def enqueue(kind: str | None, payload_json: str | None, count: int, file_: Any, 
 @click.option("--procs", type=click.IntRange(min=1, max=512), default=2, show_default=True,
               help="Child processes running handlers.")
 @outbox_dir_option
-@click.option("--queues", default=None, help="Comma-separated queues to claim from (default: all).")
+@click.option("--queues", type=UTF8, default=None, help="Comma-separated queues to claim from (default: all).")
 @click.option("--worker-id", default=None, help="Worker id (default: stored in the outbox directory).")
 @click.option("--exit-when-idle", is_flag=True, help="Exit 0 once nothing is due or running and the outbox is empty.")
 @click.option("--shutdown-timeout", type=click.FloatRange(min=0), default=30.0, show_default=True,

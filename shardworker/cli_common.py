@@ -26,26 +26,51 @@ outbox_dir_option = click.option("--outbox-dir", envvar="SHARDWORKER_OUTBOX_DIR"
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+# The longest duration any option takes: far beyond any retention or look-back, and well
+# inside what Python's timedelta (999,999,999 days) and PostgreSQL hold, now() minus it
+# included (timestamptz starts at 4713 BC).
+MAX_DURATION_S = 1000 * 365.25 * 86400
+TOO_LONG = "is beyond the longest duration, 1000 years (365250d)"
 
 
 def duration_seconds(text: str) -> float | None:
-    """Seconds in ``90``, ``90s``, ``30m``, ``2h``, ``7d`` or ``1w``; None when it is not one."""
+    """Seconds in ``90``, ``90s``, ``30m``, ``2h``, ``7d`` or ``1w``; None when it is not one.
+    May exceed ``MAX_DURATION_S`` (even be infinite): callers refuse that (``TOO_LONG``)."""
     match = re.fullmatch(r"(\d+(?:\.\d+)?)([smhdw]?)", text.strip())
     return float(match[1]) * _UNITS[match[2] or "s"] if match else None
 
 
 class Duration(click.ParamType):
-    """A click option type for durations (see ``duration_seconds``); bad input is a usage error."""
+    """A click option type for durations (see ``duration_seconds``); bad input, or a duration
+    over ``MAX_DURATION_S``, is a usage error."""
 
     name = "duration"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
-        if isinstance(value, int | float):
-            return float(value)
-        seconds = duration_seconds(str(value))
+        seconds = float(value) if isinstance(value, int | float) else duration_seconds(str(value))
         if seconds is None:
             self.fail(f"{value!r} is not a duration (like 90s, 30m, 2h, 7d, 0)", param, ctx)
+        if not 0 <= seconds <= MAX_DURATION_S:
+            self.fail(f"{value!r} {TOO_LONG}", param, ctx)
         return seconds
+
+
+class Utf8Text(click.ParamType):
+    """Text that must be valid UTF-8 (a kind, queue or key): argv bytes that are not arrive
+    as surrogate escapes, which PostgreSQL could never store or match; a usage error."""
+
+    name = "text"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = str(value)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            self.fail(f"{text!a} is not valid UTF-8", param, ctx)
+        return text
+
+
+UTF8 = Utf8Text()
 
 
 def one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:

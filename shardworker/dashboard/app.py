@@ -14,7 +14,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import orjson
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -31,6 +30,7 @@ from shardworker.dashboard import data
 from shardworker.dashboard.chart import HEIGHT, WIDTH, chart
 from shardworker.dashboard.security import SameOriginPosts, TokenAuth, unauthorized
 from shardworker.errors import JobsError, ShardworkerError
+from shardworker.jobs import dumps_json
 
 HERE = Path(__file__).parent
 REFRESH_MS = 2000
@@ -46,7 +46,7 @@ def ago(seconds: float) -> str:
 
 
 def pretty(value: Any) -> str:
-    return orjson.dumps(value, option=orjson.OPT_INDENT_2).decode()
+    return dumps_json(value, indent=True)
 
 
 def _templates() -> Jinja2Templates:
