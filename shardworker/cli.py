@@ -16,8 +16,11 @@ import orjson
 
 from shardworker import logs
 from shardworker.cli_common import (
+    MAX_NETWORK_TIMEOUT_S,
+    MAX_PG_TIMEOUT_S,
     UTF8,
     Duration,
+    Seconds,
     dsn_option,
     is_loopback,
     json_option,
@@ -146,19 +149,19 @@ def enqueue(kind: str | None, payload_json: str | None, count: int, file_: Any, 
 @click.option("--queues", type=UTF8, default=None, help="Comma-separated queues to claim from (default: all).")
 @click.option("--worker-id", default=None, help="Worker id (default: stored in the outbox directory).")
 @click.option("--exit-when-idle", is_flag=True, help="Exit 0 once nothing is due or running and the outbox is empty.")
-@click.option("--shutdown-timeout", type=click.FloatRange(min=0), default=30.0, show_default=True,
+@click.option("--shutdown-timeout", type=Seconds(0), default=30.0, show_default=True,
               help="Seconds to finish jobs in hand at shutdown.")
-@click.option("--rescue-after", type=click.FloatRange(min=1), default=3600.0, show_default=True,
+@click.option("--rescue-after", type=Seconds(1), default=3600.0, show_default=True,
               help="Seconds of watched heartbeat silence before a peer rescues a worker's jobs "
                    "(must exceed --shutdown-timeout).")
-@click.option("--rescue-grace", type=click.FloatRange(min=0), default=300.0, show_default=True,
+@click.option("--rescue-grace", type=Seconds(0), default=300.0, show_default=True,
               help="Seconds a rescued job waits before it may run again; a late outcome of the rescued "
                    "attempt lands meanwhile instead.")
-@click.option("--backoff-cap", type=click.FloatRange(min=0.01), default=5.0, show_default=True,
+@click.option("--backoff-cap", type=Seconds(0.01), default=5.0, show_default=True,
               help="Maximum seconds between database retries.")
-@click.option("--network-timeout", type=click.IntRange(min=2), default=20, show_default=True,
+@click.option("--network-timeout", type=click.IntRange(min=2, max=MAX_NETWORK_TIMEOUT_S), default=20, show_default=True,
               help="Seconds before an unresponsive database connection is declared dead.")
-@click.option("--statement-timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
+@click.option("--statement-timeout", type=Seconds(0.1, MAX_PG_TIMEOUT_S), default=30.0, show_default=True,
               help="Seconds a database statement may run.")
 @click.option("--min-free-mb", type=click.IntRange(min=0), default=64, show_default=True,
               help="Stop claiming when the outbox disk has less free space than this.")

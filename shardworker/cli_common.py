@@ -7,6 +7,7 @@ import contextlib
 import functools
 import ipaddress
 import logging
+import math
 import os
 import re
 import sys
@@ -26,11 +27,14 @@ outbox_dir_option = click.option("--outbox-dir", envvar="SHARDWORKER_OUTBOX_DIR"
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-# The longest duration any option takes: far beyond any retention or look-back, and well
-# inside what Python's timedelta (999,999,999 days) and PostgreSQL hold, now() minus it
-# included (timestamptz starts at 4713 BC).
-MAX_DURATION_S = 1000 * 365.25 * 86400
-TOO_LONG = "is beyond the longest duration, 1000 years (365250d)"
+# The longest duration or timeout any option takes: far beyond any retention, look-back or
+# wait, and inside what everything downstream holds: Python's timedelta (999,999,999 days),
+# its waits (threading.TIMEOUT_MAX, about 292 years), PostgreSQL's intervals and now()
+# minus it (timestamptz starts at 4713 BC).
+MAX_DURATION_S = 100 * 365.25 * 86400
+TOO_LONG = "is beyond the longest duration, 100 years (36525d)"
+MAX_PG_TIMEOUT_S = 2_147_483  # statement_timeout: milliseconds in a C int
+MAX_NETWORK_TIMEOUT_S = 65_534  # keepalives idle at half of it: Linux takes up to 32767 s
 
 
 def duration_seconds(text: str) -> float | None:
@@ -52,6 +56,25 @@ class Duration(click.ParamType):
             self.fail(f"{value!r} is not a duration (like 90s, 30m, 2h, 7d, 0)", param, ctx)
         if not 0 <= seconds <= MAX_DURATION_S:
             self.fail(f"{value!r} {TOO_LONG}", param, ctx)
+        return seconds
+
+
+class Seconds(click.ParamType):
+    """A finite number of seconds from ``min_s`` to ``max_s`` (``nan``, ``inf`` and numbers no
+    wait or server setting can hold are usage errors, not a worker that never connects)."""
+
+    name = "seconds"
+
+    def __init__(self, min_s: float = 0.0, max_s: float = MAX_DURATION_S) -> None:
+        self.min_s, self.max_s = min_s, max_s
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            seconds = math.nan
+        if not self.min_s <= seconds <= self.max_s:  # false for nan too
+            self.fail(f"{value!r} is not a number of seconds from {self.min_s:g} to {self.max_s:g}", param, ctx)
         return seconds
 
 

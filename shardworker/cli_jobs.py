@@ -18,6 +18,7 @@ from shardworker.cli_common import (
     MAX_DURATION_S,
     TOO_LONG,
     UTF8,
+    Seconds,
     dsn_option,
     duration_seconds,
     json_option,
@@ -91,7 +92,7 @@ def show_command(job_id: int, as_json: bool, dsn: str | None) -> None:
 
 @jobs.command("wait")
 @click.argument("job_id", type=click.IntRange(min=1))
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0), default=60.0, show_default=True,
+@click.option("--timeout", "timeout_s", type=Seconds(), default=60.0, show_default=True,
               help="Seconds to wait; exit 1 if the job has not ended by then.")
 @json_option
 @dsn_option

@@ -128,7 +128,7 @@ def test_invalid_utf8_in_a_file_line_is_one_line_naming_it(pg_dsn: str, tmp_path
 ])
 def test_a_duration_beyond_what_postgresql_and_python_hold_is_one_line(pg_dsn: str, args: list[str]) -> None:
     result = invoke(*args, "--dsn", pg_dsn)
-    assert_one_line(result, "duration", codes=(1, 2))
+    assert_one_line(result, "duration", "100 years", codes=(1, 2))
     assert job_count(pg_dsn) == 0
 
 
@@ -164,3 +164,26 @@ def test_a_naive_run_at_in_a_file_is_utc_as_since_reads_it(pg_dsn: str) -> None:
     assert query(pg_dsn, "SELECT max(run_at) FROM shardworker.jobs")[0][0] == datetime(2030, 1, 2, 12, tzinfo=UTC)
     listed = invoke("jobs", "list", "--since", "2020-01-01T00:00:00", "--json", "--dsn", pg_dsn)
     assert len(json.loads(listed.stdout)) == 2
+
+
+@pytest.mark.parametrize("args", [
+    ["jobs", "wait", "1", "--timeout", "1e300"],
+    ["jobs", "wait", "1", "--timeout", "nan"],
+    ["outbox", "drain", "--outbox-dir", "missing", "--timeout", "inf"],
+])
+def test_a_timeout_beyond_what_a_wait_can_hold_is_a_usage_error(pg_dsn: str, args: list[str]) -> None:
+    result = invoke(*args, "--dsn", pg_dsn)
+    assert_one_line(result, "--timeout", "seconds", codes=(2,))
+
+
+@pytest.mark.parametrize("option, value", [
+    ("--shutdown-timeout", "1e300"), ("--rescue-after", "nan"), ("--rescue-grace", "1e300"),
+    ("--backoff-cap", "inf"), ("--statement-timeout", "99999999"), ("--network-timeout", "99999999"),
+])
+def test_a_worker_time_option_beyond_its_range_is_refused_before_the_worker_starts(
+        pg_dsn: str, tmp_path: Path, option: str, value: str) -> None:
+    done = console(b"run", b"--app", b"shardworker.demo_app", b"--exit-when-idle", b"--outbox-dir",
+                   str(tmp_path / "outbox").encode(), option.encode(), value.encode(), b"--dsn", pg_dsn.encode())
+    assert_console_one_line(done, option)
+    assert done.returncode == 2
+    assert not (tmp_path / "outbox").exists()
