@@ -101,6 +101,7 @@ def assert_console_one_line(done: subprocess.CompletedProcess[bytes], *fragments
     [b"enqueue", b"k\xff"],
     [b"enqueue", b"k", b"--queue", b"q\xfe\xff"],
     [b"enqueue", b"k", b"--dedupe-key", b"d\xff"],
+    [b"enqueue", b"k", b'{"a": "\xff"}'],
     [b"jobs", b"list", b"--kind", b"k\xff"],
     [b"jobs", b"list", b"--queue", b"q\xff"],
     [b"jobs", b"retry", b"--failed", b"--kind", b"k\xff"],
