@@ -9,6 +9,7 @@ nothing and names the entry.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -69,6 +70,9 @@ class JobSpec:
         if len(data) > MAX_PAYLOAD_BYTES:
             raise EnqueueError(f"payload too large: {len(data)} bytes of JSON, the limit is {MAX_PAYLOAD_BYTES} "
                                "(shardworker.limits.MAX_PAYLOAD_BYTES); store big data elsewhere and pass a key")
+        if b"null" in data and _has_non_finite(self.payload):  # orjson writes nan and inf as null
+            raise EnqueueError("payload holds a float that is not a finite number (nan or infinity), "
+                               "which JSON cannot hold")
         text = data.decode()
         # orjson writes a NUL as \u0000; the six characters \u0000 as \\u0000 (an even run
         # of backslashes before "u0000" is text, an odd one ends in a NUL).
@@ -106,6 +110,16 @@ def loads_json(text: str | bytes) -> Any:
     if digits:  # rare: look at each integer as written (orjson has accepted the syntax)
         json.loads(text, parse_int=_checked_int)
     return value
+
+
+def _has_non_finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_has_non_finite(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_has_non_finite(v) for v in value)
+    return False
 
 
 def _checked_int(digits: str) -> int:

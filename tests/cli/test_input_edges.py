@@ -188,3 +188,12 @@ def test_a_worker_time_option_beyond_its_range_is_refused_before_the_worker_star
     assert_console_one_line(done, option)
     assert done.returncode == 2
     assert not (tmp_path / "outbox").exists()
+
+
+@pytest.mark.parametrize("payload", [{"x": float("nan")}, [1.5, float("inf")], {"a": [None, {"b": -float("inf")}]}])
+def test_a_python_payload_with_nan_or_infinity_is_refused_not_stored_as_null(pg_dsn: str, payload: object) -> None:
+    with pytest.raises(EnqueueError, match="not a finite number"):
+        enqueue(pg_dsn, "k", payload)
+    assert job_count(pg_dsn) == 0
+    enqueue(pg_dsn, "k", {"a": None, "b": 1.5})  # null and finite floats are fine
+    assert job_count(pg_dsn) == 1
