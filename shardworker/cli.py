@@ -16,7 +16,11 @@ import orjson
 
 from shardworker import logs
 from shardworker.cli_common import (
+    MAX_NETWORK_TIMEOUT_S,
+    MAX_PG_TIMEOUT_S,
+    UTF8,
     Duration,
+    Seconds,
     dsn_option,
     is_loopback,
     json_option,
@@ -78,18 +82,18 @@ def migrate(print_sql: bool, after: int, dsn: str | None) -> None:
 
 
 @main.command()
-@click.argument("kind", required=False)
+@click.argument("kind", type=UTF8, required=False)
 @click.argument("payload_json", required=False)
 @click.option("--count", type=click.IntRange(min=1), default=1, show_default=True, help="Enqueue N copies.")
 @click.option("--file", "file_", type=click.File("rb"), default=None,
               help="Bulk JSONL file (or -): one object a line with kind, payload and optional fields; "
                    "--queue, --priority, --max-attempts and --delay fill fields a line leaves out.")
-@click.option("--queue", default="default", show_default=True, help="Queue name.")
+@click.option("--queue", type=UTF8, default="default", show_default=True, help="Queue name.")
 @click.option("--priority", type=int, default=0, show_default=True, help="Smaller runs first.")
 @click.option("--max-attempts", type=click.IntRange(min=1), default=25, show_default=True, help="Attempts allowed.")
 @click.option("--delay", type=click.FloatRange(min=0, max=100 * 365.25 * 86400), default=0.0, show_default=True,
               callback=lambda _ctx, _param, value: _finite(value, "--delay"), help="Seconds before the job may run.")
-@click.option("--dedupe-key", default=None, help="Skip when a live job holds this key.")
+@click.option("--dedupe-key", type=UTF8, default=None, help="Skip when a live job holds this key.")
 @json_option
 @dsn_option
 @one_line_errors
@@ -99,7 +103,7 @@ def enqueue(kind: str | None, payload_json: str | None, count: int, file_: Any, 
     the job's id when it is one job)."""
     from datetime import UTC, datetime, timedelta
 
-    from shardworker.client import JobSpec, enqueue_many, parse_jsonl
+    from shardworker.client import JobSpec, enqueue_many, loads_json, parse_jsonl
     from shardworker.client import enqueue as enqueue_one
     from shardworker.errors import EnqueueError
 
@@ -116,7 +120,7 @@ def enqueue(kind: str | None, payload_json: str | None, count: int, file_: Any, 
         if not kind:
             raise click.UsageError("KIND is required (or --file)")
         try:
-            payload = orjson.loads(payload_json) if payload_json is not None else None
+            payload = loads_json(payload_json) if payload_json is not None else None
         except orjson.JSONDecodeError as exc:
             raise EnqueueError(f"PAYLOAD_JSON is not valid JSON: {exc}") from exc
         run_at = datetime.now(UTC) + timedelta(seconds=delay) if delay else None
@@ -142,26 +146,26 @@ def enqueue(kind: str | None, payload_json: str | None, count: int, file_: Any, 
 @click.option("--procs", type=click.IntRange(min=1, max=512), default=2, show_default=True,
               help="Child processes running handlers.")
 @outbox_dir_option
-@click.option("--queues", default=None, help="Comma-separated queues to claim from (default: all).")
+@click.option("--queues", type=UTF8, default=None, help="Comma-separated queues to claim from (default: all).")
 @click.option("--worker-id", default=None, help="Worker id (default: stored in the outbox directory).")
 @click.option("--exit-when-idle", is_flag=True, help="Exit 0 once nothing is due or running and the outbox is empty.")
-@click.option("--shutdown-timeout", type=click.FloatRange(min=0), default=30.0, show_default=True,
+@click.option("--shutdown-timeout", type=Seconds(0), default=30.0, show_default=True,
               help="Seconds to finish jobs in hand at shutdown.")
 @click.option("--default-timeout", envvar="SHARDWORKER_DEFAULT_TIMEOUT", type=Duration(), default="30m",
               show_default=True,
               help="Timeout of every handler without its own timeout_s (90s, 30m, 2h; 0: none); a handler past "
                    "it fails that attempt (env SHARDWORKER_DEFAULT_TIMEOUT).")
-@click.option("--rescue-after", type=click.FloatRange(min=1), default=3600.0, show_default=True,
+@click.option("--rescue-after", type=Seconds(1), default=3600.0, show_default=True,
               help="Seconds of watched heartbeat silence before a peer rescues a worker's jobs "
                    "(must exceed --shutdown-timeout).")
-@click.option("--rescue-grace", type=click.FloatRange(min=0), default=300.0, show_default=True,
+@click.option("--rescue-grace", type=Seconds(0), default=300.0, show_default=True,
               help="Seconds a rescued job waits before it may run again; a late outcome of the rescued "
                    "attempt lands meanwhile instead.")
-@click.option("--backoff-cap", type=click.FloatRange(min=0.01), default=5.0, show_default=True,
+@click.option("--backoff-cap", type=Seconds(0.01), default=5.0, show_default=True,
               help="Maximum seconds between database retries.")
-@click.option("--network-timeout", type=click.IntRange(min=2), default=20, show_default=True,
+@click.option("--network-timeout", type=click.IntRange(min=2, max=MAX_NETWORK_TIMEOUT_S), default=20, show_default=True,
               help="Seconds before an unresponsive database connection is declared dead.")
-@click.option("--statement-timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
+@click.option("--statement-timeout", type=Seconds(0.1, MAX_PG_TIMEOUT_S), default=30.0, show_default=True,
               help="Seconds a database statement may run.")
 @click.option("--min-free-mb", type=click.IntRange(min=0), default=64, show_default=True,
               help="Stop claiming when the outbox disk has less free space than this.")

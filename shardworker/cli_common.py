@@ -7,6 +7,7 @@ import contextlib
 import functools
 import ipaddress
 import logging
+import math
 import os
 import re
 import sys
@@ -26,26 +27,73 @@ outbox_dir_option = click.option("--outbox-dir", envvar="SHARDWORKER_OUTBOX_DIR"
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+# The longest duration or timeout any option takes: far beyond any retention, look-back or
+# wait, and inside what everything downstream holds: Python's timedelta (999,999,999 days),
+# its waits (threading.TIMEOUT_MAX, about 292 years), PostgreSQL's intervals and now()
+# minus it (timestamptz starts at 4713 BC).
+MAX_DURATION_S = 100 * 365.25 * 86400
+TOO_LONG = "is beyond the longest duration, 100 years (36525d)"
+MAX_PG_TIMEOUT_S = 2_147_483  # statement_timeout: milliseconds in a C int
+MAX_NETWORK_TIMEOUT_S = 65_534  # keepalives idle at half of it: Linux takes up to 32767 s
 
 
 def duration_seconds(text: str) -> float | None:
-    """Seconds in ``90``, ``90s``, ``30m``, ``2h``, ``7d`` or ``1w``; None when it is not one."""
+    """Seconds in ``90``, ``90s``, ``30m``, ``2h``, ``7d`` or ``1w``; None when it is not one.
+    May exceed ``MAX_DURATION_S`` (even be infinite): callers refuse that (``TOO_LONG``)."""
     match = re.fullmatch(r"(\d+(?:\.\d+)?)([smhdw]?)", text.strip())
     return float(match[1]) * _UNITS[match[2] or "s"] if match else None
 
 
 class Duration(click.ParamType):
-    """A click option type for durations (see ``duration_seconds``); bad input is a usage error."""
+    """A click option type for durations (see ``duration_seconds``); bad input, or a duration
+    over ``MAX_DURATION_S``, is a usage error."""
 
     name = "duration"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
-        if isinstance(value, int | float):
-            return float(value)
-        seconds = duration_seconds(str(value))
+        seconds = float(value) if isinstance(value, int | float) else duration_seconds(str(value))
         if seconds is None:
             self.fail(f"{value!r} is not a duration (like 90s, 30m, 2h, 7d, 0)", param, ctx)
+        if not 0 <= seconds <= MAX_DURATION_S:
+            self.fail(f"{value!r} {TOO_LONG}", param, ctx)
         return seconds
+
+
+class Seconds(click.ParamType):
+    """A finite number of seconds from ``min_s`` to ``max_s`` (``nan``, ``inf`` and numbers no
+    wait or server setting can hold are usage errors, not a worker that never connects)."""
+
+    name = "seconds"
+
+    def __init__(self, min_s: float = 0.0, max_s: float = MAX_DURATION_S) -> None:
+        self.min_s, self.max_s = min_s, max_s
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            seconds = math.nan
+        if not self.min_s <= seconds <= self.max_s:  # false for nan too
+            self.fail(f"{value!r} is not a number of seconds from {self.min_s:g} to {self.max_s:g}", param, ctx)
+        return seconds
+
+
+class Utf8Text(click.ParamType):
+    """Text that must be valid UTF-8 (a kind, queue or key): argv bytes that are not arrive
+    as surrogate escapes, which PostgreSQL could never store or match; a usage error."""
+
+    name = "text"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = str(value)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            self.fail(f"{text!a} is not valid UTF-8", param, ctx)
+        return text
+
+
+UTF8 = Utf8Text()
 
 
 def one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:

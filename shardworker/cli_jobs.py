@@ -14,15 +14,27 @@ import click
 import orjson
 
 from shardworker import jobs as jobs_api
-from shardworker.cli_common import dsn_option, duration_seconds, json_option, one_line_errors, resolve_dsn
+from shardworker.cli_common import (
+    MAX_DURATION_S,
+    TOO_LONG,
+    UTF8,
+    Seconds,
+    dsn_option,
+    duration_seconds,
+    json_option,
+    one_line_errors,
+    resolve_dsn,
+)
 
 
 def parse_since(text: str | None) -> datetime | None:
-    """``30m``, ``2h``, ``7d`` ago, or an ISO 8601 time."""
+    """``30m``, ``2h``, ``7d`` ago, or an ISO 8601 time (naive: UTC)."""
     if text is None:
         return None
     seconds = duration_seconds(text)
     if seconds is not None:
+        if seconds > MAX_DURATION_S:
+            raise jobs_api.JobsError(f"--since {text!r} {TOO_LONG}")
         return datetime.now(UTC) - timedelta(seconds=seconds)
     try:
         moment = datetime.fromisoformat(text)
@@ -33,7 +45,7 @@ def parse_since(text: str | None) -> datetime | None:
 
 def _echo_jobs(found: list[jobs_api.JobInfo], as_json: bool) -> None:
     if as_json:
-        click.echo(orjson.dumps([j.to_json() for j in found]).decode())
+        click.echo(jobs_api.dumps_json([j.to_json() for j in found]))
         return
     if not found:
         click.echo("no jobs match", err=True)
@@ -50,8 +62,8 @@ def jobs() -> None:
 
 @jobs.command("list")
 @click.option("--status", type=click.Choice(jobs_api.STATUSES), multiple=True, help="Only these statuses.")
-@click.option("--kind", default=None, help="Only this kind.")
-@click.option("--queue", default=None, help="Only this queue.")
+@click.option("--kind", type=UTF8, default=None, help="Only this kind.")
+@click.option("--queue", type=UTF8, default=None, help="Only this queue.")
 @click.option("--since", default=None, help="Created since: 30m, 2h, 7d, or an ISO 8601 time.")
 @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
 @json_option
@@ -80,7 +92,7 @@ def show_command(job_id: int, as_json: bool, dsn: str | None) -> None:
 
 @jobs.command("wait")
 @click.argument("job_id", type=click.IntRange(min=1))
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0), default=60.0, show_default=True,
+@click.option("--timeout", "timeout_s", type=Seconds(), default=60.0, show_default=True,
               help="Seconds to wait; exit 1 if the job has not ended by then.")
 @json_option
 @dsn_option
@@ -92,11 +104,11 @@ def wait_command(job_id: int, timeout_s: float, as_json: bool, dsn: str | None) 
 
 def _echo_job(job: jobs_api.JobInfo, as_json: bool) -> None:
     if as_json:
-        click.echo(orjson.dumps(job.to_json()).decode())
+        click.echo(jobs_api.dumps_json(job.to_json()))
         return
     for key, value in job.to_json().items():
         if key in ("payload", "result"):
-            value = orjson.dumps(value).decode()
+            value = jobs_api.dumps_json(value)
         click.echo(f"{key:>13}: {value}")
 
 
@@ -115,8 +127,8 @@ def _echo_changed(action: str, changed: int, as_json: bool) -> None:
 @jobs.command("retry")
 @click.argument("job_ids", type=click.IntRange(min=1), nargs=-1)
 @click.option("--failed", is_flag=True, help="Retry every failed job (with --kind / --queue).")
-@click.option("--kind", default=None, help="With --failed: only this kind.")
-@click.option("--queue", default=None, help="With --failed: only this queue.")
+@click.option("--kind", type=UTF8, default=None, help="With --failed: only this kind.")
+@click.option("--queue", type=UTF8, default=None, help="With --failed: only this queue.")
 @json_option
 @dsn_option
 @one_line_errors

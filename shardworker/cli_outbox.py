@@ -9,7 +9,14 @@ import sys
 import click
 import orjson
 
-from shardworker.cli_common import dsn_option, json_option, one_line_errors, outbox_dir_option, resolve_dsn
+from shardworker.cli_common import (
+    Seconds,
+    dsn_option,
+    json_option,
+    one_line_errors,
+    outbox_dir_option,
+    resolve_dsn,
+)
 
 
 @click.group()
@@ -72,7 +79,7 @@ def status(outbox_dir: str, as_json: bool) -> None:
 
 @outbox.command()
 @outbox_dir_option
-@click.option("--timeout", type=click.FloatRange(min=0), default=300.0, show_default=True,
+@click.option("--timeout", type=Seconds(), default=300.0, show_default=True,
               help="Seconds to keep retrying while the database is unreachable.")
 @dsn_option
 @one_line_errors

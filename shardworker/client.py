@@ -8,9 +8,12 @@ nothing and names the entry.
 
 from __future__ import annotations
 
+import json
+import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -28,6 +31,13 @@ DEFAULT_MAX_ATTEMPTS = 25
 _INT32 = (-(2**31), 2**31 - 1)
 # make_interval(secs => ...) takes a float8; past ~290,000 years timestamptz overflows anyway.
 _MAX_DELAY_S = 100 * 365.25 * 86400  # 100 years
+# Handlers read payloads with orjson, which turns integers outside these bounds into floats.
+_INT_RANGE = (-(2**63), 2**64 - 1)
+BEYOND_64_BITS = ("payload holds an integer beyond 64 bits, which a handler would receive changed; "
+                  "pass it as a string")
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+_LONG_DIGITS = re.compile(r"\d{19}")  # |i| < 10**18 is exact whatever parses it
+_LONG_DIGITS_BYTES = re.compile(rb"\d{19}")
 
 
 @dataclass(frozen=True)
@@ -65,12 +75,19 @@ class JobSpec:
         try:
             data = orjson.dumps(self.payload)
         except TypeError as exc:
+            if "64-bit" in str(exc):
+                raise EnqueueError(BEYOND_64_BITS) from exc
             raise EnqueueError(f"payload is not JSON-serializable: {exc}") from exc
         if len(data) > MAX_PAYLOAD_BYTES:
             raise EnqueueError(f"payload too large: {len(data)} bytes of JSON, the limit is {MAX_PAYLOAD_BYTES} "
                                "(shardworker.limits.MAX_PAYLOAD_BYTES); store big data elsewhere and pass a key")
+        if b"null" in data and _has_non_finite(self.payload):  # orjson writes nan and inf as null
+            raise EnqueueError("payload holds a float that is not a finite number (nan or infinity), "
+                               "which JSON cannot hold")
         text = data.decode()
-        if "\\u0000" in text:
+        # orjson writes a NUL as \u0000; the six characters \u0000 as \\u0000 (an even run
+        # of backslashes before "u0000" is text, an odd one ends in a NUL).
+        if "\\u0000" in text and _NUL_ESCAPE.search(text):
             raise EnqueueError("payload holds a NUL character (\\u0000), which PostgreSQL jsonb cannot store")
         return text
 
@@ -93,6 +110,39 @@ class JobSpec:
                 raise EnqueueError(f"run_at is not an ISO 8601 time: {run_at!r}") from exc
         return cls(obj["kind"], obj.get("payload"), obj.get("queue", "default"), obj.get("priority", 0),
                    obj.get("max_attempts", DEFAULT_MAX_ATTEMPTS), run_at, obj.get("dedupe_key"))
+
+
+def loads_json(text: str | bytes) -> Any:
+    """JSON text as Python values, refusing (``EnqueueError``) an integer beyond 64 bits,
+    which orjson would silently read as a float: numbers are never changed on their way in.
+    Raises ``orjson.JSONDecodeError`` for text that is not JSON."""
+    value = orjson.loads(text)
+    digits = _LONG_DIGITS.search(text) if isinstance(text, str) else _LONG_DIGITS_BYTES.search(text)
+    if digits:  # rare: look at each integer as written (orjson has accepted the syntax)
+        json.loads(text, parse_int=_checked_int)
+    return value
+
+
+def _has_non_finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_has_non_finite(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_has_non_finite(v) for v in value)
+    return False
+
+
+def _checked_int(digits: str) -> int:
+    if len(digits.lstrip("-")) > 20 or not _INT_RANGE[0] <= int(digits) <= _INT_RANGE[1]:
+        raise EnqueueError(BEYOND_64_BITS)
+    return int(digits)
+
+
+def _utc(run_at: datetime | None) -> datetime | None:
+    """A naive time is UTC, everywhere (as ``jobs list --since`` reads one), never the
+    database session's time zone."""
+    return run_at.replace(tzinfo=UTC) if run_at is not None and run_at.tzinfo is None else run_at
 
 
 def enqueue(conn_or_dsn: Any, kind: str, payload: Any = None, *, queue: str = "default", priority: int = 0,
@@ -139,7 +189,7 @@ def _one_job(kind: str, payload: Any, queue: str, priority: int, max_attempts: i
     if not isinstance(delay_s, int | float) or isinstance(delay_s, bool) or not 0 <= delay_s < _MAX_DELAY_S:
         raise EnqueueError(f"delay must be a number of seconds from 0 to {_MAX_DELAY_S:.0f}, got {delay_s!r}")
     return spec, {"queue": spec.queue, "priority": spec.priority, "max_attempts": spec.max_attempts,
-                  "run_at": spec.run_at, "delay_s": float(delay_s), "dedupe_key": spec.dedupe_key}
+                  "run_at": _utc(spec.run_at), "delay_s": float(delay_s), "dedupe_key": spec.dedupe_key}
 
 
 def enqueue_many(conn_or_dsn: Any, jobs: Iterable[JobSpec]) -> int:
@@ -170,7 +220,8 @@ async def enqueue_many_async(aconn_or_dsn: Any, jobs: Iterable[JobSpec]) -> int:
 
 
 def _copy_rows(jobs: Iterable[JobSpec]) -> list[tuple[Any, ...]]:
-    return [(j.kind, j.queue, j.payload_json(), j.priority, j.max_attempts, j.run_at, j.dedupe_key) for j in jobs]
+    return [(j.kind, j.queue, j.payload_json(), j.priority, j.max_attempts, _utc(j.run_at), j.dedupe_key)
+            for j in jobs]
 
 
 def parse_jsonl(lines: Iterable[str | bytes], defaults: Mapping[str, Any] | None = None) -> list[JobSpec]:
@@ -183,7 +234,7 @@ def parse_jsonl(lines: Iterable[str | bytes], defaults: Mapping[str, Any] | None
         if not line.strip():
             continue
         try:
-            obj = orjson.loads(line)
+            obj = loads_json(line)
             if defaults and isinstance(obj, dict):
                 obj = {**defaults, **obj}
             spec = JobSpec.from_mapping(obj)

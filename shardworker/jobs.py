@@ -14,10 +14,13 @@ in the wrong state refuses the whole call with ``JobsError`` naming it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+
+import orjson
 
 from shardworker import pg_store
 from shardworker.errors import JobsError, WaitTimeout
@@ -49,6 +52,17 @@ class JobInfo:
 
     def to_json(self) -> dict[str, Any]:
         return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in self.__dict__.items()}
+
+
+def dumps_json(value: Any, *, indent: bool = False) -> str:
+    """``value`` as JSON text, every number exactly: orjson, or the standard library for a
+    payload or result holding an integer beyond 64 bits (enqueue refuses them, but a row
+    written by other means may hold one, and orjson cannot write it)."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_INDENT_2 if indent else None).decode()
+    except TypeError:
+        return json.dumps(value, ensure_ascii=False, indent=2 if indent else None,
+                          separators=None if indent else (",", ":"))
 
 
 def list_jobs(conn_or_dsn: Any, *, status: Sequence[str] | str | None = None, kind: str | None = None,

@@ -15,16 +15,23 @@ enqueues every tick due since (``run_at`` = the tick, dedupe key
 enqueued once however many workers and hosts run it, and a restart, or every worker being
 down for a while, neither skips nor doubles a tick (up to ``catch_up`` missed ticks are
 enqueued; older ones are logged and skipped). Ticks start after the schedule is first
-seen. The database's clock decides what is due, so hosts with skewed clocks agree.
+seen. The database's clock decides what is due, so hosts with skewed clocks agree, and a
+step of a host's clock never silences or doubles a tick.
+
+A tick happens once per scheduled instant across DST changes: on the fall-back day a
+fixed-time schedule (``30 1 * * *``) runs once, at the first 01:30; one whose hour field
+starts with ``*`` runs in both occurrences of the repeated hour, which are an hour apart.
+A time spring-forward skips runs once, at the jump (02:30 becomes 03:00), as cron does.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -78,19 +85,38 @@ class Schedule:
             raise ConfigError(f"periodic {kind!r}: payload is not JSON-serializable: {exc}") from None
 
     def ticks_after(self, last: datetime, now: datetime) -> list[datetime]:
-        """Ticks in (last, now], oldest first."""
-        found: list[datetime] = []
+        """The scheduled instants in (last, now], oldest first, in UTC."""
+        return list(itertools.takewhile(lambda tick: tick <= now, self._ticks_from(last)))
+
+    def _ticks_from(self, last: datetime) -> Iterator[datetime]:
+        """The scheduled instants after ``last``, in UTC, each once across the DST changes
+        of the schedule's time zone (``_is_scheduled``). UTC because Python compares two
+        datetimes of one zone by wall clock: 01:30 EDT == 01:30 EST."""
+        previous = last
         it = croniter(self.cron, last.astimezone(self.zone))
-        while (tick := it.get_next(datetime)) <= now:
-            found.append(tick)
-        return found
+        while True:
+            tick = it.get_next(datetime).astimezone(UTC)
+            if tick > previous and self._is_scheduled(tick):
+                previous = tick
+                yield tick
+
+    def _is_scheduled(self, tick: datetime) -> bool:
+        """False for the second occurrence of a wall-clock time the fall-back hour repeats,
+        unless the hour field starts with ``*``: as cron does, a fixed-time schedule runs
+        once (at the first occurrence), an hourly or finer one every real hour. A time that
+        spring-forward skips is run once at the jump (croniter's answer, and cron's)."""
+        local = tick.astimezone(self.zone)
+        repeated = local.fold == 1 and local.replace(fold=0).utcoffset() != local.utcoffset()
+        return not repeated or self.cron.split()[1].startswith("*")
 
     def latest_tick(self, now: datetime) -> datetime:
         """The last tick at or before ``now``."""
-        return croniter(self.cron, (now + timedelta(microseconds=1)).astimezone(self.zone)).get_prev(datetime)
+        start = (now + timedelta(microseconds=1)).astimezone(self.zone)
+        return croniter(self.cron, start).get_prev(datetime).astimezone(UTC)
 
     def next_tick(self, now: datetime) -> datetime:
-        return croniter(self.cron, now.astimezone(self.zone)).get_next(datetime)
+        """The first scheduled instant after ``now``."""
+        return next(self._ticks_from(now))
 
     def plan(self, now: datetime, last_tick: datetime | None) -> tuple[list[dict[str, Any]], datetime]:
         """The jobs to insert for the ticks due at ``now`` since ``last_tick``, and the new
@@ -106,7 +132,7 @@ class Schedule:
             ticks = ticks[-self.catch_up:]
         jobs = [{"kind": self.kind, "payload_json": self.payload_json, "queue": self.queue,
                  "priority": self.priority, "max_attempts": self.max_attempts, "run_at": tick, "delay_s": 0.0,
-                 "dedupe_key": f"periodic:{self.name}:{tick.isoformat()}"} for tick in ticks]
+                 "dedupe_key": f"periodic:{self.name}:{tick.astimezone(self.zone).isoformat()}"} for tick in ticks]
         return jobs, ticks[-1]
 
 
@@ -116,35 +142,44 @@ class PeriodicStore(Protocol):
 
 class Scheduler:
     """Call ``run_once()`` often (every second or so): it asks the database only when a
-    schedule's next tick has come by this host's clock, and lets the database's clock and
-    the schedule's row decide what to enqueue."""
+    schedule's next tick has come by this host's clock (or ``MAX_WAIT_S`` has passed), and
+    lets the database's clock and the schedule's row decide what to enqueue.
+
+    The host's clock only spaces out the questions. It is monotonic by default, and a clock
+    seen going backwards (an injected one) counts as due at once, so a step of the host's
+    clock never silences a schedule; the wait is capped because a monotonic clock stands
+    still while the host sleeps and the database's clock may be stepped forward."""
+
+    MAX_WAIT_S = 60.0
 
     def __init__(self, store: PeriodicStore, schedules: Sequence[Schedule],
-                 clock: Any = time.time) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.store, self.schedules, self.clock = store, list(schedules), clock
-        self._due_at: dict[str, float] = {}  # name -> this host's time of its next tick
+        self._asked: dict[str, tuple[float, float]] = {}  # name -> (asked at, next look), host clock
         self.enqueued = 0
 
     def run_once(self) -> int:
         """Enqueue what is due; how many jobs. Database errors propagate (the caller backs off)."""
-        inserted = 0
         now = self.clock()
-        for schedule in self.schedules:
-            if now < self._due_at.get(schedule.name, 0.0):
-                continue
-            seen: list[datetime] = []
-
-            def plan(db_now: datetime, last_tick: datetime | None, schedule: Schedule = schedule,
-                     seen: list[datetime] = seen) -> tuple[list[dict[str, Any]], datetime]:
-                seen.append(db_now)
-                return schedule.plan(db_now, last_tick)
-
-            jobs = self.store.run_periodic(schedule.name, schedule.cron, plan)
-            if jobs:
-                log.info("periodic %s: enqueued %d job(s) of kind %s", schedule.name, jobs, schedule.kind)
-            inserted += jobs
-            # Next look when the database's clock reaches the next tick, on this host's clock.
-            db_now = seen[-1]
-            self._due_at[schedule.name] = now + (schedule.next_tick(db_now) - db_now).total_seconds()
+        inserted = sum(self._run_schedule(schedule, now) for schedule in self.schedules if self._due(schedule, now))
         self.enqueued += inserted
         return inserted
+
+    def _due(self, schedule: Schedule, now: float) -> bool:
+        asked_at, next_look = self._asked.get(schedule.name, (now, now))
+        return not asked_at <= now < next_look
+
+    def _run_schedule(self, schedule: Schedule, now: float) -> int:
+        seen: list[datetime] = []
+
+        def plan(db_now: datetime, last_tick: datetime | None) -> tuple[list[dict[str, Any]], datetime]:
+            seen.append(db_now)
+            return schedule.plan(db_now, last_tick)
+
+        jobs = self.store.run_periodic(schedule.name, schedule.cron, plan)
+        if jobs:
+            log.info("periodic %s: enqueued %d job(s) of kind %s", schedule.name, jobs, schedule.kind)
+        # Next look when the database's clock reaches the next tick, on this host's clock.
+        wait = (schedule.next_tick(seen[-1]) - seen[-1]).total_seconds()
+        self._asked[schedule.name] = (now, now + min(wait, self.MAX_WAIT_S))
+        return jobs

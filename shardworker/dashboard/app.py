@@ -14,7 +14,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import orjson
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -31,10 +30,12 @@ from shardworker.dashboard import data
 from shardworker.dashboard.chart import HEIGHT, WIDTH, chart
 from shardworker.dashboard.security import SameOriginPosts, TokenAuth, unauthorized
 from shardworker.errors import JobsError, ShardworkerError
+from shardworker.jobs import dumps_json
 
 HERE = Path(__file__).parent
 REFRESH_MS = 2000
 DONE = {"retry": "queued again", "cancel": "cancelled"}
+MAX_JOB_ID = 2**63 - 1  # ids are bigint
 
 
 def when(value: datetime | None) -> str:
@@ -46,7 +47,7 @@ def ago(seconds: float) -> str:
 
 
 def pretty(value: Any) -> str:
-    return orjson.dumps(value, option=orjson.OPT_INDENT_2).decode()
+    return dumps_json(value, indent=True)
 
 
 def _templates() -> Jinja2Templates:
@@ -84,7 +85,7 @@ class Dashboard:
                             notice=self._notice(request))
 
     async def job(self, request: Request) -> Response:
-        job_id = int(request.path_params["job_id"])
+        job_id = path_job_id(request)
         found, db_error = await self._load(data.job, job_id)
         if found is None and db_error is None:
             raise HTTPException(404, f"no job {job_id}")
@@ -94,7 +95,7 @@ class Dashboard:
 
     async def change(self, request: Request) -> Response:
         """A retry or cancel button: back where it was pressed, or the job's page with why not (409)."""
-        action, job_id = request.path_params["action"], int(request.path_params["job_id"])
+        action, job_id = request.path_params["action"], path_job_id(request)
         if action not in DONE:
             raise HTTPException(404, f"no such button: {action}")
         back = "/" if request.query_params.get("back") == "overview" else f"/jobs/{job_id}"
@@ -112,13 +113,41 @@ class Dashboard:
 
     @staticmethod
     def _notice(request: Request) -> str | None:
-        """The line a redirect after a button asks for (fixed text: nothing of the query is echoed)."""
-        action, job_id = request.query_params.get("done"), request.query_params.get("job", "")
-        return f"job {int(job_id)} {DONE[action]}" if action in DONE and job_id.isdigit() else None
+        """The line a redirect after a button asks for (fixed text: nothing of the query is
+        echoed); a ``job=`` that is no job id is a 400 page."""
+        action = request.query_params.get("done")
+        if action not in DONE:
+            return None
+        job_id = job_id_or_none(request.query_params.get("job", ""))
+        if job_id is None:
+            raise HTTPException(400, "job= is not a job id")
+        return f"job {job_id} {DONE[action]}"
 
     async def not_found(self, request: Request, exc: Exception) -> Response:
         detail = exc.detail if isinstance(exc, HTTPException) else "not found"
         return self._render(request, "not_found.html", 404, detail=detail, db_error=None, notice=None)
+
+    async def bad_request(self, request: Request, exc: Exception) -> Response:
+        detail = exc.detail if isinstance(exc, HTTPException) else "bad request"
+        return self._render(request, "not_found.html", 400, detail=detail, heading="Bad request",
+                            db_error=None, notice=None)
+
+
+def job_id_or_none(text: str) -> int | None:
+    """The job id ``text`` spells in ASCII digits, within bigint; None otherwise (``'²'.isdigit()``
+    is true, and ``int()`` of thousands of digits raises)."""
+    if not (text.isascii() and text.isdigit()) or len(text) > len(str(MAX_JOB_ID)):
+        return None
+    job_id = int(text)
+    return job_id if 1 <= job_id <= MAX_JOB_ID else None
+
+
+def path_job_id(request: Request) -> int:
+    """The ``{job_id}`` of the path; 404 when no job can have it."""
+    job_id = job_id_or_none(request.path_params["job_id"])
+    if job_id is None:
+        raise HTTPException(404, "no such job")
+    return job_id
 
 
 def create_app(dsn: str, *, token: str | None = None, allowed_hosts: Sequence[str] | None = None) -> Starlette:
@@ -128,9 +157,9 @@ def create_app(dsn: str, *, token: str | None = None, allowed_hosts: Sequence[st
     routes = [
         Route("/", board.overview),
         Route("/live/overview", board.overview),
-        Route("/jobs/{job_id:int}", board.job),
-        Route("/live/jobs/{job_id:int}", board.job),
-        Route("/jobs/{job_id:int}/{action:str}", board.change, methods=["POST"]),
+        Route("/jobs/{job_id}", board.job),  # ids checked by path_job_id: 404, not a 500
+        Route("/live/jobs/{job_id}", board.job),
+        Route("/jobs/{job_id}/{action}", board.change, methods=["POST"]),
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
     middleware = [
@@ -138,4 +167,5 @@ def create_app(dsn: str, *, token: str | None = None, allowed_hosts: Sequence[st
         Middleware(AuthenticationMiddleware, backend=TokenAuth(token), on_error=unauthorized),
         Middleware(SameOriginPosts),
     ]
-    return Starlette(routes=routes, middleware=middleware, exception_handlers={404: board.not_found})
+    handlers = {404: board.not_found, 400: board.bad_request}
+    return Starlette(routes=routes, middleware=middleware, exception_handlers=handlers)

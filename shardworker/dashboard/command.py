@@ -57,7 +57,10 @@ def dashboard(host: str, port: int, token: str | None, dsn: str | None) -> None:
     from shardworker.dsn import redact_dsn
 
     dsn = resolve_dsn(dsn)
-    app = create_app(dsn, token=token, allowed_hosts=LOOPBACK_HOSTS if loopback else None)
+    # On loopback, the Host names a browser on this machine uses: the usual ones and the
+    # address bound (127.0.0.2 answers its own URL); a rebinding page's name is refused.
+    allowed = [*LOOPBACK_HOSTS, host] if loopback else None
+    app = create_app(dsn, token=token, allowed_hosts=allowed)
     sock = _listen(host, port)
     shown = f"[{host}]" if ":" in host else host
     click.echo(f"dashboard on http://{shown}:{port}/ (database {redact_dsn(dsn)}"

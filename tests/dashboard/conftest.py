@@ -60,7 +60,8 @@ def running_dashboard(dsn: str, log_dir: Path, *args: str, token: str | None = N
     with open(log, "wb") as out:
         proc = subprocess.Popen(command(dsn, port, "--host", host, *args), env=dashboard_env(token),
                                 stdout=out, stderr=out, cwd=log_dir)
-    board = Dashboard(f"http://127.0.0.1:{port}", proc, log)
+    reach = "127.0.0.1" if host in ("0.0.0.0", "127.0.0.1") else host  # its own URL on another loopback address
+    board = Dashboard(f"http://{reach}:{port}", proc, log)
     try:
         _wait_until_serving(board)
         yield board
