@@ -20,7 +20,7 @@ import orjson
 from shardworker.app import App, HandlerSpec
 from shardworker.control import MAX_DELAY_S, Cancel, Fail, JobControl, Retry, Snooze
 from shardworker.limits import MAX_PAYLOAD_BYTES, MAX_RESULT_BYTES
-from shardworker.model import ClaimedJob, Outcome
+from shardworker.model import ClaimedJob, Outcome, dumps_exact
 from shardworker.retry import job_retry_delay
 
 
@@ -72,7 +72,7 @@ def success(job: ClaimedJob, result: object) -> Outcome:
 
     The result stays the bytes orjson produced, all the way to PostgreSQL."""
     try:
-        result_json = orjson.dumps(result)
+        result_json = dumps_exact(result)
     except orjson.JSONEncodeError as exc:
         # Running it again would compute the same unstorable value: fail for good.
         return never_again(job, f"handler result is not JSON-serializable: {exc}")

@@ -6,10 +6,40 @@ the flusher applies (its record form lives in ``shardworker.wire``).
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
+# orjson reads an integer beyond 64 bits as a float. |i| < 10**18 fits whatever reads it, so
+# only JSON text with a run of 19 digits is read again, exactly, by the standard library.
+_LONG_DIGITS = re.compile(r"\d{19}")
+
+
+def loads_exact(text: str) -> Any:
+    """JSON text as Python values with every integer exact (rows written by other means than
+    shardworker's enqueue may hold integers beyond 64 bits)."""
+    value = orjson.loads(text)
+    if _LONG_DIGITS.search(text):
+        return json.loads(text)
+    return value
+
+
+def dumps_exact(value: Any) -> bytes:
+    """``value`` as JSON in UTF-8 bytes: orjson's, or the standard library's when an integer is
+    beyond 64 bits (orjson cannot write one; PostgreSQL's jsonb stores it exactly). Raises
+    ``orjson.JSONEncodeError`` for anything else neither can encode."""
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError as exc:
+        if "64-bit" not in str(exc):
+            raise
+        try:
+            return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+        except (TypeError, ValueError):
+            raise exc from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +66,7 @@ class ClaimedJob:
     max_attempts: int
 
     def to_job(self) -> Job:
-        return Job(self.id, self.kind, self.queue, orjson.loads(self.payload_json), self.attempt,
+        return Job(self.id, self.kind, self.queue, loads_exact(self.payload_json), self.attempt,
                    self.max_attempts)
 
 
