@@ -199,9 +199,8 @@ class ChildPool:
             handle.restart_at = now
             if verdict.crash:
                 self._count_crash(handle, now, verdict.reason)
-        charged = verdict.charged
-        return Death(handle.index, verdict.reason, left.durable, tuple(j for j, _ in charged),
-                     tuple(left.unstarted), tuple(e for _, e in charged), verdict.snooze)
+        return Death(handle.index, verdict.reason, left.durable, tuple(j for j, _ in verdict.charged),
+                     tuple(left.unstarted), tuple(e for _, e in verdict.charged), verdict.snooze)
 
     def _count_crash(self, handle: ChildHandle, now: float, reason: str) -> None:
         try:
