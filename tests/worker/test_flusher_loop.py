@@ -4,6 +4,7 @@ that fails chosen calls (``FlakyStore``), an injected clock and sleep. No proces
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -160,3 +161,30 @@ def test_checkpoints_follow_the_injected_clock(pg_dsn: str, store: FlakyStore, t
     flusher.run_once()
     flusher.run_once()  # nothing left: an idle pass writes it at once
     assert checkpoint.stat().st_mtime_ns != written and flusher.idle
+
+
+def test_parents_applied_segment_and_a_gone_childs_are_deleted(pg_dsn: str, store: FlakyStore, tmp_path: Path) -> None:
+    """The parent's shard (its writer open, idle) and a shard whose child is gone keep no
+    applied outcome: once the flusher applied them, their segments are sealed and deleted."""
+    from shardworker.parent_outcomes import ParentOutcomes
+
+    claim_and_write(pg_dsn, store, tmp_path, 5, shard=1)  # the child of shard 1 has exited
+    enqueue(pg_dsn, "k", 5)
+    parent = ParentOutcomes(str(tmp_path), 1 << 20, {})
+    assert parent.fail(store.claim(["k"], None, "w1", 5), "worker process died") == 5
+    flusher = make_flusher(tmp_path, store, FakeClock())
+    while flusher.run_once() or not flusher.idle:
+        pass
+    assert statuses(pg_dsn) == {"done": 5, "queued": 5}  # the parent's failures are retried
+    parent_first = min(int(p.name[11:21]) for p in tmp_path.glob(f"shard-{layout.PARENT_SHARD}-*.seg"))
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and list(tmp_path.glob(f"shard-{layout.PARENT_SHARD}-{parent_first:010d}.seg")):
+        parent.flush()  # the dispatcher's pass: nothing waits, so it offers the writer to rotate
+        flusher.run_once()
+        time.sleep(0.05)
+    parent.close()
+    while flusher.run_once() or not flusher.idle:
+        pass
+    flusher.reader.close()
+    data = [p.name for p in tmp_path.glob("*.seg") if p.stat().st_size > 50]
+    assert data == [], f"applied segments kept: {data}"
