@@ -188,3 +188,29 @@ def test_parents_applied_segment_and_a_gone_childs_are_deleted(pg_dsn: str, stor
     flusher.reader.close()
     data = [p.name for p in tmp_path.glob("*.seg") if p.stat().st_size > 50]
     assert data == [], f"applied segments kept: {data}"
+
+
+def test_an_idle_childs_applied_segment_is_deleted(pg_dsn: str, store: FlakyStore, tmp_path: Path) -> None:
+    """A child's committer with nothing to commit still lets its applied segment go: within
+    a few seconds of the flusher applying it, the segment is sealed and deleted."""
+    from shardworker.committer import Committer
+
+    enqueue(pg_dsn, "k", 3)
+    jobs = store.claim(["k"], None, "w1", 3)
+    writer = ShardWriter.open(str(tmp_path), 0)
+    committer = Committer(writer, lambda keys, _stats: None, max_records=100, max_delay_s=0.0)
+    committer.start()
+    committer.expect(len(jobs))
+    for job in jobs:
+        committer.add((job.id, job.attempt), wire.encode_outcome(Outcome(job.id, job.attempt, True, b"{}")), 0.0)
+    first = writer.segno
+    flusher = make_flusher(tmp_path, store, FakeClock())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (tmp_path / f"shard-0000-{first:010d}.seg").exists():
+        flusher.run_once()
+        time.sleep(0.05)
+    committer.stop()
+    writer.close()
+    flusher.reader.close()
+    assert statuses(pg_dsn) == {"done": 3}
+    assert not (tmp_path / f"shard-0000-{first:010d}.seg").exists(), "the applied segment is kept"
