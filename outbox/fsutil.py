@@ -11,6 +11,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import pwd
 import shutil
 import stat
 
@@ -51,8 +52,6 @@ def check_dir(directory: str) -> os.stat_result:
 
 
 def _user(uid: int) -> str:
-    import pwd
-
     try:
         return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
     except KeyError:

@@ -30,7 +30,7 @@ from outbox import checkpoint, fsutil
 from outbox.checkpoint import Position
 from outbox.errors import OutboxLocked
 from outbox.frame import HEADER, HEADER_SIZE, MAX_PAYLOAD_BYTES, Kind, decode_at
-from outbox.recovery import RecoveryEvent, highest_segno, quarantine, recover_shard, write_empty_segment
+from outbox.recovery import RecoveryEvent, quarantine, recover_shard, retire_shard
 from outbox.segment import State, list_segments, lock_name, parse, read_file, segment_name
 
 log = logging.getLogger(__name__)
@@ -302,27 +302,21 @@ class OutboxReader:
         """Seal ``last``, the newest segment of ``shard``, and start an empty one after it,
         when it holds records, all of them are flushed, and no writer holds the shard."""
         state = self._shards.get(shard)
-        if state is None or state.inflight or state.flushed != state.cursor or state.cursor.segno > last + 1:
-            return
-        path = os.path.join(self.directory, segment_name(shard, last))
+        if state is None or state.inflight or state.flushed != state.cursor:
+            return  # records of it in hand, not yet flushed
+        if state.cursor.segno not in (last, last + 1):
+            return  # not read up to it yet
         try:
-            size = os.lstat(path).st_size
+            size = os.lstat(os.path.join(self.directory, segment_name(shard, last))).st_size
         except FileNotFoundError:
             return
         if size <= 2 * HEADER_SIZE or (state.cursor.segno == last and state.cursor.offset < size):
             return  # no record in it (an empty one is what retiring leaves), or some unread
-        lock_fd = fsutil.try_lock(os.path.join(self.directory, lock_name(shard)))
-        if lock_fd is None:
-            return  # a live writer: it rotates by itself once the checkpoint shows it applied
         try:
-            if list_segments(self.directory).get(shard, [])[-1:] == [last]:
-                recover_shard(self.directory, shard)
-                # The next poll passes both; the next checkpoint deletes ``last``.
-                write_empty_segment(self.directory, shard, highest_segno(self.directory, shard) + 1)
+            # The next poll passes both; the next checkpoint deletes ``last``.
+            retire_shard(self.directory, shard, last)
         except OSError as exc:
             log.warning("could not retire applied outbox shard %s segment %s yet: %s", shard, last, exc)
-        finally:
-            os.close(lock_fd)
 
     def _close_fd(self, state: _Shard) -> None:
         if state.fd is not None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from outbox import fsutil
 from outbox.frame import Kind, encode
-from outbox.segment import Scan, State, list_segments, parse, read_file, segment_name
+from outbox.segment import Scan, State, list_segments, lock_name, parse, read_file, segment_name
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +107,23 @@ def _truncate_and_seal(path: str, scan: Scan) -> None:
         os.fdatasync(fd)
     finally:
         os.close(fd)
+
+
+def retire_shard(directory: str, shard: int, last: int) -> bool:
+    """If no writer holds ``shard`` and ``last`` is still its newest segment: seal ``last``
+    and put an empty sealed segment after it, so a reader passes it and it can be deleted.
+    False (nothing done) while a writer holds the shard: a live writer rotates by itself."""
+    lock_fd = fsutil.try_lock(os.path.join(directory, lock_name(shard)))
+    if lock_fd is None:
+        return False
+    try:
+        if list_segments(directory).get(shard, [])[-1:] != [last]:
+            return False  # a writer came and went meanwhile: its segment is newer
+        recover_shard(directory, shard)
+        write_empty_segment(directory, shard, highest_segno(directory, shard) + 1)
+        return True
+    finally:
+        os.close(lock_fd)
 
 
 def write_empty_segment(directory: str, shard: int, segno: int) -> None:

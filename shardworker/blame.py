@@ -3,21 +3,22 @@
 A dead child leaves started jobs without a durable outcome: *unfinished* ones (their
 handler was still running) and *unsaved* ones (their handler returned, the outcome was not
 yet fsync'd). ``judge`` decides, from why the child ended, which of them get a failed
-attempt and which run again uncharged. An innocent unfinished job runs again under the
-same (id, attempt) (its row is still ``running`` at that attempt under this worker, so the
-fence holds; unfinished work is at-least-once). An unsaved one is *snoozed* instead (an
-outcome that queues it again at once and uses no attempt): its handler did return for that
-attempt, and a handler never runs twice for one (id, attempt) it finished.
+attempt and which run again uncharged. A job that runs again uncharged is *snoozed*: the
+parent writes an outcome that queues it again at once and uses no attempt (its
+``max_attempts`` grows by one, as a handler's ``Snooze`` does), so its next run is a new
+attempt with every attempt it had left. Never the same attempt again: a handler runs at
+most once per (id, attempt), which the outbox's checks and the promise rely on.
 
 * killed for a timeout: the jobs past their timeout are charged ("timed out after 5s");
-  every other unfinished one is resent;
+  every other one is snoozed;
 * the child reported ``Fatal`` (its outbox cannot take outcomes): every one is charged with
   that error, as before, and the death counts toward the crash-loop detector;
 * it died by itself with one unfinished job: that job is charged ("the handler's process
   died: signal 11 (SIGSEGV)"); with several, nobody is known to be the cause: they are all
-  *suspects*, resent to run one at a time, alone, so the next death names the culprit;
-  with none (it died starting, or between jobs), the death counts toward the crash-loop
-  detector. Unsaved jobs are snoozed in every case but ``Fatal``.
+  snoozed and become *suspects*, which this worker runs one at a time, alone, when it claims
+  them again, so the next death names the culprit; with none (it died starting, or between
+  jobs), the death counts toward the crash-loop detector. Unsaved jobs are snoozed in every
+  case but ``Fatal``.
 
 Pure logic on plain values: the pool (``shardworker.children``) applies the verdict.
 """
@@ -49,9 +50,8 @@ class Verdict:
 
     reason: str  # the death in a few words, for the log and the crash-loop verdict
     charged: tuple[tuple[ClaimedJob, str], ...] = ()  # (job, error): a failed attempt each
-    resend: tuple[ClaimedJob, ...] = ()  # run again under the same attempt, like unstarted jobs
     snooze: tuple[ClaimedJob, ...] = ()  # queued again at once by a snooze outcome (no attempt used)
-    suspects: tuple[ClaimedJob, ...] = ()  # run again under the same attempt, one at a time, alone
+    suspects: tuple[ClaimedJob, ...] = ()  # among ``snooze``: run alone when claimed again
     crash: bool = False  # counts toward the crash-loop detector
 
 
@@ -61,7 +61,7 @@ def judge(cause: Cause, unfinished: Sequence[ClaimedJob], unsaved: Sequence[Clai
         charged = tuple((j, cause.timed_out[(j.id, j.attempt)]) for j in unfinished
                         if (j.id, j.attempt) in cause.timed_out)
         innocent = tuple(j for j in unfinished if (j.id, j.attempt) not in cause.timed_out)
-        return Verdict("killed for a timeout", charged, innocent, tuple(unsaved))
+        return Verdict("killed for a timeout", charged, (*innocent, *unsaved))
     if cause.fatal:
         return Verdict(cause.fatal, tuple((j, cause.fatal) for j in (*unfinished, *unsaved)), crash=True)
     died = process_death(cause.exitcode)
@@ -69,7 +69,7 @@ def judge(cause: Cause, unfinished: Sequence[ClaimedJob], unsaved: Sequence[Clai
         return Verdict(f"worker process died ({died})", ((unfinished[0], f"the handler's process died: {died}"),),
                        snooze=tuple(unsaved))
     if unfinished:
-        return Verdict(f"worker process died ({died})", snooze=tuple(unsaved), suspects=tuple(unfinished))
+        return Verdict(f"worker process died ({died})", snooze=(*unfinished, *unsaved), suspects=tuple(unfinished))
     return Verdict(f"worker process died ({died})", snooze=tuple(unsaved), crash=True)
 
 

@@ -21,25 +21,27 @@ def job(job_id: int) -> ClaimedJob:
 A, B, C, D = job(1), job(2), job(3), job(4)
 
 
-def test_a_timeout_charges_the_late_jobs_and_resends_the_others_uncharged() -> None:
-    """Killed for a timeout: the late job gets its timeout as error; other running jobs run again
-    under their attempt, returned ones are snoozed; the death is not a crash."""
+def test_a_timeout_charges_the_late_jobs_and_snoozes_the_others() -> None:
+    """Killed for a timeout: the late job gets its timeout as error; other running and returned
+    jobs are snoozed (a new attempt, none used up; never the same attempt twice); the death is
+    not a crash."""
     verdict = judge(Cause(killed=True, timed_out={(1, 1): "timed out after 5s"}), [A, B], [C])
     assert verdict.charged == ((A, "timed out after 5s"),)
-    assert (verdict.resend, verdict.snooze, verdict.suspects, verdict.crash) == ((B,), (C,), (), False)
+    assert (verdict.snooze, verdict.suspects, verdict.crash) == ((B, C), (), False)
 
 
 def test_a_death_with_one_running_job_charges_it_with_how_the_process_died() -> None:
     verdict = judge(Cause(exitcode=-signal.SIGSEGV), [A], [B])
     assert verdict.charged == ((A, "the handler's process died: signal 11 (SIGSEGV)"),)
-    assert (verdict.resend, verdict.snooze, verdict.suspects, verdict.crash) == ((), (B,), (), False)
+    assert (verdict.snooze, verdict.suspects, verdict.crash) == ((B,), (), False)
     assert judge(Cause(exitcode=1), [A], []).charged == ((A, "the handler's process died: exit code 1"),)
 
 
 def test_a_death_with_several_running_jobs_makes_them_suspects() -> None:
-    """Nobody is known to be the cause: nobody is charged, all run again alone."""
+    """Nobody is known to be the cause: nobody is charged, all are snoozed, and the running ones
+    run alone when claimed again."""
     verdict = judge(Cause(exitcode=-signal.SIGKILL), [A, B, C], [D])
-    assert (verdict.charged, verdict.suspects, verdict.snooze, verdict.crash) == ((), (A, B, C), (D,), False)
+    assert (verdict.charged, verdict.suspects, verdict.snooze, verdict.crash) == ((), (A, B, C), (A, B, C, D), False)
 
 
 def test_a_death_with_no_running_job_counts_toward_the_crash_loop() -> None:

@@ -117,6 +117,9 @@ class SlowWriter:
         n, self.pending = len(self.pending), []
         return n
 
+    def reclaim(self) -> bool:  # an idle committer offers this every second
+        return False
+
 
 def test_committer_holds_handlers_back_once_its_byte_budget_waits_behind_a_commit() -> None:
     writer = SlowWriter()

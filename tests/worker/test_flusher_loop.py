@@ -4,6 +4,7 @@ that fails chosen calls (``FlakyStore``), an injected clock and sleep. No proces
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -190,3 +191,56 @@ def test_checkpoints_follow_the_injected_clock(pg_dsn: str, store: FlakyStore, t
     flusher.run_once()
     flusher.run_once()  # nothing left: an idle pass writes it at once
     assert checkpoint.stat().st_mtime_ns != written and flusher.idle
+
+
+def test_parents_applied_segment_and_a_gone_childs_are_deleted(pg_dsn: str, store: FlakyStore, tmp_path: Path) -> None:
+    """The parent's shard (its writer open, idle) and a shard whose child is gone keep no
+    applied outcome: once the flusher applied them, their segments are sealed and deleted."""
+    from shardworker.parent_outcomes import ParentOutcomes
+
+    claim_and_write(pg_dsn, store, tmp_path, 5, shard=1)  # the child of shard 1 has exited
+    enqueue(pg_dsn, "k", 5)
+    parent = ParentOutcomes(str(tmp_path), 1 << 20, {})
+    assert parent.fail(store.claim(["k"], None, "w1", 5), "worker process died") == 5
+    flusher = make_flusher(tmp_path, store, FakeClock())
+    while flusher.run_once() or not flusher.idle:
+        pass
+    assert statuses(pg_dsn) == {"done": 5, "queued": 5}  # the parent's failures are retried
+    parent_first = min(int(p.name[11:21]) for p in tmp_path.glob(f"shard-{layout.PARENT_SHARD}-*.seg"))
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and list(tmp_path.glob(f"shard-{layout.PARENT_SHARD}-{parent_first:010d}.seg")):
+        parent.flush()  # the dispatcher's pass: nothing waits, so it offers the writer to rotate
+        flusher.run_once()
+        time.sleep(0.05)
+    parent.close()
+    while flusher.run_once() or not flusher.idle:
+        pass
+    flusher.reader.close()
+    data = [p.name for p in tmp_path.glob("*.seg") if p.stat().st_size > 50]
+    assert data == [], f"applied segments kept: {data}"
+
+
+def test_an_idle_childs_applied_segment_is_deleted(pg_dsn: str, store: FlakyStore, tmp_path: Path) -> None:
+    """A child's committer with nothing to commit still lets its applied segment go: within
+    a few seconds of the flusher applying it, the segment is sealed and deleted."""
+    from shardworker.committer import Committer
+
+    enqueue(pg_dsn, "k", 3)
+    jobs = store.claim(["k"], None, "w1", 3)
+    writer = ShardWriter.open(str(tmp_path), 0)
+    committer = Committer(writer, lambda keys, _stats: None, max_records=100, max_delay_s=0.0)
+    committer.start()
+    committer.expect(len(jobs))
+    for job in jobs:
+        committer.add((job.id, job.attempt), wire.encode_outcome(Outcome(job.id, job.attempt, True, b"{}")), 0.0)
+    first = writer.segno
+    flusher = make_flusher(tmp_path, store, FakeClock())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (tmp_path / f"shard-0000-{first:010d}.seg").exists():
+        flusher.run_once()
+        time.sleep(0.05)
+    committer.stop()
+    writer.close()
+    flusher.reader.close()
+    assert statuses(pg_dsn) == {"done": 3}
+    assert not (tmp_path / f"shard-0000-{first:010d}.seg").exists(), "the applied segment is kept"
