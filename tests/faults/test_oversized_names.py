@@ -5,6 +5,7 @@ with real workers: refused at enqueue in one line on every path; rows that exist
 from __future__ import annotations
 
 import asyncio
+import random
 import secrets
 import signal
 from pathlib import Path
@@ -99,6 +100,20 @@ def test_a_restarted_worker_requeues_its_orphan_of_an_oversized_queue(pg_dsn: st
     assert exit_code(again, 60, counts) == 0, worker_log(counts)
     assert query(pg_dsn, "SELECT status FROM shardworker.jobs WHERE id = %s", job) == [("failed",)]
     assert runs(counts)[(job, 1)] == 1
+
+
+def test_the_widest_names_fit_the_bounded_indexes(pg_dsn: str) -> None:
+    """Names of 4-byte characters, random (so nothing compresses), longer than the 255
+    characters the indexes hold: a failed and a cancelled row are written."""
+    rng = random.Random(7)
+
+    def wide(n: int) -> str:
+        return "".join(chr(rng.randrange(0x10000, 0x10FFFF)) for _ in range(n))
+
+    for status in ("failed", "cancelled"):
+        query(pg_dsn, "INSERT INTO shardworker.jobs (kind, queue, status) VALUES (%s, %s, %s) RETURNING id",
+              wide(400), wide(400), status)
+    assert job_count(pg_dsn) == 2
 
 
 def test_jobs_cancel_of_an_oversized_queue_job_is_written(pg_dsn: str) -> None:
