@@ -15,7 +15,7 @@ third of an 8 KiB page less its headers, and a value that does not fit is refuse
 * ``MAX_KIND_BYTES`` and ``MAX_QUEUE_BYTES`` (255 bytes of UTF-8 each): the partial indexes
   of failed and cancelled jobs hold ``left(queue, 255)`` and ``left(kind, 255)`` (migration
   0007), at most 255 characters of at most 4 bytes each: 2 x (1,020 + a 4-byte header) +
-  an 8-byte tuple header = 2,064 bytes, under 2,704 whatever a row holds. The 255-byte
+  an 8-byte tuple header = 2,056 bytes, under 2,704 whatever a row holds. The 255-byte
   limit at enqueue keeps the expressions equal to the names, so those indexes answer
   exactly. Also handler kinds, periodic kinds and queues, and ``run --queues``.
 * ``MAX_DEDUPE_KEY_BYTES`` (1,024): ``jobs_dedupe_idx`` holds the whole key.

@@ -78,18 +78,39 @@ class Rescuer:
             del self._refused[gone]
         if not silent:
             return []
+        for worker, _ in silent:
+            self._seen.pop(worker, None)
+        rescued = self._rescue(silent)
+        done = [w for w, beat in silent if self._refused.get(w) != beat]
+        if done:
+            log.warning("rescued %d jobs of silent workers %s (claimable again in %gs)", len(rescued),
+                        ", ".join(sorted(done)), self.grace_s)
+        return rescued
+
+    def _rescue(self, silent: list[tuple[str, datetime]]) -> list[int]:
+        """Rescue ``silent`` in one statement; if the database refuses it for good, each
+        worker alone, so one worker's refused rescue holds back no other's."""
+        if len(silent) == 1:
+            return self._rescue_alone(silent[0])
         try:
-            rescued = self.store.rescue_workers(silent, self.grace_s)
+            return self.store.rescue_workers(silent, self.grace_s)
         except StoreError as exc:
             if is_retryable(exc):
                 raise
-            self._refused.update(silent)
-            log.error("cannot rescue the jobs of silent workers %s: %s; set aside, not tried again until they "
-                      "beat again or this worker restarts", ", ".join(sorted(w for w, _ in silent)), exc)
+        return [job for one in silent for job in self._rescue_alone(one)]
+
+    def _rescue_alone(self, silent: tuple[str, datetime]) -> list[int]:
+        try:
+            return self.store.rescue_workers([silent], self.grace_s)
+        except StoreError as exc:
+            if is_retryable(exc):
+                raise
+            self._set_aside(silent, exc)
             return []
-        finally:
-            for worker, _ in silent:
-                self._seen.pop(worker, None)
-        log.warning("rescued %d jobs of silent workers %s (claimable again in %gs)", len(rescued),
-                    ", ".join(sorted(w for w, _ in silent)), self.grace_s)
-        return rescued
+
+    def _set_aside(self, silent: tuple[str, datetime], exc: StoreError) -> None:
+        """The database refuses this worker's rescue for good: say so, and stop trying until
+        it beats again (or this worker restarts)."""
+        self._refused[silent[0]] = silent[1]
+        log.error("cannot rescue the jobs of silent worker %s: %s; set aside, not tried again until it beats "
+                  "again or this worker restarts", silent[0], exc)

@@ -5,6 +5,7 @@ with real workers: refused at enqueue in one line on every path; rows that exist
 from __future__ import annotations
 
 import asyncio
+import random
 import secrets
 import signal
 from pathlib import Path
@@ -84,6 +85,35 @@ def test_a_peer_rescues_a_dead_workers_job_of_an_oversized_queue(pg_dsn: str, tm
     assert exit_code(b, 30, counts) == 0
     assert runs(counts)[(job, 1)] == 1
     assert "database unavailable" not in worker_log(counts)
+
+
+def test_a_restarted_worker_requeues_its_orphan_of_an_oversized_queue(pg_dsn: str, tmp_path: Path) -> None:
+    """A worker killed -9 holding a job of a 3 KB queue on its last attempt: at its next start
+    the orphan requeue writes the job failed, and the worker exits 0 when idle."""
+    job = insert_raw(pg_dsn, "sleepy", max_attempts=1, payload='{"sleep": 120}')
+    counts = tmp_path / "counts"
+    counts.mkdir()
+    first = start_worker(pg_dsn, tmp_path / "outbox", counts, procs=1)
+    wait_for(lambda: (job, 1) in runs(counts), 30, "the worker running the job")
+    kill_worker_group(first)
+    again = start_worker(pg_dsn, tmp_path / "outbox", counts, "--exit-when-idle", procs=1)
+    assert exit_code(again, 60, counts) == 0, worker_log(counts)
+    assert query(pg_dsn, "SELECT status FROM shardworker.jobs WHERE id = %s", job) == [("failed",)]
+    assert runs(counts)[(job, 1)] == 1
+
+
+def test_the_widest_names_fit_the_bounded_indexes(pg_dsn: str) -> None:
+    """Names of 4-byte characters, random (so nothing compresses), longer than the 255
+    characters the indexes hold: a failed and a cancelled row are written."""
+    rng = random.Random(7)
+
+    def wide(n: int) -> str:
+        return "".join(chr(rng.randrange(0x10000, 0x10FFFF)) for _ in range(n))
+
+    for status in ("failed", "cancelled"):
+        query(pg_dsn, "INSERT INTO shardworker.jobs (kind, queue, status) VALUES (%s, %s, %s) RETURNING id",
+              wide(400), wide(400), status)
+    assert job_count(pg_dsn) == 2
 
 
 def test_jobs_cancel_of_an_oversized_queue_job_is_written(pg_dsn: str) -> None:

@@ -20,6 +20,7 @@ from shardworker.pg_store import PgStore, StoreConfig
 from shardworker.rescuer import Rescuer
 from shardworker.retry import Backoff
 from tests.flaky_store import FlakyStore
+from tests.helpers import enqueue, query
 
 REFUSAL = "database refused: index row size 3056 exceeds btree version 4 maximum 2704"
 
@@ -47,6 +48,30 @@ def test_a_refused_rescue_is_told_at_error_and_set_aside(store: FlakyStore, capl
     [line] = errors(caplog)
     assert "gone-worker" in line and "exceeds btree" in line
     assert "unavailable" not in caplog.text
+
+
+def test_one_workers_refused_rescue_holds_back_no_other(pg_dsn: str, store: FlakyStore,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """Two workers go silent; the database refuses the rescue of one: the other's job is rescued."""
+    enqueue(pg_dsn, "k", 1)
+    [job] = store.claim(["k"], None, "gone-good", 1)
+    for worker in ("gone-good", "gone-bad"):
+        store.heartbeat(worker, socket.gethostname(), os.getpid())
+    real = store.store.rescue_workers
+
+    def refuse_bad(observed: list[Any], grace_s: float = 0.0) -> list[int]:
+        if any(w == "gone-bad" for w, _ in observed):
+            raise DataRejected(REFUSAL)
+        return real(observed, grace_s)
+
+    store.store.rescue_workers = refuse_bad
+    rescuer = Rescuer(store, "me", rescue_after_s=1.0)
+    with caplog.at_level(logging.DEBUG):
+        rescuer.run_once(0.0)
+        assert rescuer.run_once(2.0) == [job.id]
+    assert query(pg_dsn, "SELECT status FROM shardworker.jobs WHERE id = %s", job.id) == [("queued",)]
+    [line] = errors(caplog)
+    assert "gone-bad" in line and "gone-good" not in line
 
 
 def test_a_refused_heartbeat_is_told_at_error_without_outage_backoff(
