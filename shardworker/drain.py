@@ -5,7 +5,8 @@ outbox does not belong to (``shardworker.binding``), waits out an unreachable da
 to a timeout, and works on a directory copied from a dead host: shards without a live
 writer are recovered (torn tails cut, segments sealed) and read. While it drains it
 heartbeats for the worker whose outbox this is, so no peer rescues (and re-runs) jobs whose
-outcomes it is applying.
+outcomes it is applying. Once every outcome is applied, it gives back (uncharged) the jobs
+the owner's last stop could not give back (``shardworker.giveback``), as the next start would.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from collections.abc import Callable
 
 from outbox import OutboxLocked
 from outbox import status as outbox_status
-from shardworker import binding, layout
-from shardworker.errors import DrainTimeout, OutboxBusy
+from shardworker import binding, giveback, layout
+from shardworker.errors import DrainTimeout, OutboxBusy, StoreError
 from shardworker.flusher import Flusher, FlusherConfig, FlushStats
 from shardworker.flusher_process import open_reader
 from shardworker.heartbeat import Heartbeat
@@ -54,7 +55,9 @@ def drain(outbox_dir: str, dsn: str, *, timeout_s: float, backoff_cap_s: float =
                        backoff=backoff, log=log, deadline=deadline, sleep=sleep)
             flusher = Flusher(reader, store, FlusherConfig(backoff_cap_s=backoff_cap_s,
                                                            backoff_base_s=min(0.05, backoff_cap_s)), sleep=sleep)
-            return _drain_loop(flusher, outbox_dir, deadline, progress)
+            stats = _drain_loop(flusher, outbox_dir, deadline, progress)
+            _give_back(outbox_dir, store, backoff, deadline, sleep)
+            return stats
         finally:
             if heartbeat is not None:
                 heartbeat.stop(wait_s=1.0)
@@ -62,6 +65,19 @@ def drain(outbox_dir: str, dsn: str, *, timeout_s: float, backoff_cap_s: float =
             reader.close()
     finally:
         os.close(lock_fd)
+
+
+def _give_back(outbox_dir: str, store: PgStore, backoff: Backoff, deadline: float,
+               sleep: Callable[[float], None]) -> None:
+    """Give back, uncharged, the jobs the owner's last stop kept in ``giveback.json``: now
+    that every outcome is applied, as a worker's start would (``shardworker.giveback``)."""
+    try:
+        retry_call(lambda: giveback.release_saved(outbox_dir, store), "giving back jobs left unstarted at the "
+                   "last stop", backoff=backoff, log=log, deadline=deadline, sleep=sleep)
+    except StoreError as exc:
+        jobs, claims = layout.count_giveback(outbox_dir)
+        raise DrainTimeout(f"every outcome was applied, but {jobs} unstarted jobs and {claims} lost claims kept in "
+                           f"{layout.GIVEBACK_FILE} could not be given back ({exc}); run drain again") from exc
 
 
 def _heartbeat_for_owner(outbox_dir: str, dsn: str, backoff: Backoff) -> Heartbeat | None:

@@ -4,13 +4,15 @@
    the outbox to this database at first use, or refuse another database.
 2. Wait until no process of a previous run still writes a shard of this outbox.
 3. Start heartbeating (its own thread and connection) and the flusher.
-4. Startup recovery: wait until the flusher has applied every pending outcome, then
+4. Startup recovery: wait until the flusher has applied every pending outcome, give back
+   uncharged the jobs a stop in an outage left in ``giveback.json`` (never started), then
    requeue this worker's running jobs that have none (their handlers never finished).
 5. Start the children and, when the app has periodic jobs or ``retention_s`` is set, the
    housekeeping thread; run the dispatcher until a signal, or idleness with
    ``exit_when_idle``.
 6. Shut down: stop claiming, let children finish the job in hand, give back jobs never
-   started, let the flusher apply what the database accepts (all bounded by
+   started (kept in ``giveback.json`` for step 4 of the next start when the database is
+   away), let the flusher apply what the database accepts (all bounded by
    ``shutdown_timeout_s``; during an outage, what needs the database gets only
    ``DATABASE_WAIT_IN_OUTAGE_S``), stop housekeeping and heartbeating, forget the worker.
    A second signal exits at once. A crash loop (``CrashLoop``) shuts down the same way, then is raised.
@@ -28,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from outbox import status as outbox_status
-from shardworker import binding, layout, logs, procs
+from shardworker import binding, giveback, layout, logs, procs
 from shardworker.app import App
 from shardworker.children import ChildPool
 from shardworker.config import WorkerConfig
@@ -248,6 +250,10 @@ class Supervisor:
                 log.info("waiting for the flusher to apply pending outcomes before claiming")
                 waited_since = time.monotonic()
             time.sleep(0.02)
+        # Before the orphans: jobs a stop in an outage never started are given back, uncharged.
+        retry_call(lambda: giveback.release_saved(self.config.outbox_dir, self.store),
+                   "giving back jobs left unstarted at the last stop", backoff=self._backoff(), log=log,
+                   should_stop=lambda: self.stopping)
         requeued = retry_call(lambda: self.store.requeue_orphans(
             self.worker_id, "worker restarted while the job was running"), "requeueing unfinished jobs",
             backoff=self._backoff(), log=log, should_stop=lambda: self.stopping)
@@ -263,8 +269,8 @@ class Supervisor:
         deaths, unstarted = self.pool.finish(deadline, dispatcher.count_finished)
         dispatcher.settle(deaths)
         # With the database away, what needs it (giving back, applying outcomes) is tried
-        # briefly, not for the whole timeout: nothing is lost by leaving it. Unstarted jobs are
-        # requeued at this worker's next start (or rescued); outcomes wait in the outbox.
+        # briefly, not for the whole timeout: nothing is lost by leaving it. Unstarted jobs wait
+        # in giveback.json for the next start (or a rescue); outcomes wait in the outbox.
         db_by = deadline if dispatcher.watch.up else min(deadline, time.monotonic() + DATABASE_WAIT_IN_OUTAGE_S)
         released = dispatcher.give_back(unstarted, db_by)
         self.flusher.stop(db_by, lambda: dispatcher.backlog() <= 0)

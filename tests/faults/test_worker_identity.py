@@ -1,0 +1,80 @@
+"""A worker's identity across stops and neighbours: jobs it never started are given back
+uncharged even when it stops during an outage, and one worker id means one live worker.
+Real processes, real PostgreSQL; handlers count their own runs."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+from shardworker.embedded import EmbeddedPostgres
+from tests.faults.test_faults import FAST
+from tests.helpers import (
+    enqueue,
+    execute,
+    exit_code,
+    query,
+    runs,
+    runs_per_job,
+    start_worker,
+    status_counts,
+    wait_for,
+    worker_log,
+)
+
+
+def test_jobs_never_started_at_a_stop_in_an_outage_are_not_charged(private_pg: EmbeddedPostgres,
+                                                                   tmp_path: Path) -> None:
+    """A worker stopped during an outage holding prefetched jobs; at its next start every job
+    runs exactly once and none is charged an attempt it never ran (max_attempts=1)."""
+    dsn, outbox_dir, counts = private_pg.dsn, tmp_path / "outbox", tmp_path / "counts"
+    counts.mkdir()
+    enqueue(dsn, "slow", 300, {"sleep": 0.05}, max_attempts=1)
+    proc = start_worker(dsn, outbox_dir, counts, *FAST, procs=2)
+    wait_for(lambda: len(runs(counts)) >= 20, 60, "some jobs running")
+    private_pg.stop("immediate")
+    proc.send_signal(signal.SIGTERM)
+    assert exit_code(proc, 60, counts) == 0
+    assert len(runs(counts)) < 250, "the worker ran almost everything: nothing was left unstarted"
+    private_pg.start()
+    again = start_worker(dsn, outbox_dir, counts, *FAST, "--exit-when-idle", procs=2)
+    assert exit_code(again, 120, counts) == 0
+    assert status_counts(dsn) == {"done": 300}, worker_log(counts)
+    assert query(dsn, "SELECT max(attempt) FROM shardworker.jobs") == [(1,)]
+    per_job = runs_per_job(counts)
+    assert len(per_job) == 300 and set(per_job.values()) == {1}
+    assert "no attempt charged" in worker_log(counts)
+
+
+def test_outbox_drain_gives_back_the_jobs_a_stop_kept(pg_dsn: str, tmp_path: Path) -> None:
+    """`outbox drain` releases, uncharged, the jobs kept in giveback.json (two stops' lists merged);
+    a job rescued and claimed again meanwhile is not touched."""
+    from click.testing import CliRunner
+
+    from shardworker import layout
+    from shardworker.cli import main as cli
+    from shardworker.pg_store import PgStore, StoreConfig
+
+    outbox_dir = tmp_path / "outbox"
+    outbox_dir.mkdir(mode=0o700)
+    enqueue(pg_dsn, "count", 5)
+    store = PgStore(StoreConfig(pg_dsn))
+    try:
+        first = store.claim(["count"], None, "host-a", 2)
+        second = store.claim(["count"], None, "host-a", 1, "token-2")
+        rescued = store.claim(["count"], None, "host-a", 1)
+    finally:
+        store.close()
+    layout.save_giveback(str(outbox_dir), "host-a", [(j.id, j.attempt) for j in first], [])
+    layout.save_giveback(str(outbox_dir), "host-a", [(rescued[0].id, rescued[0].attempt)], ["token-2"])
+    assert layout.count_giveback(str(outbox_dir)) == (3, 1)
+    execute(pg_dsn, "UPDATE shardworker.jobs SET locked_by = 'host-b', attempt = 2 WHERE id = %s", rescued[0].id)
+    result = CliRunner().invoke(cli, ["outbox", "drain", "--outbox-dir", str(outbox_dir), "--dsn", pg_dsn,
+                                      "--timeout", "10"])
+    assert result.exit_code == 0, result.output
+    given_back = [j.id for j in [*first, *second]]
+    assert query(pg_dsn, "SELECT count(*) FROM shardworker.jobs WHERE id = ANY(%s) AND status = 'queued' "
+                         "AND attempt = 0 AND locked_by IS NULL", given_back) == [(3,)]
+    assert query(pg_dsn, "SELECT status, attempt, locked_by FROM shardworker.jobs WHERE id = %s",
+                 rescued[0].id) == [("running", 2, "host-b")]
+    assert not (outbox_dir / layout.GIVEBACK_FILE).exists()
