@@ -4,7 +4,10 @@ Real processes, real PostgreSQL; handlers count their own runs."""
 
 from __future__ import annotations
 
+import os
 import signal
+import socket
+import time
 from pathlib import Path
 
 from shardworker.embedded import EmbeddedPostgres
@@ -13,6 +16,7 @@ from tests.helpers import (
     enqueue,
     execute,
     exit_code,
+    kill_worker_group,
     query,
     runs,
     runs_per_job,
@@ -44,6 +48,61 @@ def test_jobs_never_started_at_a_stop_in_an_outage_are_not_charged(private_pg: E
     per_job = runs_per_job(counts)
     assert len(per_job) == 300 and set(per_job.values()) == {1}
     assert "no attempt charged" in worker_log(counts)
+
+
+def test_a_second_live_worker_with_the_same_worker_id_is_refused(pg_dsn: str, tmp_path: Path) -> None:
+    """Two workers on one database with one --worker-id: the second exits 1 with one line naming
+    the first's host and pid, and none of the first's jobs runs twice."""
+    counts = tmp_path / "counts"
+    counts.mkdir()
+    enqueue(pg_dsn, "slow", 20, {"sleep": 0.3})
+    first = start_worker(pg_dsn, tmp_path / "a", counts, "--worker-id", "shared", procs=2)
+    wait_for(lambda: len(runs(counts)) >= 2 and query(
+        pg_dsn, "SELECT count(*) FROM shardworker.workers WHERE worker_id = 'shared'") == [(1,)], 30,
+        "the first worker running jobs")
+    second_log = tmp_path / "second.log"
+    second = start_worker(pg_dsn, tmp_path / "b", counts, "--worker-id", "shared", "--exit-when-idle", procs=2,
+                          log_path=second_log)
+    assert exit_code(second, 60, counts) == 1, second_log.read_text()
+    line = second_log.read_text()
+    assert f"{socket.gethostname()}" in line and f"pid {first.pid}" in line and "--worker-id" in line, line
+    assert "Traceback" not in line
+    wait_for(lambda: status_counts(pg_dsn) == {"done": 20}, 60, "the first worker finishing every job")
+    first.send_signal(signal.SIGTERM)
+    assert exit_code(first, 30, counts) == 0
+    assert set(runs_per_job(counts).values()) == {1}, "a job ran twice"
+
+
+def test_a_worker_killed_then_restarted_with_its_id_starts_at_once(pg_dsn: str, tmp_path: Path) -> None:
+    """A worker killed with -9 leaves its heartbeat row behind; the next worker with the same id
+    on the same host sees the row's pid is dead and starts without watching it."""
+    counts = tmp_path / "counts"
+    counts.mkdir()
+    enqueue(pg_dsn, "slow", 6, {"sleep": 0.2})
+    first = start_worker(pg_dsn, tmp_path / "a", counts, "--worker-id", "same", procs=1)
+    wait_for(lambda: len(runs(counts)) >= 1 and query(
+        pg_dsn, "SELECT count(*) FROM shardworker.workers WHERE worker_id = 'same'") == [(1,)], 30, "a first run")
+    kill_worker_group(first)
+    started = time.monotonic()
+    again = start_worker(pg_dsn, tmp_path / "a", counts, "--worker-id", "same", "--exit-when-idle", procs=1)
+    assert exit_code(again, 60, counts) == 0
+    assert status_counts(pg_dsn) == {"done": 6}
+    assert "watching" not in worker_log(counts), worker_log(counts)
+    assert time.monotonic() - started < 30
+
+
+def test_a_silent_row_of_another_host_is_watched_then_taken_over(pg_dsn: str, tmp_path: Path) -> None:
+    """A heartbeat row of this id from another host that no longer beats (a copied outbox, a host
+    gone) is watched for a few heartbeats, then taken over."""
+    counts = tmp_path / "counts"
+    counts.mkdir()
+    execute(pg_dsn, "INSERT INTO shardworker.workers (worker_id, hostname, pid, heartbeat_at) "
+                    "VALUES ('moved', 'elsewhere.invalid', %s, now() - interval '1 minute')", os.getpid())
+    enqueue(pg_dsn, "count", 3)
+    proc = start_worker(pg_dsn, tmp_path / "a", counts, "--worker-id", "moved", "--exit-when-idle", procs=1)
+    assert exit_code(proc, 60, counts) == 0
+    assert status_counts(pg_dsn) == {"done": 3}
+    assert "watching" in worker_log(counts) and "elsewhere.invalid" in worker_log(counts)
 
 
 def test_outbox_drain_gives_back_the_jobs_a_stop_kept(pg_dsn: str, tmp_path: Path) -> None:
