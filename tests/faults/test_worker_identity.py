@@ -137,3 +137,44 @@ def test_outbox_drain_gives_back_the_jobs_a_stop_kept(pg_dsn: str, tmp_path: Pat
     assert query(pg_dsn, "SELECT status, attempt, locked_by FROM shardworker.jobs WHERE id = %s",
                  rescued[0].id) == [("running", 2, "host-b")]
     assert not (outbox_dir / layout.GIVEBACK_FILE).exists()
+
+
+def test_a_running_worker_whose_row_another_process_rewrites_stops(pg_dsn: str, tmp_path: Path) -> None:
+    """The race at start: another process rewrites the heartbeat row of a running worker's id. The
+    worker stops with one line naming that process, leaves its row alone, gives back what it never
+    started, and no job runs twice."""
+    counts = tmp_path / "counts"
+    counts.mkdir()
+    enqueue(pg_dsn, "slow", 30, {"sleep": 0.3})
+    proc = start_worker(pg_dsn, tmp_path / "a", counts, "--worker-id", "raced", procs=1)
+    wait_for(lambda: len(runs(counts)) >= 1 and query(
+        pg_dsn, "SELECT count(*) FROM shardworker.workers WHERE worker_id = 'raced'") == [(1,)], 30, "running")
+    execute(pg_dsn, "UPDATE shardworker.workers SET hostname = 'other.invalid', pid = 4242, heartbeat_at = now() "
+                    "WHERE worker_id = 'raced'")
+    assert exit_code(proc, 60, counts) == 1
+    assert "worker id 'raced' is in use by a live worker on other.invalid (pid 4242)" in worker_log(counts)
+    assert query(pg_dsn, "SELECT hostname, pid FROM shardworker.workers") == [("other.invalid", 4242)]
+    ran = runs_per_job(counts)
+    assert set(ran.values()) == {1}
+    assert query(pg_dsn, "SELECT count(*) FROM shardworker.jobs WHERE status = 'running'") == [(0,)]
+    assert query(pg_dsn, "SELECT count(*) FROM shardworker.jobs WHERE status = 'queued' AND attempt = 0")[0][0] \
+        == 30 - len(ran)
+
+
+def test_outbox_drain_is_refused_while_a_live_worker_uses_its_worker_id(pg_dsn: str, tmp_path: Path) -> None:
+    """A drain of an outbox whose worker id a live worker elsewhere uses exits 1 with the line."""
+    from click.testing import CliRunner
+
+    from shardworker.cli import main as cli
+
+    counts, copied = tmp_path / "counts", tmp_path / "copied"
+    counts.mkdir()
+    proc = start_worker(pg_dsn, tmp_path / "a", counts, "--worker-id", "busy", procs=1)
+    wait_for(lambda: query(pg_dsn, "SELECT count(*) FROM shardworker.workers WHERE worker_id = 'busy'") == [(1,)],
+             30, "the worker beating")
+    copied.mkdir(mode=0o700)
+    (copied / "worker-id").write_text("busy")
+    result = CliRunner().invoke(cli, ["outbox", "drain", "--outbox-dir", str(copied), "--dsn", pg_dsn,
+                                      "--timeout", "30"])
+    assert result.exit_code == 1, result.output
+    assert f"pid {proc.pid}" in result.output and "--worker-id" in result.output, result.output
