@@ -127,6 +127,8 @@ def test_outbox_drain_gives_back_the_jobs_a_stop_kept(pg_dsn: str, tmp_path: Pat
     layout.save_giveback(str(outbox_dir), "host-a", [(j.id, j.attempt) for j in first], [])
     layout.save_giveback(str(outbox_dir), "host-a", [(rescued[0].id, rescued[0].attempt)], ["token-2"])
     assert layout.count_giveback(str(outbox_dir)) == (3, 1)
+    status = CliRunner().invoke(cli, ["outbox", "status", "--outbox-dir", str(outbox_dir)])
+    assert "3 unstarted job(s) and 1 lost claim(s) to give back" in status.output, status.output
     execute(pg_dsn, "UPDATE shardworker.jobs SET locked_by = 'host-b', attempt = 2 WHERE id = %s", rescued[0].id)
     result = CliRunner().invoke(cli, ["outbox", "drain", "--outbox-dir", str(outbox_dir), "--dsn", pg_dsn,
                                       "--timeout", "10"])
