@@ -53,7 +53,19 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """A process that exited and was not reaped yet still answers kill(pid, 0); Linux's
+    /proc says it is a zombie ("Z"). Elsewhere, or on any doubt: not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    # The command name (field 2) is in parentheses and may hold spaces: the state follows the last ")".
+    return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] == b"Z"
 
 
 def check_worker_id(store: IdentityStore, worker_id: str, interval_s: float, *,
