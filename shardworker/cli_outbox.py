@@ -43,12 +43,13 @@ def status(outbox_dir: str, as_json: bool) -> None:
     setaside = layout.count_setaside(outbox_dir)
     lost = layout.count_lines(layout.lost_log(outbox_dir))
     deadletters = layout.count_deadlettered(outbox_dir)
+    give_jobs, give_claims = layout.count_giveback(outbox_dir)
     if as_json:
         click.echo(orjson.dumps({
             "directory": outbox_dir, "pending": st.pending, "worker_running": worker,
             "flusher_running": st.flusher_alive, "quarantined": st.quarantined, "torn_tails": st.torn_tails,
             "stale_outcomes": stale, "set_aside_outcomes": setaside, "requeued_after_quarantine": lost,
-            "deadlettered": deadletters,
+            "deadlettered": deadletters, "to_give_back": {"jobs": give_jobs, "claims": give_claims},
             "shards": [{"shard": s.shard, "pending": s.pending, "bytes": s.pending_bytes,
                         "oldest_age_s": s.oldest_age_s, "segments": s.segments,
                         "sealed_segments": s.sealed_segments,
@@ -75,6 +76,9 @@ def status(outbox_dir: str, as_json: bool) -> None:
                    f"{layout.LOST_LOG}")
     if deadletters:
         click.echo(f"  {deadletters} outcome(s) dead-lettered in {layout.DEADLETTER_DIR}/")
+    if give_jobs or give_claims:
+        click.echo(f"  {give_jobs} unstarted job(s) and {give_claims} lost claim(s) to give back, uncharged, at the "
+                   f"next start or drain; see {layout.GIVEBACK_FILE}")
 
 
 @outbox.command()

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import outbox
-from shardworker import procs
+from shardworker import layout, procs
 from shardworker.children import ChildPool, Death
 from shardworker.config import WorkerConfig
 from shardworker.dbwatch import DatabaseWatch
@@ -290,7 +290,19 @@ class Dispatcher:
                        backoff=Backoff(self.config.backoff_base_s, min(1.0, self.config.backoff_cap_s)))
             return released[0]
         except StoreError as exc:
-            log.warning("could not give back %d unstarted jobs and %d claims whose replies were lost (%s); "
-                        "they stay running under worker %s until its next start, or a rescue", len(unstarted),
-                        len(self.lost_claims), exc, self.worker_id)
-            return 0
+            self._keep_for_next_start(unstarted, exc)
+            return released[0]
+
+    def _keep_for_next_start(self, unstarted: list[JobKey], exc: StoreError) -> None:
+        """Keep what could not be given back in ``giveback.json``: the next start (or
+        ``outbox drain``) releases it uncharged (``shardworker.giveback``)."""
+        try:
+            layout.save_giveback(self.config.outbox_dir, self.worker_id, unstarted, self.lost_claims)
+        except OSError as err:
+            log.warning("could not give back %d unstarted jobs and %d claims whose replies were lost (%s), nor "
+                        "keep them in the outbox (%s); they stay running under worker %s and its next start "
+                        "charges each an attempt", len(unstarted), len(self.lost_claims), exc, err, self.worker_id)
+            return
+        log.warning("could not give back %d unstarted jobs and %d claims whose replies were lost (%s); kept in "
+                    "%s: the next start or `shardworker outbox drain` gives them back, no attempt charged",
+                    len(unstarted), len(self.lost_claims), exc, layout.GIVEBACK_FILE)

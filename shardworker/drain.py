@@ -5,7 +5,9 @@ outbox does not belong to (``shardworker.binding``), waits out an unreachable da
 to a timeout, and works on a directory copied from a dead host: shards without a live
 writer are recovered (torn tails cut, segments sealed) and read. While it drains it
 heartbeats for the worker whose outbox this is, so no peer rescues (and re-runs) jobs whose
-outcomes it is applying.
+outcomes it is applying; like a worker, it first makes sure no live worker uses that id.
+Once every outcome is applied, it gives back (uncharged) the jobs the owner's last stop
+could not give back (``shardworker.giveback``), as the next start would.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from collections.abc import Callable
 
 from outbox import OutboxLocked
 from outbox import status as outbox_status
-from shardworker import binding, layout
-from shardworker.errors import DrainTimeout, OutboxBusy
+from shardworker import binding, giveback, identity, layout
+from shardworker.errors import DrainTimeout, OutboxBusy, StoreError
 from shardworker.flusher import Flusher, FlusherConfig, FlushStats
 from shardworker.flusher_process import open_reader
 from shardworker.heartbeat import Heartbeat
@@ -27,7 +29,7 @@ from shardworker.retry import Backoff, retry_call
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_INTERVAL_S = 2.0
+HEARTBEAT_INTERVAL_S = 2.0  # a worker's default (WorkerConfig.heartbeat_interval_s): what a peer expects
 
 
 def drain(outbox_dir: str, dsn: str, *, timeout_s: float, backoff_cap_s: float = 5.0,
@@ -48,13 +50,16 @@ def drain(outbox_dir: str, dsn: str, *, timeout_s: float, backoff_cap_s: float =
         def sleep(seconds: float) -> None:
             time.sleep(max(0.0, min(seconds, deadline - time.monotonic())))
 
-        heartbeat = _heartbeat_for_owner(outbox_dir, dsn, backoff)
+        heartbeat: Heartbeat | None = None
         try:
             retry_call(lambda: binding.bind(outbox_dir, store), "checking which database the outbox belongs to",
                        backoff=backoff, log=log, deadline=deadline, sleep=sleep)
+            heartbeat = _heartbeat_for_owner(outbox_dir, dsn, store, backoff, deadline, sleep)
             flusher = Flusher(reader, store, FlusherConfig(backoff_cap_s=backoff_cap_s,
                                                            backoff_base_s=min(0.05, backoff_cap_s)), sleep=sleep)
-            return _drain_loop(flusher, outbox_dir, deadline, progress)
+            stats = _drain_loop(flusher, outbox_dir, deadline, progress, heartbeat)
+            _give_back(outbox_dir, store, backoff, deadline, sleep)
+            return stats
         finally:
             if heartbeat is not None:
                 heartbeat.stop(wait_s=1.0)
@@ -64,19 +69,39 @@ def drain(outbox_dir: str, dsn: str, *, timeout_s: float, backoff_cap_s: float =
         os.close(lock_fd)
 
 
-def _heartbeat_for_owner(outbox_dir: str, dsn: str, backoff: Backoff) -> Heartbeat | None:
-    """Beat for the worker id stored in the outbox (none before its first run); no rescuing."""
+def _give_back(outbox_dir: str, store: PgStore, backoff: Backoff, deadline: float,
+               sleep: Callable[[float], None]) -> None:
+    """Give back, uncharged, the jobs the owner's last stop kept in ``giveback.json``: now
+    that every outcome is applied, as a worker's start would (``shardworker.giveback``)."""
+    try:
+        retry_call(lambda: giveback.release_saved(outbox_dir, store), "giving back jobs left unstarted at the "
+                   "last stop", backoff=backoff, log=log, deadline=deadline, sleep=sleep)
+    except StoreError as exc:
+        jobs, claims = layout.count_giveback(outbox_dir)
+        raise DrainTimeout(f"every outcome was applied, but {jobs} unstarted jobs and {claims} lost claims kept in "
+                           f"{layout.GIVEBACK_FILE} could not be given back ({exc}); run drain again") from exc
+
+
+def _heartbeat_for_owner(outbox_dir: str, dsn: str, store: PgStore, backoff: Backoff, deadline: float,
+                         sleep: Callable[[float], None]) -> Heartbeat | None:
+    """Beat for the worker id stored in the outbox (none before its first run); no rescuing.
+    Refused (``WorkerIdInUse``) while another live worker uses that id (``shardworker.identity``)."""
     worker_id = layout.read_worker_id(outbox_dir)
     if not worker_id:
         return None
+    retry_call(lambda: identity.check_worker_id(store, worker_id, HEARTBEAT_INTERVAL_S, sleep=sleep),
+               "checking that no live worker uses this worker id", backoff=backoff, log=log, deadline=deadline,
+               sleep=sleep)
     heartbeat = Heartbeat(PgStore(StoreConfig(dsn)), worker_id, HEARTBEAT_INTERVAL_S, None, backoff)
     heartbeat.start()
     return heartbeat
 
 
 def _drain_loop(flusher: Flusher, outbox_dir: str, deadline: float,
-                progress: Callable[[FlushStats, int], None] | None) -> FlushStats:
+                progress: Callable[[FlushStats, int], None] | None, heartbeat: Heartbeat | None) -> FlushStats:
     while True:
+        if heartbeat is not None and heartbeat.conflict is not None:
+            raise heartbeat.conflict
         flusher.run_once()
         if progress:
             progress(flusher.stats, flusher.in_hand)

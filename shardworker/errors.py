@@ -11,6 +11,7 @@ Hierarchy::
     ├── OutboxBusy                    a worker or another drain holds the outbox directory
     ├── DrainTimeout                  outcomes remained when --timeout ran out
     ├── CrashLoop                     a child or the flusher keeps dying right after start
+    ├── WorkerIdInUse                 another live worker runs under this --worker-id
     └── StoreError                    PostgreSQL said no (translated from psycopg)
         ├── DatabaseUnavailable       cannot connect or the connection broke: retry slowly
         ├── TransientConflict         serialization failure, deadlock, cancelled statement: retry fast
@@ -63,6 +64,10 @@ class DrainTimeout(ShardworkerError):
 
 class CrashLoop(ShardworkerError):
     """A worker process keeps dying right after it starts."""
+
+
+class WorkerIdInUse(ShardworkerError):
+    """Another live worker runs under this worker id: give each worker its own --worker-id."""
 
 
 class StoreError(ShardworkerError):

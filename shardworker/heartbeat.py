@@ -4,6 +4,11 @@ It beats on its own thread and its own connection, from before startup recovery 
 after the last job is given back, so nothing the parent does (claiming, a slow send,
 settling a dead child, a shutdown) can make a live worker look dead to a rescuer. After
 each successful beat it lets the ``Rescuer`` look at everyone else's.
+
+Its first beat takes the worker id's row over (``shardworker.identity`` checked it was
+free); later beats write only a row this process wrote. A row another (hostname, pid)
+rewrote meanwhile means a second live worker under this id: the heartbeat stops, keeps
+the error in ``conflict`` and calls ``on_conflict``, and the worker stops with it.
 """
 
 from __future__ import annotations
@@ -16,7 +21,8 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from shardworker.errors import DatabaseUnavailable, StoreError
+from shardworker.errors import DatabaseUnavailable, StoreError, WorkerIdInUse
+from shardworker.identity import in_use
 from shardworker.rescuer import Rescuer, RescueStore
 from shardworker.retry import Backoff, is_retryable
 
@@ -25,7 +31,7 @@ log = logging.getLogger(__name__)
 
 class HeartbeatStore(RescueStore, Protocol):
     def heartbeat(self, worker_id: str, hostname: str, pid: int, running: int | None = None,
-                  pending: int | None = None) -> None: ...
+                  pending: int | None = None, *, take_over: bool = True) -> tuple[str, int] | None: ...
     def close(self) -> None: ...
 
 
@@ -34,7 +40,8 @@ class Heartbeat:
 
     def __init__(self, store: HeartbeatStore, worker_id: str, interval_s: float, rescue_after_s: float | None,
                  backoff: Backoff, *, rescue_grace_s: float = 0.0, clock: Callable[[], float] = time.monotonic,
-                 load: Callable[[], tuple[int | None, int | None]] = lambda: (None, None)) -> None:
+                 load: Callable[[], tuple[int | None, int | None]] = lambda: (None, None),
+                 on_conflict: Callable[[WorkerIdInUse], None] = lambda exc: None) -> None:
         self.store, self.worker_id, self.interval_s = store, worker_id, interval_s
         self.load = load  # (jobs running, outcomes pending in the outbox), shown by `shardworker workers`
         self.backoff, self.clock = backoff, clock
@@ -42,13 +49,21 @@ class Heartbeat:
         self.rescuer = None if rescue_after_s is None else Rescuer(store, worker_id, rescue_after_s, rescue_grace_s)
         self.last_ok: float | None = None
         self._refusing = False
+        self.on_conflict = on_conflict
+        self.conflict: WorkerIdInUse | None = None  # set when another process took this id's row
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def run_once(self, now: float) -> float:
         """Beat, then rescue; returns the seconds until the next beat."""
+        if self.conflict is not None:
+            return self.interval_s
         try:
-            self.store.heartbeat(self.worker_id, socket.gethostname(), os.getpid(), *self.load())
+            holder = self.store.heartbeat(self.worker_id, socket.gethostname(), os.getpid(), *self.load(),
+                                          take_over=self.last_ok is None)
+            if holder is not None:
+                self._lost_the_id(holder)
+                return self.interval_s
             self.last_ok, self._refusing = now, False
             self.backoff.reset()
             if self.rescuer is not None:
@@ -73,6 +88,12 @@ class Heartbeat:
             self._refusing = True
             log.error("heartbeat refused by the database: %s; trying again every %.1fs", exc, self.interval_s)
         return self.interval_s
+
+    def _lost_the_id(self, holder: tuple[str, int]) -> None:
+        """Another live process beats under this id: stop beating (its row stays its own)."""
+        self.conflict = in_use(self.worker_id, *holder)
+        self._stop.set()
+        self.on_conflict(self.conflict)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="shardworker-heartbeat", daemon=True)

@@ -11,6 +11,8 @@ The ``outbox`` package owns its segments, shard locks, ``flusher.lock``, the che
     stale.jsonl      outcomes whose attempt was rescued and claimed again, kept whole
     setaside.jsonl   outcomes whose job does not exist in the database, kept whole
     lost.jsonl       jobs requeued because their outcome was in a quarantined segment
+    giveback.json    jobs a stop could not give back (database away): never started, so the
+                     next start or drain releases them without charging an attempt
 
 Everything that opens, locks or counts one of these names comes through here, and opens
 nothing through a symlink (the directory itself is checked by ``outbox.fsutil.ensure_dir``:
@@ -23,8 +25,10 @@ import os
 import socket
 import uuid
 
-from outbox.fsutil import NOFOLLOW, atomic_write, ensure_dir, read_small, try_lock
-from shardworker.errors import OutboxBusy
+import orjson
+
+from outbox.fsutil import NOFOLLOW, atomic_write, ensure_dir, fsync_dir, read_small, try_lock
+from shardworker.errors import OutboxBusy, ShardworkerError
 
 WORKER_LOCK = "worker.lock"
 WORKER_ID_FILE = "worker-id"
@@ -33,6 +37,7 @@ STALE_LOG = "stale.jsonl"
 SETASIDE_LOG = "setaside.jsonl"
 LOST_LOG = "lost.jsonl"
 DATABASE_FILE = "database.json"
+GIVEBACK_FILE = "giveback.json"
 PARENT_SHARD = 9999  # above any child's shard: --procs is capped below it
 
 
@@ -106,3 +111,48 @@ def shard_lock_names(directory: str) -> list[str]:
     """Paths of the shard writer locks present in ``directory`` (live or left behind)."""
     return sorted(os.path.join(directory, name) for name in os.listdir(directory)
                   if name.startswith("shard-") and name.endswith(".lock"))
+
+
+# Jobs to give back: {worker id: {"jobs": [[id, attempt], ...], "claims": [token, ...]}}.
+GiveBack = dict[str, dict[str, list]]
+
+
+def read_giveback(directory: str) -> GiveBack:
+    """What ``giveback.json`` holds (empty when there is none)."""
+    path = os.path.join(directory, GIVEBACK_FILE)
+    try:
+        data = orjson.loads(read_small(path))
+        return {str(w): {"jobs": [[int(j), int(a)] for j, a in entry.get("jobs", [])],
+                         "claims": [str(t) for t in entry.get("claims", [])]}
+                for w, entry in data.get("workers", {}).items()}
+    except FileNotFoundError:
+        return {}
+    except (ValueError, TypeError, AttributeError) as exc:
+        # Written atomically, so only a hand edit gets here; removing it charges those jobs.
+        raise ShardworkerError(f"{path} is unreadable ({exc}); fix or remove it (its jobs are then "
+                         "requeued as orphans, each charged an attempt)") from exc
+
+
+def save_giveback(directory: str, worker_id: str, jobs: list[tuple[int, int]], claims: list[str]) -> None:
+    """Add ``jobs`` (id, attempt) and claim tokens to ``giveback.json``, durably; what the file
+    already held is kept (a second stop in the same outage adds to the first's list)."""
+    held = read_giveback(directory)
+    entry = held.setdefault(worker_id, {"jobs": [], "claims": []})
+    entry["jobs"] = sorted({(j, a) for j, a in entry["jobs"]} | {(j, a) for j, a in jobs})
+    entry["claims"] = sorted(set(entry["claims"]) | set(claims))
+    atomic_write(directory, GIVEBACK_FILE, orjson.dumps({"version": 1, "workers": held}))
+
+
+def remove_giveback(directory: str) -> None:
+    """Remove ``giveback.json`` once everything in it was given back (durably)."""
+    try:
+        os.unlink(os.path.join(directory, GIVEBACK_FILE))
+    except FileNotFoundError:
+        return
+    fsync_dir(directory)
+
+
+def count_giveback(directory: str) -> tuple[int, int]:
+    """(jobs, claims) waiting in ``giveback.json`` to be given back."""
+    held = read_giveback(directory).values()
+    return sum(len(e["jobs"]) for e in held), sum(len(e["claims"]) for e in held)

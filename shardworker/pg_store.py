@@ -476,10 +476,24 @@ class PgStore:
             return list(cur.fetchall())
 
     def heartbeat(self, worker_id: str, hostname: str, pid: int, running: int | None = None,
-                  pending: int | None = None) -> None:
+                  pending: int | None = None, *, take_over: bool = True) -> tuple[str, int] | None:
+        """Beat for ``worker_id`` as (hostname, pid); None when written, else the (hostname,
+        pid) of the other process whose row it left alone (only without ``take_over``)."""
         with self._cursor() as cur:
             cur.execute(query("worker_heartbeat"), {"worker_id": worker_id, "hostname": hostname, "pid": pid,
-                                                    "running": running, "pending": pending})
+                                                    "running": running, "pending": pending,
+                                                    "take_over": take_over})
+            row = cur.fetchone()
+        if row is None or row[0]:
+            return None
+        return str(row[1] or "an unknown host"), int(row[2] or 0)  # a row committed after our snapshot
+
+    def worker_row(self, worker_id: str) -> tuple[str, int, datetime] | None:
+        """(hostname, pid, heartbeat_at) of ``worker_id``'s heartbeat row; None without one."""
+        with self._cursor() as cur:
+            cur.execute(query("worker_get"), {"worker_id": worker_id})
+            row = cur.fetchone()
+        return None if row is None else (str(row[0]), int(row[1]), row[2])
 
     def workers(self) -> list[dict[str, Any]]:
         """Every worker's row: id, host, pid, started, last heartbeat, load, seconds silent."""
@@ -488,9 +502,10 @@ class PgStore:
             names = [d.name for d in cur.description or []]
             return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
-    def forget_worker(self, worker_id: str) -> None:
+    def forget_worker(self, worker_id: str, hostname: str, pid: int) -> None:
+        """Remove the heartbeat row this (hostname, pid) wrote, unless jobs still run under the id."""
         with self._cursor() as cur:
-            cur.execute(query("worker_forget"), {"worker_id": worker_id})
+            cur.execute(query("worker_forget"), {"worker_id": worker_id, "hostname": hostname, "pid": pid})
 
     def try_rescue_lock(self) -> bool:
         """Take (or confirm) the cluster-wide rescuer lock on this connection."""

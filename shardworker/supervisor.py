@@ -2,15 +2,18 @@
 
 1. Take the outbox directory's worker lock; know the worker id; wait for the schema; bind
    the outbox to this database at first use, or refuse another database.
-2. Wait until no process of a previous run still writes a shard of this outbox.
+2. Wait until no process of a previous run still writes a shard of this outbox, and
+   until it is clear no other live worker uses this worker id (``shardworker.identity``).
 3. Start heartbeating (its own thread and connection) and the flusher.
-4. Startup recovery: wait until the flusher has applied every pending outcome, then
+4. Startup recovery: wait until the flusher has applied every pending outcome, give back
+   uncharged the jobs a stop in an outage left in ``giveback.json`` (never started), then
    requeue this worker's running jobs that have none (their handlers never finished).
 5. Start the children and, when the app has periodic jobs or ``retention_s`` is set, the
    housekeeping thread; run the dispatcher until a signal, or idleness with
    ``exit_when_idle``.
 6. Shut down: stop claiming, let children finish the job in hand, give back jobs never
-   started, let the flusher apply what the database accepts (all bounded by
+   started (kept in ``giveback.json`` for step 4 of the next start when the database is
+   away), let the flusher apply what the database accepts (all bounded by
    ``shutdown_timeout_s``; during an outage, what needs the database gets only
    ``DATABASE_WAIT_IN_OUTAGE_S``), stop housekeeping and heartbeating, forget the worker.
    A second signal exits at once. A crash loop (``CrashLoop``) shuts down the same way, then is raised.
@@ -23,17 +26,18 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from outbox import status as outbox_status
-from shardworker import binding, layout, logs, procs
+from shardworker import binding, giveback, identity, layout, logs, procs
 from shardworker.app import App
 from shardworker.children import ChildPool
 from shardworker.config import WorkerConfig
 from shardworker.dispatcher import Dispatcher
-from shardworker.errors import CrashLoop, OutboxBusy, StoreError
+from shardworker.errors import CrashLoop, OutboxBusy, StoreError, WorkerIdInUse
 from shardworker.flusher import FlusherConfig
 from shardworker.flusher_process import FlusherHandle
 from shardworker.heartbeat import Heartbeat
@@ -145,9 +149,14 @@ class Supervisor:
                        "checking which database the outbox belongs to", backoff=self._backoff(), log=log,
                        should_stop=lambda: self.stopping)
             self._wait_for_writers_gone()
+            retry_call(lambda: identity.check_worker_id(self.store, self.worker_id, self.config.heartbeat_interval_s,
+                                                        should_stop=lambda: self.stopping),
+                       "checking that no live worker uses this worker id", backoff=self._backoff(), log=log,
+                       should_stop=lambda: self.stopping)
             self._start_heartbeat()
             self.flusher.start()
             if not self._startup_recovery():
+                self._raise_if_id_lost()
                 return RunSummary()
             self.pool.start()
             dispatcher = Dispatcher(self.config, self.worker_id, self.app.kinds, self.store, self.pool,
@@ -164,7 +173,9 @@ class Supervisor:
                 raise
             if self.config.exit_when_idle and not self.stopping:
                 self._warn_unhandled()
-            return self._shutdown(dispatcher)
+            summary = self._shutdown(dispatcher)
+            self._raise_if_id_lost()
+            return summary
         finally:
             self._kill_everything()
             if self.metrics is not None:
@@ -224,8 +235,19 @@ class Supervisor:
     def _start_heartbeat(self) -> None:
         self.heartbeat = Heartbeat(PgStore(self.store_config), self.worker_id, self.config.heartbeat_interval_s,
                                    self.config.rescue_after_s, self._backoff(),
-                                   rescue_grace_s=self.config.rescue_grace_s, load=self._load)
+                                   rescue_grace_s=self.config.rescue_grace_s, load=self._load,
+                                   on_conflict=self._id_lost)
         self.heartbeat.start()
+
+    def _id_lost(self, exc: WorkerIdInUse) -> None:
+        """From the heartbeat's thread: another live worker beats under our id; stop (the
+        shutdown gives back what we never started) and exit with ``exc``."""
+        log.info("stopping: another live worker uses this worker id (%s)", exc)
+        self.stopping = True
+
+    def _raise_if_id_lost(self) -> None:
+        if self.heartbeat is not None and self.heartbeat.conflict is not None:
+            raise self.heartbeat.conflict
 
     def _load(self) -> tuple[int | None, int | None]:
         """(jobs running, outcomes not yet applied) for the heartbeat row; read from the
@@ -250,6 +272,12 @@ class Supervisor:
                 log.info("waiting for the flusher to apply pending outcomes before claiming")
                 waited_since = time.monotonic()
             time.sleep(0.02)
+        # Before the orphans: jobs a stop in an outage never started are given back, uncharged.
+        retry_call(lambda: giveback.release_saved(self.config.outbox_dir, self.store),
+                   "giving back jobs left unstarted at the last stop", backoff=self._backoff(), log=log,
+                   should_stop=lambda: self.stopping)
+        if self.stopping:
+            return False  # a signal, or another live worker under our id: its running jobs are not orphans
         requeued = retry_call(lambda: self.store.requeue_orphans(
             self.worker_id, "worker restarted while the job was running"), "requeueing unfinished jobs",
             backoff=self._backoff(), log=log, should_stop=lambda: self.stopping)
@@ -265,8 +293,8 @@ class Supervisor:
         deaths, unstarted = self.pool.finish(deadline, dispatcher.count_finished)
         dispatcher.settle(deaths)
         # With the database away, what needs it (giving back, applying outcomes) is tried
-        # briefly, not for the whole timeout: nothing is lost by leaving it. Unstarted jobs are
-        # requeued at this worker's next start (or rescued); outcomes wait in the outbox.
+        # briefly, not for the whole timeout: nothing is lost by leaving it. Unstarted jobs wait
+        # in giveback.json for the next start (or a rescue); outcomes wait in the outbox.
         db_by = deadline if dispatcher.watch.up else min(deadline, time.monotonic() + DATABASE_WAIT_IN_OUTAGE_S)
         released = dispatcher.give_back(unstarted, db_by)
         self.flusher.stop(db_by, lambda: dispatcher.backlog() <= 0)
@@ -275,7 +303,7 @@ class Supervisor:
             self.heartbeat.stop()
         try:
             # Kept while jobs stay running under our id, so a rescuer can still find them.
-            self.store.forget_worker(self.worker_id)
+            self.store.forget_worker(self.worker_id, socket.gethostname(), os.getpid())
         except StoreError as exc:
             log.warning("could not remove this worker's heartbeat row (%s); it goes silent and a peer "
                         "removes it after --rescue-after", exc)

@@ -193,14 +193,26 @@ SELECT
 
 -- worker_heartbeat --
 -- Record that this worker is alive, with its load (NULL: not known). A new process under
--- the same worker id starts a new started_at.
-INSERT INTO shardworker.workers AS w (worker_id, hostname, pid, heartbeat_at, jobs_running, outbox_pending)
-VALUES (%(worker_id)s, %(hostname)s, %(pid)s, now(), %(running)s, %(pending)s)
-ON CONFLICT (worker_id) DO UPDATE
-SET hostname = excluded.hostname, pid = excluded.pid, heartbeat_at = now(),
-    started_at = CASE WHEN (w.hostname, w.pid) IS DISTINCT FROM (excluded.hostname, excluded.pid)
-                      THEN now() ELSE w.started_at END,
-    jobs_running = excluded.jobs_running, outbox_pending = excluded.outbox_pending;
+-- the same worker id starts a new started_at. Unless take_over (a process's first beat), a
+-- row another (hostname, pid) wrote meanwhile is left alone: that is a second live worker
+-- under this id. Returns whether the row was written, and who holds it.
+WITH beat AS (
+    INSERT INTO shardworker.workers AS w (worker_id, hostname, pid, heartbeat_at, jobs_running, outbox_pending)
+    VALUES (%(worker_id)s, %(hostname)s, %(pid)s, now(), %(running)s, %(pending)s)
+    ON CONFLICT (worker_id) DO UPDATE
+    SET hostname = excluded.hostname, pid = excluded.pid, heartbeat_at = now(),
+        started_at = CASE WHEN (w.hostname, w.pid) IS DISTINCT FROM (excluded.hostname, excluded.pid)
+                          THEN now() ELSE w.started_at END,
+        jobs_running = excluded.jobs_running, outbox_pending = excluded.outbox_pending
+    WHERE %(take_over)s OR (w.hostname, w.pid) = (excluded.hostname, excluded.pid)
+    RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM beat), w.hostname, w.pid
+FROM (SELECT 1) AS one LEFT JOIN shardworker.workers w ON w.worker_id = %(worker_id)s;
+
+-- worker_get --
+-- The heartbeat row of one worker id: who wrote it last, and when.
+SELECT hostname, pid, heartbeat_at FROM shardworker.workers WHERE worker_id = %(worker_id)s;
 
 -- worker_list --
 -- Every worker row, with its silence as the database's clock measures it.
@@ -211,8 +223,9 @@ FROM shardworker.workers ORDER BY hostname, worker_id;
 -- worker_forget --
 -- Remove this worker's heartbeat row at clean shutdown, unless jobs still run under its
 -- id (a give-back failed): then the row stays, goes silent, and the rescuer finds them.
+-- Only the row this process wrote: another live worker's under the same id stays.
 DELETE FROM shardworker.workers
-WHERE worker_id = %(worker_id)s
+WHERE worker_id = %(worker_id)s AND hostname = %(hostname)s AND pid = %(pid)s
   AND NOT EXISTS (SELECT 1 FROM shardworker.jobs WHERE status = 'running' AND locked_by = %(worker_id)s);
 
 -- rescue_lock --

@@ -1,0 +1,99 @@
+"""The heartbeat row of a worker id belongs to one process: a process takes it over on its
+first beat only, later beats leave another process's row alone and say whose it is, and a
+clean stop removes only the row it wrote. Real PostgreSQL."""
+
+from __future__ import annotations
+
+from shardworker.pg_store import PgStore
+from tests.helpers import execute, query
+
+
+def test_a_later_beat_leaves_another_process_row_alone_and_names_it(store: PgStore, other: PgStore,
+                                                                    pg_dsn: str) -> None:
+    """After a take-over by (host-b, 2), a beat of (host-a, 1) without take_over writes nothing
+    and returns (host-b, 2); with take_over it writes."""
+    assert store.heartbeat("w", "host-a", 1) is None
+    assert store.heartbeat("w", "host-a", 1, take_over=False) is None  # its own row
+    assert other.heartbeat("w", "host-b", 2, take_over=True) is None
+    assert store.heartbeat("w", "host-a", 1, take_over=False) == ("host-b", 2)
+    assert query(pg_dsn, "SELECT hostname, pid FROM shardworker.workers WHERE worker_id = 'w'") == [("host-b", 2)]
+    row = store.worker_row("w")
+    assert row is not None and row[:2] == ("host-b", 2)
+    assert store.worker_row("nobody") is None
+
+
+def test_a_beat_after_a_rescue_removed_the_row_writes_it_again(store: PgStore, pg_dsn: str) -> None:
+    """A row deleted (a rescue, a clean stop) is simply written again: no other process holds it."""
+    assert store.heartbeat("w", "host-a", 1) is None
+    query(pg_dsn, "DELETE FROM shardworker.workers WHERE worker_id = 'w' RETURNING 1")
+    assert store.heartbeat("w", "host-a", 1, take_over=False) is None
+    assert store.worker_row("w") is not None
+
+
+def test_forget_removes_only_the_row_this_process_wrote(store: PgStore, pg_dsn: str) -> None:
+    """A stopping worker whose id another live process took over leaves that process's row."""
+    store.heartbeat("w", "host-b", 2)
+    store.forget_worker("w", "host-a", 1)
+    assert query(pg_dsn, "SELECT hostname, pid FROM shardworker.workers") == [("host-b", 2)]
+    store.forget_worker("w", "host-b", 2)
+    assert query(pg_dsn, "SELECT count(*) FROM shardworker.workers") == [(0,)]
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now, self.sleeps = 0.0, 0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps += 1
+        self.now += seconds
+
+
+def test_an_id_beating_elsewhere_is_refused_while_a_silent_one_is_taken_over(store: PgStore, other: PgStore,
+                                                                             pg_dsn: str) -> None:
+    """check_worker_id watches another host's row: refused (naming host and pid) when its heartbeat
+    advances, returned when it stays silent for the whole watch."""
+    import pytest
+
+    from shardworker.errors import WorkerIdInUse
+    from shardworker.identity import WATCH_BEATS, check_worker_id
+
+    other.heartbeat("w", "elsewhere.invalid", 7)
+    clock = FakeClock()
+
+    def beat_while_watched(seconds: float) -> None:
+        clock.sleep(seconds)
+        execute(pg_dsn, "UPDATE shardworker.workers SET heartbeat_at = heartbeat_at + interval '2 s'")
+
+    with pytest.raises(WorkerIdInUse, match=r"elsewhere\.invalid \(pid 7\).*own --worker-id"):
+        check_worker_id(store, "w", 2.0, sleep=beat_while_watched, clock=clock)
+    clock = FakeClock()
+    check_worker_id(store, "w", 2.0, sleep=clock.sleep, clock=clock)
+    assert clock.now >= WATCH_BEATS * 2.0 and clock.sleeps > 1
+
+
+def test_a_dead_or_unreaped_pid_on_this_host_is_taken_over_at_once(store: PgStore) -> None:
+    """A row of this host whose process exited (even one not reaped yet) is a crashed predecessor."""
+    import socket
+    import subprocess
+    import sys
+
+    from shardworker.identity import check_worker_id
+
+    exited = subprocess.Popen([sys.executable, "-c", "pass"])
+    while exited.poll() is None and not _is_zombie(exited.pid):
+        pass
+    for pid in (exited.pid, 2 ** 22 + 1):  # unreaped, then one above Linux's pid_max: never alive
+        store.heartbeat("w", socket.gethostname(), pid)
+        clock = FakeClock()
+        check_worker_id(store, "w", 2.0, sleep=clock.sleep, clock=clock)
+        assert clock.sleeps == 0
+    exited.wait()
+
+
+def _is_zombie(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read()
+    return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] == b"Z"
