@@ -31,9 +31,10 @@ STARTED: list[subprocess.Popen[bytes]] = []  # killed after each test (conftest)
 
 
 def start_worker(dsn: str, outbox_dir: Path, count_dir: Path, *args: str, procs: int = 2,
-                 log_path: Path | None = None) -> subprocess.Popen[bytes]:
-    """Start ``shardworker run`` as a real subprocess in its own process group."""
-    cmd = [sys.executable, "-m", "shardworker", "run", "--app", "counting_app", "--procs", str(procs),
+                 log_path: Path | None = None, app: str = "counting_app") -> subprocess.Popen[bytes]:
+    """Start ``shardworker run`` (of ``app``, a module in tests/apps) as a real subprocess in
+    its own process group."""
+    cmd = [sys.executable, "-m", "shardworker", "run", "--app", app, "--procs", str(procs),
            "--outbox-dir", str(outbox_dir), "--dsn", dsn, *args]
     log = open(log_path or (count_dir / "worker.log"), "ab")  # noqa: SIM115 (kept for the child's life)
     proc = subprocess.Popen(cmd, env=worker_env(count_dir), stdout=log, stderr=log, start_new_session=True)
