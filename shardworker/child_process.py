@@ -207,12 +207,17 @@ class ChildHandle:
                     finished.append(self._release(key))
                 if msg.stats:
                     self.job_counts.add(msg.stats)
+                if not self.recalling:
+                    self.saturated = False  # a handler finished since the recall: it can start another
             elif isinstance(msg, wire.Returned):
                 taken = [self._release(key) for key in msg.jobs]
                 # First in line again, here in the parent, for whichever child has room.
                 self.held.extendleft(reversed([sent.job for sent in taken]))
                 self.returned.extend(taken)
-                self.recalling = False
+                # Saturated while it still runs something (its next report clears it); with nothing
+                # left, nothing would, and it is free.
+                self.recalling, self.saturated = False, bool(self.sent)
+
             elif isinstance(msg, wire.Stopped):
                 self.stopped, self.unstarted = True, msg.unstarted
             elif isinstance(msg, wire.Fatal):

@@ -24,7 +24,8 @@ hoards jobs another child could start:
   (``Returned``); they go back to its held queue, where the idle child takes them. A job
   that started meanwhile is simply not returned. A recalled child is *saturated* (its
   target is 0, so it is sent nothing and the dispatcher claims nothing for it) until it
-  reports a finished job.
+  reports a job finished after it returned the others (or has nothing left to run).
+
 
 So the hash picks a job's home child, and a saturated child's jobs run elsewhere. On the
 fast path this costs no syscall and no scan per job: one look per pass at each child.
@@ -163,7 +164,7 @@ class ChildPool:
     def _recall_for_idle(self) -> None:
         """While a child is idle, recall the unstarted jobs of children whose oldest unstarted
         job waited ``steal_after_s`` (their handlers are all busy)."""
-        if not any(h.ready and not h.sent for h in self.handles):
+        if not any(h.ready and not h.sent and not h.saturated for h in self.handles):
             return
         now = self.clock()
         for handle in self.handles:
@@ -182,7 +183,6 @@ class ChildPool:
             reported = handle.receive()
             if reported:
                 handle.pace.finished(len(reported), now)
-                handle.saturated = False  # a handler finished: it can start another
             self._forget(reported)
             if handle.returned:  # recalled jobs, held again: their kinds' caps free up
                 self._forget(handle.returned, finished=False)

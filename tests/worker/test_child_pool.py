@@ -29,6 +29,11 @@ def make_app(ran: list[int], release: threading.Event) -> App:
         ran.append(job.id)
         return job.id
 
+    @app.handler("one", concurrency=1)
+    def one(job: Job) -> int:
+        ran.append(job.id)
+        return job.id
+
     @app.handler("block")
     def block(job: Job) -> str:
         ran.append(job.id)
@@ -107,3 +112,13 @@ def test_jobs_routed_to_a_busy_child_run_on_an_idle_one(two: Pool) -> None:
     two.pool.send(0, [job(40)])
     two.collect_until(27)
     assert two.ran[0] == [1, 40]
+
+
+def test_a_recalled_job_of_a_capped_kind_frees_its_place_under_the_cap(two: Pool) -> None:
+    """A job of a kind capped at one in flight, sent to a busy child and taken back, no longer
+    counts against the cap: the capped jobs all run on the idle child, one at a time."""
+    two.pool.send(0, [job(1, "block"), job(2, "one"), job(3, "one"), job(4, "one")])
+    assert two.pool.by_kind["one"] == 1  # one sent; the others wait for the cap
+    two.collect_until(3)
+    assert two.ran == [[1], [2, 3, 4]]
+    assert two.pool.by_kind["one"] == 0
