@@ -110,15 +110,18 @@ class ChildPool:
 
     def _pump(self, handle: ChildHandle, held: collections.deque[ClaimedJob] | None = None) -> int:
         """Send jobs from ``held`` (the child's own by default) while the child has room and
-        their kinds are under their caps; returns how many more it could take (0: full)."""
-        if not handle.ready or handle.recalling:
-            return 0
+        their kinds are under their caps; returns how many more it could take (0: full, or
+        nothing to send)."""
         held = handle.held if held is None else held
+        if not held or handle.recalling:
+            return 0
         now = self.clock()
+        jobs_left = min(self._target(handle, now) - len(handle.sent), handle.free_slots)
+        if jobs_left <= 0 or not handle.ready:  # ready (a waitpid) last: this runs every pass
+            return 0
         batch: list[ClaimedJob] = []
         sizes: list[int] = []
         skipped: list[ClaimedJob] = []
-        jobs_left = min(self._target(handle, now) - len(handle.sent), handle.free_slots)
         bytes_left = self.max_bytes - handle.sent_bytes
         while held and len(batch) < jobs_left:
             job = held[0]
@@ -164,14 +167,15 @@ class ChildPool:
     def _recall_for_idle(self) -> None:
         """While a child is idle, recall the unstarted jobs of children whose oldest unstarted
         job waited ``steal_after_s`` (their handlers are all busy)."""
-        if not any(h.ready and not h.sent and not h.saturated for h in self.handles):
+        if not any(not h.sent and not h.saturated and h.ready for h in self.handles):
             return
         now = self.clock()
         for handle in self.handles:
-            if not handle.ready or handle.recalling or not handle.sent:
+            if handle.recalling or not handle.sent:
                 continue
             since = handle.waiting_since()
-            if since is not None and now - since >= self.steal_after_s:
+            if since is not None and now - since >= self.steal_after_s and handle.ready:
+
                 log.debug("child %d has not started a job for %.1fs while another is idle: recalling its "
                           "unstarted jobs", handle.index, now - since)
                 handle.recall()
