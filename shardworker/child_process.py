@@ -98,6 +98,7 @@ class ChildHandle:
     recalling: bool = False  # a Recall is on its way: send nothing until its Returned
     saturated: bool = False  # recalled, and has finished nothing since: worth no more jobs
     returned: list[Sent] = field(default_factory=list)  # taken back (now held), for the pool's caps
+    reported_at: float = 0.0  # when it last reported a finished job (the pool's clock)
     fatal: str = ""
     job_counts: JobCounts = field(default_factory=JobCounts)  # the pool's, for the metrics
     restart_at: float | None = None

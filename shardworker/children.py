@@ -18,11 +18,12 @@ beyond what that child can take wait here, in its ``held`` queue. A busy child n
 hoards jobs another child could start:
 
 * a child with room takes, after its own, the held jobs of the others (oldest first);
-* when a child is idle (nothing sent to it) while another has a job sent ``steal_after_s``
-  ago and still not started, the pool ``recall``s that child's unstarted jobs: its main
-  thread, which always reads the pipe, takes them off its lanes and names them
-  (``Returned``); they go back to its held queue, where the idle child takes them. A job
-  that started meanwhile is simply not returned. A recalled child is *saturated* (its
+* when a child has a job sent ``steal_after_s`` ago and still not started, while another
+  child is idle (nothing sent to it) or while it has itself finished nothing for as long
+  (its handlers are all busy), the pool ``recall``s its unstarted jobs: its main thread,
+  which always reads the pipe, takes them off its lanes and names them (``Returned``);
+  they go back to its held queue, where a child with room takes them. A job that started
+  meanwhile is simply not returned. A recalled child is *saturated* (its
   target is 0, so it is sent nothing and the dispatcher claims nothing for it) until it
   reports a job finished after it returned the others (or has nothing left to run).
 
@@ -64,6 +65,7 @@ class ChildPool:
         self.specs, self.max_jobs, self.max_bytes, self.clock = specs, max_jobs, max_bytes, clock
         self.min_jobs, self.horizon_s = min(max_jobs, min_jobs or max_jobs), horizon_s
         self.steal_after_s = steal_after_s
+        self._next_recall_check = 0.0
         self.limits = {kind: spec.concurrency for kind, spec in specs.items() if spec.concurrency}
         self.by_kind: collections.Counter[str] = collections.Counter()  # sent and unreported, per capped kind
         self._finished = 0
@@ -150,7 +152,7 @@ class ChildPool:
         for handle in self.handles:
             self._pump(handle)
         self._share()
-        self._recall_for_idle()
+        self._recall_stuck()
         finished, self._finished = self._finished, 0
         return finished
 
@@ -164,20 +166,29 @@ class ChildPool:
                 if donor is not handle and donor.held and self._pump(handle, donor.held) == 0:
                     break
 
-    def _recall_for_idle(self) -> None:
-        """While a child is idle, recall the unstarted jobs of children whose oldest unstarted
-        job waited ``steal_after_s`` (their handlers are all busy)."""
-        if not any(not h.sent and not h.saturated and h.ready for h in self.handles):
-            return
+    def _recall_stuck(self) -> None:
+        """Recall the unstarted jobs of a child whose oldest unstarted job waited
+        ``steal_after_s`` while another child is idle, or while it finished nothing (its
+        handlers are all busy: its jobs wait here instead, for any child with room).
+
+        Looks every ``steal_after_s / 4``; reads a child's slots only when it qualifies."""
         now = self.clock()
+        if now < self._next_recall_check:
+            return
+        self._next_recall_check = now + self.steal_after_s / 4
+        idle: bool | None = None
         for handle in self.handles:
             if handle.recalling or not handle.sent:
                 continue
+            if now - handle.reported_at < self.steal_after_s:
+                if idle is None:
+                    idle = any(not h.sent and not h.saturated and h.ready for h in self.handles)
+                if not idle:
+                    continue
             since = handle.waiting_since()
             if since is not None and now - since >= self.steal_after_s and handle.ready:
-
-                log.debug("child %d has not started a job for %.1fs while another is idle: recalling its "
-                          "unstarted jobs", handle.index, now - since)
+                log.debug("child %d has not started a job in %.1fs: recalling its unstarted jobs", handle.index,
+                          now - since)
                 handle.recall()
 
     def _receive_all(self) -> None:
@@ -187,6 +198,7 @@ class ChildPool:
             reported = handle.receive()
             if reported:
                 handle.pace.finished(len(reported), now)
+                handle.reported_at = now
             self._forget(reported)
             if handle.returned:  # recalled jobs, held again: their kinds' caps free up
                 self._forget(handle.returned, finished=False)

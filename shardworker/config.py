@@ -39,10 +39,10 @@ class WorkerConfig:
     prefetch_max_jobs: int = 1000
     # Payload bytes sent to one child and not yet reported (one bigger job goes alone).
     prefetch_bytes: int = 8 * MiB
-    # A job sent to a child and not started after this long, while another child is idle,
-    # is taken back and run there (the child's handlers are all busy). Long enough that a
-    # child working through its prefetch at its normal pace is never asked (it starts one
-    # job every few ms), short enough that nobody waits a second behind a stuck handler.
+    # A job sent to a child and not started after this long is taken back for a child with
+    # room, when another child is idle or this one finished nothing meanwhile (its handlers
+    # are all busy). Long enough that a child working through its prefetch at its usual
+    # pace is rarely asked, short enough that no job waits a second behind a stuck handler.
     steal_after_s: float = 0.5
     poll_interval_s: float = 1.0
     group_commit_max_delay_s: float = 0.005

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -21,7 +21,7 @@ from shardworker.shard import ChildConfig, Progress, ShardRunner, open_writer
 SLOTS = 64
 
 
-def make_app(ran: list[int], release: threading.Event) -> App:
+def make_app(ran: list[int], release: threading.Event, release_hold: threading.Event) -> App:
     app = App()
 
     @app.handler("ok")
@@ -40,6 +40,12 @@ def make_app(ran: list[int], release: threading.Event) -> App:
         assert release.wait(30)
         return "late"
 
+    @app.handler("hold")
+    def hold(job: Job) -> str:
+        ran.append(job.id)
+        assert release_hold.wait(30)
+        return "late"
+
     return app
 
 
@@ -51,11 +57,11 @@ class Pool:
     """A pool of two in-process children; ``ran[i]`` lists the jobs child i ran."""
 
     def __init__(self, tmp_path: Path) -> None:
-        self.release = threading.Event()
+        self.release, self.release_hold = threading.Event(), threading.Event()
         self.ran: list[list[int]] = [[], []]
         configs = [ChildConfig(i, str(tmp_path), "unused", 0.005, 64, 1 << 20, os.getpid(), 1, SLOTS)
                    for i in range(2)]
-        apps = [make_app(ran, self.release) for ran in self.ran]
+        apps = [make_app(ran, self.release, self.release_hold) for ran in self.ran]
         self.pool = ChildPool(configs, apps[0].handlers, min_jobs=4, max_jobs=SLOTS, max_bytes=1 << 20,
                               horizon_s=0.1)
         self.writers = []
@@ -81,8 +87,18 @@ class Pool:
             procs.wait_ready(reads, writes, 0.05)
             self.finished += self.pool.collect()
 
+    def collect_while(self, busy: Callable[[], bool], timeout_s: float = 10.0) -> None:
+        """Drive the pool while ``busy()`` (fails after ``timeout_s``)."""
+        deadline = time.monotonic() + timeout_s
+        while busy():
+            assert time.monotonic() < deadline, f"still busy after {timeout_s}s; ran {self.ran}"
+            reads, writes = self.pool.wait_fds()
+            procs.wait_ready(reads, writes, 0.05)
+            self.finished += self.pool.collect()
+
     def close(self) -> None:
         self.release.set()
+        self.release_hold.set()
         self.pool.request_stop()
         self.pool.finish(time.monotonic() + 10, lambda n: None)
         for writer in self.writers:
@@ -122,3 +138,15 @@ def test_a_recalled_job_of_a_capped_kind_frees_its_place_under_the_cap(two: Pool
     two.collect_until(3)
     assert two.ran == [[1], [2, 3, 4]]
     assert two.pool.by_kind["one"] == 0
+
+
+def test_a_child_whose_handlers_are_all_busy_gives_back_its_queue_though_no_child_is_idle(two: Pool) -> None:
+    """Child 0 is stuck and child 1 busy (neither idle): child 0, finishing nothing, gives back
+    the jobs queued behind its handler to the parent, where child 1 takes them once it has room."""
+    two.pool.send(1, [job(1, "hold")])
+    two.pool.send(0, [job(2, "block"), job(3), job(4)])
+    two.collect_while(lambda: two.pool.outstanding(0) > 1)  # all but the running one, taken back
+    assert two.ran == [[2], [1]]
+    two.release_hold.set()
+    two.collect_until(3)
+    assert two.ran == [[2], [1, 3, 4]]
