@@ -13,28 +13,21 @@ child's pace: ``min_jobs``, plus what it finishes in ``horizon_s`` at its recent
 to ``max_jobs``; a child stuck on a slow handler soon holds no more than ``min_jobs``.
 Sends never block: frames queue on a non-blocking pipe and go out as the child reads.
 
-Routing: the dispatcher routes each job to its home child, ``shard_for(id, N)``; jobs
-beyond what that child can take wait here, in its ``held`` queue. A busy child never
-hoards jobs another child could start:
-
-* a child with room takes, after its own, the held jobs of the others (oldest first);
-* when a child has a job sent ``steal_after_s`` ago and still not started, while another
-  child is idle (nothing sent to it) or while it has itself finished nothing for as long
-  (its handlers are all busy), the pool ``recall``s its unstarted jobs: its main thread,
-  which always reads the pipe, takes them off its lanes and names them (``Returned``);
-  they go back to its held queue, where a child with room takes them. A job that started
-  meanwhile is simply not returned. A recalled child is *saturated* (its
-  target is 0, so it is sent nothing and the dispatcher claims nothing for it) until it
-  reports a job finished after it returned the others (or has nothing left to run).
-
-
-So the hash picks a job's home child, and a saturated child's jobs run elsewhere. On the
-fast path this costs no syscall and no scan per job: one look per pass at each child.
+Routing: the hash, ``shard_for(id, N)``, picks a job's home child, and a saturated
+child's jobs run elsewhere. Jobs beyond what their home child can take wait here, in its
+``held`` queue, and a child with room takes, after its own, the held jobs of the others.
+A child with a job sent ``steal_after_s`` ago and not started, while another child is
+idle or while it has itself finished nothing for as long (its handlers are all busy), is
+``recall``ed: its main thread, which always reads the pipe, takes its unstarted jobs off
+its lanes and names them (``Returned``; one that started meanwhile is simply not
+returned), and they wait here again for a child with room. It is then *saturated*
+(target 0: sent nothing, claimed for by no one) until it reports a job finished after
+that, or has nothing left to run. The fast path pays no syscall and no scan per job.
 
 Each sent job gets a progress slot; the child marks it when the handler starts and when
 it finishes. After a death, a started job whose outcome is durable in the child's shard
-counts as finished, a started job without one was lost with the child, and the rest are
-resent to its successor.
+counts as finished, a started job without one was lost with the child, and the rest wait
+here again.
 """
 
 from __future__ import annotations
