@@ -6,8 +6,8 @@ for it without ever blocking, reads what it reports, tracks which sent jobs it s
 jobs whose outcome is durable in its shard count as finished, started ones without an
 outcome were lost, unstarted ones go back to be resent. While it lives, the pool may
 ``recall`` the jobs it was sent and has not started (they come back to its ``held`` queue,
-for any child with room). ``Pace`` keeps its recent rate of finished jobs. The pool
- of children (``shardworker.children``) drives these handles.
+for any child with room). ``Pace`` keeps its recent rate of finished jobs. The pool of
+children (``shardworker.children``) drives these handles.
 """
 
 from __future__ import annotations
@@ -178,15 +178,16 @@ class ChildHandle:
         self.recalling = self.saturated = True
         self._put(wire.Recall())
 
-    def waiting_since(self) -> float | None:
-        """When the oldest sent job that has not started was sent; None when all started.
+    def waiting_since(self) -> tuple[float, bool] | None:
+        """When the oldest sent job that has not started was sent, and whether a job sent
+        before it has started (it waits behind running handlers); None when all started.
 
         Reads slots in send order up to the first unstarted job: about as many as run at once."""
         if self.progress is None:
             return None
-        for sent in self.sent.values():
+        for position, sent in enumerate(self.sent.values()):
             if not self.progress.started(sent.slot, sent.job.id):
-                return sent.at
+                return sent.at, position > 0
         return None
 
     def request_stop(self) -> None:
@@ -218,7 +219,6 @@ class ChildHandle:
                 # Saturated while it still runs something (its next report clears it); with nothing
                 # left, nothing would, and it is free.
                 self.recalling, self.saturated = False, bool(self.sent)
-
             elif isinstance(msg, wire.Stopped):
                 self.stopped, self.unstarted = True, msg.unstarted
             elif isinstance(msg, wire.Fatal):

@@ -17,7 +17,8 @@ Routing: the hash, ``shard_for(id, N)``, picks a job's home child, and a saturat
 child's jobs run elsewhere. Jobs beyond what their home child can take wait here, in its
 ``held`` queue, and a child with room takes, after its own, the held jobs of the others.
 A child with a job sent ``steal_after_s`` ago and not started, while another child is
-idle or while it has itself finished nothing for as long (its handlers are all busy), is
+idle or behind its running handlers while it finished nothing for as long (they are all
+busy), is
 ``recall``ed: its main thread, which always reads the pipe, takes its unstarted jobs off
 its lanes and names them (``Returned``; one that started meanwhile is simply not
 returned), and they wait here again for a child with room. It is then *saturated*
@@ -161,25 +162,26 @@ class ChildPool:
 
     def _recall_stuck(self) -> None:
         """Recall the unstarted jobs of a child whose oldest unstarted job waited
-        ``steal_after_s`` while another child is idle, or while it finished nothing (its
-        handlers are all busy: its jobs wait here instead, for any child with room).
+        ``steal_after_s`` while another child is idle, or behind its own running handlers
+        while it finished nothing (they are all busy: its jobs wait here instead, for any
+        child with room).
 
         Looks every ``steal_after_s / 4``; reads a child's slots only when it qualifies."""
         now = self.clock()
         if now < self._next_recall_check:
             return
         self._next_recall_check = now + self.steal_after_s / 4
-        idle: bool | None = None
+        idle = any(not h.sent and not h.saturated and h.ready for h in self.handles)
         for handle in self.handles:
             if handle.recalling or not handle.sent:
                 continue
-            if now - handle.reported_at < self.steal_after_s:
-                if idle is None:
-                    idle = any(not h.sent and not h.saturated and h.ready for h in self.handles)
-                if not idle:
-                    continue
-            since = handle.waiting_since()
-            if since is not None and now - since >= self.steal_after_s and handle.ready:
+            quiet = now - handle.reported_at >= self.steal_after_s
+            waiting = handle.waiting_since() if idle or quiet else None
+            if waiting is None:
+                continue
+            since, behind_running = waiting
+            # Not behind a running handler: the child is still starting (spawn, app import).
+            if now - since >= self.steal_after_s and (idle or behind_running) and handle.ready:
                 log.debug("child %d has not started a job in %.1fs: recalling its unstarted jobs", handle.index,
                           now - since)
                 handle.recall()
@@ -196,7 +198,6 @@ class ChildPool:
             if handle.returned:  # recalled jobs, held again: their kinds' caps free up
                 self._forget(handle.returned, finished=False)
                 handle.returned = []
-
 
     def _forget(self, taken: list[Sent], *, finished: bool = True) -> None:
         """Jobs taken off a child: their kind caps free up; ``finished`` ones count as done."""
