@@ -14,6 +14,7 @@ import pytest
 
 from shardworker import procs, wire
 from shardworker.app import App
+from shardworker.child_process import ChildHandle, Sent
 from shardworker.children import ChildPool
 from shardworker.model import ClaimedJob, Job
 from shardworker.shard import ChildConfig, Progress, ShardRunner, open_writer
@@ -150,3 +151,16 @@ def test_a_child_whose_handlers_are_all_busy_gives_back_its_queue_though_no_chil
     two.release_hold.set()
     two.collect_until(3)
     assert two.ran == [[2], [1, 3, 4]]
+
+
+def test_waiting_since_tells_a_job_behind_running_handlers_from_a_child_still_starting() -> None:
+    """The oldest unstarted job's send time, and whether a job sent before it started: a child
+    that started nothing is still starting, not busy."""
+    handle = ChildHandle(ChildConfig(0, "/nonexistent", "unused", 0.005, 64, 1 << 20, os.getpid(), 1, 4))
+    handle.progress = Progress([0] * Progress.width(4), 4)
+    handle.sent = {(1, 1): Sent(job(1), 0, 64, 10.0), (2, 1): Sent(job(2), 1, 64, 11.0)}
+    assert handle.waiting_since() == (10.0, False)
+    handle.progress.begin(0, 1)
+    assert handle.waiting_since() == (11.0, True)
+    handle.progress.begin(1, 2)
+    assert handle.waiting_since() is None
