@@ -95,7 +95,6 @@ class WorkerConfig:
             ("prefetch_max_jobs", self.prefetch_max_jobs >= 1, "must be >= 1"),
             ("prefetch_bytes", self.prefetch_bytes >= 1024, "must be >= 1024"),
             ("steal_after_s", self.steal_after_s >= 0, "must be >= 0"),
-
             ("poll_interval_s", self.poll_interval_s > 0, "must be > 0"),
             ("group_commit_max_delay_s", self.group_commit_max_delay_s >= 0, "must be >= 0"),
             ("group_commit_max_records", self.group_commit_max_records >= 1, "must be >= 1"),

@@ -162,7 +162,6 @@ class Dispatcher:
         # Skip tiny claims while some child with room still has more than a quarter of its share queued.
         if limit < 1 or (any(0 < r < t // 4 * 3 for r, t in zip(room, targets, strict=True)) and not self.more_due):
             return 0
-
         if self.pool.held_bytes() >= self.config.claim_bytes:
             return 0  # big payloads wait here for children to take them: claim no more bytes yet
         try:
