@@ -5,7 +5,9 @@ for it without ever blocking, reads what it reports, tracks which sent jobs it s
 (one progress slot per job in flight) and, after a death, sorts what it held: started
 jobs whose outcome is durable in its shard count as finished; started ones without an
 outcome are left for ``shardworker.blame`` to judge; unstarted ones go back to be resent.
-``Pace`` keeps its recent rate of finished jobs. The pool of children (``shardworker.children``) drives these handles.
+While it lives, the pool may ``recall`` the jobs it was sent and has not started (they come
+back to its ``held`` queue, for any child with room). ``Pace`` keeps its recent rate of
+finished jobs. The pool of children (``shardworker.children``) drives these handles.
 """
 
 from __future__ import annotations
@@ -98,6 +100,7 @@ class Sent:
     job: ClaimedJob
     slot: int
     size: int
+    at: float = 0.0  # when it was sent (the pool's clock)
 
 
 @dataclass
@@ -115,6 +118,10 @@ class ChildHandle:
     pace: Pace = field(default_factory=Pace)
     stopped: bool = False
     unstarted: tuple[wire.JobKey, ...] = ()  # what a stopping child never started
+    recalling: bool = False  # a Recall is on its way: send nothing until its Returned
+    saturated: bool = False  # recalled, and has finished nothing since: worth no more jobs
+    returned: list[Sent] = field(default_factory=list)  # taken back (now held), for the pool's caps
+    reported_at: float = 0.0  # when it last reported a finished job (the pool's clock)
     fatal: str = ""
     job_counts: JobCounts = field(default_factory=JobCounts)  # the pool's, for the metrics
     restart_at: float | None = None
@@ -164,6 +171,7 @@ class ChildHandle:
         self.out, self.inp = wire.OutFrames(to_child_w.fileno()), wire.InFrames(from_child_r.fileno())
         self.progress, self._free = Progress(array, self.config.slots), list(range(self.config.slots - 1, -1, -1))
         self.stopped, self.fatal, self.restart_at = False, "", None
+        self.recalling = self.saturated = False
         self.crashes.started(now)
 
     def _close_pipes(self) -> None:
@@ -175,13 +183,13 @@ class ChildHandle:
     def free_slots(self) -> int:
         return len(self._free)
 
-    def send_now(self, jobs: list[ClaimedJob], sizes: list[int]) -> None:
+    def send_now(self, jobs: list[ClaimedJob], sizes: list[int], now: float = 0.0) -> None:
         slots = []
         for job, size in zip(jobs, sizes, strict=True):
             slot = self._free.pop()
             assert self.progress is not None
             self.progress.clear(slot)
-            self.sent[(job.id, job.attempt)] = Sent(job, slot, size)
+            self.sent[(job.id, job.attempt)] = Sent(job, slot, size, now)
             self.sent_bytes += size
             slots.append(slot)
         self._put(wire.Jobs(tuple(jobs), tuple(slots)))
@@ -195,6 +203,23 @@ class ChildHandle:
         with contextlib.suppress(OSError):
             if self.out is not None:
                 self.out.flush()
+
+    def recall(self) -> None:
+        """Ask for the jobs it has not started; they come back in ``receive`` (``Returned``)."""
+        self.recalling = self.saturated = True
+        self._put(wire.Recall())
+
+    def waiting_since(self) -> tuple[float, bool] | None:
+        """When the oldest sent job that has not started was sent, and whether a job sent
+        before it has started (it waits behind running handlers); None when all started.
+
+        Reads slots in send order up to the first unstarted job: about as many as run at once."""
+        if self.progress is None:
+            return None
+        for position, sent in enumerate(self.sent.values()):
+            if not self.progress.started(sent.slot, sent.job.id):
+                return sent.at, position > 0
+        return None
 
     def request_stop(self) -> None:
         if self.out is not None:
@@ -215,6 +240,16 @@ class ChildHandle:
                     finished.append(self._release(key))
                 if msg.stats:
                     self.job_counts.add(msg.stats)
+                if not self.recalling:
+                    self.saturated = False  # a handler finished since the recall: it can start another
+            elif isinstance(msg, wire.Returned):
+                taken = [self._release(key) for key in msg.jobs]
+                # First in line again, here in the parent, for whichever child has room.
+                self.held.extendleft(reversed([sent.job for sent in taken]))
+                self.returned.extend(taken)
+                # Saturated while it still runs something (its next report clears it); with nothing
+                # left, nothing would, and it is free.
+                self.recalling, self.saturated = False, bool(self.sent)
             elif isinstance(msg, wire.Stopped):
                 self.stopped, self.unstarted = True, msg.unstarted
             elif isinstance(msg, wire.Fatal):

@@ -6,21 +6,32 @@ blocks the caller, and a ``CrashLoop`` verdict for a child that keeps dying at o
 returns plain results and never touches the database: the dispatcher writes the
 failures of lost jobs and counts what was settled.
 
-What a child holds is bounded: at most ``max_jobs`` jobs and about ``max_bytes`` of
+What a child holds is bounded: at most its ``target`` of jobs and about ``max_bytes`` of
 payload sent and not yet reported (one job over the byte budget goes alone), and, across
-the pool, at most ``concurrency=K`` jobs of a kind that caps it. How many the dispatcher
-claims for a child follows its pace (``target``): ``min_jobs``, plus what it finishes in
-``horizon_s`` at its recent rate, up to ``max_jobs``; a child stuck on a slow handler soon
-asks for no more than ``min_jobs``. Jobs routed to a child
-beyond that wait here, in order, until it reports. Sends never block: frames queue on a
-non-blocking pipe and go out as the child reads.
+the pool, at most ``concurrency=K`` jobs of a kind that caps it. The target follows the
+child's pace: ``min_jobs``, plus what it finishes in ``horizon_s`` at its recent rate, up
+to ``max_jobs``; a child stuck on a slow handler soon holds no more than ``min_jobs``.
+Sends never block: frames queue on a non-blocking pipe and go out as the child reads.
+
+Routing: the hash, ``shard_for(id, N)``, picks a job's home child, and a saturated
+child's jobs run elsewhere. Jobs beyond what their home child can take wait here, in its
+``held`` queue, and a child with room takes, after its own, the held jobs of the others.
+A child with a job sent ``steal_after_s`` ago and not started, while another child is
+idle or behind its running handlers while it finished nothing for as long (they are all
+busy), is
+``recall``ed: its main thread, which always reads the pipe, takes its unstarted jobs off
+its lanes and names them (``Returned``; one that started meanwhile is simply not
+returned), and they wait here again for a child with room. It is then *saturated*
+(target 0: sent nothing, claimed for by no one) until it reports a job finished after
+that, or has nothing left to run. The fast path pays no syscall and no scan per job.
 
 Each sent job gets a progress slot; the child marks it when the handler starts and when
 it finishes. After a death, a started job whose outcome is durable in the child's shard
-counts as finished, the unstarted ones are resent to its successor, and ``shardworker.blame``
-judges the started ones without an outcome: the job that caused the death is charged, the
-others run again uncharged, as *suspects* (one at a time, alone) when the cause is unknown.
-A death a job caused restarts the child at once; only one with no job running, or a
+counts as finished, the unstarted ones wait here again, and ``shardworker.blame`` judges
+the started ones without an outcome: the job that caused the death is charged, the others
+are snoozed (a new attempt, none used up); when the cause is unknown they become
+*suspects*, which this worker runs one at a time, alone, when it claims them again. A
+death a job caused restarts the child at once; only one with no job running, or a
 ``Fatal`` report, counts toward the crash-loop verdict.
 """
 
@@ -47,11 +58,13 @@ class ChildPool:
 
     def __init__(self, configs: Iterable[ChildConfig], specs: Mapping[str, HandlerSpec], *, max_jobs: int,
                  max_bytes: int, min_jobs: int | None = None, horizon_s: float = 0.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 steal_after_s: float = 0.5, clock: Callable[[], float] = time.monotonic) -> None:
         self.job_counts = JobCounts()  # finished jobs by kind and outcome, as the children report them
         self.handles = [ChildHandle(config, job_counts=self.job_counts) for config in configs]
         self.specs, self.max_jobs, self.max_bytes, self.clock = specs, max_jobs, max_bytes, clock
         self.min_jobs, self.horizon_s = min(max_jobs, min_jobs or max_jobs), horizon_s
+        self.steal_after_s = steal_after_s
+        self._next_recall_check = 0.0
         self.limits = {kind: spec.concurrency for kind, spec in specs.items() if spec.concurrency}
         self.by_kind: collections.Counter[str] = collections.Counter()  # sent and unreported, per capped kind
         self._finished = 0
@@ -70,9 +83,14 @@ class ChildPool:
         return len(handle.sent) + len(handle.held)
 
     def target(self, index: int) -> int:
-        """Jobs worth holding for child ``index`` at its recent pace (see the module docstring)."""
-        rate = self.handles[index].pace.roll(self.clock())
-        return min(self.max_jobs, self.min_jobs + int(rate * self.horizon_s))
+        """Jobs worth holding for child ``index`` at its recent pace; 0 while it is saturated
+        (see the module docstring)."""
+        return self._target(self.handles[index], self.clock())
+
+    def _target(self, handle: ChildHandle, now: float) -> int:
+        if handle.saturated:
+            return 0
+        return min(self.max_jobs, self.min_jobs + int(handle.pace.roll(now) * self.horizon_s))
 
     @property
     def in_flight(self) -> int:
@@ -88,44 +106,92 @@ class ChildPool:
         return sum(len(j.payload_json) for h in self.handles for j in h.held)
 
     def send(self, index: int, jobs: list[ClaimedJob]) -> None:
-        """Route jobs to child ``index``; what it has no room for waits here."""
+        """Route jobs to their home child ``index``; what it has no room for waits here (for
+        it, or for another child with room)."""
         self.handles[index].held.extend(jobs)
         self._pump(self.handles[index])
 
-    def _pump(self, handle: ChildHandle) -> None:
-        """Send held jobs while the child has room and their kinds are under their caps."""
-        if not handle.ready:
-            return
+    def _pump(self, handle: ChildHandle, held: collections.deque[ClaimedJob] | None = None) -> int:
+        """Send jobs from ``held`` (the child's own by default) while the child has room and
+        their kinds are under their caps; returns how many more it could take (0: full, or
+        nothing to send)."""
+        held = handle.held if held is None else held
+        if not held or handle.recalling:
+            return 0
+        now = self.clock()
+        jobs_left = min(self._target(handle, now) - len(handle.sent), handle.free_slots)
+        if jobs_left <= 0 or not handle.ready:  # ready (a waitpid) last: this runs every pass
+            return 0
         batch: list[ClaimedJob] = []
         sizes: list[int] = []
         skipped: list[ClaimedJob] = []
-        jobs_left = min(self.max_jobs - len(handle.sent), handle.free_slots)
         bytes_left = self.max_bytes - handle.sent_bytes
-        while handle.held and len(batch) < jobs_left:
-            job = handle.held[0]
+        while held and len(batch) < jobs_left:
+            job = held[0]
             limit = self.limits.get(job.kind)
             if limit is not None and self.by_kind[job.kind] >= limit:
-                skipped.append(handle.held.popleft())  # its kind is at its cap: later jobs may go first
+                skipped.append(held.popleft())  # its kind is at its cap: later jobs may go first
                 continue
             size = len(job.payload_json) + 64
             if size > bytes_left and (handle.sent or batch):
-                break  # over the byte budget; a job bigger than the budget goes alone
-            batch.append(handle.held.popleft())
+                jobs_left = len(batch)  # over the byte budget; a job bigger than the budget goes alone
+                break
+            batch.append(held.popleft())
             sizes.append(size)
             bytes_left -= size
             if limit is not None:
                 self.by_kind[job.kind] += 1
-        handle.held.extendleft(reversed(skipped))
+        held.extendleft(reversed(skipped))
         if batch:
-            handle.send_now(batch, sizes)
+            handle.send_now(batch, sizes, now)
+        return max(0, jobs_left - len(batch))
 
     def collect(self) -> int:
-        """Jobs reported finished (their outcomes durable) since the last call."""
+        """Jobs reported finished (their outcomes durable) since the last call; sends what
+        children have room for, sharing held jobs and recalling unstarted ones for idle children."""
         self._receive_all()
         for handle in self.handles:
             self._pump(handle)
+        self._share()
+        self._recall_stuck()
         finished, self._finished = self._finished, 0
         return finished
+
+    def _share(self) -> None:
+        """Children with room take the jobs held for children that have none."""
+        donors = [h for h in self.handles if h.held]
+        if not donors:
+            return
+        for handle in self.handles:
+            for donor in donors:
+                if donor is not handle and donor.held and self._pump(handle, donor.held) == 0:
+                    break
+
+    def _recall_stuck(self) -> None:
+        """Recall the unstarted jobs of a child whose oldest unstarted job waited
+        ``steal_after_s`` while another child is idle, or behind its own running handlers
+        while it finished nothing (they are all busy: its jobs wait here instead, for any
+        child with room).
+
+        Looks every ``steal_after_s / 4``; reads a child's slots only when it qualifies."""
+        now = self.clock()
+        if now < self._next_recall_check:
+            return
+        self._next_recall_check = now + self.steal_after_s / 4
+        idle = any(not h.sent and not h.saturated and h.ready for h in self.handles)
+        for handle in self.handles:
+            if handle.recalling or not handle.sent:
+                continue
+            quiet = now - handle.reported_at >= self.steal_after_s
+            waiting = handle.waiting_since() if idle or quiet else None
+            if waiting is None:
+                continue
+            since, behind_running = waiting
+            # Not behind a running handler: the child is still starting (spawn, app import).
+            if now - since >= self.steal_after_s and (idle or behind_running) and handle.ready:
+                log.debug("child %d has not started a job in %.1fs: recalling its unstarted jobs", handle.index,
+                          now - since)
+                handle.recall()
 
     def _receive_all(self) -> None:
         now = self.clock()
@@ -134,7 +200,11 @@ class ChildPool:
             reported = handle.receive()
             if reported:
                 handle.pace.finished(len(reported), now)
+                handle.reported_at = now
             self._forget(reported)
+            if handle.returned:  # recalled jobs, held again: their kinds' caps free up
+                self._forget(handle.returned, finished=False)
+                handle.returned = []
 
     def _forget(self, taken: list[Sent], *, finished: bool = True) -> None:
         """Jobs taken off a child: their kind caps free up; ``finished`` ones count as done."""

@@ -39,6 +39,11 @@ class WorkerConfig:
     prefetch_max_jobs: int = 1000
     # Payload bytes sent to one child and not yet reported (one bigger job goes alone).
     prefetch_bytes: int = 8 * MiB
+    # A job sent to a child and not started after this long is taken back for a child with
+    # room, when another child is idle or this one finished nothing meanwhile (its handlers
+    # are all busy). Long enough that a child working through its prefetch at its usual
+    # pace is rarely asked, short enough that no job waits a second behind a stuck handler.
+    steal_after_s: float = 0.5
     poll_interval_s: float = 1.0
     group_commit_max_delay_s: float = 0.005
     group_commit_max_records: int = 512
@@ -94,6 +99,7 @@ class WorkerConfig:
             ("prefetch_horizon_s", self.prefetch_horizon_s >= 0, "must be >= 0"),
             ("prefetch_max_jobs", self.prefetch_max_jobs >= 1, "must be >= 1"),
             ("prefetch_bytes", self.prefetch_bytes >= 1024, "must be >= 1024"),
+            ("steal_after_s", self.steal_after_s >= 0, "must be >= 0"),
             ("poll_interval_s", self.poll_interval_s > 0, "must be > 0"),
             ("group_commit_max_delay_s", self.group_commit_max_delay_s >= 0, "must be >= 0"),
             ("group_commit_max_records", self.group_commit_max_records >= 1, "must be >= 1"),

@@ -5,8 +5,10 @@ get a failure through ``ParentOutcomes``), keeps the flusher alive, and claims d
 when there is room: the children hold fewer than their prefetch of jobs, the
 flusher is less than ``max_backlog`` outcomes behind, the outbox disk is above its
 free-space watermark, and the database answered. (Claims never exceed the room the
-children have in all; the pool holds back, per child, what hash routing sends beyond a
-child's share.) It then sleeps until a child reports,
+children have in all, each child's counted alone: one child stuck on a long handler has
+no room, and never stops claims for the others. Jobs go to their home child,
+``shard_for(id, N)``; the pool holds back what a child has no room for and gives it to
+a child that has.) It then sleeps until a child reports,
 an enqueue notification arrives, or the poll interval passes.
 
 It is built from its collaborators (config, store, pool, flusher, parent outcomes,
@@ -156,10 +158,11 @@ class Dispatcher:
         if blocker:
             return 0
         targets = [self.pool.target(i) for i in range(len(self.pool))]
-        room = [t - self.pool.outstanding(i) for i, t in enumerate(targets)]
-        limit = min(self.config.claim_batch, sum(room))  # a child over its share counts against it
-        # Skip tiny claims while some child still has more than a quarter of its share queued.
-        if limit < 1 or (any(r < t // 4 * 3 for r, t in zip(room, targets, strict=True)) and not self.more_due):
+        # A child over its share (stuck, or saturated: target 0) has no room; it takes none from the others.
+        room = [max(0, t - self.pool.outstanding(i)) for i, t in enumerate(targets)]
+        limit = min(self.config.claim_batch, sum(room))
+        # Skip tiny claims while some child with room still has more than a quarter of its share queued.
+        if limit < 1 or (any(0 < r < t // 4 * 3 for r, t in zip(room, targets, strict=True)) and not self.more_due):
             return 0
         if self.pool.held_bytes() >= self.config.claim_bytes:
             return 0  # big payloads wait here for children to take them: claim no more bytes yet

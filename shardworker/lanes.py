@@ -7,7 +7,10 @@
   ``C`` at once; a handler over its ``timeout_s`` is cancelled and fails that attempt.
 
 A lane calls ``on_start(slot, job)`` when a handler starts and ``on_done(slot, job,
-outcome, started_at)`` when it has an outcome; both run on the lane's thread. ``stop()``
+outcome, started_at)`` when it has an outcome; both run on the lane's thread. ``withdraw()``
+takes back the jobs submitted and not started (the lane goes on with the next it is
+given): a job is either returned or started, never both, since a job leaves the queue
+under the same lock (or on the same loop) that ``withdraw`` takes it under. ``stop()``
 stops starting new jobs and returns those never started; ``join()`` waits for the
 running ones. Lanes know nothing of the outbox, the pipe or the database.
 """
@@ -32,6 +35,7 @@ OnDone = Callable[[int, ClaimedJob, Outcome, float], None]
 
 class Lane(Protocol):
     def submit(self, slot: int, job: ClaimedJob) -> None: ...
+    def withdraw(self) -> list[tuple[int, ClaimedJob]]: ...
     def stop(self) -> list[tuple[int, ClaimedJob]]: ...
     def join(self, timeout_s: float | None = None) -> None: ...
 
@@ -64,6 +68,12 @@ class ThreadLane:
             self.on_start(slot, job)
             started_at = time.monotonic()
             self.on_done(slot, job, run_sync(self.app, job), started_at)
+
+    def withdraw(self) -> list[tuple[int, ClaimedJob]]:
+        """The jobs still queued, in order; they will not start here."""
+        with self._cond:
+            unstarted, self._queue = list(self._queue), deque()
+        return unstarted
 
     def stop(self) -> list[tuple[int, ClaimedJob]]:
         with self._cond:
@@ -115,13 +125,21 @@ class AsyncLane:
 
     async def _run(self, slot: int, job: ClaimedJob) -> None:
         async with self._slots:
-            if self._stopping:
-                return  # reported by stop() as never started
+            if self._stopping or self._waiting.get(slot) is not job:
+                return  # reported by stop() or withdraw() as never started (its slot may hold a newer job)
             del self._waiting[slot]
             self.on_start(slot, job)
             started_at = time.monotonic()
             outcome = await run_async(self.app, job)
             self.on_done(slot, job, outcome, started_at)
+
+    def withdraw(self) -> list[tuple[int, ClaimedJob]]:
+        """The jobs still waiting for a free slot; they will not start here."""
+        return asyncio.run_coroutine_threadsafe(self._withdraw(), self.loop).result()
+
+    async def _withdraw(self) -> list[tuple[int, ClaimedJob]]:
+        unstarted, self._waiting = list(self._waiting.items()), {}
+        return unstarted
 
     def stop(self) -> list[tuple[int, ClaimedJob]]:
         """Stop starting jobs; those still waiting for a free slot are returned."""

@@ -1,4 +1,7 @@
-"""Stable routing of job ids to child processes.
+"""Stable routing of job ids to child processes: a job's home child.
+
+The hash picks the child a job is sent to first; a saturated child's jobs run elsewhere
+(``shardworker.children``: a child with room takes what its home child cannot start).
 
 Python's ``hash()`` is salted per process for str and, while stable for ints, is the
 identity for small ints (so ids would stripe, not spread). We mix the id with the
@@ -19,7 +22,7 @@ def _mix64(x: int) -> int:
 
 
 def shard_for(job_id: int, shards: int) -> int:
-    """The child (0 .. shards-1) that runs ``job_id``; always the same for the same inputs."""
+    """The home child (0 .. shards-1) of ``job_id``; always the same for the same inputs."""
     if shards < 1:
         raise ValueError("shards must be >= 1")
     return _mix64(job_id & _MASK) % shards

@@ -4,7 +4,9 @@ A child never holds a database connection. Its main thread reads the parent's pi
 hands each job to a lane (``shardworker.lanes``: one at a time for plain sync handlers, a
 thread pool for ``threads=True``, an event loop for ``async def``); the committer
 (``shardworker.committer``) group-commits finished outcomes and only then reports them.
-Because the main thread always reads, the parent's sends never wait on a busy handler.
+Because the main thread always reads, the parent's sends never wait on a busy handler, and
+a ``Recall`` is answered at once: the jobs not started yet go back to the parent
+(``Returned``), which gives them to a child that is free.
 
 ``Progress``, in shared memory, has one slot per job in flight: the parent picks the slot
 when it sends the job, the child marks it when the handler starts and when it finishes.
@@ -117,6 +119,8 @@ class ShardRunner:
                 self.committer.expect(len(msg.jobs))
                 for job, slot in zip(msg.jobs, msg.slots, strict=True):
                     self._lane(job).submit(slot, job)
+            elif isinstance(msg, wire.Recall):
+                self._recall()
         unstarted = [job for lane in self.lanes.values() for _, job in lane.stop()]
         self.committer.forget(len(unstarted))
         for lane in self.lanes.values():
@@ -124,6 +128,12 @@ class ShardRunner:
         self.committer.stop()
         if msg is not None:
             self.send(wire.Stopped(tuple((j.id, j.attempt) for j in unstarted)))
+
+    def _recall(self) -> None:
+        """Give the parent back every job not started yet, so an idle peer can run it."""
+        returned = [job for lane in self.lanes.values() for _, job in lane.withdraw()]
+        self.committer.forget(len(returned))
+        self.send(wire.Returned(tuple((j.id, j.attempt) for j in returned)))
 
     def _lane(self, job: ClaimedJob) -> Lane:
         spec = self.app.handlers.get(job.kind)

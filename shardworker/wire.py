@@ -3,12 +3,14 @@
 Pipe messages between the parent and a child are frozen dataclasses; ``encode`` and
 ``decode`` turn them into orjson bytes and back::
 
-    parent -> child   Jobs(jobs, slots)    Stop()
-    child -> parent   Done(finished, stats)    Stopped(unstarted)    Fatal(message)
+    parent -> child   Jobs(jobs, slots)    Recall()    Stop()
+    child -> parent   Done(finished, stats)    Returned(jobs)    Stopped(unstarted)    Fatal(message)
 
 ``Jobs`` gives each job the progress slot the child marks when it starts it; ``Done``
 names jobs whose outcomes are durable, by (id, attempt), with their counts for the
-metrics (``shardworker.metrics.summarize``); ``Stopped`` lists the jobs a
+metrics (``shardworker.metrics.summarize``); ``Recall`` asks a child for the jobs it was
+sent and has not started, and ``Returned`` names them (the child will never start them, so
+the parent may send them elsewhere); ``Stopped`` lists the jobs a
 stopping child never started; ``Fatal`` is the last error of a child that cannot go on
 (its app does not load, its outbox fails).
 
@@ -56,9 +58,19 @@ class Stop:
 
 
 @dataclass(frozen=True, slots=True)
+class Recall:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
 class Done:
     finished: tuple[JobKey, ...]
     stats: dict[str, list[float]] | None = None  # the commit's outcomes by kind (metrics.summarize)
+
+
+@dataclass(frozen=True, slots=True)
+class Returned:
+    jobs: tuple[JobKey, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +83,7 @@ class Fatal:
     message: str
 
 
-Message = Jobs | Stop | Done | Stopped | Fatal
+Message = Jobs | Recall | Stop | Done | Returned | Stopped | Fatal
 
 
 def encode(msg: Message) -> bytes:
@@ -81,8 +93,12 @@ def encode(msg: Message) -> bytes:
                                       for j, slot in zip(msg.jobs, msg.slots, strict=True)]])
     if isinstance(msg, Done):
         return orjson.dumps(["done", msg.finished, msg.stats])
+    if isinstance(msg, Returned):
+        return orjson.dumps(["returned", msg.jobs])
     if isinstance(msg, Stopped):
         return orjson.dumps(["stopped", msg.unstarted])
+    if isinstance(msg, Recall):
+        return b'["recall"]'
     if isinstance(msg, Fatal):
         return orjson.dumps(["fatal", msg.message])
     return b'["stop"]'
@@ -98,6 +114,10 @@ def decode(data: bytes) -> Message:
         return Done(tuple((int(i), int(a)) for i, a in body), value[2] if len(value) > 2 else None)
     if tag == "stopped":
         return Stopped(tuple((int(i), int(a)) for i, a in body))
+    if tag == "returned":
+        return Returned(tuple((int(i), int(a)) for i, a in body))
+    if tag == "recall":
+        return Recall()
     if tag == "fatal":
         return Fatal(str(body))
     if tag == "stop":

@@ -129,20 +129,26 @@ def test_claimed_jobs_go_to_the_child_of_their_shard(pg_dsn: str, store: FlakySt
 
 
 def test_claims_are_bounded_by_the_childrens_room(pg_dsn: str, store: FlakyStore, tmp_path: Path) -> None:
-    """Claims never exceed the room the children have (procs x prefetch_per_child, less what they
-    hold); finishing some makes room for more. (Per child, the pool holds back what hash routing
-    sends beyond its share.)"""
+    """Claims never exceed the room the children have, each child's counted alone (procs x
+    prefetch_per_child, less what each holds, a child over its share counting 0): claiming stops
+    once every child holds its share; finishing some makes room for more. (This stand-in keeps
+    what hash routing sends beyond a child's share; the pool gives it to a child with room.)"""
     enqueue(pg_dsn, "k", 200)
     dispatcher, children, _, _ = make(store, tmp_path, procs=2, prefetch=10, claim_batch=50)
-    for _ in range(3):
+    dispatcher.run_once()
+    assert children.in_flight == dispatcher.claimed_total == 20  # both children's room
+    for _ in range(20):
         dispatcher.run_once()
-    assert children.in_flight == dispatcher.claimed_total == 20
+    assert min(children.outstanding(0), children.outstanding(1)) == 10  # each claim fits the room left
     before = dispatcher.claimed_total
+    dispatcher.run_once()
+    assert children.in_flight == dispatcher.claimed_total == before < 40  # no room: no claim
     children.finish(0, children.outstanding(0))
     children.finish(1, children.outstanding(1))
     dispatcher.run_once()
     assert dispatcher.claimed_total > before
-    assert dispatcher.done_total == 20
+    assert dispatcher.done_total == before
+
 
 
 def test_a_claim_whose_reply_was_lost_is_given_back(pg_dsn: str, store: FlakyStore, tmp_path: Path) -> None:
@@ -265,3 +271,14 @@ def test_a_conflict_is_not_an_outage_and_a_refused_connect_is_not_a_lost_claim(
     dispatcher.run_once()
     assert not dispatcher.watch.up
     assert dispatcher.lost_claims == []  # the earlier one released; the refused one never reached the server
+
+
+def test_a_child_over_its_share_does_not_stop_claims_for_the_others(
+        pg_dsn: str, store: FlakyStore, tmp_path: Path) -> None:
+    """A child holding more than its share (stuck behind a long handler) has no room, and takes
+    none from the others: claims go on, sized by the room of the children that have it."""
+    enqueue(pg_dsn, "k", 100)
+    dispatcher, children, _, _ = make(store, tmp_path, procs=2, prefetch=10, claim_batch=50)
+    children.send(0, [ClaimedJob(10_000 + i, "k", "default", "null", 1, 25) for i in range(30)])  # stuck there
+    dispatcher.run_once()
+    assert dispatcher.claimed_total == 10  # child 1's room; child 0 (30 of 10) counts 0, not -20

@@ -3,6 +3,7 @@ outbox, a real pipe whose other end the test holds, an injected clock. No proces
 
 from __future__ import annotations
 
+import asyncio
 import os
 import select
 import threading
@@ -250,3 +251,55 @@ def test_progress_names_the_running_job(tmp_path: Path, kind: str) -> None:
     started = seen[-1]
     assert started is not None and before - 0.01 <= started <= time.monotonic()
     assert progress.started(1, 41) and progress.running_since(1, 41) is None
+
+
+@pytest.mark.parametrize("lane", ["sync", "async"])
+def test_a_recall_returns_the_jobs_not_started_and_they_never_run_here(tmp_path: Path, lane: str) -> None:
+    """While every handler of a lane is busy, a Recall gives back the jobs queued behind them
+    (Returned, in order); those never run in this child, and the busy ones still report."""
+    release = threading.Event()
+    ran: list[int] = []
+    app = make_app(Clock(), ran)
+
+    if lane == "sync":
+        @app.handler("block")
+        def block(job: Job) -> str:
+            ran.append(job.id)
+            assert release.wait(30)
+            return "late"
+
+        busy, kinds = 1, ("block", "ok")
+    else:
+        @app.handler("block_async")
+        async def block_async(job: Job) -> str:
+            ran.append(job.id)
+            while not release.is_set():
+                await asyncio.sleep(0.01)
+            return "late"
+
+        @app.handler("ok_async")
+        async def ok_async(job: Job) -> int:
+            ran.append(job.id)
+            return job.id
+
+        busy, kinds = 4, ("block_async", "ok_async")  # the runner's concurrency is 4
+    parent, thread, writer, progress = start_runner(tmp_path, app, time.monotonic)
+    try:
+        parent.send(jobs_msg(*[job(i, kinds[0]) for i in range(1, busy + 1)], job(10, kinds[1]), job(11, kinds[1])))
+        deadline = time.monotonic() + 10
+        while not all(progress.started(slot, slot + 1) for slot in range(busy)):
+            assert time.monotonic() < deadline, "the blocking handlers never started"
+            time.sleep(0.01)
+        parent.send(wire.Recall())
+        assert parent.poll(10)
+        assert wire.decode(parent.recv_bytes()) == wire.Returned(((10, 1), (11, 1)))
+        release.set()
+        finished = [key for m in receive_until(parent, busy) if isinstance(m, wire.Done) for key in m.finished]
+        assert sorted(finished) == [(i, 1) for i in range(1, busy + 1)]
+        parent.send(wire.Stop())
+        thread.join(10)
+        assert wire.decode(parent.recv_bytes()) == wire.Stopped(())
+    finally:
+        release.set()
+        writer.close()
+    assert sorted(ran) == list(range(1, busy + 1))
