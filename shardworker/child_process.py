@@ -125,7 +125,7 @@ class ChildHandle:
     fatal: str = ""
     job_counts: JobCounts = field(default_factory=JobCounts)  # the pool's, for the metrics
     restart_at: float | None = None
-    # Jobs that were running when it died by itself, the cause unknown: each runs alone, in turn.
+    # Claimed jobs that were running in an earlier death whose cause is unknown: each runs alone, in turn.
     suspects: deque[ClaimedJob] = field(default_factory=deque)
     suspect: wire.JobKey | None = None  # the suspect sent last
     crashes: procs.CrashCounter = field(init=False)

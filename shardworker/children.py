@@ -52,6 +52,8 @@ from shardworker.shard import ChildConfig
 
 log = logging.getLogger(__name__)
 
+MAX_SUSPECTS = 10_000  # ids remembered to run alone; each a few dozen bytes
+
 
 class ChildPool:
     """The children of one worker."""
@@ -69,6 +71,9 @@ class ChildPool:
         self.by_kind: collections.Counter[str] = collections.Counter()  # sent and unreported, per capped kind
         self._finished = 0
         self._crash_loop: CrashLoop | None = None  # raised by the next ``check``
+        # Ids of jobs snoozed after a death whose cause is unknown: when claimed again, each
+        # runs alone, so a second death names it. Bounded: the oldest are forgotten first.
+        self.suspect_ids: dict[int, None] = {}
 
     def __len__(self) -> int:
         return len(self.handles)
@@ -107,9 +112,13 @@ class ChildPool:
 
     def send(self, index: int, jobs: list[ClaimedJob]) -> None:
         """Route jobs to their home child ``index``; what it has no room for waits here (for
-        it, or for another child with room)."""
-        self.handles[index].held.extend(jobs)
-        self._pump(self.handles[index])
+        it, or for another child with room). A suspect waits for its turn to run alone."""
+        handle = self.handles[index]
+        if self.suspect_ids:
+            handle.suspects.extend(j for j in jobs if j.id in self.suspect_ids)
+            jobs = [j for j in jobs if j.id not in self.suspect_ids]
+        handle.held.extend(jobs)
+        self._pump(handle)
 
     def _pump(self, handle: ChildHandle, held: collections.deque[ClaimedJob] | None = None) -> int:
         """Send jobs from ``held`` (the child's own by default) while the child has room and
@@ -211,6 +220,9 @@ class ChildPool:
         for sent in taken:
             if sent.job.kind in self.limits:
                 self.by_kind[sent.job.kind] -= 1
+        if finished and self.suspect_ids:
+            for sent in taken:
+                self.suspect_ids.pop(sent.job.id, None)  # it ran alone to its end: innocent
         if finished:
             self._finished += len(taken)
 
@@ -262,8 +274,8 @@ class ChildPool:
             unstarted = [j for j in unstarted if (j.id, j.attempt) != handle.suspect]
             handle.suspects.extendleft(back)
             handle.suspect = None
-        handle.suspects.extend(verdict.suspects)
-        handle.held.extendleft(reversed([*verdict.resend, *unstarted]))  # first, in their order
+        self._suspect(verdict.suspects)
+        handle.held.extendleft(reversed(unstarted))  # first, in their order
         self._log_death(handle, verdict, len(left.unstarted))
         if now is not None:
             handle.restart_at = now
@@ -281,11 +293,17 @@ class ChildPool:
 
     @staticmethod
     def _log_death(handle: ChildHandle, verdict: blame.Verdict, unstarted: int) -> None:
-        if verdict.charged or verdict.suspects or verdict.resend or verdict.snooze:
-            log.error("child %d: %s; %d jobs charged a failed attempt (%s), %d run again alone, %d run again, "
-                      "%d queued again (outcome lost), %d not started", handle.index, verdict.reason,
+        if verdict.charged or verdict.snooze:
+            log.error("child %d: %s; %d jobs charged a failed attempt (%s), %d queued again uncharged (of them %d "
+                      "suspects, to run alone), %d not started", handle.index, verdict.reason,
                       len(verdict.charged), ", ".join(str(j.id) for j, _ in verdict.charged) or "none",
-                      len(verdict.suspects), len(verdict.resend), len(verdict.snooze), unstarted)
+                      len(verdict.snooze), len(verdict.suspects), unstarted)
+
+    def _suspect(self, jobs: Iterable[ClaimedJob]) -> None:
+        for job in jobs:
+            self.suspect_ids[job.id] = None
+        while len(self.suspect_ids) > MAX_SUSPECTS:
+            del self.suspect_ids[next(iter(self.suspect_ids))]
 
     def _send_suspect(self, handle: ChildHandle) -> None:
         """Send the next suspect when the child holds nothing else (and its kind is under its cap)."""
@@ -341,7 +359,7 @@ class ChildPool:
                 deaths.append(self._settle(handle, self._shutdown_cause(handle)))
                 on_finished(self._finished)
                 self._finished = 0
-            # What would run again (unstarted, resent, suspects) goes back to the queue uncharged.
+            # What never started (held, suspects waiting their turn) goes back to the queue uncharged.
             unstarted.extend((j.id, j.attempt) for j in (*handle.suspects, *handle.held))
             handle.held.clear()
             handle.suspects.clear()

@@ -81,8 +81,9 @@ def test_a_per_kind_limit_holds_across_the_worker(pg_dsn: str, dirs: tuple[Path,
 
 def test_kill_9_of_a_child_with_many_async_jobs_in_flight(pg_dsn: str, dirs: tuple[Path, Path]) -> None:
     """A child killed with 50 handlers in flight: no job whose outcome was fsync'd runs again; nobody
-    knows which of the others caused the death, so they run again uncharged, under the same attempt,
-    one at a time (``shardworker.blame``); every job ends done at attempt 1."""
+    knows which of the others caused the death, so they are snoozed (``shardworker.blame``): each
+    runs again, alone, under a new attempt with none used up; every job ends done, and no handler
+    ran twice for one attempt."""
     fast = enqueue(pg_dsn, "wait_async", 30, {"sleep": 0.05})
     slow = enqueue(pg_dsn, "wait_release", 50)
     proc = start(pg_dsn, dirs, "--concurrency", "100", "--prefetch", "10", procs=1)
@@ -103,8 +104,9 @@ def test_kill_9_of_a_child_with_many_async_jobs_in_flight(pg_dsn: str, dirs: tup
     ran = runs(dirs[1])
     assert {k: n for k, n in ran.items() if k[0] in fast} == {(i, 1): 1 for i in fast}
     assert {(i, 1) for i in fast} <= acked
-    assert {k: n for k, n in ran.items() if k[0] in slow} == {(i, 1): 2 for i in slow}
-    assert query(pg_dsn, "SELECT DISTINCT attempt, last_error FROM shardworker.jobs") == [(1, None)]
+    assert {k: n for k, n in ran.items() if k[0] in slow} == {(i, a): 1 for i in slow for a in (1, 2)}
+    assert query(pg_dsn, "SELECT DISTINCT attempt, max_attempts, last_error FROM shardworker.jobs WHERE id = ANY(%s)",
+                 slow) == [(2, 26, None)]
 
 
 def _port(dsn: str) -> int:
