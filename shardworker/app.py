@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from shardworker.errors import AppLoadError, ConfigError
-from shardworker.limits import MAX_KIND_BYTES, MAX_PERIODIC_NAME_BYTES, MAX_QUEUE_BYTES, too_long
+from shardworker.limits import MAX_KIND_BYTES, MAX_PERIODIC_NAME_BYTES, MAX_QUEUE_BYTES, not_storable_text, too_long
 from shardworker.model import Job
 from shardworker.periodic import DEFAULT_CATCH_UP, Schedule
 from shardworker.retry import job_retry_delay
@@ -140,7 +140,8 @@ def _check_sizes(whose: str, fields: tuple[tuple[str, Any, int], ...]) -> None:
     """Refuse a name the database could not index (``shardworker.limits``) at registration,
     not when its first job is written."""
     for name, value, limit in fields:
-        why = too_long(f"{whose} {name}", value, limit) if isinstance(value, str) else None
+        why = (too_long(f"{whose} {name}", value, limit) or not_storable_text(f"{whose} {name}", value)
+               if isinstance(value, str) else None)
         if why:
             raise ConfigError(why)
 

@@ -24,6 +24,7 @@ from shardworker.limits import (
     MAX_KIND_BYTES,
     MAX_PAYLOAD_BYTES,
     MAX_QUEUE_BYTES,
+    not_storable_text,
     too_long,
 )
 
@@ -67,7 +68,7 @@ class JobSpec:
             raise EnqueueError("dedupe_key must be a string")
         for name, value, limit in (("kind", self.kind, MAX_KIND_BYTES), ("queue", self.queue, MAX_QUEUE_BYTES),
                                    ("dedupe_key", self.dedupe_key, MAX_DEDUPE_KEY_BYTES)):
-            why = None if value is None else too_long(name, value, limit)
+            why = None if value is None else too_long(name, value, limit) or not_storable_text(name, value)
             if why:
                 raise EnqueueError(why)
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from shardworker.errors import ConfigError
 from shardworker.layout import PARENT_SHARD
-from shardworker.limits import MAX_QUEUE_BYTES, MAX_WORKER_ID_BYTES, MiB, too_long
+from shardworker.limits import MAX_QUEUE_BYTES, MAX_WORKER_ID_BYTES, MiB, not_storable_text, too_long
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,7 @@ class WorkerConfig:
         if self.worker_id is not None:
             sized.append(("worker_id", self.worker_id, MAX_WORKER_ID_BYTES))
         for field_name, value, limit in sized:
-            refusal = too_long(field_name, value, limit)
+            refusal = too_long(field_name, value, limit) or not_storable_text(field_name, value)
             if refusal:
                 raise ConfigError(refusal)
 

@@ -68,3 +68,15 @@ def too_long(field: str, value: str, limit: int) -> str | None:
         return None
     return (f"{field} is {size} bytes of UTF-8, the limit is {limit} "
             "(shardworker.limits: the database indexes it)")
+
+
+def not_storable_text(field: str, value: str) -> str | None:
+    """Why PostgreSQL's text cannot hold ``value`` (a NUL, or a lone surrogate: what Python
+    gives for bytes that are not UTF-8, from ``sys.argv`` or ``os.listdir``), or None."""
+    if "\x00" in value:
+        return f"{field} holds a NUL character, which PostgreSQL text cannot store"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"{field} is not valid UTF-8 text (a lone surrogate at character {exc.start})"
+    return None
