@@ -9,19 +9,11 @@ import ctypes
 import os
 import time
 
+from run_ledger import record
+
 from shardworker import App, Job
 
 app = App()
-
-
-def record(job: Job) -> None:
-    directory = os.environ["SW_TEST_COUNT_DIR"]
-    fd = os.open(os.path.join(directory, f"runs-{os.getpid()}.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    try:
-        os.write(fd, f"{job.id} {job.attempt}\n".encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def sleep_s(job: Job, default: float) -> float:
