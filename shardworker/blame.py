@@ -66,11 +66,11 @@ def judge(cause: Cause, unfinished: Sequence[ClaimedJob], unsaved: Sequence[Clai
         return Verdict(cause.fatal, tuple((j, cause.fatal) for j in (*unfinished, *unsaved)), crash=True)
     died = process_death(cause.exitcode)
     if len(unfinished) == 1:
-        return Verdict(f"worker process died ({died})", ((unfinished[0], f"the handler's process died: {died}"),),
+        return Verdict(f"worker process died: {died}", ((unfinished[0], f"the handler's process died: {died}"),),
                        snooze=tuple(unsaved))
     if unfinished:
-        return Verdict(f"worker process died ({died})", snooze=(*unfinished, *unsaved), suspects=tuple(unfinished))
-    return Verdict(f"worker process died ({died})", snooze=tuple(unsaved), crash=True)
+        return Verdict(f"worker process died: {died}", snooze=(*unfinished, *unsaved), suspects=tuple(unfinished))
+    return Verdict(f"worker process died: {died}", snooze=tuple(unsaved), crash=True)
 
 
 def process_death(exitcode: int | None) -> str:

@@ -47,7 +47,7 @@ def test_a_death_with_several_running_jobs_makes_them_suspects() -> None:
 def test_a_death_with_no_running_job_counts_toward_the_crash_loop() -> None:
     verdict = judge(Cause(exitcode=1), [], [A])
     assert (verdict.charged, verdict.suspects, verdict.snooze, verdict.crash) == ((), (), (A,), True)
-    assert verdict.reason == "worker process died (exit code 1)"
+    assert verdict.reason == "worker process died: exit code 1"
 
 
 def test_a_fatal_report_charges_what_it_held_and_counts_as_a_crash() -> None:
