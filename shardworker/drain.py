@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable
 
@@ -63,6 +64,7 @@ def drain(outbox_dir: str, dsn: str, *, timeout_s: float, backoff_cap_s: float =
         finally:
             if heartbeat is not None:
                 heartbeat.stop(wait_s=1.0)
+                _release(store, heartbeat)
             store.close()
             reader.close()
     finally:
@@ -80,6 +82,18 @@ def _give_back(outbox_dir: str, store: PgStore, backoff: Backoff, deadline: floa
         jobs, claims = layout.count_giveback(outbox_dir)
         raise DrainTimeout(f"every outcome was applied, but {jobs} unstarted jobs and {claims} lost claims kept in "
                            f"{layout.GIVEBACK_FILE} could not be given back ({exc}); run drain again") from exc
+
+
+def _release(store: PgStore, heartbeat: Heartbeat) -> None:
+    """The drain is over: its heartbeat row names no live process any more, so the worker
+    started next under this id on this host does not wait to see it go silent (this
+    process may live on: a Python caller, the outage demo)."""
+    if heartbeat.conflict is not None:
+        return  # the row is another live worker's
+    try:
+        store.release_worker(heartbeat.worker_id, socket.gethostname(), os.getpid())
+    except StoreError as exc:
+        log.debug("could not release the heartbeat row of worker %s: %s", heartbeat.worker_id, exc)
 
 
 def _heartbeat_for_owner(outbox_dir: str, dsn: str, store: PgStore, backoff: Backoff, deadline: float,

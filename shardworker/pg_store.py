@@ -507,6 +507,12 @@ class PgStore:
         with self._cursor() as cur:
             cur.execute(query("worker_forget"), {"worker_id": worker_id, "hostname": hostname, "pid": pid})
 
+    def release_worker(self, worker_id: str, hostname: str, pid: int) -> None:
+        """The end of a drain that beat under ``worker_id``: remove its row as ``forget_worker``
+        does, or leave it naming no process (pid 0) while jobs still run under the id."""
+        with self._cursor() as cur:
+            cur.execute(query("worker_release"), {"worker_id": worker_id, "hostname": hostname, "pid": pid})
+
     def try_rescue_lock(self) -> bool:
         """Take (or confirm) the cluster-wide rescuer lock on this connection."""
         with self._cursor() as cur:

@@ -228,6 +228,19 @@ DELETE FROM shardworker.workers
 WHERE worker_id = %(worker_id)s AND hostname = %(hostname)s AND pid = %(pid)s
   AND NOT EXISTS (SELECT 1 FROM shardworker.jobs WHERE status = 'running' AND locked_by = %(worker_id)s);
 
+-- worker_release --
+-- A drain that ends: its row goes as worker_forget's does, or, while jobs still run under the
+-- id (for the rescuer to find), stays naming no process (pid 0), so the next start under this
+-- id on this host takes it over at once. Only the row this process wrote.
+WITH gone AS (
+    DELETE FROM shardworker.workers
+    WHERE worker_id = %(worker_id)s AND hostname = %(hostname)s AND pid = %(pid)s
+      AND NOT EXISTS (SELECT 1 FROM shardworker.jobs WHERE status = 'running' AND locked_by = %(worker_id)s)
+    RETURNING 1
+)
+UPDATE shardworker.workers SET pid = 0
+WHERE worker_id = %(worker_id)s AND hostname = %(hostname)s AND pid = %(pid)s AND NOT EXISTS (SELECT 1 FROM gone);
+
 -- rescue_lock --
 -- Only one rescuer at a time across hosts: a session advisory lock held while connected.
 SELECT pg_try_advisory_lock(hashtext('shardworker.rescuer'));

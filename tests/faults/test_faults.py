@@ -191,6 +191,8 @@ def test_kill_during_outage_then_drain_then_run_reruns_nothing(
     assert done_after_drain >= len(acked) - 1
     proc = start_worker(dsn, outbox_dir, count_dir, *FAST, "--exit-when-idle", procs=2)
     assert proc.wait(60) == 0, worker_log(count_dir)
+    # The drain, though its process (this one) lives on, is no live worker under that id.
+    assert "watching it for" not in worker_log(count_dir)
     assert_promise(dsn, count_dir, 300, acked, max_reruns=2 * IN_HAND_PER_CHILD)
 
 
