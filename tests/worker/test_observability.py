@@ -95,6 +95,10 @@ def test_metrics_and_json_logs_through_an_outage(private_pg: EmbeddedPostgres, t
 
     wait_for(recovered, 60, "the database back, the outbox empty and every slow job done")
     wait_for(lambda: status_counts(dsn) == {"done": 300, "failed": 2}, 30, "the failing jobs to fail for good")
+    # The flusher publishes its counters after the pass that applied them (its checkpoint comes
+    # between the commit and the publish): the last batch's count may trail the rows a moment.
+    wait_for(lambda: value(scrape(port), "shardworker_outcomes_applied_total") == 306, 10,
+             "the last applied batch in the counters")
     end = scrape(port)
     assert value(end, "shardworker_jobs_finished_total", kind="slow", outcome="done") == 300
     assert value(end, "shardworker_jobs_finished_total", kind="fail", outcome="retried") == 4
@@ -157,7 +161,9 @@ def test_a_token_guards_the_metrics(pg_dsn: str, tmp_path: Path) -> None:
         except urllib.error.URLError:
             assert time.monotonic() < deadline, worker_log(count_dir)
             time.sleep(0.1)
-    assert value(scrape(port, "s3cret-token"), "shardworker_database_up") == 1
+    # database_up reads 0 until the worker's first schema check answers, a moment after the server starts.
+    wait_for(lambda: value(scrape(port, "s3cret-token"), "shardworker_database_up") == 1, 30,
+             "the database up in the metrics, scraped with the token")
     try:
         scrape(port, "wrong")
         raise AssertionError("a wrong token was accepted")
