@@ -94,16 +94,21 @@ def read_small(path: str) -> bytes:
         os.close(fd)
 
 
+def _write_all(fd: int, data: bytes, path: str) -> None:
+    """Write all of ``data`` to ``fd``; a write that takes nothing is a full disk (ENOSPC)."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written == 0:
+            raise OSError(errno.ENOSPC, "short write", path)
+        view = view[written:]
+
+
 def append_durably(path: str, data: bytes) -> None:
     """Append ``data`` to ``path`` (created 0600, never through a symlink) and fsync it."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | NOFOLLOW, FILE_MODE)
     try:
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            if written == 0:
-                raise OSError(errno.ENOSPC, "short write", path)
-            view = view[written:]
+        _write_all(fd, data, path)
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -118,12 +123,7 @@ def atomic_write(directory: str, name: str, data: bytes) -> None:
     _unlink_quietly(tmp)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, FILE_MODE)
     try:
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            if written == 0:
-                raise OSError(errno.ENOSPC, "short write", tmp)
-            view = view[written:]
+        _write_all(fd, data, tmp)
         os.fsync(fd)
     except BaseException:
         os.close(fd)
