@@ -39,7 +39,7 @@ import psycopg
 from throughput import KIND, code_version, database, worker_command, write_app
 
 from shardworker import JobSpec, enqueue, enqueue_many
-from shardworker.sql import query
+from shardworker.store.sql import query
 
 PAYLOAD = {"url": "https://example.com/a.png", "size": [640, 480]}
 PAYLOAD_JSON = '{"url":"https://example.com/a.png","size":[640,480]}'

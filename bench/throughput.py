@@ -44,8 +44,8 @@ import psycopg
 from psycopg import sql
 
 from shardworker.client import JobSpec, enqueue_many
-from shardworker.embedded import EmbeddedPostgres
-from shardworker.migrate import apply_migrations
+from shardworker.store.embedded import EmbeddedPostgres
+from shardworker.store.migrate import apply_migrations
 
 KIND = "bench_noop"
 APP_MODULE = "bench_noop_app"

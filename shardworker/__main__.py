@@ -1,5 +1,5 @@
-"""``python -m shardworker``: the command line of ``shardworker.cli``."""
+"""``python -m shardworker``: the command line of ``shardworker.cli.main``."""
 
-from shardworker.cli import main
+from shardworker.cli.main import main
 
 main()

@@ -22,7 +22,7 @@
 
 A handler returns any JSON-serializable value (stored in ``jobs.result``) or raises to
 fail the attempt. ``retry_delay`` maps an attempt number to seconds before the retry.
-This module loads the app; it runs nothing (``shardworker.handlers`` does).
+This module loads the app; it runs nothing (``shardworker.child.handlers`` does).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from typing import Any
 from shardworker.errors import AppLoadError, ConfigError
 from shardworker.limits import MAX_KIND_BYTES, MAX_PERIODIC_NAME_BYTES, MAX_QUEUE_BYTES, not_storable_text, too_long
 from shardworker.model import Job
-from shardworker.periodic import DEFAULT_CATCH_UP, Schedule
 from shardworker.retry import job_retry_delay
+from shardworker.schedule import DEFAULT_CATCH_UP, Schedule
 
 Handler = Callable[[Job], Any]
 

@@ -157,7 +157,7 @@ def enqueue(conn_or_dsn: Any, kind: str, payload: Any = None, *, queue: str = "d
     connection, or one from ``psycopg_pool.ConnectionPool.connection()``, for anything frequent.
     """
     spec, fields = _one_job(kind, payload, queue, priority, max_attempts, run_at, delay_s, dedupe_key)
-    from shardworker import pg_store
+    from shardworker.store import pg_store
 
     if not isinstance(conn_or_dsn, str):
         return pg_store.enqueue_on(conn_or_dsn, spec.kind, spec.payload_json(), **fields)
@@ -178,7 +178,7 @@ async def enqueue_async(aconn_or_dsn: Any, kind: str, payload: Any = None, *, qu
     closes an async connection per call. Nothing here blocks the event loop.
     """
     spec, fields = _one_job(kind, payload, queue, priority, max_attempts, run_at, delay_s, dedupe_key)
-    from shardworker import pg_store
+    from shardworker.store import pg_store
 
     return await pg_store.enqueue_async_on(aconn_or_dsn, spec.kind, spec.payload_json(), **fields)
 
@@ -200,7 +200,7 @@ def enqueue_many(conn_or_dsn: Any, jobs: Iterable[JobSpec]) -> int:
     the batch commits as one transaction of its own.
     """
     rows = _copy_rows(jobs)
-    from shardworker import pg_store
+    from shardworker.store import pg_store
 
     if not isinstance(conn_or_dsn, str):
         return pg_store.enqueue_many_on(conn_or_dsn, rows)
@@ -215,7 +215,7 @@ def enqueue_many(conn_or_dsn: Any, jobs: Iterable[JobSpec]) -> int:
 async def enqueue_many_async(aconn_or_dsn: Any, jobs: Iterable[JobSpec]) -> int:
     """``enqueue_many`` for asyncio code, on a ``psycopg.AsyncConnection`` or a DSN."""
     rows = _copy_rows(jobs)
-    from shardworker import pg_store
+    from shardworker.store import pg_store
 
     return await pg_store.enqueue_many_async_on(aconn_or_dsn, rows)
 

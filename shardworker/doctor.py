@@ -28,10 +28,10 @@ from shardworker import binding, layout
 from shardworker.binding import Binding
 from shardworker.dsn import redact_dsn
 from shardworker.errors import ShardworkerError
-from shardworker.schema import available_migrations
+from shardworker.store.schema import available_migrations
 
 if TYPE_CHECKING:
-    from shardworker.pg_store import ServerState
+    from shardworker.store.pg_store import ServerState
 
 MiB = 1024 * 1024
 CLOCK_SKEW_WARN_S = 5.0  # periodic ticks and heartbeats use the database's clock, outbox ages this host's
@@ -88,7 +88,7 @@ class DatabaseFacts:
 
 def gather_database(dsn: str, *, embedded: bool = False, connect_timeout_s: int = CONNECT_TIMEOUT_S) -> DatabaseFacts:
     """Connect once (bounded), read the server's state, schema, workers and identity; write nothing."""
-    from shardworker.pg_store import PgStore, StoreConfig
+    from shardworker.store.pg_store import PgStore, StoreConfig
 
     where = redact_dsn(dsn)
     store = PgStore(StoreConfig(dsn, connect_timeout_s=connect_timeout_s, statement_timeout_s=10.0,

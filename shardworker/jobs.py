@@ -22,8 +22,8 @@ from typing import Any
 
 import orjson
 
-from shardworker import pg_store
 from shardworker.errors import JobsError, WaitTimeout
+from shardworker.store import pg_store
 
 STATUSES = ("queued", "running", "done", "failed", "cancelled")
 _WHO = {"retry": "only failed or cancelled jobs can be retried", "cancel": "only queued jobs can be cancelled",

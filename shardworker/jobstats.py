@@ -1,6 +1,6 @@
 """Counts of finished jobs by kind and outcome, with handler durations: summed by a child's
 committer thread for each commit (``summarize``), carried to the parent in the ``Done``
-message, and added up there (``JobCounts``) for ``shardworker.metrics``. No lock: each side
+message, and added up there (``JobCounts``) for ``shardworker.worker.metrics``. No lock: each side
 has one writer."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ and the ``worker_id`` once it is known; a line about one job carries ``job_id`` 
 ``kind`` (``extra=job_fields(job)``). A JSON line looks like::
 
     {"time": "2026-12-04T10:00:00.123456+00:00", "level": "WARNING", "role": "parent",
-     "worker_id": "host-1a2b", "logger": "shardworker.dbwatch", "message": "database unreachable ..."}
+     "worker_id": "host-1a2b", "logger": "shardworker.worker.dbwatch", "message": "database unreachable ..."}
 
 The parent configures itself with ``configure`` and hands ``current()`` to each process
 it spawns, which configures itself the same way with its own role.

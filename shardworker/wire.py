@@ -8,7 +8,7 @@ Pipe messages between the parent and a child are frozen dataclasses; ``encode`` 
 
 ``Jobs`` gives each job the progress slot the child marks when it starts it; ``Done``
 names jobs whose outcomes are durable, by (id, attempt), with their counts for the
-metrics (``shardworker.metrics.summarize``); ``Recall`` asks a child for the jobs it was
+metrics (``shardworker.worker.metrics.summarize``); ``Recall`` asks a child for the jobs it was
 sent and has not started, and ``Returned`` names them (the child will never start them, so
 the parent may send them elsewhere); ``Stopped`` lists the jobs a
 stopping child never started; ``Fatal`` is the last error of a child that cannot go on

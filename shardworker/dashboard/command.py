@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from shardworker.cli_common import dsn_option, one_line_errors, resolve_dsn
+from shardworker.cli.common import dsn_option, one_line_errors, resolve_dsn
 from shardworker.dashboard.security import LOOPBACK_HOSTS, is_loopback
 from shardworker.errors import ConfigError
 

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from shardworker import jobs, pg_store
+from shardworker import jobs
 from shardworker.jobs import STATUSES, JobInfo
+from shardworker.store import pg_store
 
 FAILED_SHOWN = 20
 RECENT_SHOWN = 15

@@ -20,10 +20,10 @@ from psycopg import sql
 from outbox import ShardWriter
 from outbox.frame import HEADER_SIZE
 from outbox.segment import list_segments, scan_file
-from shardworker.cli import main
+from shardworker.cli.main import main
 from shardworker.layout import lock_outbox
 from shardworker.model import ClaimedJob, Outcome
-from shardworker.pg_store import PgStore, StoreConfig
+from shardworker.store.pg_store import PgStore, StoreConfig
 from shardworker.wire import encode_outcome
 from tests.helpers import execute
 
@@ -460,7 +460,7 @@ def test_enqueue_json_names_the_new_job(pg_dsn: str) -> None:
 
 
 def test_migrate_print_after_a_version_that_does_not_exist_is_a_usage_error() -> None:
-    from shardworker.schema import latest_version
+    from shardworker.store.schema import latest_version
 
     latest = latest_version()
     refused = invoke("migrate", "--print", "--after", str(latest + 1))

@@ -11,7 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from shardworker.embedded import EmbeddedPostgres
+from shardworker.store.embedded import EmbeddedPostgres
 from tests.cli.test_project_dir import shardworker_script
 
 
@@ -52,7 +52,7 @@ def run_the_demo_twice(tmp_path: Path) -> None:
     # and the demo's server is stopped when it ends.
     demo_dir = tmp_path / ".shardworker" / "outage-demo"
     password = (demo_dir / "password").read_text().strip().encode()
-    assert any(b"shardworker.demo_app" in line for line in command_lines)  # the worker was seen
+    assert any(b"shardworker.demo.app" in line for line in command_lines)  # the worker was seen
     assert not [line for line in command_lines if password in line]
     assert password not in (demo_dir / "worker.log").read_bytes()
     assert not EmbeddedPostgres(demo_dir / "pgdata").is_running()

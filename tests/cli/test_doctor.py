@@ -24,14 +24,14 @@ from outbox.fsutil import ensure_dir
 from outbox.recovery import quarantine
 from outbox.segment import list_segments
 from shardworker import binding
-from shardworker.cli import main
+from shardworker.cli.main import main
 from shardworker.doctor import Status, check_clock, check_schema
-from shardworker.embedded import EmbeddedPostgres
 from shardworker.layout import lock_outbox
-from shardworker.migrate import apply_migrations
 from shardworker.model import Outcome
-from shardworker.pg_store import PgStore, ServerState, StoreConfig
-from shardworker.schema import latest_version
+from shardworker.store.embedded import EmbeddedPostgres
+from shardworker.store.migrate import apply_migrations
+from shardworker.store.pg_store import PgStore, ServerState, StoreConfig
+from shardworker.store.schema import latest_version
 from shardworker.wire import encode_outcome
 from tests.helpers import enqueue, execute, query
 

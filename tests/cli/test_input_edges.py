@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from shardworker.cli import main
+from shardworker.cli.main import main
 from shardworker.client import EnqueueError, enqueue, enqueue_many, parse_jsonl
 from tests.helpers import REPO, execute, query
 
@@ -135,7 +135,7 @@ def test_a_duration_beyond_what_postgresql_and_python_hold_is_one_line(pg_dsn: s
 
 def test_a_retention_beyond_what_postgresql_holds_is_refused_before_the_worker_starts(pg_dsn: str,
                                                                                        tmp_path: Path) -> None:
-    done = console(b"run", b"--app", b"shardworker.demo_app", b"--exit-when-idle", b"--outbox-dir",
+    done = console(b"run", b"--app", b"shardworker.demo.app", b"--exit-when-idle", b"--outbox-dir",
                    str(tmp_path / "outbox").encode(), b"--retention", b"99999999999999w", b"--dsn", pg_dsn.encode())
     assert_console_one_line(done, "--retention", "duration")
     assert not (tmp_path / "outbox").exists()
@@ -183,7 +183,7 @@ def test_a_timeout_beyond_what_a_wait_can_hold_is_a_usage_error(pg_dsn: str, arg
 ])
 def test_a_worker_time_option_beyond_its_range_is_refused_before_the_worker_starts(
         pg_dsn: str, tmp_path: Path, option: str, value: str) -> None:
-    done = console(b"run", b"--app", b"shardworker.demo_app", b"--exit-when-idle", b"--outbox-dir",
+    done = console(b"run", b"--app", b"shardworker.demo.app", b"--exit-when-idle", b"--outbox-dir",
                    str(tmp_path / "outbox").encode(), option.encode(), value.encode(), b"--dsn", pg_dsn.encode())
     assert_console_one_line(done, option)
     assert done.returncode == 2

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from shardworker import jobs
-from shardworker.cli import main
+from shardworker.cli.main import main
 from tests.helpers import (
     enqueue,
     execute,

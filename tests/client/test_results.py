@@ -18,7 +18,7 @@ import shardworker
 from shardworker import jobs
 from shardworker.errors import JobsError, WaitTimeout
 from shardworker.model import Outcome
-from shardworker.pg_store import PgStore, StoreConfig
+from shardworker.store.pg_store import PgStore, StoreConfig
 from tests.helpers import enqueue, execute, exit_code, query, start_worker, worker_env
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import psycopg
 from click.testing import CliRunner
 
-from shardworker.cli import main as cli
-from shardworker.embedded import EmbeddedPostgres
+from shardworker.cli.main import main as cli
+from shardworker.store.embedded import EmbeddedPostgres
 from tests.faults.test_faults import FAST, assert_promise
 from tests.helpers import (
     enqueue,
@@ -153,7 +153,7 @@ def test_outbox_drain_heartbeats_for_the_worker_whose_outbox_it_drains(pg_dsn: s
 
     from outbox import ShardWriter
     from shardworker.model import Outcome
-    from shardworker.pg_store import PgStore, StoreConfig
+    from shardworker.store.pg_store import PgStore, StoreConfig
     from shardworker.wire import encode_outcome
 
     outbox_dir, counts = tmp_path / "outbox", tmp_path / "counts"

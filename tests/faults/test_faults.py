@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from shardworker.cli import main as cli
-from shardworker.embedded import EmbeddedPostgres
+from shardworker.cli.main import main as cli
+from shardworker.store.embedded import EmbeddedPostgres
 from tests.helpers import (
     enqueue,
     kill_worker_group,

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from outbox import status as outbox_status
-from shardworker.embedded import EmbeddedPostgres
+from shardworker.store.embedded import EmbeddedPostgres
 from tests import proxy as proxy_module
 from tests.helpers import (
     enqueue,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from shardworker.embedded import EmbeddedPostgres
+from shardworker.store.embedded import EmbeddedPostgres
 from tests.helpers import enqueue, exit_code, runs_per_job, start_worker, status_counts, worker_log
 
 RESULT_BYTES = 8 * 1024  # the counting app echoes its payload: each outcome is ~8 KiB

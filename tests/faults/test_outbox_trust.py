@@ -16,10 +16,10 @@ from click.testing import CliRunner
 import outbox
 from outbox import OutboxReader, OutboxUntrusted, ShardWriter
 from shardworker import layout
-from shardworker.cli import main as cli
+from shardworker.cli.main import main as cli
 from shardworker.doctor import Status, check_permissions, gather_outbox
 from shardworker.model import Outcome
-from shardworker.pg_store import PgStore, StoreConfig
+from shardworker.store.pg_store import PgStore, StoreConfig
 from shardworker.wire import encode_outcome
 from tests.helpers import enqueue, query, runs, worker_env
 

@@ -15,11 +15,11 @@ import pytest
 from click.testing import CliRunner, Result
 
 from shardworker import App, JobSpec, enqueue, enqueue_async, enqueue_many, enqueue_many_async
-from shardworker.cli import main
+from shardworker.cli.main import main
 from shardworker.config import WorkerConfig
 from shardworker.errors import ConfigError, DatabaseUnavailable, DataRejected, EnqueueError
-from shardworker.pg_store import PgStore, StoreConfig
 from shardworker.retry import is_retryable
+from shardworker.store.pg_store import PgStore, StoreConfig
 from tests.helpers import exit_code, kill_worker_group, query, runs, start_worker, wait_for, worker_log
 
 # With any kind, over the ~2.7 KB a btree entry may hold; random, so compression cannot shrink it.
@@ -126,7 +126,7 @@ def test_jobs_cancel_of_an_oversized_queue_job_is_written(pg_dsn: str) -> None:
 def test_the_queries_that_count_failed_and_cancelled_jobs_still_use_an_index(pg_dsn: str) -> None:
     """stats, `jobs retry --failed --kind` and the dashboard's counts read failed and
     cancelled jobs through the bounded partial indexes, not the whole table."""
-    from shardworker.sql import query as named
+    from shardworker.store.sql import query as named
 
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute("INSERT INTO shardworker.jobs (kind, queue, status, finished_at) "

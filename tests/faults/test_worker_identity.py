@@ -10,7 +10,7 @@ import socket
 import time
 from pathlib import Path
 
-from shardworker.embedded import EmbeddedPostgres
+from shardworker.store.embedded import EmbeddedPostgres
 from tests.faults.test_faults import FAST
 from tests.helpers import (
     enqueue,
@@ -111,8 +111,8 @@ def test_outbox_drain_gives_back_the_jobs_a_stop_kept(pg_dsn: str, tmp_path: Pat
     from click.testing import CliRunner
 
     from shardworker import layout
-    from shardworker.cli import main as cli
-    from shardworker.pg_store import PgStore, StoreConfig
+    from shardworker.cli.main import main as cli
+    from shardworker.store.pg_store import PgStore, StoreConfig
 
     outbox_dir = tmp_path / "outbox"
     outbox_dir.mkdir(mode=0o700)
@@ -167,7 +167,7 @@ def test_outbox_drain_is_refused_while_a_live_worker_uses_its_worker_id(pg_dsn: 
     """A drain of an outbox whose worker id a live worker elsewhere uses exits 1 with the line."""
     from click.testing import CliRunner
 
-    from shardworker.cli import main as cli
+    from shardworker.cli.main import main as cli
 
     counts, copied = tmp_path / "counts", tmp_path / "copied"
     counts.mkdir()

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from shardworker.pg_store import PgStore, StoreConfig
+from shardworker.store.pg_store import PgStore, StoreConfig
 
 
 @pytest.fixture

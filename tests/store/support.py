@@ -10,7 +10,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from shardworker.model import ClaimedJob, Outcome
-from shardworker.pg_store import PgStore
+from shardworker.store.pg_store import PgStore
 
 
 def connect(dsn: str) -> psycopg.Connection[Any]:

@@ -12,8 +12,8 @@ import pytest
 
 from shardworker.errors import SchemaMissing
 from shardworker.model import ApplyResult, ClaimedJob, Outcome
-from shardworker.pg_store import PgStore, StoreConfig
-from shardworker.schema import available_migrations, latest_version
+from shardworker.store.pg_store import PgStore, StoreConfig
+from shardworker.store.schema import available_migrations, latest_version
 from tests.store.support import add_id, claim_one, connect, done, failure, row
 
 # --- schema -------------------------------------------------------------------------------

@@ -7,11 +7,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from shardworker.embedded import EmbeddedPostgres
 from shardworker.errors import DatabaseUnavailable, EnqueueError, ShardworkerError
-from shardworker.pg_store import PgStore, StoreConfig
-from shardworker.rescuer import Rescuer
 from shardworker.retry import is_retryable
+from shardworker.store.embedded import EmbeddedPostgres
+from shardworker.store.pg_store import PgStore, StoreConfig
+from shardworker.worker.rescuer import Rescuer
 from tests.store.support import add, add_id, claim_one, connect, count_jobs, done, row
 
 # --- enqueue --------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ clean stop removes only the row it wrote. Real PostgreSQL."""
 
 from __future__ import annotations
 
-from shardworker.pg_store import PgStore
+from shardworker.store.pg_store import PgStore
 from tests.helpers import execute, query
 
 
@@ -58,7 +58,7 @@ def test_an_id_beating_elsewhere_is_refused_while_a_silent_one_is_taken_over(sto
     import pytest
 
     from shardworker.errors import WorkerIdInUse
-    from shardworker.identity import WATCH_BEATS, check_worker_id
+    from shardworker.worker.identity import WATCH_BEATS, check_worker_id
 
     other.heartbeat("w", "elsewhere.invalid", 7)
     clock = FakeClock()
@@ -80,7 +80,7 @@ def test_a_dead_or_unreaped_pid_on_this_host_is_taken_over_at_once(store: PgStor
     import subprocess
     import sys
 
-    from shardworker.identity import check_worker_id
+    from shardworker.worker.identity import check_worker_id
 
     exited = subprocess.Popen([sys.executable, "-c", "pass"])
     while exited.poll() is None and not _is_zombie(exited.pid):

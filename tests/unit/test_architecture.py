@@ -1,6 +1,6 @@
 """The dependency rules, read from the source: no import cycle inside ``shardworker`` (imports
 under ``TYPE_CHECKING`` and inside functions included), no module importing another's private
-names, only ``pg_store`` importing psycopg, ``outbox`` importing nothing of ``shardworker``,
+names, only ``store.pg_store`` importing psycopg, ``outbox`` importing nothing of ``shardworker``,
 and a docstring on every module."""
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def test_only_pg_store_imports_psycopg() -> None:
     """The store seam: one module talks to PostgreSQL."""
     users = sorted(name for name, tree in modules("shardworker").items()
                    if any(target.split(".")[0] == "psycopg" for target, _ in imports(tree)))
-    assert users == ["shardworker.pg_store"]
+    assert users == ["shardworker.store.pg_store"]
 
 
 def test_outbox_imports_nothing_of_shardworker() -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-import shardworker.pg_store
+import shardworker.store.pg_store
 from shardworker.app import App, load_app
 from shardworker.config import WorkerConfig
 from shardworker.dsn import redact_dsn
@@ -25,7 +25,7 @@ from shardworker.layout import PARENT_SHARD
 from shardworker.model import Outcome
 from shardworker.retry import Backoff, is_retryable, job_retry_delay
 from shardworker.routing import _mix64, shard_for
-from shardworker.sql import parse_queries, queries
+from shardworker.store.sql import parse_queries, queries
 from shardworker.wire import decode_outcome, encode_outcome, outcome_key
 
 REPO = Path(__file__).resolve().parents[2]
@@ -237,7 +237,7 @@ def test_parse_queries_rejects_a_duplicate_name() -> None:
 
 def test_every_query_used_by_pg_store_exists_in_queries_sql() -> None:
     """Every ``query("name")`` in pg_store.py names a block of queries.sql."""
-    source = Path(shardworker.pg_store.__file__).read_text(encoding="utf-8")
+    source = Path(shardworker.store.pg_store.__file__).read_text(encoding="utf-8")
     used = set(re.findall(r"""query\(\s*["']([a-z0-9_]+)["']\s*\)""", source))
     assert len(used) >= 15  # the regex really finds the calls
     assert used - set(queries()) == set()
@@ -416,8 +416,8 @@ def test_redact_dsn_hides_passwords(dsn: str, expected: str | None) -> None:
 
 
 def _pool(clock: FakeClock, *, min_jobs: int = 65, max_jobs: int = 1001, horizon_s: float = 0.1):
-    from shardworker.children import ChildPool
-    from shardworker.shard import ChildConfig
+    from shardworker.child.main import ChildConfig
+    from shardworker.worker.pool import ChildPool
 
     configs = [ChildConfig(i, "/nonexistent", "app:app", 0.005, 64, 1 << 20, os.getpid()) for i in range(2)]
     return ChildPool(configs, {}, min_jobs=min_jobs, max_jobs=max_jobs, max_bytes=1 << 20,

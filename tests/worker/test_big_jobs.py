@@ -17,12 +17,12 @@ import pytest
 
 from outbox import OutboxReader, ShardWriter
 from shardworker import wire
-from shardworker.committer import Committer
-from shardworker.flusher import Flusher, FlusherConfig
-from shardworker.handlers import run_sync
+from shardworker.child.committer import Committer
+from shardworker.child.handlers import run_sync
+from shardworker.flusher.loop import Flusher, FlusherConfig
 from shardworker.limits import MAX_PAYLOAD_BYTES, MAX_RESULT_BYTES, MiB
 from shardworker.model import ApplyResult, ClaimedJob, Outcome
-from shardworker.pg_store import PgStore, StoreConfig
+from shardworker.store.pg_store import PgStore, StoreConfig
 from tests.helpers import enqueue, execute, query, runs_per_job, start_worker, worker_log
 
 

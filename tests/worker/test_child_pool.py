@@ -14,10 +14,10 @@ import pytest
 
 from shardworker import procs, wire
 from shardworker.app import App
-from shardworker.child_process import ChildHandle, Sent
-from shardworker.children import ChildPool
+from shardworker.child.main import ChildConfig, Progress, ShardRunner, open_writer
 from shardworker.model import ClaimedJob, Job
-from shardworker.shard import ChildConfig, Progress, ShardRunner, open_writer
+from shardworker.worker.child_handle import ChildHandle, Sent
+from shardworker.worker.pool import ChildPool
 
 SLOTS = 64
 

@@ -81,7 +81,7 @@ def test_a_per_kind_limit_holds_across_the_worker(pg_dsn: str, dirs: tuple[Path,
 
 def test_kill_9_of_a_child_with_many_async_jobs_in_flight(pg_dsn: str, dirs: tuple[Path, Path]) -> None:
     """A child killed with 50 handlers in flight: no job whose outcome was fsync'd runs again; nobody
-    knows which of the others caused the death, so they are snoozed (``shardworker.blame``): each
+    knows which of the others caused the death, so they are snoozed (``shardworker.worker.blame``): each
     runs again, alone, under a new attempt with none used up; every job ends done, and no handler
     ran twice for one attempt."""
     fast = enqueue(pg_dsn, "wait_async", 30, {"sleep": 0.05})

@@ -12,15 +12,15 @@ import pytest
 from outbox import OutboxReader
 from shardworker import wire
 from shardworker.app import App
-from shardworker.children import Death
 from shardworker.config import WorkerConfig
-from shardworker.dispatcher import Dispatcher
 from shardworker.errors import NotConnected, TransientConflict
 from shardworker.layout import PARENT_SHARD
 from shardworker.model import ClaimedJob
-from shardworker.parent_outcomes import ParentOutcomes
-from shardworker.pg_store import PgStore, StoreConfig
 from shardworker.routing import shard_for
+from shardworker.store.pg_store import PgStore, StoreConfig
+from shardworker.worker.dispatcher import Dispatcher
+from shardworker.worker.parent_outcomes import ParentOutcomes
+from shardworker.worker.pool import Death
 from tests.flaky_store import FlakyStore
 from tests.helpers import enqueue, query
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from outbox.segment import list_segments, parse, read_file, segment_name
-from shardworker.embedded import EmbeddedPostgres
+from shardworker.store.embedded import EmbeddedPostgres
 from shardworker.wire import outcome_key
 from tests.helpers import (
     enqueue,

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from shardworker.embedded import EmbeddedPostgres
 from shardworker.errors import ConfigError
+from shardworker.store.embedded import EmbeddedPostgres
 from tests.conftest import free_port
 from tests.helpers import enqueue, runs_per_job, start_worker, status_counts, wait_for, worker_env, worker_log
 
@@ -125,7 +125,7 @@ def test_metrics_and_json_logs_through_an_outage(private_pg: EmbeddedPostgres, t
     assert not others, others
     worker_id = back[0]["worker_id"]
     assert worker_id and {line["worker_id"] for line in lines} == {worker_id}
-    failures = [line for line in lines if line["logger"] == "shardworker.shard"]
+    failures = [line for line in lines if line["logger"] == "shardworker.child.main"]
     assert len(failures) == 6 and {line["kind"] for line in failures} == {"fail"}
     assert all(isinstance(line["job_id"], int) and line["role"].startswith("shard-") for line in failures)
     assert sum(1 for line in lines if line["level"] == "ERROR") == 2  # the two final failures
@@ -209,7 +209,7 @@ def test_a_refusal_is_a_json_line_too(pg_dsn: str, tmp_path: Path) -> None:
 
 
 def test_the_metrics_server_on_ipv6_loopback_with_a_token() -> None:
-    from shardworker.metrics import MetricsServer
+    from shardworker.worker.metrics import MetricsServer
 
     server = MetricsServer("::1", 0, [], token="t0ken")
     try:

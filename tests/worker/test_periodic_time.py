@@ -10,8 +10,9 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from shardworker.periodic import Schedule, Scheduler
-from shardworker.pg_store import PgStore, StoreConfig
+from shardworker.schedule import Schedule
+from shardworker.store.pg_store import PgStore, StoreConfig
+from shardworker.worker.periodic import Scheduler
 from tests.helpers import execute, query
 
 

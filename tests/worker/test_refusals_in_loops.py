@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from shardworker.errors import DataRejected
-from shardworker.heartbeat import Heartbeat
-from shardworker.housekeeping import Housekeeper
-from shardworker.pg_store import PgStore, StoreConfig
-from shardworker.rescuer import Rescuer
 from shardworker.retry import Backoff
+from shardworker.store.pg_store import PgStore, StoreConfig
+from shardworker.worker.heartbeat import Heartbeat
+from shardworker.worker.housekeeping import Housekeeper
+from shardworker.worker.rescuer import Rescuer
 from tests.flaky_store import FlakyStore
 from tests.helpers import enqueue, query
 

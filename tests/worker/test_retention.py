@@ -10,10 +10,10 @@ from pathlib import Path
 import psycopg
 from click.testing import CliRunner
 
-from shardworker.cli import main
-from shardworker.housekeeping import Housekeeper, prune
-from shardworker.pg_store import PgStore, StoreConfig
+from shardworker.cli.main import main
 from shardworker.retry import Backoff
+from shardworker.store.pg_store import PgStore, StoreConfig
+from shardworker.worker.housekeeping import Housekeeper, prune
 from tests.helpers import enqueue, execute, exit_code, query, runs_per_job, start_worker, wait_for
 
 OLD = "INSERT INTO shardworker.jobs (kind, status, finished_at) SELECT 'old', s, now() - interval '8 days' " \

@@ -1,0 +1,162 @@
+"""Where a child runs handlers: lanes, each with its own way of running several at once.
+
+* ``ThreadLane(1)``: plain sync handlers, one at a time, in arrival order (CPU-bound work
+  scales with ``--procs``).
+* ``ThreadLane(C)``: sync handlers registered with ``threads=True``, up to ``C`` at once.
+* ``AsyncLane(C)``: ``async def`` handlers on one event loop (uvloop when installed), up to
+  ``C`` at once; a handler over its ``timeout_s`` is cancelled and fails that attempt.
+
+A lane calls ``on_start(slot, job)`` when a handler starts and ``on_done(slot, job,
+outcome, started_at)`` when it has an outcome; both run on the lane's thread. ``withdraw()``
+takes back the jobs submitted and not started (the lane goes on with the next it is
+given): a job is either returned or started, never both, since a job leaves the queue
+under the same lock (or on the same loop) that ``withdraw`` takes it under. ``stop()``
+stops starting new jobs and returns those never started; ``join()`` waits for the
+running ones. Lanes know nothing of the outbox, the pipe or the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Protocol
+
+from shardworker.app import App
+from shardworker.child.handlers import run_async, run_sync
+from shardworker.model import ClaimedJob, Outcome
+
+OnStart = Callable[[int, ClaimedJob], None]
+OnDone = Callable[[int, ClaimedJob, Outcome, float], None]
+
+
+class Lane(Protocol):
+    def submit(self, slot: int, job: ClaimedJob) -> None: ...
+    def withdraw(self) -> list[tuple[int, ClaimedJob]]: ...
+    def stop(self) -> list[tuple[int, ClaimedJob]]: ...
+    def join(self, timeout_s: float | None = None) -> None: ...
+
+
+class ThreadLane:
+    """``threads`` threads taking jobs from one queue, in arrival order."""
+
+    def __init__(self, app: App, threads: int, on_start: OnStart, on_done: OnDone, name: str) -> None:
+        self.app, self.on_start, self.on_done = app, on_start, on_done
+        self._queue: deque[tuple[int, ClaimedJob]] = deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True) for i in range(threads)]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, slot: int, job: ClaimedJob) -> None:
+        with self._cond:
+            self._queue.append((slot, job))
+            self._cond.notify()
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._stopping:
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                slot, job = self._queue.popleft()
+            self.on_start(slot, job)
+            started_at = time.monotonic()
+            self.on_done(slot, job, run_sync(self.app, job), started_at)
+
+    def withdraw(self) -> list[tuple[int, ClaimedJob]]:
+        """The jobs still queued, in order; they will not start here."""
+        with self._cond:
+            unstarted, self._queue = list(self._queue), deque()
+        return unstarted
+
+    def stop(self) -> list[tuple[int, ClaimedJob]]:
+        with self._cond:
+            self._stopping = True
+            unstarted, self._queue = list(self._queue), deque()
+            self._cond.notify_all()
+        return unstarted
+
+    def join(self, timeout_s: float | None = None) -> None:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        for thread in self._threads:
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's loop when it is installed, else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+class AsyncLane:
+    """One event loop on its own thread running up to ``concurrency`` handlers at once."""
+
+    def __init__(self, app: App, concurrency: int, on_start: OnStart, on_done: OnDone) -> None:
+        self.app, self.on_start, self.on_done = app, on_start, on_done
+        self.loop = new_event_loop()
+        self._slots = asyncio.Semaphore(concurrency)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._waiting: dict[int, ClaimedJob] = {}  # submitted, not yet started (by slot)
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run_loop, name="shardworker-async", daemon=True)
+        self._thread.start()
+
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def submit(self, slot: int, job: ClaimedJob) -> None:
+        self.loop.call_soon_threadsafe(self._spawn, slot, job)
+
+    def _spawn(self, slot: int, job: ClaimedJob) -> None:
+        self._waiting[slot] = job
+        task = self.loop.create_task(self._run(slot, job))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, slot: int, job: ClaimedJob) -> None:
+        async with self._slots:
+            if self._stopping or self._waiting.get(slot) is not job:
+                return  # reported by stop() or withdraw() as never started (its slot may hold a newer job)
+            del self._waiting[slot]
+            self.on_start(slot, job)
+            started_at = time.monotonic()
+            outcome = await run_async(self.app, job)
+            self.on_done(slot, job, outcome, started_at)
+
+    def withdraw(self) -> list[tuple[int, ClaimedJob]]:
+        """The jobs still waiting for a free slot; they will not start here."""
+        return asyncio.run_coroutine_threadsafe(self._withdraw(), self.loop).result()
+
+    async def _withdraw(self) -> list[tuple[int, ClaimedJob]]:
+        unstarted, self._waiting = list(self._waiting.items()), {}
+        return unstarted
+
+    def stop(self) -> list[tuple[int, ClaimedJob]]:
+        """Stop starting jobs; those still waiting for a free slot are returned."""
+        return asyncio.run_coroutine_threadsafe(self._stop(), self.loop).result()
+
+    async def _stop(self) -> list[tuple[int, ClaimedJob]]:
+        self._stopping = True
+        unstarted, self._waiting = list(self._waiting.items()), {}
+        return unstarted
+
+    def join(self, timeout_s: float | None = None) -> None:
+        """Wait for running handlers (up to ``timeout_s``), then end the loop."""
+        async def drain() -> None:
+            while self._tasks:
+                await asyncio.wait(set(self._tasks))
+
+        with contextlib.suppress(TimeoutError):
+            asyncio.run_coroutine_threadsafe(drain(), self.loop).result(timeout_s)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout_s)

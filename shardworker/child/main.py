@@ -1,0 +1,219 @@
+"""The child process: runs handlers and makes their outcomes durable in its own outbox shard.
+
+A child never holds a database connection. Its main thread reads the parent's pipe and
+hands each job to a lane (``shardworker.child.lanes``: one at a time for plain sync handlers, a
+thread pool for ``threads=True``, an event loop for ``async def``); the committer
+(``shardworker.child.committer``) group-commits finished outcomes and only then reports them.
+Because the main thread always reads, the parent's sends never wait on a busy handler, and
+a ``Recall`` is answered at once: the jobs not started yet go back to the parent
+(``Returned``), which gives them to a child that is free.
+
+``Progress``, in shared memory, has one slot per job in flight: the parent picks the slot
+when it sends the job, the child marks it when the handler starts and when it finishes.
+After a death the parent knows exactly which jobs were started; while alive, which ones
+run past their timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from outbox import OutboxLocked, ShardWriter, WriterConfig
+from shardworker import logs, procs, wire
+from shardworker.app import App, load_app
+from shardworker.child.committer import Committer
+from shardworker.child.lanes import AsyncLane, Lane, ThreadLane
+from shardworker.jobstats import OUTCOMES, outcome_label, summarize
+from shardworker.model import ClaimedJob, Outcome
+
+log = logging.getLogger(__name__)
+
+EXIT_OUTBOX_FAILED = 3  # the child exits with this when its outbox cannot take outcomes
+
+
+@dataclass(frozen=True)
+class ChildConfig:
+    shard: int
+    outbox_dir: str
+    app_ref: str
+    group_commit_max_delay_s: float
+    group_commit_max_records: int
+    segment_bytes: int
+    parent_pid: int
+    concurrency: int = 1  # handlers in flight for the threads and async lanes
+    slots: int = 64  # the most jobs the parent sends before some are reported
+    group_commit_max_bytes: int = 8 * 1024 * 1024
+    default_timeout_s: float = 0.0  # handlers without timeout_s get this one (0: none)
+
+
+class Progress:
+    """One child's slots in shared memory (``ctx.Array("q", Progress.width(slots))``).
+
+    Per slot: the job id whose handler started in it (0: none), when it started
+    (``time.monotonic()`` in ms, one clock for every process of the host), and 1 once that
+    handler finished. The child writes ``begin``/``finish``; the parent ``clear``s a slot
+    before giving it to the next job.
+    """
+
+    FIELDS = 3
+
+    def __init__(self, array: Any, slots: int) -> None:
+        self.array, self.slots = array, slots
+
+    @classmethod
+    def width(cls, slots: int) -> int:
+        return cls.FIELDS * slots
+
+    def begin(self, slot: int, job_id: int) -> None:
+        base = slot * self.FIELDS
+        self.array[base + 1] = int(time.monotonic() * 1000)
+        self.array[base + 2] = 0
+        self.array[base] = job_id
+
+    def finish(self, slot: int) -> None:
+        self.array[slot * self.FIELDS + 2] = 1
+
+    def clear(self, slot: int) -> None:
+        base = slot * self.FIELDS
+        self.array[base] = self.array[base + 1] = self.array[base + 2] = 0
+
+    def started(self, slot: int, job_id: int) -> bool:
+        return bool(self.array[slot * self.FIELDS] == job_id)
+
+    def running_since(self, slot: int, job_id: int) -> float | None:
+        """When the handler of ``job_id`` started (monotonic s), if it runs now in ``slot``."""
+        base = slot * self.FIELDS
+        if self.array[base] != job_id or self.array[base + 2]:
+            return None
+        return float(self.array[base + 1]) / 1000
+
+
+class ShardRunner:
+    """The child's loop, apart from process plumbing so tests can drive it in-process."""
+
+    def __init__(self, config: ChildConfig, app: App, writer: ShardWriter, inbox_fd: int, outbox_fd: int,
+                 progress: Progress) -> None:
+        self.config, self.app, self.progress = config, app, progress
+        self.inbox_fd, self.outbox_fd = inbox_fd, outbox_fd
+        self._send_lock = threading.Lock()
+        self.committer = Committer(writer, lambda keys, stats: self.send(wire.Done(tuple(keys), summarize(stats))),
+                                   max_records=config.group_commit_max_records,
+                                   max_bytes=config.group_commit_max_bytes,
+                                   max_delay_s=config.group_commit_max_delay_s, on_fatal=self.fatal)
+        self.lanes: dict[str, Lane] = {}
+
+    def send(self, msg: wire.Message) -> None:
+        with self._send_lock:
+            wire.write_frame(self.outbox_fd, msg)
+
+    def run(self) -> None:
+        """Run jobs until the parent says stop (or goes away), then report what never started."""
+        self.committer.start()
+        while (msg := wire.read_frame(self.inbox_fd)) is not None and not isinstance(msg, wire.Stop):
+            if isinstance(msg, wire.Jobs):
+                self.committer.expect(len(msg.jobs))
+                for job, slot in zip(msg.jobs, msg.slots, strict=True):
+                    self._lane(job).submit(slot, job)
+            elif isinstance(msg, wire.Recall):
+                self._recall()
+        unstarted = [job for lane in self.lanes.values() for _, job in lane.stop()]
+        self.committer.forget(len(unstarted))
+        for lane in self.lanes.values():
+            lane.join()
+        self.committer.stop()
+        if msg is not None:
+            self.send(wire.Stopped(tuple((j.id, j.attempt) for j in unstarted)))
+
+    def _recall(self) -> None:
+        """Give the parent back every job not started yet, so an idle peer can run it."""
+        returned = [job for lane in self.lanes.values() for _, job in lane.withdraw()]
+        self.committer.forget(len(returned))
+        self.send(wire.Returned(tuple((j.id, j.attempt) for j in returned)))
+
+    def _lane(self, job: ClaimedJob) -> Lane:
+        spec = self.app.handlers.get(job.kind)
+        name = spec.lane if spec is not None else "sync"
+        lane = self.lanes.get(name)
+        if lane is None:
+            if name == "async":
+                lane = AsyncLane(self.app, self.config.concurrency, self._started, self._finished)
+            else:
+                threads = self.config.concurrency if name == "threads" else 1
+                lane = ThreadLane(self.app, threads, self._started, self._finished, f"shardworker-{name}")
+            self.lanes[name] = lane
+        return lane
+
+    def _started(self, slot: int, job: ClaimedJob) -> None:
+        self.progress.begin(slot, job.id)
+
+    def _finished(self, slot: int, job: ClaimedJob, outcome: Outcome, started_at: float) -> None:
+        seconds = time.monotonic() - started_at
+        self.progress.finish(slot)
+        spec = self.app.handlers.get(job.kind)
+        limit = min(job.max_attempts, spec.max_attempts or job.max_attempts) if spec else job.max_attempts
+        label = outcome_label(job, outcome, limit)
+        self.committer.add((job.id, job.attempt), wire.encode_outcome(outcome), started_at,
+                           (job.kind, OUTCOMES.index(label), seconds))
+        if outcome.snooze or outcome.cancel:
+            log_control(job, outcome)
+        elif not outcome.ok:
+            log_failure(job, outcome, limit)
+
+    def fatal(self, exc: BaseException) -> None:
+        """The outbox cannot take outcomes: tell the parent and exit, so unacknowledged jobs run again."""
+        self.send(wire.Fatal(procs.one_line(exc)))
+        os._exit(EXIT_OUTBOX_FAILED)
+
+
+def log_failure(job: ClaimedJob, outcome: Outcome, max_attempts: int) -> None:
+    """One line per failed attempt: kind, id, attempt and the error's first line; ERROR when final."""
+    first = (outcome.error or "").strip().splitlines()[0] if outcome.error else "failed"
+    final = outcome_label(job, outcome, max_attempts) == "failed"
+    max_attempts = max(max_attempts, job.attempt)  # a job retried by hand past its handler's limit
+    if final:
+        log.error("job %d (%s) attempt %d/%d failed for good: %s", job.id, job.kind, job.attempt, max_attempts,
+                  first, extra=logs.job_fields(job))
+    else:
+        log.warning("job %d (%s) attempt %d/%d failed, retrying in %.1fs: %s", job.id, job.kind, job.attempt,
+                    max_attempts, outcome.retry_delay_s, first, extra=logs.job_fields(job))
+
+
+def log_control(job: ClaimedJob, outcome: Outcome) -> None:
+    """One line for a job its handler snoozed or cancelled."""
+    if outcome.snooze:
+        log.info("job %d (%s) attempt %d snoozed for %.1fs", job.id, job.kind, job.attempt, outcome.retry_delay_s,
+                 extra=logs.job_fields(job))
+    else:
+        log.info("job %d (%s) attempt %d cancelled by its handler: %s", job.id, job.kind, job.attempt,
+                 outcome.error, extra=logs.job_fields(job))
+
+
+def open_writer(config: ChildConfig, wait_s: float = 30.0) -> ShardWriter:
+    """Open this shard's writer, waiting while a dying predecessor or a recovering flusher holds it."""
+    return procs.wait_for_lock(lambda: ShardWriter.open(config.outbox_dir, config.shard,
+                                                        WriterConfig(segment_bytes=config.segment_bytes)),
+                               OutboxLocked, wait_s)
+
+
+def child_main(config: ChildConfig, inbox: Any, outbox: Any, progress: Any,
+               log_setup: logs.LogSetup | None = None) -> None:
+    """Entry point of a child process (started with spawn); ``inbox``/``outbox`` are pipe ends."""
+    procs.become_worker_process(config.parent_pid, f"shard-{config.shard}", log_setup)
+    inbox_fd, outbox_fd = inbox.fileno(), outbox.fileno()
+    try:
+        app = load_app(config.app_ref).with_default_timeout(config.default_timeout_s)
+        writer = open_writer(config)
+    except Exception as exc:
+        wire.write_frame(outbox_fd, wire.Fatal(procs.one_line(exc)))
+        os._exit(EXIT_OUTBOX_FAILED)
+    runner = ShardRunner(config, app, writer, inbox_fd, outbox_fd, Progress(progress, config.slots))
+    try:
+        runner.run()
+    except OSError as exc:
+        log.debug("pipe to the parent closed: %s", exc)  # the parent is gone; durable outcomes stay
+    writer.close()

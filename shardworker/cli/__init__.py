@@ -1,0 +1,1 @@
+"""The ``shardworker`` command line: click commands only, thin over the library."""

@@ -1,0 +1,158 @@
+"""What the CLI modules share: the common options (defined once), one-line errors, and
+the DSN (given, or the embedded server's)."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import ipaddress
+import logging
+import math
+import os
+import re
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from outbox import OutboxError
+from shardworker import logs
+from shardworker.errors import ShardworkerError
+
+dsn_option = click.option("--dsn", envvar="SHARDWORKER_DSN", default=None,
+                          help="PostgreSQL DSN (env SHARDWORKER_DSN). Default: embedded server in .shardworker/.")
+outbox_dir_option = click.option("--outbox-dir", envvar="SHARDWORKER_OUTBOX_DIR", default=".shardworker/outbox",
+                                 show_default=True, help="Outbox directory (env SHARDWORKER_OUTBOX_DIR).")
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+# The longest duration or timeout any option takes: far beyond any retention, look-back or
+# wait, and inside what everything downstream holds: Python's timedelta (999,999,999 days),
+# its waits (threading.TIMEOUT_MAX, about 292 years), PostgreSQL's intervals and now()
+# minus it (timestamptz starts at 4713 BC).
+MAX_DURATION_S = 100 * 365.25 * 86400
+TOO_LONG = "is beyond the longest duration, 100 years (36525d)"
+MAX_PG_TIMEOUT_S = 2_147_483  # statement_timeout: milliseconds in a C int
+MAX_NETWORK_TIMEOUT_S = 65_534  # keepalives idle at half of it: Linux takes up to 32767 s
+
+
+def duration_seconds(text: str) -> float | None:
+    """Seconds in ``90``, ``90s``, ``30m``, ``2h``, ``7d`` or ``1w``; None when it is not one.
+    May exceed ``MAX_DURATION_S`` (even be infinite): callers refuse that (``TOO_LONG``)."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([smhdw]?)", text.strip())
+    return float(match[1]) * _UNITS[match[2] or "s"] if match else None
+
+
+class Duration(click.ParamType):
+    """A click option type for durations (see ``duration_seconds``); bad input, or a duration
+    over ``MAX_DURATION_S``, is a usage error."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        seconds = float(value) if isinstance(value, int | float) else duration_seconds(str(value))
+        if seconds is None:
+            self.fail(f"{value!r} is not a duration (like 90s, 30m, 2h, 7d, 0)", param, ctx)
+        if not 0 <= seconds <= MAX_DURATION_S:
+            self.fail(f"{value!r} {TOO_LONG}", param, ctx)
+        return seconds
+
+
+class Seconds(click.ParamType):
+    """A finite number of seconds from ``min_s`` to ``max_s`` (``nan``, ``inf`` and numbers no
+    wait or server setting can hold are usage errors, not a worker that never connects)."""
+
+    name = "seconds"
+
+    def __init__(self, min_s: float = 0.0, max_s: float = MAX_DURATION_S) -> None:
+        self.min_s, self.max_s = min_s, max_s
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            seconds = math.nan
+        if not self.min_s <= seconds <= self.max_s:  # false for nan too
+            self.fail(f"{value!r} is not a number of seconds from {self.min_s:g} to {self.max_s:g}", param, ctx)
+        return seconds
+
+
+class Utf8Text(click.ParamType):
+    """Text that must be valid UTF-8 (a kind, queue or key): argv bytes that are not arrive
+    as surrogate escapes, which PostgreSQL could never store or match; a usage error."""
+
+    name = "text"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = str(value)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            self.fail(f"{text!a} is not valid UTF-8", param, ctx)
+        return text
+
+
+UTF8 = Utf8Text()
+
+
+def one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn a ShardworkerError into ``error: <message>`` and exit 1."""
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (ShardworkerError, OutboxError) as exc:
+            _fail(str(exc))
+        except BrokenPipeError:
+            # `shardworker jobs list | head`: the reader left; say nothing, as other tools do.
+            with contextlib.suppress(OSError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(141)
+        except OSError as exc:
+            where = f": {exc.filename}" if exc.filename else ""
+            _fail(f"{exc.strerror or exc}{where}")
+    return wrapper
+
+
+def _fail(message: str) -> None:
+    """``error: <message>`` on stderr (a JSON record when logs are JSON) and exit 1."""
+    if logs.current().format == "json":
+        logging.getLogger("shardworker.cli.main").error(message)
+    else:
+        click.echo(f"error: {message}", err=True)
+    sys.exit(1)
+
+
+def resolve_dsn(dsn: str | None, *, migrate: bool = True) -> str:
+    """The given DSN, or the embedded server's (started if needed, migrated)."""
+    if dsn:
+        return dsn
+    from shardworker.dsn import redact_dsn
+    from shardworker.store.embedded import ensure_embedded
+    from shardworker.store.migrate import apply_migrations
+
+    dsn = ensure_embedded(".shardworker")
+    note(f"using embedded PostgreSQL {redact_dsn(dsn)} (data in .shardworker/)")
+    if migrate:
+        apply_migrations(dsn)
+    return dsn
+
+
+def note(message: str, **fields: Any) -> None:
+    """A line for the operator on stderr: a log record when logs are JSON (so every line
+    parses), a plain line otherwise."""
+    if logs.current().format == "json":
+        logging.getLogger("shardworker.cli.main").info(message, extra=fields)
+    else:
+        click.echo(message, err=True)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or a name) is this machine's loopback interface only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to any interface

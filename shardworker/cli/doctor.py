@@ -1,0 +1,62 @@
+"""``shardworker doctor``: one line per check (``ok``, ``warn``, ``FAIL`` with what to do), or
+``--json``; exit 1 when a check needs action. The checks live in ``shardworker.doctor``."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+import orjson
+
+from shardworker.cli.common import dsn_option, json_option, one_line_errors, outbox_dir_option, resolve_dsn
+from shardworker.config import WorkerConfig
+
+_MiB = 1024 * 1024
+EMBEDDED_DATA = os.path.join(".shardworker", "pgdata")
+
+
+@click.command()
+@outbox_dir_option
+@click.option("--min-free-mb", type=click.IntRange(min=0), default=WorkerConfig.min_free_bytes // _MiB,
+              show_default=True, help="Free space the outbox disk needs (as `run --min-free-mb`).")
+@json_option
+@dsn_option
+@click.pass_context
+@one_line_errors
+def doctor(ctx: click.Context, outbox_dir: str, min_free_mb: int, as_json: bool, dsn: str | None) -> None:
+    """Check the schema, the database, the outbox directory and the clocks; exit 1 when action is needed."""
+    from shardworker.doctor import Status, diagnose, needs_action
+
+    given = ctx.get_parameter_source("outbox_dir") in (click.core.ParameterSource.COMMANDLINE,
+                                                      click.core.ParameterSource.ENVIRONMENT)
+    checked, dsn_error = _doctor_dsn(dsn)
+    checks = diagnose(checked, outbox_dir, outbox_dir_given=given, min_free_bytes=min_free_mb * _MiB,
+                      embedded=not dsn, dsn_error=dsn_error)
+    failing = needs_action(checks)
+    if as_json:
+        click.echo(orjson.dumps({"needs_action": failing, "checks": [c.as_json() for c in checks]}).decode())
+    else:
+        for check in checks:
+            click.echo(check.line())
+        fails = sum(c.status is Status.FAIL for c in checks)
+        warns = sum(c.status is Status.WARN for c in checks)
+        click.echo(f"{fails} check(s) need action, {warns} warning(s)" if fails
+                   else f"nothing needs action ({warns} warning(s))", err=True)
+    if failing:
+        sys.exit(1)
+
+
+def _doctor_dsn(dsn: str | None) -> tuple[str | None, str | None]:
+    """The DSN to check, or None and why: without --dsn, the embedded server only when one was
+    set up here (doctor never creates a server, and never migrates one)."""
+    from shardworker.errors import ShardworkerError
+
+    if dsn:
+        return dsn, None
+    if not os.path.isdir(EMBEDDED_DATA):
+        return None, "no --dsn (or SHARDWORKER_DSN) and no embedded server under .shardworker/"
+    try:
+        return resolve_dsn(None, migrate=False), None
+    except ShardworkerError as exc:
+        return None, f"the embedded server under .shardworker/ does not start: {exc}"

@@ -1,0 +1,172 @@
+"""``shardworker jobs list|show|wait|retry|cancel|delete``: operating on jobs without SQL.
+
+Thin commands over ``shardworker.jobs``; each takes ``--json``. Bad input (an unknown id or
+status, a job in the wrong state, a bad ``--since``) is one line on stderr and exit 1,
+and a refused bulk change changes nothing.
+"""
+
+from __future__ import annotations
+
+import sys
+from datetime import UTC, datetime, timedelta
+
+import click
+import orjson
+
+from shardworker import jobs as jobs_api
+from shardworker.cli.common import (
+    MAX_DURATION_S,
+    TOO_LONG,
+    UTF8,
+    Seconds,
+    dsn_option,
+    duration_seconds,
+    json_option,
+    one_line_errors,
+    resolve_dsn,
+)
+
+
+def parse_since(text: str | None) -> datetime | None:
+    """``30m``, ``2h``, ``7d`` ago, or an ISO 8601 time (naive: UTC)."""
+    if text is None:
+        return None
+    seconds = duration_seconds(text)
+    if seconds is not None:
+        if seconds > MAX_DURATION_S:
+            raise jobs_api.JobsError(f"--since {text!r} {TOO_LONG}")
+        return datetime.now(UTC) - timedelta(seconds=seconds)
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise jobs_api.JobsError(f"--since {text!r}: expected a duration (30m, 2h, 7d) or an ISO 8601 time") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _echo_jobs(found: list[jobs_api.JobInfo], as_json: bool) -> None:
+    if as_json:
+        click.echo(jobs_api.dumps_json([j.to_json() for j in found]))
+        return
+    if not found:
+        click.echo("no jobs match", err=True)
+    for j in found:
+        error = (j.last_error or "").splitlines()[0][:60] if j.last_error else ""
+        click.echo(f"{j.id:>10}  {j.status:<9}  {j.kind:<20}  {j.queue:<10}  attempt {j.attempt}/{j.max_attempts}"
+                   f"  {j.created_at:%Y-%m-%d %H:%M:%S}  {error}".rstrip())
+
+
+@click.group()
+def jobs() -> None:
+    """List, show, wait for, retry, cancel and delete jobs."""
+
+
+@jobs.command("list")
+@click.option("--status", type=click.Choice(jobs_api.STATUSES), multiple=True, help="Only these statuses.")
+@click.option("--kind", type=UTF8, default=None, help="Only this kind.")
+@click.option("--queue", type=UTF8, default=None, help="Only this queue.")
+@click.option("--since", default=None, help="Created since: 30m, 2h, 7d, or an ISO 8601 time.")
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
+@json_option
+@dsn_option
+@one_line_errors
+def list_command(status: tuple[str, ...], kind: str | None, queue: str | None, since: str | None, limit: int,
+                 as_json: bool, dsn: str | None) -> None:
+    """Jobs, newest first."""
+    found = jobs_api.list_jobs(resolve_dsn(dsn), status=status or None, kind=kind, queue=queue,
+                               since=parse_since(since), limit=limit)
+    _echo_jobs(found, as_json)
+
+
+@jobs.command("show")
+@click.argument("job_id", type=click.IntRange(min=1))
+@json_option
+@dsn_option
+@one_line_errors
+def show_command(job_id: int, as_json: bool, dsn: str | None) -> None:
+    """One job: payload, result, last error, attempts, timings, worker."""
+    job = jobs_api.get_job(resolve_dsn(dsn), job_id)
+    if job is None:
+        raise jobs_api.JobsError(f"no job {job_id}")
+    _echo_job(job, as_json)
+
+
+@jobs.command("wait")
+@click.argument("job_id", type=click.IntRange(min=1))
+@click.option("--timeout", "timeout_s", type=Seconds(), default=60.0, show_default=True,
+              help="Seconds to wait; exit 1 if the job has not ended by then.")
+@json_option
+@dsn_option
+@one_line_errors
+def wait_command(job_id: int, timeout_s: float, as_json: bool, dsn: str | None) -> None:
+    """Wait until a job is done, failed or cancelled, then show it (exit 0 whichever end)."""
+    _echo_job(jobs_api.wait_for(resolve_dsn(dsn), job_id, timeout_s), as_json)
+
+
+def _echo_job(job: jobs_api.JobInfo, as_json: bool) -> None:
+    if as_json:
+        click.echo(jobs_api.dumps_json(job.to_json()))
+        return
+    for key, value in job.to_json().items():
+        if key in ("payload", "result"):
+            value = jobs_api.dumps_json(value)
+        click.echo(f"{key:>13}: {value}")
+
+
+def _change_command(action: str, ids: tuple[int, ...], as_json: bool, dsn: str | None) -> None:
+    _echo_changed(action, getattr(jobs_api, action)(resolve_dsn(dsn), list(ids)), as_json)
+
+
+_DONE = {"retry": "queued again", "cancel": "cancelled", "delete": "deleted"}
+
+
+def _echo_changed(action: str, changed: int, as_json: bool) -> None:
+    click.echo(orjson.dumps({action: changed}).decode() if as_json
+               else f"{changed} job{'' if changed == 1 else 's'} {_DONE[action]}")
+
+
+@jobs.command("retry")
+@click.argument("job_ids", type=click.IntRange(min=1), nargs=-1)
+@click.option("--failed", is_flag=True, help="Retry every failed job (with --kind / --queue).")
+@click.option("--kind", type=UTF8, default=None, help="With --failed: only this kind.")
+@click.option("--queue", type=UTF8, default=None, help="With --failed: only this queue.")
+@json_option
+@dsn_option
+@one_line_errors
+def retry_command(job_ids: tuple[int, ...], failed: bool, kind: str | None, queue: str | None, as_json: bool,
+                  dsn: str | None) -> None:
+    """Queue failed or cancelled jobs again."""
+    if failed == bool(job_ids):
+        raise jobs_api.JobsError("give job ids or --failed, not both and not neither")
+    if not failed and (kind or queue):
+        raise jobs_api.JobsError("--kind and --queue go with --failed")
+    if failed:
+        dsn = resolve_dsn(dsn)
+        tty = sys.stderr.isatty()
+        if tty:  # one all-or-nothing statement: no count until it commits
+            click.echo("queueing failed jobs again…", nl=False, err=True)
+        changed = jobs_api.retry_failed(dsn, kind=kind, queue=queue)
+        if tty:
+            click.echo("\r\033[K", nl=False, err=True)
+        _echo_changed("retry", changed, as_json)
+        return
+    _change_command("retry", job_ids, as_json, dsn)
+
+
+@jobs.command("cancel")
+@click.argument("job_ids", type=click.IntRange(min=1), nargs=-1, required=True)
+@json_option
+@dsn_option
+@one_line_errors
+def cancel_command(job_ids: tuple[int, ...], as_json: bool, dsn: str | None) -> None:
+    """Cancel queued jobs (a running one is refused)."""
+    _change_command("cancel", job_ids, as_json, dsn)
+
+
+@jobs.command("delete")
+@click.argument("job_ids", type=click.IntRange(min=1), nargs=-1, required=True)
+@json_option
+@dsn_option
+@one_line_errors
+def delete_command(job_ids: tuple[int, ...], as_json: bool, dsn: str | None) -> None:
+    """Delete jobs that are not running."""
+    _change_command("delete", job_ids, as_json, dsn)

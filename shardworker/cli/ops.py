@@ -1,0 +1,166 @@
+"""``shardworker prune``, ``workers``, ``periodic`` and ``embedded``: keeping the table
+small, seeing who works on it, and the embedded server."""
+
+from __future__ import annotations
+
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import click
+import orjson
+
+from shardworker.cli.common import Duration, dsn_option, json_option, one_line_errors, resolve_dsn
+
+
+def _store(dsn: str) -> Any:
+    from shardworker.store.pg_store import PgStore, StoreConfig
+
+    store = PgStore(StoreConfig(dsn))
+    store.check_schema()
+    return store
+
+
+@click.command()
+@click.option("--older-than", "older_than", type=Duration(), required=True,
+              help="Delete done, failed and cancelled jobs that ended longer ago than this (30m, 12h, 7d).")
+@click.option("--batch", type=click.IntRange(min=1, max=100_000), default=1000, show_default=True,
+              help="Rows deleted per transaction.")
+@json_option
+@dsn_option
+@one_line_errors
+def prune(older_than: float, batch: int, as_json: bool, dsn: str | None) -> None:
+    """Delete finished jobs older than a duration, in small batches (workers do this by --retention)."""
+    from shardworker.worker.housekeeping import prune as prune_jobs
+
+    if older_than <= 0:
+        # In --retention, 0 keeps everything; here it would delete everything: say which is meant.
+        raise click.BadParameter("0 would delete every finished job (while --retention 0 keeps them all); "
+                                 "give a duration such as 1s to mean every job finished a second ago or more",
+                                 param_hint="--older-than")
+
+    tty = sys.stderr.isatty()
+
+    def progress(total: int) -> None:
+        if tty:
+            click.echo(f"\rpruned {total} jobs…", nl=False, err=True)
+
+    store = _store(resolve_dsn(dsn))
+    try:
+        total = prune_jobs(store, older_than, batch=batch, on_batch=progress)
+    finally:
+        store.close()
+    if tty:
+        click.echo("\r\033[K", nl=False, err=True)
+    click.echo(orjson.dumps({"pruned": total}).decode() if as_json else f"pruned {total} jobs")
+
+
+def _ago(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m ago"
+    return f"{seconds / 3600:.1f}h ago"
+
+
+@click.command()
+@click.option("--all", "show_all", is_flag=True, help="Also workers silent for longer than --silent-after.")
+@click.option("--silent-after", type=Duration(), default="60s", show_default=True,
+              help="A worker whose last heartbeat is older than this is not live.")
+@json_option
+@dsn_option
+@one_line_errors
+def workers(show_all: bool, silent_after: float, as_json: bool, dsn: str | None) -> None:
+    """Live workers: host, pid, started, last heartbeat, jobs running, outcomes pending."""
+    store = _store(resolve_dsn(dsn))
+    try:
+        rows = store.workers()
+    finally:
+        store.close()
+    for row in rows:
+        row["live"] = row["silent_s"] <= silent_after
+    shown = [r for r in rows if show_all or r["live"]]
+    if as_json:
+        click.echo(orjson.dumps([{k: v.isoformat() if isinstance(v, datetime) else v for k, v in r.items()}
+                                 for r in shown]).decode())
+        return
+    if not shown:
+        silent = len(rows) - len(shown)
+        click.echo("no live workers" + (f" ({silent} silent: --all shows them)" if silent else ""))
+        return
+    click.echo(f"{'worker':<28} {'host':<20} {'pid':>7}  {'started':<19}  {'heartbeat':<10} {'running':>7} "
+               f"{'pending':>8}")
+    for r in shown:
+        running = "?" if r["jobs_running"] is None else r["jobs_running"]
+        pending = "?" if r["outbox_pending"] is None else r["outbox_pending"]
+        state = "" if r["live"] else "  SILENT"
+        click.echo(f"{r['worker_id']:<28} {r['hostname']:<20} {r['pid']:>7}  {r['started_at']:%Y-%m-%d %H:%M:%S}  "
+                   f"{_ago(r['silent_s']):<10} {running:>7} {pending:>8}{state}")
+
+
+@click.command()
+@json_option
+@dsn_option
+@one_line_errors
+def periodic(as_json: bool, dsn: str | None) -> None:
+    """Periodic schedules seen by workers, with the last tick each enqueued."""
+    store = _store(resolve_dsn(dsn))
+    try:
+        rows = store.periodic_state()
+    finally:
+        store.close()
+    if as_json:
+        click.echo(orjson.dumps([{"name": n, "schedule": s, "last_tick": t.isoformat() if t else None,
+                                  "updated_at": u.isoformat()} for n, s, t, u in rows]).decode())
+        return
+    if not rows:
+        click.echo("no periodic schedules seen yet")
+    for name, schedule, last_tick, _ in rows:
+        click.echo(f"{name:<30} {schedule:<20} last tick {last_tick.isoformat() if last_tick else '(none yet)'}")
+
+
+@click.group()
+def embedded() -> None:
+    """The embedded PostgreSQL under .shardworker/ that commands use without --dsn."""
+
+
+@embedded.command("status")
+@json_option
+def embedded_status(as_json: bool) -> None:
+    """Whether it runs, on which port, and where its data is; exit 1 when it is not running."""
+    from shardworker.store.embedded import EmbeddedPostgres
+
+    datadir = Path(".shardworker") / "pgdata"
+    exists = (datadir / "PG_VERSION").exists()
+    server = EmbeddedPostgres(datadir) if exists else None
+    running = server is not None and server.is_running()
+    info = {"data": str(datadir), "exists": exists, "running": running, "port": server.port if server else None}
+    if as_json:
+        click.echo(orjson.dumps(info).decode())
+    elif not exists:
+        click.echo(f"no embedded PostgreSQL in {datadir} (a command without --dsn creates one)")
+    else:
+        state = f"running on 127.0.0.1:{server.port}" if server and running else "stopped"
+        click.echo(f"embedded PostgreSQL in {datadir}: {state}")
+    if not running:
+        sys.exit(1)
+
+
+@embedded.command("stop")
+@one_line_errors
+def embedded_stop() -> None:
+    """Stop it (a fast shutdown: connections are closed, nothing is lost); the next command
+    without --dsn starts it again."""
+    from shardworker.store.embedded import EmbeddedPostgres
+
+    datadir = Path(".shardworker") / "pgdata"
+    if not (datadir / "PG_VERSION").exists():
+        click.echo(f"no embedded PostgreSQL in {datadir}")
+        return
+    server = EmbeddedPostgres(datadir)
+    if not server.is_running():
+        click.echo(f"embedded PostgreSQL in {datadir} is not running")
+        return
+    server.stop("fast")
+    click.echo(f"stopped the embedded PostgreSQL in {datadir}")

@@ -1,0 +1,155 @@
+"""``shardworker outbox status|drain|verify``: operator commands that work with the
+database down (status, verify) or wait for it (drain)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+import orjson
+
+from shardworker.cli.common import (
+    Seconds,
+    dsn_option,
+    json_option,
+    one_line_errors,
+    outbox_dir_option,
+    resolve_dsn,
+)
+
+
+@click.group()
+def outbox() -> None:
+    """Inspect and drain the local outbox."""
+
+
+@outbox.command()
+@outbox_dir_option
+@json_option
+@one_line_errors
+def status(outbox_dir: str, as_json: bool) -> None:
+    """Pending outcomes per shard, bytes, oldest age; works with the database down."""
+    from outbox import status as outbox_status
+    from outbox.fsutil import is_locked
+    from shardworker import layout
+    from shardworker.errors import ShardworkerError
+
+    if not os.path.isdir(outbox_dir):
+        raise ShardworkerError(f"no outbox directory at {outbox_dir}")
+    st = outbox_status(outbox_dir)
+    worker = is_locked(os.path.join(outbox_dir, layout.WORKER_LOCK))
+    stale = layout.count_stale(outbox_dir)
+    setaside = layout.count_setaside(outbox_dir)
+    lost = layout.count_lines(layout.lost_log(outbox_dir))
+    deadletters = layout.count_deadlettered(outbox_dir)
+    give_jobs, give_claims = layout.count_giveback(outbox_dir)
+    if as_json:
+        click.echo(orjson.dumps({
+            "directory": outbox_dir, "pending": st.pending, "worker_running": worker,
+            "flusher_running": st.flusher_alive, "quarantined": st.quarantined, "torn_tails": st.torn_tails,
+            "stale_outcomes": stale, "set_aside_outcomes": setaside, "requeued_after_quarantine": lost,
+            "deadlettered": deadletters, "to_give_back": {"jobs": give_jobs, "claims": give_claims},
+            "shards": [{"shard": s.shard, "pending": s.pending, "bytes": s.pending_bytes,
+                        "oldest_age_s": s.oldest_age_s, "segments": s.segments,
+                        "sealed_segments": s.sealed_segments,
+                        "writer_alive": s.writer_alive} for s in st.shards]}).decode())
+        return
+    click.echo(f"outbox {outbox_dir}: {st.pending} pending; worker {'running' if worker else 'not running'}, "
+               f"flusher {'running' if st.flusher_alive else 'not running'}")
+    for s in st.shards:
+        age = "-" if s.oldest_age_s is None else f"{s.oldest_age_s:.1f}s"
+        click.echo(f"  shard {s.shard:4d}: {s.pending} pending, {s.pending_bytes} bytes, oldest {age}, "
+                   f"{s.segments} segment(s) ({s.sealed_segments} sealed){', writer alive' if s.writer_alive else ''}")
+    for name in st.quarantined:
+        click.echo(f"  QUARANTINED {name}")
+    for name in st.torn_tails:
+        click.echo(f"  torn tail kept: {name}")
+    if stale:
+        click.echo(f"  {stale} stale outcome(s) kept, not applied (their attempts were rescued and claimed "
+                   f"again); see {layout.STALE_LOG}")
+    if setaside:
+        click.echo(f"  {setaside} outcome(s) set aside, their jobs missing from the database; see "
+                   f"{layout.SETASIDE_LOG}")
+    if lost:
+        click.echo(f"  {lost} job(s) requeued because their outcomes were in a quarantined segment; see "
+                   f"{layout.LOST_LOG}")
+    if deadletters:
+        click.echo(f"  {deadletters} outcome(s) dead-lettered in {layout.DEADLETTER_DIR}/")
+    if give_jobs or give_claims:
+        click.echo(f"  {give_jobs} unstarted job(s) and {give_claims} lost claim(s) to give back, uncharged, at the "
+                   f"next start or drain; see {layout.GIVEBACK_FILE}")
+
+
+@outbox.command()
+@outbox_dir_option
+@click.option("--timeout", type=Seconds(), default=300.0, show_default=True,
+              help="Seconds to keep retrying while the database is unreachable.")
+@dsn_option
+@one_line_errors
+def drain(outbox_dir: str, timeout: float, dsn: str | None) -> None:
+    """Apply every pending outcome and exit 0 when the outbox is empty."""
+    from outbox import status as outbox_status
+    from shardworker.errors import ShardworkerError
+    from shardworker.flusher.drain import drain as drain_outbox
+
+    total = outbox_status(outbox_dir).pending if os.path.isdir(outbox_dir) else 0
+    dsn = _drain_dsn(outbox_dir, dsn, total)
+    # A bar on a terminal; nothing at all when stderr is a pipe or a file.
+    with click.progressbar(length=max(total, 1), label="draining", file=sys.stderr,
+                           hidden=not sys.stderr.isatty()) as bar:
+        done = [0]
+
+        def progress(stats: object, _held: int) -> None:
+            flushed = getattr(stats, "flushed", 0)
+            bar.update(min(flushed, total) - done[0])
+            done[0] = min(flushed, total)
+
+        stats = drain_outbox(outbox_dir, dsn, timeout_s=timeout, progress=progress)
+    click.echo(f"drained {stats.flushed} outcomes: {stats.applied} applied, {stats.replayed} already applied, "
+               f"{stats.stale} stale, {stats.missing} set aside, {stats.deadlettered} dead-lettered")
+    if stats.missing:
+        raise ShardworkerError(f"{stats.missing} outcome(s) set aside in {outbox_dir}/setaside.jsonl: their jobs "
+                               "do not exist in this database")
+    # A segment quarantined (now or earlier) holds outcomes no drain applies: the outbox is
+    # not empty, so this is a failure with its reason, not a warning.
+    quarantined = outbox_status(outbox_dir).quarantined
+    if quarantined:
+        raise ShardworkerError(f"{len(quarantined)} quarantined segment(s) in {outbox_dir}/quarantine hold outcomes "
+                               f"that were not applied: {', '.join(quarantined)}; see `shardworker outbox verify`")
+
+
+def _drain_dsn(outbox_dir: str, dsn: str | None, pending: int) -> str:
+    """The DSN to drain into: the given one, or the embedded server only when the outbox
+    belongs to it; never an embedded server for an outbox that belongs elsewhere."""
+    from shardworker.binding import bound_to
+    from shardworker.errors import ShardworkerError
+
+    if dsn:
+        return dsn
+    bound = bound_to(outbox_dir) if os.path.isdir(outbox_dir) else None
+    if bound is not None and not bound.embedded:
+        raise ShardworkerError(f"the outbox {outbox_dir} belongs to {bound.describe()}: pass its --dsn "
+                               "(or set SHARDWORKER_DSN)")
+    if bound is None and pending:
+        raise ShardworkerError(f"the outbox {outbox_dir} does not say which database it belongs to: pass --dsn")
+    return resolve_dsn(None)
+
+
+@outbox.command()
+@outbox_dir_option
+@one_line_errors
+def verify(outbox_dir: str) -> None:
+    """Check every record's checksum; report torn tails and corruption (exit 1 on corruption)."""
+    from outbox import verify as outbox_verify
+    from shardworker.errors import ShardworkerError
+
+    if not os.path.isdir(outbox_dir):
+        raise ShardworkerError(f"no outbox directory at {outbox_dir}")
+    report = outbox_verify(outbox_dir)
+    for seg in report.segments:
+        where = "" if seg.bad_offset is None else f" at offset {seg.bad_offset}: {seg.reason}"
+        click.echo(f"{seg.state:8s} {seg.path} ({seg.records} records{', sealed' if seg.sealed else ''}){where}")
+    if report.corrupt:
+        raise ShardworkerError(f"{len(report.corrupt)} corrupt or quarantined segment(s) in {outbox_dir}")
+    click.echo(f"ok: {len(report.segments)} segment(s), {len(report.torn)} torn tail(s)")

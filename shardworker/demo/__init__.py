@@ -1,0 +1,1 @@
+"""``shardworker demo`` and ``demo --outage``: sample handlers and the live outage demonstration."""

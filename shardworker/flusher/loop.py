@@ -1,0 +1,255 @@
+"""The flusher: drains the outbox into PostgreSQL, batched, fenced, retried forever.
+
+Pure logic over an ``OutboxReader`` and an ``OutcomeStore``; the process around it (and
+the parent's handle on that process) is ``shardworker.flusher.process``.
+
+``Flusher.run_once`` reads up to ``flush_batch`` records and ``flush_bytes`` of them
+(one bigger record alone), applies them in one fenced
+statement, and only after the commit marks them flushed and (at most every
+``checkpoint_interval_s``) checkpoints. When the database is away, the same batch is
+retried with capped, jittered backoff: the flusher never gives up because PostgreSQL is
+down. An outcome the database refuses for good is written to ``deadletter/`` and applied
+as a failure instead, so the job does not stay running forever; if even that failure is
+refused, the job is set aside (one ERROR line, ``stats.refused``) and the batch goes on.
+"""
+
+from __future__ import annotations
+
+import base64
+import bisect
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import orjson
+
+from outbox import OutboxReader, Record
+from outbox.fsutil import append_durably, atomic_write, ensure_dir
+from shardworker import layout, wire
+from shardworker.errors import DatabaseUnavailable, OutcomeRejected, StoreError
+from shardworker.limits import MiB
+from shardworker.model import ApplyResult, Outcome
+from shardworker.retry import Backoff, is_retryable
+
+log = logging.getLogger(__name__)
+
+BATCH_BUCKETS = (1, 5, 10, 50, 100, 250, 500, 1000, 5000)  # outcomes per flushed batch, for the metrics
+
+
+class OutcomeStore(Protocol):
+    """What the flusher needs from a store (``PgStore`` provides it)."""
+
+    def apply_outcomes(self, outcomes: Sequence[Outcome]) -> ApplyResult: ...
+
+
+@dataclass
+class FlushStats:
+    applied: int = 0
+    replayed: int = 0
+    stale: int = 0
+    deadlettered: int = 0
+    missing: int = 0  # set aside: their jobs do not exist in this database
+    refused: int = 0  # dead-lettered, and even their failure refused: their jobs left running
+    flushed: int = 0  # records marked flushed (applied, replayed, stale, set aside or dead-lettered)
+    db_errors: int = 0
+    batch_sum: int = 0  # records in every batch flushed, and how many batches per size bucket:
+    batch_buckets: list[int] = field(default_factory=lambda: [0] * (len(BATCH_BUCKETS) + 1))
+    failing: str = ""  # why the last try failed, while the database is failing; "" once it works
+
+    def batch(self, size: int) -> None:
+        self.batch_sum += size
+        self.batch_buckets[bisect.bisect_left(BATCH_BUCKETS, size)] += 1
+
+
+@dataclass(frozen=True)
+class FlusherConfig:
+    flush_batch: int = 1000
+    flush_bytes: int = 16 * MiB
+    checkpoint_interval_s: float = 0.2
+    backoff_base_s: float = 0.05
+    backoff_cap_s: float = 5.0
+
+
+class Flusher:
+    """Moves outcomes from an open ``OutboxReader`` into an ``OutcomeStore``."""
+
+    def __init__(self, reader: OutboxReader, store: OutcomeStore, config: FlusherConfig,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                 report_outages: bool = True) -> None:
+        self.reader, self.store, self.config = reader, store, config
+        self.clock, self.sleep = clock, sleep
+        # Whether to log "database unreachable" / "back": not in a worker, whose parent
+        # tells of the database for every process at once (shardworker.worker.dbwatch).
+        self.report_outages = report_outages
+        self._failing_since = 0.0
+        self.backoff = Backoff(config.backoff_base_s, config.backoff_cap_s)
+        self.stats = FlushStats()
+        self._held: list[Record] = []  # read but not yet applied (kept across failures)
+        self._outcomes: list[Outcome] = []  # _held decoded, once
+        self._last_checkpoint = clock()
+        self._dirty = False
+
+    @property
+    def in_hand(self) -> int:
+        """Records read and not yet applied (kept across database failures)."""
+        return len(self._held)
+
+    @property
+    def idle(self) -> bool:
+        return not self._held and not self._dirty
+
+    def run_once(self) -> int:
+        """Apply one batch; returns the records flushed (0 when idle or the database failed)."""
+        if not self._held:
+            self._held = self.reader.poll(self.config.flush_batch, self.config.flush_bytes)
+            self._outcomes = [o for o in map(self._decode, self._held) if o is not None]
+        if not self._held:
+            # A passed seal or empty segment frees space only once a checkpoint deletes it.
+            self._dirty = self._dirty or self.reader.wants_checkpoint
+            self._maybe_checkpoint(force=True)
+            return 0
+        try:
+            result = self._apply(self._outcomes)
+        except StoreError as exc:
+            if not is_retryable(exc):
+                raise
+            self.stats.db_errors += 1
+            # Only an unreachable database is an outage; a conflict or a timeout is retried quietly.
+            self.stats.failing = (str(exc) or type(exc).__name__) if isinstance(exc, DatabaseUnavailable) else ""
+            delay = self.backoff.next_delay(exc)
+            if self.backoff.failures == 1:
+                self._failing_since = self.clock()
+                log.log(logging.WARNING if self.report_outages else logging.DEBUG,
+                        "database unreachable (%s): outcomes wait in the outbox; retrying with backoff", exc)
+            self.sleep(delay)
+            return 0
+        try:
+            self._record(result)
+        except OSError as exc:
+            # Stale or set-aside outcomes are kept whole before their records may go: keep
+            # the batch (its replay is harmless) until the outbox disk takes them.
+            log.error("cannot keep %d stale or set-aside outcomes (%s); retrying",
+                      len(result.stale_ids) + len(result.missing_ids), exc)
+            self.sleep(self.backoff.next_delay())
+            return 0
+        if self.backoff.failures:
+            log.log(logging.INFO if self.report_outages else logging.DEBUG,
+                    "database back after %.1fs (%d failed flushes); flushing resumed",
+                    self.clock() - self._failing_since, self.backoff.failures)
+        self.backoff.reset()
+        self.stats.failing = ""
+        flushed, self._held = self._held, []
+        self.reader.mark_flushed(flushed)
+        self.stats.flushed += len(flushed)
+        self.stats.batch(len(flushed))
+        self._dirty = True
+        self._maybe_checkpoint()
+        return len(flushed)
+
+    def _apply(self, outcomes: list[Outcome]) -> ApplyResult:
+        try:
+            return self.store.apply_outcomes(outcomes)
+        except OutcomeRejected:
+            return self._apply_one_by_one(outcomes)
+
+    def _decode(self, record: Record) -> Outcome | None:
+        try:
+            return wire.decode_outcome(record.payload)
+        except (ValueError, TypeError) as exc:
+            # CRC-valid but not ours: keep the bytes, apply nothing for it.
+            name = self._deadletter(record.payload, f"undecodable record: {exc}")
+            log.error("outcome dead-lettered to %s/%s: undecodable record: %s", layout.DEADLETTER_DIR, name, exc)
+            return None
+
+    def _apply_one_by_one(self, outcomes: list[Outcome]) -> ApplyResult:
+        """Isolate the outcomes the database refuses; apply each refusal as a failure."""
+        total = ApplyResult()
+        for outcome in outcomes:
+            try:
+                total += self.store.apply_outcomes([outcome])
+            except OutcomeRejected as exc:
+                total += self._apply_as_failure(outcome, exc)
+        return total
+
+    def _apply_as_failure(self, outcome: Outcome, refusal: OutcomeRejected) -> ApplyResult:
+        """Keep a refused outcome in ``deadletter/`` (first: it must outlive a crash), then
+        fail its job for good with the reason. If the database refuses even that failure,
+        the job is set aside: left running, its outcome dead-lettered, counted in
+        ``stats.refused``, one ERROR line; the rest of the batch goes on (retrying a
+        refusal would only crash-loop the flusher)."""
+        name = self._deadletter(wire.encode_outcome(outcome), str(refusal), outcome)
+        failure = Outcome(outcome.job_id, outcome.attempt, False,
+                          error=f"result rejected by the database: {refusal}", retry_delay_s=-1)
+        try:
+            result = self.store.apply_outcomes([failure])
+        except OutcomeRejected as again:
+            self.stats.refused += 1
+            log.error("job %d attempt %d set aside, left running: the database refused its outcome (%s) and "
+                      "its failure too (%s); the outcome is kept in %s/%s", outcome.job_id, outcome.attempt,
+                      refusal, again, layout.DEADLETTER_DIR, name)
+            return ApplyResult()
+        log.error("outcome dead-lettered to %s/%s: %s", layout.DEADLETTER_DIR, name, refusal)
+        return result
+
+    def _deadletter(self, payload: bytes, reason: str, outcome: Outcome | None = None) -> str:
+        """Keep a record the database refused (with its outcome, readable) or could not
+        decode (its bytes in base64) in ``deadletter/``; returns the file's name."""
+        directory = layout.deadletter_dir(self.reader.directory)
+        ensure_dir(directory)
+        name = f"{time.time_ns()}.json"
+        letter: dict[str, object] = {"reason": reason, "record_base64": base64.b64encode(payload).decode()}
+        if outcome is not None:
+            letter.update(_readable(outcome))
+        atomic_write(directory, name, orjson.dumps(letter))
+        self.stats.deadlettered += 1
+        return name
+
+    def _record(self, result: ApplyResult) -> None:
+        self.stats.applied += result.applied
+        self.stats.replayed += result.replayed
+        self.stats.stale += result.stale
+        self.stats.missing += len(result.missing_ids)
+        if result.stale:
+            log.warning("%d stale outcomes kept in %s, not applied (a newer attempt owns the job): ids %s",
+                        result.stale, layout.STALE_LOG, list(result.stale_ids[:10]))
+            self._keep(layout.stale_log(self.reader.directory), result.stale_ids,
+                       "stale: its attempt was rescued and the job claimed again")
+        if result.missing_ids:
+            log.error("%d outcomes set aside in %s: their jobs do not exist in this database: ids %s",
+                      len(result.missing_ids), layout.SETASIDE_LOG, list(result.missing_ids[:10]))
+            self._keep(layout.setaside_log(self.reader.directory), result.missing_ids,
+                       "set aside: no such job in this database")
+
+    def _keep(self, path: str, job_ids: tuple[int, ...], reason: str) -> None:
+        """Append the whole outcome of each job in ``job_ids`` to ``path`` (JSON lines), durably."""
+        wanted = set(job_ids)
+        lines = b"".join(orjson.dumps({"at": time.time(), "reason": reason, **_readable(o)}) + b"\n"
+                         for o in self._outcomes if o.job_id in wanted)
+        append_durably(path, lines)
+
+    def _maybe_checkpoint(self, force: bool = False) -> None:
+        now = self.clock()
+        if self._dirty and (force or now - self._last_checkpoint >= self.config.checkpoint_interval_s):
+            try:
+                self.reader.checkpoint()
+            except OSError as exc:
+                # Only a hint: a stale checkpoint costs harmless replays, never outcomes.
+                log.warning("outbox checkpoint not written (%s); will retry", exc)
+                return
+            self._last_checkpoint, self._dirty = now, False
+
+
+def _readable(outcome: Outcome) -> dict[str, object]:
+    """An outcome as a JSON object for a person: the result as a JSON value (or, when it
+    is not valid JSON, its text under ``result_text``)."""
+    value: dict[str, object] = {"job_id": outcome.job_id, "attempt": outcome.attempt, "ok": outcome.ok,
+                                "snooze": outcome.snooze, "cancel": outcome.cancel,
+                                "result": None, "error": outcome.error}
+    if outcome.result_json is not None:
+        try:
+            value["result"] = orjson.loads(outcome.result_json)
+        except orjson.JSONDecodeError:
+            value["result_text"] = outcome.result_json.decode(errors="replace")
+    return value

@@ -1,0 +1,219 @@
+"""The flusher process, and the parent's handle on it.
+
+``FlusherHandle`` starts the process, restarts it when it dies (with a backoff that does
+not block the caller), asks it to stop, and reads what it shares: a small struct in
+shared memory with named fields, each written by one side only (the flusher writes
+``flushed``, ``idle`` and ``drained``; the parent writes ``stop``). ``flushed_total``
+survives restarts: the handle adds up what exited flushers flushed.
+
+``flusher_main`` is the process: it opens the outbox reader and its own database
+connection, then runs ``Flusher.run_once`` until told to stop.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from outbox import OutboxLocked, OutboxReader
+from shardworker import binding, logs, procs
+from shardworker.flusher.loop import BATCH_BUCKETS, Flusher, FlusherConfig, FlushStats
+from shardworker.retry import Backoff, retry_call
+from shardworker.store.pg_store import PgStore, StoreConfig
+
+EXIT_WRONG_DATABASE = 4  # the flusher's database is not the one its outbox belongs to
+
+log = logging.getLogger(__name__)
+
+
+class StopRequest(enum.IntEnum):
+    NONE = 0
+    WHEN_IDLE = 1  # finish what the outbox holds, then exit
+    NOW = 2  # exit after the current batch, applied or not
+
+
+COUNTERS = ("applied", "stale", "missing", "deadlettered", "db_errors", "batch_sum")
+
+
+class SharedState(ctypes.Structure):
+    """What the flusher process and the parent share (lock-free: one writer per field).
+    ``COUNTERS``, ``batch_buckets`` and ``failing`` are the flusher's ``FlushStats``, for
+    the metrics and the parent's view of the database."""
+
+    _fields_ = [("flushed", ctypes.c_int64), ("idle", ctypes.c_bool), ("drained", ctypes.c_bool),
+                ("stop", ctypes.c_int), ("last_error", ctypes.c_char * 512),
+                *((name, ctypes.c_int64) for name in COUNTERS),
+                ("batch_buckets", ctypes.c_int64 * (len(BATCH_BUCKETS) + 1)), ("failing", ctypes.c_char * 256)]
+
+    def publish(self, stats: FlushStats) -> None:
+        """Copy the flusher's stats (the flusher's side; ``failing`` first, so the parent
+        never sees new counts with an old state)."""
+        self.failing = stats.failing.encode(errors="replace")[:255]
+        for name in COUNTERS:
+            setattr(self, name, getattr(stats, name))
+        for i, count in enumerate(stats.batch_buckets):
+            self.batch_buckets[i] = count
+        self.flushed = stats.flushed
+
+    def counters(self) -> dict[str, Any]:
+        return {**{name: int(getattr(self, name)) for name in COUNTERS}, "batch_buckets": list(self.batch_buckets)}
+
+
+def open_reader(directory: str, wait_s: float) -> OutboxReader:
+    """Open the outbox reader, waiting up to ``wait_s`` while a previous flusher still exits."""
+    return procs.wait_for_lock(lambda: OutboxReader.open(directory), OutboxLocked, wait_s)
+
+
+class FlusherHandle:
+    """The parent's side of the flusher process."""
+
+    def __init__(self, outbox_dir: str, store_config: StoreConfig, config: FlusherConfig, idle_sleep_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.outbox_dir, self.store_config, self.config = outbox_dir, store_config, config
+        self.idle_sleep_s, self.clock = idle_sleep_s, clock
+        self.process: Any = None
+        self.state: Any = None
+        self._carried = 0  # flushed by flusher processes that have exited
+        self._carried_counters: dict[str, Any] = {}  # their SharedState.counters(), summed
+        self._carry_lock = threading.Lock()  # a scrape never sees a restart's counts twice
+        self._restart_at: float | None = None
+        self._crashes = procs.CrashCounter("the flusher")
+
+    def start(self) -> None:
+        ctx = procs.context()
+        if self.state is None:
+            self.state = ctx.RawValue(SharedState)
+        self.state.flushed, self.state.idle, self.state.drained, self.state.last_error = 0, False, False, b""
+        self.process = ctx.Process(target=flusher_main, name="shardworker-flusher", daemon=True,
+                                   args=(self.outbox_dir, self.store_config, self.config, self.state,
+                                         self.idle_sleep_s, os.getpid(), logs.current()))
+        procs.start(self.process)
+        self._crashes.started(self.clock())
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.is_alive()
+
+    @property
+    def flushed_total(self) -> int:
+        """Outcomes flushed by every flusher process of this worker so far."""
+        return self._carried + int(self.state.flushed)
+
+    @property
+    def idle(self) -> bool:
+        return self.alive and bool(self.state.idle)
+
+    @property
+    def drained(self) -> bool:
+        """Whether the current flusher has once found the outbox empty."""
+        return bool(self.state.drained)
+
+    def check(self) -> None:
+        """Restart a dead flusher, after a backoff when it keeps dying; ``CrashLoop`` when it
+        died too often right after starting."""
+        if self.alive:
+            return
+        now = self.clock()
+        if self._restart_at is None:
+            self._carried += int(self.state.flushed)
+            with self._carry_lock:
+                self._carried_counters = _add(self._carried_counters, self.state.counters())
+                self.state.publish(FlushStats())
+            error = self.state.last_error.decode(errors="replace") or f"exit code {self.process.exitcode}"
+            if self.process.exitcode == EXIT_WRONG_DATABASE:
+                raise binding.WrongDatabase(error)
+            log.error("flusher exited (%s); restarting it", error)
+            self._restart_at = now + self._crashes.died(now, error)
+        if now >= self._restart_at:
+            self._restart_at = None
+            self.start()
+
+    def stop(self, deadline: float, nothing_to_come: Callable[[], bool]) -> None:
+        """Let the flusher apply what the outbox holds (until ``deadline``), then stop it.
+
+        ``nothing_to_come()`` tells when no more outcomes can arrive (children stopped).
+        """
+        self.state.stop = StopRequest.WHEN_IDLE
+        while self.clock() < deadline and self.alive and not (nothing_to_come() and self.state.idle):
+            time.sleep(0.02)
+        self.state.stop = StopRequest.NOW
+        if self.process is not None:
+            procs.join_or_kill(self.process, 10)
+
+    def counters(self) -> dict[str, Any]:
+        """The flusher's counters (``COUNTERS`` and ``batch_buckets``), summed over its restarts."""
+        if self.state is None:
+            return SharedState().counters()
+        with self._carry_lock:
+            return _add(self._carried_counters, self.state.counters())
+
+    @property
+    def failing(self) -> str:
+        """Why the flusher's last try failed while the database fails it; "" when it works."""
+        # Read on every dispatcher pass: one field, no syscall (a dead flusher's value is
+        # cleared before its successor starts).
+        raw = self.state.failing if self.state is not None else b""
+        return raw.decode(errors="replace") if raw else ""
+
+    def kill(self) -> None:
+        if self.alive:
+            procs.kill_quietly(self.process.pid)
+
+
+def flusher_main(directory: str, store_config: StoreConfig, config: FlusherConfig, state: Any,
+                 idle_sleep_s: float, parent_pid: int, log_setup: logs.LogSetup | None = None) -> None:
+    """Entry point of the flusher process (spawned; opens its own connection)."""
+    procs.become_worker_process(parent_pid, "flusher", log_setup)
+    try:
+        reader = open_reader(directory, wait_s=30.0)
+    except Exception as exc:
+        state.last_error = procs.one_line(exc).encode()[:511]
+        raise
+    store = PgStore(store_config)
+
+    def sleep(seconds: float) -> None:
+        procs.sleep_until(time.monotonic() + seconds, lambda: state.stop >= StopRequest.NOW)
+
+    try:
+        retry_call(lambda: binding.bind(directory, store), "checking which database the outbox belongs to",
+                   backoff=Backoff(config.backoff_base_s, config.backoff_cap_s), log=log,
+                   should_stop=lambda: state.stop >= StopRequest.NOW, sleep=sleep)
+    except binding.WrongDatabase as exc:
+        state.last_error = str(exc).encode()[:511]
+        os._exit(EXIT_WRONG_DATABASE)
+    flusher = Flusher(reader, store, config, sleep=sleep, report_outages=False)
+    try:
+        _loop(flusher, state, idle_sleep_s)
+    except Exception as exc:
+        state.last_error = procs.one_line(exc).encode()[:511]
+        raise
+    finally:
+        store.close()
+        reader.close()
+
+
+def _loop(flusher: Flusher, state: Any, idle_sleep_s: float) -> None:
+    while True:
+        flushed = flusher.run_once()
+        if flushed or not flusher.idle:  # an idle pass changes no count: nothing to publish
+            state.publish(flusher.stats)
+        state.idle = flusher.idle
+        if flusher.idle:
+            state.drained = True
+        if state.stop >= StopRequest.NOW or (state.stop >= StopRequest.WHEN_IDLE and flusher.idle):
+            return
+        if not flushed and flusher.idle:
+            time.sleep(idle_sleep_s)
+
+
+def _add(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    if not a:
+        return b
+    return {key: [x + y for x, y in zip(a[key], value, strict=True)] if isinstance(value, list) else a[key] + value
+            for key, value in b.items()}

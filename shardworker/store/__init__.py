@@ -1,0 +1,4 @@
+"""Everything that talks to PostgreSQL.
+
+The only package that imports psycopg.
+"""

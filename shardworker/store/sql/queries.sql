@@ -1,0 +1,458 @@
+-- migration_lock --
+-- One `shardworker migrate` at a time: a session advisory lock ("SHAW").
+SELECT pg_advisory_lock(1397244247);
+
+-- migration_unlock --
+-- Release the migration lock.
+SELECT pg_advisory_unlock(1397244247);
+
+-- migration_table_exists --
+-- Whether the ledger of applied migrations exists (migration 0001 creates it).
+SELECT to_regclass('shardworker.migrations') IS NOT NULL;
+
+-- migration_versions --
+-- Versions applied so far.
+SELECT version FROM shardworker.migrations;
+
+-- migration_record --
+-- Record one applied migration, in the transaction that applied it.
+INSERT INTO shardworker.migrations (version, name) VALUES (%(version)s, %(name)s);
+
+-- job_claim --
+-- Claim due queued jobs of the given kinds (and queues), oldest first, for one worker: up
+-- to `limit` jobs and `max_bytes` of payload (the first one whatever its size; then while
+-- the running total stays within the budget). The candidates' rows stay locked only for
+-- this statement. The ids go through ARRAY(...) so even a generic (prepared) plan updates
+-- them by primary key; a join on the subquery was planned as a hash join over the table.
+WITH candidate AS (
+    SELECT id, priority, run_at, coalesce(payload_bytes, pg_column_size(payload)) AS bytes
+    FROM shardworker.jobs
+    WHERE status = 'queued' AND run_at <= now()
+      AND kind = ANY(%(kinds)s::text[])
+      AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+    ORDER BY priority, run_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), running_total AS (
+    SELECT id, row_number() OVER w AS n, sum(bytes) OVER w AS upto
+    FROM candidate
+    WINDOW w AS (ORDER BY priority, run_at, id)
+)
+UPDATE shardworker.jobs j
+SET status = 'running', attempt = j.attempt + 1, locked_by = %(worker_id)s, rescued_attempt = NULL,
+    claim_token = %(claim_token)s, attempted_at = now(), updated_at = now()
+WHERE j.id = ANY(ARRAY(SELECT id FROM running_total WHERE n = 1 OR upto <= %(max_bytes)s))
+RETURNING j.id, j.kind, j.queue, j.payload::text, j.attempt, j.max_attempts;
+
+-- job_apply_outcomes --
+-- Apply a batch of outcomes, fenced: only the attempt that produced an outcome, while it is
+-- still running, or while it waits rescued and not yet claimed again (a late outcome from a
+-- host that was stopped or cut off lands instead of the job running again). Returns the
+-- rows applied; an outcome missing from the result was applied before (a replay), its
+-- attempt lost its lease (stale), or its job does not exist: see job_classify.
+-- code: 0 failed attempt (retried while attempts remain and delay_s >= 0), 1 done,
+-- 2 snoozed (queued again after delay_s; max_attempts grows by one, so no attempt is
+-- used), 3 cancelled; a failure with delay_s < 0 (no more attempts) sets max_attempts to
+-- the attempt it ended on. Jobs that reach an end (done, failed, cancelled) are announced on
+-- the channel shardworker_finished (shardworker.jobs.wait_for listens), their ids
+-- comma-separated, up to 300 a notification (within the 8,000-byte payload limit).
+-- Parameters come in binary; results as bytea holding UTF-8 JSON text.
+WITH o AS (
+    SELECT id, attempt, code, convert_from(result_utf8, 'UTF8')::jsonb AS result, error, delay_s,
+           code = 0 AND delay_s >= 0 AS retryable
+    FROM unnest(%(ids)b::bigint[], %(attempts)b::int[], %(codes)b::int2[],
+                %(results)b::bytea[], %(errors)b::text[], %(delays)b::float8[])
+        AS o(id, attempt, code, result_utf8, error, delay_s)
+), applied AS (
+    UPDATE shardworker.jobs j
+    SET status = CASE WHEN o.code = 1 THEN 'done'
+                      WHEN o.code = 2 THEN 'queued'
+                      WHEN o.code = 3 THEN 'cancelled'
+                      WHEN o.retryable AND j.attempt < j.max_attempts THEN 'queued'
+                      ELSE 'failed' END,
+        result = CASE WHEN o.code = 1 THEN o.result ELSE j.result END,
+        last_error = CASE WHEN o.code IN (0, 3) THEN o.error ELSE j.last_error END,
+        -- A snooze pays for its run; a failure the handler ends (Fail, or its own lower
+        -- max_attempts) uses the job's last attempt, so the row reads "3/3", not "3/25".
+        max_attempts = CASE WHEN o.code = 2 THEN j.max_attempts + 1
+                            WHEN o.code = 0 AND o.delay_s < 0 THEN LEAST(j.max_attempts, j.attempt)
+                            ELSE j.max_attempts END,
+        run_at = CASE WHEN o.code = 2 OR (o.retryable AND j.attempt < j.max_attempts)
+                      THEN now() + make_interval(secs => o.delay_s) ELSE j.run_at END,
+        finished_at = CASE WHEN o.code = 2 OR (o.retryable AND j.attempt < j.max_attempts)
+                           THEN NULL ELSE now() END,
+        locked_by = NULL, applied_attempt = o.attempt, rescued_attempt = NULL, updated_at = now()
+    FROM o
+    WHERE j.id = o.id AND j.attempt = o.attempt
+      AND (j.status = 'running' OR (j.rescued_attempt = o.attempt AND j.status IN ('queued', 'failed')))
+    RETURNING j.id, j.attempt, j.status
+), announced AS (
+    SELECT pg_notify('shardworker_finished', string_agg(id::text, ',')) AS sent
+    FROM (SELECT id, (row_number() OVER ()) / 300 AS chunk FROM applied
+          WHERE status IN ('done', 'failed', 'cancelled')) f
+    GROUP BY chunk
+)
+SELECT id, attempt FROM applied WHERE (SELECT count(*) FROM announced) >= 0;
+
+-- job_classify --
+-- For outcomes that matched no running attempt: which attempt's outcome each job last
+-- applied (equal to the outcome's attempt means a harmless replay; otherwise stale). A job
+-- missing from the result does not exist in this database.
+SELECT id, applied_attempt FROM shardworker.jobs WHERE id = ANY(%(ids)s::bigint[]);
+
+-- job_release --
+-- Give back claimed jobs whose handler never started: the claim is undone, attempt too.
+UPDATE shardworker.jobs j
+SET status = 'queued', attempt = j.attempt - 1, locked_by = NULL, updated_at = now()
+FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS r(id, attempt)
+WHERE j.id = r.id AND j.attempt = r.attempt AND j.status = 'running' AND j.locked_by = %(worker_id)s;
+
+-- job_release_claim --
+-- Give back the jobs of a claim whose reply never arrived: no child ever saw them.
+UPDATE shardworker.jobs
+SET status = 'queued', attempt = attempt - 1, locked_by = NULL, updated_at = now()
+WHERE claim_token = %(claim_token)s AND status = 'running' AND locked_by = %(worker_id)s;
+
+-- job_requeue_orphans --
+-- At startup, after the outbox is drained: this worker's running jobs have no outcome, so
+-- their handlers never finished. Retry them (the lost run counts as an attempt).
+UPDATE shardworker.jobs
+SET status = CASE WHEN attempt < max_attempts THEN 'queued' ELSE 'failed' END,
+    last_error = %(error)s, locked_by = NULL, updated_at = now(),
+    finished_at = CASE WHEN attempt < max_attempts THEN NULL ELSE now() END
+WHERE status = 'running' AND locked_by = %(worker_id)s
+RETURNING id;
+
+-- job_insert --
+-- Enqueue one job; NULL id when a live job already holds the dedupe key. The payload is
+-- typed text first, so payload_bytes is the size of the JSON text as sent.
+WITH ins AS (
+    INSERT INTO shardworker.jobs (kind, queue, payload, payload_bytes, priority, max_attempts, run_at, dedupe_key)
+    VALUES (%(kind)s, %(queue)s, %(payload)s::text::jsonb, octet_length(%(payload)s::text), %(priority)s,
+            %(max_attempts)s, coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay_s)s),
+            %(dedupe_key)s)
+    ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('queued', 'running') DO NOTHING
+    RETURNING id, queue
+)
+SELECT id, pg_notify('shardworker_jobs', queue) FROM ins;
+
+-- job_stage_create --
+-- A session-local staging table for bulk enqueue through COPY.
+CREATE TEMP TABLE shardworker_stage (
+    kind text, queue text, payload text, priority int, max_attempts int,
+    run_at timestamptz, dedupe_key text
+) ON COMMIT DROP;
+
+-- job_stage_copy --
+-- COPY rows into the staging table.
+COPY shardworker_stage (kind, queue, payload, priority, max_attempts, run_at, dedupe_key) FROM STDIN;
+
+-- job_stage_insert --
+-- Move staged rows into the jobs table, skipping live dedupe-key duplicates.
+WITH ins AS (
+    INSERT INTO shardworker.jobs (kind, queue, payload, payload_bytes, priority, max_attempts, run_at, dedupe_key)
+    SELECT kind, queue, payload::jsonb, octet_length(payload), priority, max_attempts, coalesce(run_at, now()),
+           dedupe_key
+    FROM shardworker_stage
+    ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('queued', 'running') DO NOTHING
+    RETURNING 1
+)
+SELECT count(*) FROM ins;
+
+-- job_stage_drop --
+-- Drop the staging table at once, so another bulk enqueue in the same transaction can create it.
+DROP TABLE shardworker_stage;
+
+-- notify_jobs --
+-- Wake listening workers.
+SELECT pg_notify('shardworker_jobs', '');
+
+-- listen_jobs --
+-- Subscribe to enqueue notifications.
+LISTEN shardworker_jobs;
+
+-- job_stats --
+-- Job counts by queue and status.
+SELECT queue, status, count(*) FROM shardworker.jobs GROUP BY queue, status ORDER BY queue, status;
+
+-- job_unhandled_kinds --
+-- Queued jobs (in these queues) of kinds this worker has no handler for: a typo in a kind,
+-- or another worker's; the ten kinds with most jobs.
+SELECT kind, count(*) FROM shardworker.jobs
+WHERE status = 'queued' AND NOT (kind = ANY(%(kinds)s::text[]))
+  AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+GROUP BY kind ORDER BY count(*) DESC, kind LIMIT 10;
+
+-- job_count_active --
+-- Jobs due now or running for this worker: what --exit-when-idle waits on.
+SELECT
+  (SELECT count(*) FROM shardworker.jobs
+    WHERE status = 'queued' AND run_at <= now() AND kind = ANY(%(kinds)s::text[])
+      AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))) +
+  (SELECT count(*) FROM shardworker.jobs WHERE status = 'running' AND locked_by = %(worker_id)s);
+
+-- worker_heartbeat --
+-- Record that this worker is alive, with its load (NULL: not known). A new process under
+-- the same worker id starts a new started_at. Unless take_over (a process's first beat), a
+-- row another (hostname, pid) wrote meanwhile is left alone: that is a second live worker
+-- under this id. Returns whether the row was written, and who holds it.
+WITH beat AS (
+    INSERT INTO shardworker.workers AS w (worker_id, hostname, pid, heartbeat_at, jobs_running, outbox_pending)
+    VALUES (%(worker_id)s, %(hostname)s, %(pid)s, now(), %(running)s, %(pending)s)
+    ON CONFLICT (worker_id) DO UPDATE
+    SET hostname = excluded.hostname, pid = excluded.pid, heartbeat_at = now(),
+        started_at = CASE WHEN (w.hostname, w.pid) IS DISTINCT FROM (excluded.hostname, excluded.pid)
+                          THEN now() ELSE w.started_at END,
+        jobs_running = excluded.jobs_running, outbox_pending = excluded.outbox_pending
+    WHERE %(take_over)s OR (w.hostname, w.pid) = (excluded.hostname, excluded.pid)
+    RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM beat), w.hostname, w.pid
+FROM (SELECT 1) AS one LEFT JOIN shardworker.workers w ON w.worker_id = %(worker_id)s;
+
+-- worker_get --
+-- The heartbeat row of one worker id: who wrote it last, and when.
+SELECT hostname, pid, heartbeat_at FROM shardworker.workers WHERE worker_id = %(worker_id)s;
+
+-- worker_list --
+-- Every worker row, with its silence as the database's clock measures it.
+SELECT worker_id, hostname, pid, started_at, heartbeat_at, jobs_running, outbox_pending,
+       extract(epoch FROM now() - heartbeat_at)::float8 AS silent_s
+FROM shardworker.workers ORDER BY hostname, worker_id;
+
+-- worker_forget --
+-- Remove this worker's heartbeat row at clean shutdown, unless jobs still run under its
+-- id (a give-back failed): then the row stays, goes silent, and the rescuer finds them.
+-- Only the row this process wrote: another live worker's under the same id stays.
+DELETE FROM shardworker.workers
+WHERE worker_id = %(worker_id)s AND hostname = %(hostname)s AND pid = %(pid)s
+  AND NOT EXISTS (SELECT 1 FROM shardworker.jobs WHERE status = 'running' AND locked_by = %(worker_id)s);
+
+-- worker_release --
+-- A drain that ends: its row goes as worker_forget's does, or, while jobs still run under the
+-- id (for the rescuer to find), stays naming no process (pid 0), so the next start under this
+-- id on this host takes it over at once. Only the row this process wrote.
+WITH gone AS (
+    DELETE FROM shardworker.workers
+    WHERE worker_id = %(worker_id)s AND hostname = %(hostname)s AND pid = %(pid)s
+      AND NOT EXISTS (SELECT 1 FROM shardworker.jobs WHERE status = 'running' AND locked_by = %(worker_id)s)
+    RETURNING 1
+)
+UPDATE shardworker.workers SET pid = 0
+WHERE worker_id = %(worker_id)s AND hostname = %(hostname)s AND pid = %(pid)s AND NOT EXISTS (SELECT 1 FROM gone);
+
+-- rescue_lock --
+-- Only one rescuer at a time across hosts: a session advisory lock held while connected.
+SELECT pg_try_advisory_lock(hashtext('shardworker.worker.rescuer'));
+
+-- worker_heartbeats --
+-- Every worker's last heartbeat.
+SELECT worker_id, heartbeat_at FROM shardworker.workers;
+
+-- rescue_workers --
+-- Requeue the running jobs of workers the rescuer watched stay silent, each only if its
+-- heartbeat is still the one the rescuer watched (a worker that beat meanwhile is alive).
+-- The lost run counts as a failed attempt; the job remembers it (rescued_attempt) and waits
+-- a grace period before it may be claimed again, so that attempt's outcome, if the worker
+-- computed one, can still land. Their heartbeat rows go too; a worker that comes back
+-- re-registers.
+WITH gone AS (
+    DELETE FROM shardworker.workers w
+    USING unnest(%(worker_ids)s::text[], %(heartbeats)s::timestamptz[]) AS s(worker_id, heartbeat_at)
+    WHERE w.worker_id = s.worker_id AND w.heartbeat_at = s.heartbeat_at
+    RETURNING w.worker_id
+)
+UPDATE shardworker.jobs
+SET status = CASE WHEN attempt < max_attempts THEN 'queued' ELSE 'failed' END,
+    last_error = 'rescued: worker ' || locked_by || ' stopped heartbeating',
+    rescued_attempt = attempt, run_at = now() + make_interval(secs => %(grace_s)s),
+    locked_by = NULL, updated_at = now(),
+    finished_at = CASE WHEN attempt < max_attempts THEN NULL ELSE now() END
+WHERE status = 'running' AND locked_by IN (SELECT worker_id FROM gone)
+RETURNING id;
+
+-- db_identity --
+-- What an outbox directory is bound to: this database's instance id and name.
+SELECT id::text, current_database() FROM shardworker.instance;
+
+-- job_requeue_lost --
+-- This worker's running jobs whose outcome is gone (quarantined with a corrupt outbox
+-- segment), i.e. every one no child still holds and no outbox record still carries:
+-- retried at once, the lost run counted as an attempt.
+UPDATE shardworker.jobs
+SET status = CASE WHEN attempt < max_attempts THEN 'queued' ELSE 'failed' END,
+    last_error = %(error)s, locked_by = NULL, updated_at = now(),
+    finished_at = CASE WHEN attempt < max_attempts THEN NULL ELSE now() END
+WHERE status = 'running' AND locked_by = %(worker_id)s AND NOT (id = ANY(%(keep_ids)s::bigint[]))
+RETURNING id;
+
+-- job_list --
+-- Jobs for `shardworker jobs list`, newest first, with optional filters.
+SELECT id, kind, queue, status, attempt, max_attempts, priority, payload, result, last_error,
+       created_at, run_at, attempted_at, finished_at, locked_by
+FROM shardworker.jobs
+WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+  AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s::timestamptz)
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- job_get --
+-- One job, whole.
+SELECT id, kind, queue, status, attempt, max_attempts, priority, payload, result, last_error,
+       created_at, run_at, attempted_at, finished_at, locked_by
+FROM shardworker.jobs WHERE id = %(id)s;
+
+-- job_lock_for_change --
+-- Lock the jobs an operator command changes, so a worker cannot claim or finish them
+-- between the check and the change.
+SELECT id, status FROM shardworker.jobs WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id FOR UPDATE;
+
+-- job_retry --
+-- Queue failed or cancelled jobs again, due now, with at least one attempt left. A rescued
+-- attempt's late outcome no longer applies (it would be stale).
+UPDATE shardworker.jobs
+SET status = 'queued', run_at = now(), max_attempts = greatest(max_attempts, attempt + 1),
+    finished_at = NULL, rescued_attempt = NULL, updated_at = now()
+WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('failed', 'cancelled');
+
+-- job_failed_ids --
+-- Failed jobs, optionally of one kind and queue, locked for a bulk retry. The left(..., 255)
+-- terms match jobs_failed_bounded_idx (migration 0007); the whole names then decide.
+SELECT id FROM shardworker.jobs
+WHERE status = 'failed'
+  AND (%(kind)s::text IS NULL OR (left(kind, 255) = left(%(kind)s::text, 255) AND kind = %(kind)s::text))
+  AND (%(queue)s::text IS NULL OR (left(queue, 255) = left(%(queue)s::text, 255) AND queue = %(queue)s::text))
+ORDER BY id FOR UPDATE;
+
+-- job_cancel --
+-- Cancel queued jobs: they will never be claimed. Announced as job_apply_outcomes does.
+WITH cancelled AS (
+    UPDATE shardworker.jobs
+    SET status = 'cancelled', finished_at = now(), rescued_attempt = NULL, updated_at = now()
+    WHERE id = ANY(%(ids)s::bigint[]) AND status = 'queued'
+    RETURNING id
+), announced AS (
+    SELECT pg_notify('shardworker_finished', string_agg(id::text, ','))
+    FROM (SELECT id, (row_number() OVER ()) / 300 AS chunk FROM cancelled) c
+    GROUP BY chunk
+)
+SELECT id FROM cancelled WHERE (SELECT count(*) FROM announced) >= 0;
+
+-- queue_delete --
+-- Delete every job of one queue (the outage demo's fresh start, on its own database).
+DELETE FROM shardworker.jobs WHERE queue = %(queue)s;
+
+-- job_delete --
+-- Delete jobs that are not running; announced, so a wait_for on one of them ends.
+WITH deleted AS (
+    DELETE FROM shardworker.jobs WHERE id = ANY(%(ids)s::bigint[]) AND status <> 'running'
+    RETURNING id
+), announced AS (
+    SELECT pg_notify('shardworker_finished', string_agg(id::text, ','))
+    FROM (SELECT id, (row_number() OVER ()) / 300 AS chunk FROM deleted) d
+    GROUP BY chunk
+)
+SELECT id FROM deleted WHERE (SELECT count(*) FROM announced) >= 0;
+
+-- listen_finished --
+-- Subscribe to the ends of jobs (shardworker.jobs.wait_for).
+LISTEN shardworker_finished;
+
+-- unlisten_finished --
+-- Undo listen_finished on a connection that is the caller's.
+UNLISTEN shardworker_finished;
+
+-- prune_lock --
+-- One pruner at a time across workers and hosts, for one batch: a transaction advisory lock.
+SELECT pg_try_advisory_xact_lock(hashtext('shardworker.prune'));
+
+-- prune_batch --
+-- Delete up to `limit` finished jobs that ended more than `older_than_s` seconds ago,
+-- oldest first, through jobs_finished_idx; rows locked by someone else are left for later.
+WITH doomed AS (
+    SELECT id FROM shardworker.jobs
+    WHERE status IN ('done', 'failed', 'cancelled')
+      AND finished_at < now() - make_interval(secs => %(older_than_s)s)
+    ORDER BY finished_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM shardworker.jobs WHERE id = ANY(ARRAY(SELECT id FROM doomed));
+
+-- job_table_size --
+-- The planner's estimate of the jobs table's rows (no scan).
+SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = 'shardworker.jobs'::regclass;
+
+-- job_stats_unfinished --
+-- Exact counts of every status but done, each through its partial index.
+SELECT queue, 'queued', count(*) FROM shardworker.jobs WHERE status = 'queued' GROUP BY queue
+UNION ALL
+SELECT queue, 'running', count(*) FROM shardworker.jobs WHERE status = 'running' GROUP BY queue
+UNION ALL
+SELECT queue, 'failed', count(*) FROM shardworker.jobs WHERE status = 'failed' GROUP BY queue
+UNION ALL
+SELECT queue, 'cancelled', count(*) FROM shardworker.jobs WHERE status = 'cancelled' GROUP BY queue;
+
+-- job_queue_shares --
+-- The planner's statistics: the share of rows in each common queue (from ANALYZE).
+SELECT s.queue, s.share
+FROM pg_stats, unnest(most_common_vals::text::text[], most_common_freqs) AS s(queue, share)
+WHERE schemaname = 'shardworker' AND tablename = 'jobs' AND attname = 'queue';
+
+-- periodic_claim --
+-- Take a schedule's row, creating it on first sight, and lock it until the transaction
+-- ends: the worker holding it decides which ticks are due, enqueues them and moves
+-- last_tick, so every tick is enqueued by exactly one worker. Returns the database's now.
+INSERT INTO shardworker.periodic AS p (name, schedule) VALUES (%(name)s, %(schedule)s)
+ON CONFLICT (name) DO UPDATE SET schedule = excluded.schedule
+RETURNING p.last_tick, now();
+
+-- periodic_advance --
+-- Record the last tick enqueued (in the transaction that enqueued it).
+UPDATE shardworker.periodic SET last_tick = %(last_tick)s, updated_at = now() WHERE name = %(name)s;
+
+-- periodic_list --
+-- Every schedule's state.
+SELECT name, schedule, last_tick, updated_at FROM shardworker.periodic ORDER BY name;
+
+-- doctor_server_state --
+-- The server's clock as the statement runs, and whether it accepts writes (a standby, or
+-- default_transaction_read_only): settings read, nothing written.
+SELECT clock_timestamp(), pg_is_in_recovery(), current_setting('transaction_read_only') = 'on';
+
+-- dashboard_kind_counts --
+-- The dashboard's counts by queue, kind and status, cheap however big the table: queued,
+-- running, failed and cancelled counted exactly, each status through its partial index, and
+-- done only over the last hour through jobs_finished_idx (reported as status 'done_1h').
+SELECT queue, kind, 'queued', count(*) FROM shardworker.jobs WHERE status = 'queued' GROUP BY queue, kind
+UNION ALL
+SELECT queue, kind, 'running', count(*) FROM shardworker.jobs WHERE status = 'running' GROUP BY queue, kind
+UNION ALL
+SELECT queue, kind, 'failed', count(*) FROM shardworker.jobs WHERE status = 'failed' GROUP BY queue, kind
+UNION ALL
+SELECT queue, kind, 'cancelled', count(*) FROM shardworker.jobs WHERE status = 'cancelled' GROUP BY queue, kind
+UNION ALL
+SELECT queue, kind, 'done_1h', count(*) FROM shardworker.jobs
+WHERE status = 'done' AND finished_at >= now() - interval '1 hour'
+GROUP BY queue, kind;
+
+-- dashboard_finished_per_minute --
+-- Jobs that ended in each of the last 60 minutes (the current one last), done and failed
+-- apart: a range scan of jobs_finished_idx over one hour, so the cost follows the hour's
+-- throughput, not the table's size. Minutes with none are zeros.
+WITH ended AS (
+    SELECT date_trunc('minute', finished_at) AS minute,
+           count(*) FILTER (WHERE status = 'done') AS done,
+           count(*) FILTER (WHERE status = 'failed') AS failed
+    FROM shardworker.jobs
+    WHERE status IN ('done', 'failed', 'cancelled')
+      AND finished_at >= date_trunc('minute', now()) - interval '59 minutes'
+    GROUP BY 1
+)
+SELECT m.minute, coalesce(e.done, 0), coalesce(e.failed, 0)
+FROM generate_series(date_trunc('minute', now()) - interval '59 minutes', date_trunc('minute', now()),
+                     interval '1 minute') AS m(minute)
+LEFT JOIN ended e USING (minute)
+ORDER BY m.minute;

@@ -1,0 +1,301 @@
+"""One child process, from the parent's side: its process, its pipes, its progress slots.
+
+``ChildHandle`` starts the child (with a large non-blocking pipe each way), queues frames
+for it without ever blocking, reads what it reports, tracks which sent jobs it started
+(one progress slot per job in flight) and, after a death, sorts what it held: started
+jobs whose outcome is durable in its shard count as finished; started ones without an
+outcome are left for ``shardworker.worker.blame`` to judge; unstarted ones go back to be resent.
+While it lives, the pool may ``recall`` the jobs it was sent and has not started (they come
+back to its ``held`` queue, for any child with room). ``Pace`` keeps its recent rate of
+finished jobs. The pool of children (``shardworker.worker.pool``) drives these handles.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import outbox
+from shardworker import logs, procs, wire
+from shardworker.child.main import ChildConfig, Progress, child_main
+from shardworker.jobstats import JobCounts
+from shardworker.model import ClaimedJob
+
+log = logging.getLogger(__name__)
+
+_F_SETPIPE_SZ = 1031
+PIPE_BYTES = 1 << 20  # the most an unprivileged process may ask for by default
+ASYNC_TIMEOUT_GRACE_S = 10.0  # an async handler is cancelled in the child; this is the backstop
+
+
+@dataclass(frozen=True)
+class Death:
+    """What a dead child left: how many started jobs have a durable outcome, the started
+    jobs charged a failed attempt (``errors`` holds each one's error; when empty, ``reason``
+    is every one's), the jobs it never started (resent once it is restarted) and those to
+    snooze (their handler returned, the outcome was lost with the child)."""
+
+    index: int
+    reason: str
+    durable: int
+    lost: tuple[ClaimedJob, ...]
+    unstarted: tuple[ClaimedJob, ...]
+    errors: tuple[str, ...] = ()
+    snoozed: tuple[ClaimedJob, ...] = ()
+
+    def charges(self) -> dict[str, list[ClaimedJob]]:
+        """The charged jobs by their error."""
+        by_error: dict[str, list[ClaimedJob]] = {}
+        for job, error in zip(self.lost, self.errors or (self.reason,) * len(self.lost), strict=True):
+            by_error.setdefault(error, []).append(job)
+        return by_error
+
+
+@dataclass(frozen=True)
+class Leftovers:
+    """A dead child's unreported jobs, split by what its progress slots and shard tell."""
+
+    reported: list[Sent]  # reported finished before it died (read at last)
+    taken: list[Sent]  # every other job sent to it, now taken off it
+    durable: int  # started jobs whose outcome is durable in its shard
+    unfinished: list[ClaimedJob]  # started, handler still running, no durable outcome
+    unsaved: list[ClaimedJob]  # handler returned, outcome not durable
+    unstarted: list[ClaimedJob]
+
+
+PACE_WINDOW_S = 0.25
+
+
+@dataclass
+class Pace:
+    """A child's recent rate of finished jobs: a moving average over windows of
+    ``PACE_WINDOW_S``, decaying while it finishes nothing."""
+
+    rate: float = 0.0
+    window_start: float | None = None
+    count: int = 0
+
+    def finished(self, count: int, now: float) -> None:
+        self.roll(now)
+        self.count += count
+
+    def roll(self, now: float) -> float:
+        """The rate as of ``now`` (closing the window if it is over)."""
+        if self.window_start is None:
+            self.window_start = now
+        elapsed = now - self.window_start
+        if elapsed >= PACE_WINDOW_S:
+            self.rate = 0.5 * self.rate + 0.5 * self.count / elapsed
+            self.window_start, self.count = now, 0
+        return self.rate
+
+
+@dataclass
+class Sent:
+    job: ClaimedJob
+    slot: int
+    size: int
+    at: float = 0.0  # when it was sent (the pool's clock)
+
+
+@dataclass
+class ChildHandle:
+    """One child process, the jobs sent to it and not yet reported, and those waiting here."""
+
+    config: ChildConfig
+    process: Any = None
+    out: wire.OutFrames | None = None
+    inp: wire.InFrames | None = None
+    progress: Progress | None = None
+    sent: dict[wire.JobKey, Sent] = field(default_factory=dict)
+    held: deque[ClaimedJob] = field(default_factory=deque)
+    sent_bytes: int = 0
+    pace: Pace = field(default_factory=Pace)
+    stopped: bool = False
+    unstarted: tuple[wire.JobKey, ...] = ()  # what a stopping child never started
+    recalling: bool = False  # a Recall is on its way: send nothing until its Returned
+    saturated: bool = False  # recalled, and has finished nothing since: worth no more jobs
+    returned: list[Sent] = field(default_factory=list)  # taken back (now held), for the pool's caps
+    reported_at: float = 0.0  # when it last reported a finished job (the pool's clock)
+    fatal: str = ""
+    job_counts: JobCounts = field(default_factory=JobCounts)  # the pool's, for the metrics
+    restart_at: float | None = None
+    # Claimed jobs that were running in an earlier death whose cause is unknown: each runs alone, in turn.
+    suspects: deque[ClaimedJob] = field(default_factory=deque)
+    suspect: wire.JobKey | None = None  # the suspect sent last
+    crashes: procs.CrashCounter = field(init=False)
+    _free: list[int] = field(default_factory=list)
+    _pipes: list[Any] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.crashes = procs.CrashCounter(f"child {self.index}")
+
+    @property
+    def index(self) -> int:
+        return self.config.shard
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.is_alive()
+
+    @property
+    def ready(self) -> bool:
+        """Alive, not waiting for a restart and not running suspects: jobs may be sent."""
+        return self.restart_at is None and self.alive and not self.isolating
+
+    @property
+    def isolating(self) -> bool:
+        """Suspects wait, or one runs alone: nothing else may be sent."""
+        return bool(self.suspects) or self.suspect in self.sent
+
+    def start(self, now: float) -> None:
+        ctx = procs.context()
+        self._close_pipes()
+        to_child_r, to_child_w = ctx.Pipe(duplex=False)
+        from_child_r, from_child_w = ctx.Pipe(duplex=False)
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(to_child_w.fileno(), _F_SETPIPE_SZ, PIPE_BYTES)
+        array = ctx.Array("q", Progress.width(self.config.slots), lock=False)
+        self.process = ctx.Process(target=child_main,
+                                   args=(self.config, to_child_r, from_child_w, array, logs.current()),
+                                   name=f"shardworker-shard-{self.index}", daemon=True)
+        procs.start(self.process)
+        to_child_r.close()
+        from_child_w.close()
+        self._pipes = [to_child_w, from_child_r]
+        self.out, self.inp = wire.OutFrames(to_child_w.fileno()), wire.InFrames(from_child_r.fileno())
+        self.progress, self._free = Progress(array, self.config.slots), list(range(self.config.slots - 1, -1, -1))
+        self.stopped, self.fatal, self.restart_at = False, "", None
+        self.recalling = self.saturated = False
+        self.crashes.started(now)
+
+    def _close_pipes(self) -> None:
+        for pipe in self._pipes:
+            pipe.close()
+        self._pipes = []
+
+    @property
+    def free_slots(self) -> int:
+        return len(self._free)
+
+    def send_now(self, jobs: list[ClaimedJob], sizes: list[int], now: float = 0.0) -> None:
+        slots = []
+        for job, size in zip(jobs, sizes, strict=True):
+            slot = self._free.pop()
+            assert self.progress is not None
+            self.progress.clear(slot)
+            self.sent[(job.id, job.attempt)] = Sent(job, slot, size, now)
+            self.sent_bytes += size
+            slots.append(slot)
+        self._put(wire.Jobs(tuple(jobs), tuple(slots)))
+
+    def _put(self, msg: wire.Message) -> None:
+        with contextlib.suppress(OSError):  # the child is gone: the death check deals with it
+            assert self.out is not None
+            self.out.put(msg)
+
+    def flush(self) -> None:
+        with contextlib.suppress(OSError):
+            if self.out is not None:
+                self.out.flush()
+
+    def recall(self) -> None:
+        """Ask for the jobs it has not started; they come back in ``receive`` (``Returned``)."""
+        self.recalling = self.saturated = True
+        self._put(wire.Recall())
+
+    def waiting_since(self) -> tuple[float, bool] | None:
+        """When the oldest sent job that has not started was sent, and whether a job sent
+        before it has started (it waits behind running handlers); None when all started.
+
+        Reads slots in send order up to the first unstarted job: about as many as run at once."""
+        if self.progress is None:
+            return None
+        for position, sent in enumerate(self.sent.values()):
+            if not self.progress.started(sent.slot, sent.job.id):
+                return sent.at, position > 0
+        return None
+
+    def request_stop(self) -> None:
+        if self.out is not None:
+            self._put(wire.Stop())
+
+    def receive(self) -> list[Sent]:
+        """Read what the child reported; returns the jobs it finished."""
+        finished: list[Sent] = []
+        if self.inp is None:
+            return finished
+        try:
+            messages = self.inp.read()
+        except OSError:
+            return finished
+        for msg in messages:
+            if isinstance(msg, wire.Done):
+                for key in msg.finished:
+                    finished.append(self._release(key))
+                if msg.stats:
+                    self.job_counts.add(msg.stats)
+                if not self.recalling:
+                    self.saturated = False  # a handler finished since the recall: it can start another
+            elif isinstance(msg, wire.Returned):
+                taken = [self._release(key) for key in msg.jobs]
+                # First in line again, here in the parent, for whichever child has room.
+                self.held.extendleft(reversed([sent.job for sent in taken]))
+                self.returned.extend(taken)
+                # Saturated while it still runs something (its next report clears it); with nothing
+                # left, nothing would, and it is free.
+                self.recalling, self.saturated = False, bool(self.sent)
+            elif isinstance(msg, wire.Stopped):
+                self.stopped, self.unstarted = True, msg.unstarted
+            elif isinstance(msg, wire.Fatal):
+                self.fatal = msg.message
+                log.error("child %d: %s", self.index, self.fatal)
+        return finished
+
+    def _release(self, key: wire.JobKey) -> Sent:
+        sent = self.sent.pop(key)
+        self.sent_bytes -= sent.size
+        self._free.append(sent.slot)
+        return sent
+
+    def running(self) -> Iterable[tuple[ClaimedJob, float]]:
+        """(job, monotonic start) of every handler running now."""
+        if self.progress is None:
+            return
+        for sent in self.sent.values():
+            since = self.progress.running_since(sent.slot, sent.job.id)
+            if since is not None:
+                yield sent.job, since
+
+    def settle(self) -> Leftovers:
+        """After the process died: split its unreported jobs by what its shard holds, and take
+        them all off it (the pool decides who is charged and what is resent)."""
+        reported = self.receive()
+        self.process.join(1)
+        progress = self.progress
+        sent = list(self.sent.values())
+        started = [s for s in sent if progress is not None and progress.started(s.slot, s.job.id)]
+        durable = durable_keys(self.config.outbox_dir, self.index, len(started)) if started else set()
+        left = [s for s in started if (s.job.id, s.job.attempt) not in durable]
+        running = [progress is not None and progress.running_since(s.slot, s.job.id) is not None for s in left]
+        unfinished = [s.job for s, r in zip(left, running, strict=True) if r]
+        unsaved = [s.job for s, r in zip(left, running, strict=True) if not r]
+        unstarted = [s.job for s in sent if s not in started]
+        for s in sent:
+            self._release((s.job.id, s.job.attempt))
+        self.progress = None
+        return Leftovers(reported, sent, len(started) - len(left), unfinished, unsaved, unstarted)
+
+
+def durable_keys(directory: str, shard: int, count: int) -> set[wire.JobKey]:
+    """(id, attempt) of the outcomes among a dead child's last ``count`` records."""
+    keys = set()
+    for payload in outbox.tail_records(directory, shard, count):
+        with contextlib.suppress(ValueError, TypeError):
+            keys.add(wire.outcome_key(payload))
+    return keys

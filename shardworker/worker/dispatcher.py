@@ -1,0 +1,311 @@
+"""The dispatcher: the parent's loop that claims jobs and routes them to children.
+
+Each ``run_once`` collects what children reported, settles dead children (their lost jobs
+get a failure through ``ParentOutcomes``), keeps the flusher alive, and claims due jobs
+when there is room: the children hold fewer than their prefetch of jobs, the
+flusher is less than ``max_backlog`` outcomes behind, the outbox disk is above its
+free-space watermark, and the database answered. (Claims never exceed the room the
+children have in all, each child's counted alone: one child stuck on a long handler has
+no room, and never stops claims for the others. Jobs go to their home child,
+``shard_for(id, N)``; the pool holds back what a child has no room for and gives it to
+a child that has.) It then sleeps until a child reports,
+an enqueue notification arrives, or the poll interval passes.
+
+It is built from its collaborators (config, store, pool, flusher, parent outcomes,
+clock) and touches nothing else; the heartbeat runs elsewhere, on its own connection.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import outbox
+from shardworker import layout, procs
+from shardworker.config import WorkerConfig
+from shardworker.errors import DatabaseUnavailable, NotConnected, SchemaMissing, StoreError
+from shardworker.flusher.process import FlusherHandle
+from shardworker.model import ClaimedJob
+from shardworker.retry import Backoff, is_retryable, retry_call
+from shardworker.routing import shard_for
+from shardworker.wire import JobKey
+from shardworker.worker.dbwatch import DatabaseWatch
+from shardworker.worker.parent_outcomes import ParentOutcomes
+from shardworker.worker.pool import ChildPool, Death
+from shardworker.worker.quarantine_watch import QuarantineWatch
+
+log = logging.getLogger(__name__)
+
+
+class DispatchStore(Protocol):
+    """What the dispatcher needs from a store (``PgStore`` provides it)."""
+
+    def claim(self, kinds: Sequence[str], queues: Sequence[str] | None, worker_id: str, limit: int,
+              claim_token: str | None = None, max_bytes: int = ...) -> list[ClaimedJob]: ...
+    def release(self, jobs: Sequence[tuple[int, int]], worker_id: str) -> int: ...
+    def release_claim(self, claim_token: str, worker_id: str) -> int: ...
+    def count_active(self, kinds: Sequence[str], queues: Sequence[str] | None, worker_id: str) -> int: ...
+    def notify_fileno(self) -> int: ...
+    def requeue_lost(self, worker_id: str, error: str, keep_ids: Sequence[int]) -> list[int]: ...
+    def wait_notify(self, timeout_s: float) -> bool: ...
+
+
+class Dispatcher:
+    """Claim and route; one instance per worker run."""
+
+    def __init__(self, config: WorkerConfig, worker_id: str, kinds: list[str], store: DispatchStore,
+                 pool: ChildPool, flusher: FlusherHandle, parent_outcomes: ParentOutcomes, *,
+                 stopping: Callable[[], bool], clock: Callable[[], float] = time.monotonic) -> None:
+        self.config, self.worker_id, self.kinds, self.store = config, worker_id, kinds, store
+        self.pool, self.flusher, self.parent_outcomes = pool, flusher, parent_outcomes
+        self.stopping, self.clock = stopping, clock
+        self.backoff = Backoff(config.backoff_base_s, config.backoff_cap_s)
+        self.next_claim_at = 0.0
+        self.flushed_base = flusher.flushed_total
+        self.acked_total = 0  # outcomes made durable since this dispatcher started
+        self.done_total = 0
+        self.claimed_total = 0
+        self.pause_reason = ""
+        self.more_due = True
+        self.next_log_at = clock() + config.log_interval_s
+        self.next_idle_check_at = 0.0
+        self.db_ok = True
+        self.db_error = ""  # why the last claim failed for want of the database, while db_ok is False
+        self._flushed_at_failure = 0  # flusher.flushed_total when that claim failed
+        self.db_errors = 0  # claims the database failed, in all
+        self.watch = DatabaseWatch(self.backlog, clock)
+        self.lost_claims: list[str] = []
+        self.quarantine = QuarantineWatch(config.outbox_dir, worker_id, store,
+                                          lambda: [*pool.job_ids(), *parent_outcomes.waiting_ids()], clock=clock)
+
+    # the loop ----------------------------------------------------------------------
+
+    def run_once(self) -> bool:
+        """One pass; True when the worker should exit because it is idle."""
+        self.count_finished(self.pool.collect())
+        self.settle(self.pool.check())
+        self.flusher.check()
+        self._settle_quarantined()
+        claimed = self._maybe_claim()
+        self.watch.update(self.db_failure())
+        self._log_progress()
+        if self.config.exit_when_idle and self._idle():
+            return True
+        if not claimed:
+            self._wait()
+        return False
+
+    def count_finished(self, jobs: int) -> None:
+        """Jobs whose outcome is durable now (reported by a child, or settled after its death)."""
+        self.acked_total += jobs
+        self.done_total += jobs
+
+    def settle(self, deaths: list[Death]) -> None:
+        """Count a dead child's durable outcomes and fail the started jobs charged for its death
+        (``shardworker.worker.blame``: the job that caused it, never a neighbour)."""
+        for death in deaths:
+            charged = sum(self.parent_outcomes.fail(jobs, error) for error, jobs in death.charges().items())
+            self.count_finished(death.durable + charged + self.parent_outcomes.snooze(death.snoozed))
+
+    def _settle_quarantined(self) -> None:
+        try:
+            pending = self.quarantine.run_once()
+        except StoreError as exc:
+            self._claim_failed(exc)  # tried again at the next look
+            return
+        if pending is not None:
+            # The quarantined outcomes will never be flushed: count the backlog afresh.
+            self.acked_total = self.flusher.flushed_total - self.flushed_base + pending
+
+    def db_failure(self) -> str | None:
+        """Why the database was unreachable for this worker's last claim or flush; None when
+        both worked. A claim failure counts until a claim works, or until the flusher has
+        applied outcomes since (claims may stay paused after an outage: a backlog, no room)."""
+        failing = self.flusher.failing
+        if failing:
+            return failing
+        if self.db_error and not self.db_ok and self.flusher.flushed_total == self._flushed_at_failure:
+            return self.db_error
+        return None
+
+    def backlog(self) -> int:
+        """Outcomes made durable and not yet flushed (an estimate)."""
+        return self.acked_total - (self.flusher.flushed_total - self.flushed_base)
+
+    # claiming ------------------------------------------------------------------------
+
+    def _claim_blocker(self) -> str:
+        if self.stopping():
+            return "stopping"
+        if not self.parent_outcomes.flush():
+            return "the outbox cannot take the outcomes of a dead child yet"
+        if self.clock() < self.next_claim_at:
+            return "database unavailable"
+        if self.backlog() > self.config.max_backlog:
+            return f"the flusher is {self.backlog()} outcomes behind (max_backlog {self.config.max_backlog})"
+        free = outbox.free_bytes(self.config.outbox_dir)
+        if free < self.config.min_free_bytes:
+            return (f"the outbox disk is nearly full ({free // 1024 // 1024} MiB free, "
+                    f"watermark {self.config.min_free_bytes // 1024 // 1024} MiB)")
+        return ""
+
+    def _maybe_claim(self) -> int:
+        blocker = self._claim_blocker()
+        self._note_pause(blocker)
+        if blocker:
+            return 0
+        targets = [self.pool.target(i) for i in range(len(self.pool))]
+        # A child over its share (stuck, or saturated: target 0) has no room; it takes none from the others.
+        room = [max(0, t - self.pool.outstanding(i)) for i, t in enumerate(targets)]
+        limit = min(self.config.claim_batch, sum(room))
+        # Skip tiny claims while some child with room still has more than a quarter of its share queued.
+        if limit < 1 or (any(0 < r < t // 4 * 3 for r, t in zip(room, targets, strict=True)) and not self.more_due):
+            return 0
+        if self.pool.held_bytes() >= self.config.claim_bytes:
+            return 0  # big payloads wait here for children to take them: claim no more bytes yet
+        try:
+            self.settle_lost_claims()
+        except StoreError as exc:
+            self._claim_failed(exc)
+            return 0
+        token = uuid.uuid4().hex
+        try:
+            jobs = self.store.claim(self.kinds, self.config.queues, self.worker_id, limit, token,
+                                    max_bytes=self.config.claim_bytes)
+        except StoreError as exc:
+            if not isinstance(exc, NotConnected):
+                self.lost_claims.append(token)  # the server may have committed it before the connection broke
+            self._claim_failed(exc)
+            return 0
+        self._claim_ok()
+        self.more_due = len(jobs) == limit or sum(len(j.payload_json) for j in jobs) * 2 >= self.config.claim_bytes
+        self.claimed_total += len(jobs)
+        self._route(jobs)
+        return len(jobs)
+
+    def settle_lost_claims(self) -> None:
+        """Give back the jobs of claims whose replies were lost; raises ``StoreError`` (the
+        tokens are kept) when the database fails meanwhile."""
+        while self.lost_claims:
+            released = self.store.release_claim(self.lost_claims[0], self.worker_id)
+            if released:
+                log.warning("gave back %d jobs of a claim whose reply was lost", released)
+            self.lost_claims.pop(0)
+
+    def _route(self, jobs: list[ClaimedJob]) -> None:
+        by_child: dict[int, list[ClaimedJob]] = {}
+        for job in jobs:
+            by_child.setdefault(shard_for(job.id, len(self.pool)), []).append(job)
+        for index, batch in by_child.items():
+            self.pool.send(index, batch)
+
+    def _claim_failed(self, exc: StoreError) -> None:
+        if isinstance(exc, SchemaMissing) or not is_retryable(exc):
+            raise exc
+        delay = self.backoff.next_delay(exc)
+        self.next_claim_at = self.clock() + delay
+        # One line per outage, from the watch; the retries are for -v.
+        log.debug("claim failed (%s); retrying in %.2fs", exc, delay)
+        self.db_ok = False
+        self.db_errors += 1
+        # A conflict or a statement timeout is not an outage: only an unreachable database is told.
+        self.db_error = (str(exc) or type(exc).__name__) if isinstance(exc, DatabaseUnavailable) else ""
+        self._flushed_at_failure = self.flusher.flushed_total
+
+    def _claim_ok(self) -> None:
+        self.db_ok, self.db_error = True, ""
+        self.backoff.reset()
+        self.next_claim_at = 0.0
+
+    def _note_pause(self, blocker: str) -> None:
+        if blocker != self.pause_reason and blocker not in ("", "stopping", "database unavailable"):
+            log.warning("not claiming: %s", blocker)
+        elif not blocker and self.pause_reason not in ("", "database unavailable"):
+            log.info("claiming resumed")
+        self.pause_reason = blocker
+
+    # waiting and idleness ------------------------------------------------------------
+
+    def _wait(self) -> None:
+        timeout = self.config.poll_interval_s
+        if self.next_claim_at:
+            timeout = max(0.0, min(timeout, self.next_claim_at - self.clock()))
+        notify_fd = self._notify_fd()
+        reads, writes = self.pool.wait_fds()
+        ready = procs.wait_ready([*reads, *([notify_fd] if notify_fd is not None else [])], writes,
+                                 min(timeout, 0.2))
+        if notify_fd is not None and notify_fd in ready:
+            try:
+                self.more_due = self.store.wait_notify(0) or self.more_due
+            except StoreError as exc:
+                self._claim_failed(exc)
+        elif not ready:
+            self.more_due = True  # poll fallback: maybe jobs became due (run_at) meanwhile
+
+    def _notify_fd(self) -> int | None:
+        if not self.db_ok:
+            return None
+        try:
+            return self.store.notify_fileno()
+        except StoreError as exc:
+            self._claim_failed(exc)
+            return None
+
+    def _idle(self) -> bool:
+        if self.pool.in_flight or self.backlog() > 0 or not self.flusher.idle:
+            return False
+        now = self.clock()
+        if now < self.next_idle_check_at:
+            return False
+        self.next_idle_check_at = now + 0.2
+        try:
+            active = self.store.count_active(self.kinds, self.config.queues, self.worker_id)
+        except StoreError as exc:
+            self._claim_failed(exc)
+            return False
+        return active == 0 and outbox.status(self.config.outbox_dir).pending == 0
+
+    def _log_progress(self) -> None:
+        now = self.clock()
+        if now >= self.next_log_at:
+            self.next_log_at = now + self.config.log_interval_s
+            log.info("claimed %d, done %d, in flight %d, outbox backlog %d", self.claimed_total,
+                     self.done_total, self.pool.in_flight, self.backlog())
+
+    # giving back at shutdown -----------------------------------------------------------
+
+    def give_back(self, unstarted: list[JobKey], deadline: float) -> int:
+        """Release jobs no child started and the jobs of lost claims, retrying until
+        ``deadline``; returns how many were released."""
+        released = [0]
+
+        def attempt() -> None:
+            if unstarted:
+                released[0] += self.store.release(unstarted, self.worker_id)
+                unstarted.clear()
+            self.settle_lost_claims()
+
+        try:
+            retry_call(attempt, "giving back unstarted jobs", log=log, deadline=deadline, clock=self.clock,
+                       backoff=Backoff(self.config.backoff_base_s, min(1.0, self.config.backoff_cap_s)))
+            return released[0]
+        except StoreError as exc:
+            self._keep_for_next_start(unstarted, exc)
+            return released[0]
+
+    def _keep_for_next_start(self, unstarted: list[JobKey], exc: StoreError) -> None:
+        """Keep what could not be given back in ``giveback.json``: the next start (or
+        ``outbox drain``) releases it uncharged (``shardworker.worker.giveback``)."""
+        try:
+            layout.save_giveback(self.config.outbox_dir, self.worker_id, unstarted, self.lost_claims)
+        except OSError as err:
+            log.warning("could not give back %d unstarted jobs and %d claims whose replies were lost (%s), nor "
+                        "keep them in the outbox (%s); they stay running under worker %s and its next start "
+                        "charges each an attempt", len(unstarted), len(self.lost_claims), exc, err, self.worker_id)
+            return
+        log.warning("could not give back %d unstarted jobs and %d claims whose replies were lost (%s); kept in "
+                    "%s: the next start or `shardworker outbox drain` gives them back, no attempt charged",
+                    len(unstarted), len(self.lost_claims), exc, layout.GIVEBACK_FILE)

@@ -1,0 +1,115 @@
+"""The heartbeat: tells the database this worker is alive, and runs the rescuer.
+
+It beats on its own thread and its own connection, from before startup recovery until
+after the last job is given back, so nothing the parent does (claiming, a slow send,
+settling a dead child, a shutdown) can make a live worker look dead to a rescuer. After
+each successful beat it lets the ``Rescuer`` look at everyone else's.
+
+Its first beat takes the worker id's row over (``shardworker.worker.identity`` checked it was
+free); later beats write only a row this process wrote. A row another (hostname, pid)
+rewrote meanwhile means a second live worker under this id: the heartbeat stops, keeps
+the error in ``conflict`` and calls ``on_conflict``, and the worker stops with it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from shardworker.errors import DatabaseUnavailable, StoreError, WorkerIdInUse
+from shardworker.retry import Backoff, is_retryable
+from shardworker.worker.identity import in_use
+from shardworker.worker.rescuer import Rescuer, RescueStore
+
+log = logging.getLogger(__name__)
+
+
+class HeartbeatStore(RescueStore, Protocol):
+    def heartbeat(self, worker_id: str, hostname: str, pid: int, running: int | None = None,
+                  pending: int | None = None, *, take_over: bool = True) -> tuple[str, int] | None: ...
+    def close(self) -> None: ...
+
+
+class Heartbeat:
+    """Call ``run_once(now)`` in a loop (``start`` runs that loop on a thread)."""
+
+    def __init__(self, store: HeartbeatStore, worker_id: str, interval_s: float, rescue_after_s: float | None,
+                 backoff: Backoff, *, rescue_grace_s: float = 0.0, clock: Callable[[], float] = time.monotonic,
+                 load: Callable[[], tuple[int | None, int | None]] = lambda: (None, None),
+                 on_conflict: Callable[[WorkerIdInUse], None] = lambda exc: None) -> None:
+        self.store, self.worker_id, self.interval_s = store, worker_id, interval_s
+        self.load = load  # (jobs running, outcomes pending in the outbox), shown by `shardworker workers`
+        self.backoff, self.clock = backoff, clock
+        # No rescuer when it only keeps a worker alive (``outbox drain`` beating for the owner).
+        self.rescuer = None if rescue_after_s is None else Rescuer(store, worker_id, rescue_after_s, rescue_grace_s)
+        self.last_ok: float | None = None
+        self._refusing = False
+        self.on_conflict = on_conflict
+        self.conflict: WorkerIdInUse | None = None  # set when another process took this id's row
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def run_once(self, now: float) -> float:
+        """Beat, then rescue; returns the seconds until the next beat."""
+        if self.conflict is not None:
+            return self.interval_s
+        try:
+            holder = self.store.heartbeat(self.worker_id, socket.gethostname(), os.getpid(), *self.load(),
+                                          take_over=self.last_ok is None)
+            if holder is not None:
+                self._lost_the_id(holder)
+                return self.interval_s
+            self.last_ok, self._refusing = now, False
+            self.backoff.reset()
+            if self.rescuer is not None:
+                self.rescuer.run_once(now)
+        except StoreError as exc:
+            if not is_retryable(exc):
+                return self._refused(exc)
+            if self.rescuer is not None:
+                self.rescuer.connection_lost()
+            delay = max(self.interval_s, self.backoff.next_delay(exc))
+            if self.backoff.failures == 1:
+                # An unreachable database is told once for the whole worker (shardworker.worker.dbwatch).
+                log.log(logging.DEBUG if isinstance(exc, DatabaseUnavailable) else logging.WARNING,
+                        "heartbeat failed (%s); retrying every %.1fs or so", exc, delay)
+            return delay
+        return self.interval_s
+
+    def _refused(self, exc: StoreError) -> float:
+        """The database refuses the beat for good (not an outage): say so at ERROR, once per
+        streak, and beat again at the normal pace; backing off would not help."""
+        if not self._refusing:
+            self._refusing = True
+            log.error("heartbeat refused by the database: %s; trying again every %.1fs", exc, self.interval_s)
+        return self.interval_s
+
+    def _lost_the_id(self, holder: tuple[str, int]) -> None:
+        """Another live process beats under this id: stop beating (its row stays its own)."""
+        self.conflict = in_use(self.worker_id, *holder)
+        self._stop.set()
+        self.on_conflict(self.conflict)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="shardworker-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        delay = 0.0
+        while not self._stop.wait(delay):
+            delay = self.run_once(self.clock())
+
+    def stop(self, wait_s: float = 5.0) -> None:
+        """Stop beating and close the store; a beat stuck on a dead connection is left to
+        its daemon thread (it ends with the process)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(wait_s)
+            if self._thread.is_alive():
+                return
+        self.store.close()

@@ -1,0 +1,144 @@
+"""The parent's housekeeping thread: periodic jobs and retention, on a connection of its own.
+
+Both are work no job depends on finishing quickly, so they stay off the dispatcher's
+connection and off the heartbeat's (a long prune must never make a live worker look
+silent). Each loop checks the schedules (``Scheduler.run_once``: no query unless a tick
+is due) and, during a prune round, deletes one batch, so a big prune never delays a tick
+by more than a batch. A prune round starts every ``prune_interval_s`` and runs until a
+batch comes back short. With the database away it backs off and says so once, and once
+again when it is back.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from shardworker.errors import DatabaseUnavailable, StoreError
+from shardworker.retry import Backoff, is_retryable
+from shardworker.schedule import Schedule
+from shardworker.worker.periodic import PeriodicStore, Scheduler
+
+log = logging.getLogger(__name__)
+
+PRUNE_BATCH = 1000
+
+
+class HousekeepingStore(PeriodicStore, Protocol):
+    def prune_batch(self, older_than_s: float, limit: int) -> int | None: ...
+    def close(self) -> None: ...
+
+
+def prune(store: HousekeepingStore, older_than_s: float, *, batch: int = PRUNE_BATCH,
+          on_batch: Callable[[int], None] | None = None, should_stop: Callable[[], bool] = lambda: False) -> int:
+    """Delete every job finished more than ``older_than_s`` seconds ago, ``batch`` rows a
+    transaction, waiting while another worker holds the prune lock; how many."""
+    total = 0
+    while not should_stop():
+        deleted = store.prune_batch(older_than_s, batch)
+        if deleted is None:
+            time.sleep(0.1)  # a worker is pruning this very batch's rows; take turns
+            continue
+        total += deleted
+        if on_batch is not None:
+            on_batch(total)
+        if deleted < batch:
+            break
+    return total
+
+
+class Housekeeper:
+    """``run_once()`` is one turn of the loop; ``start()`` runs it on a daemon thread."""
+
+    def __init__(self, store: HousekeepingStore, schedules: Sequence[Schedule], retention_s: float,
+                 backoff: Backoff, *, prune_interval_s: float = 60.0, tick_s: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.store, self.retention_s, self.backoff = store, retention_s, backoff
+        self.scheduler = Scheduler(store, schedules)
+        self.prune_interval_s, self.tick_s, self.clock = prune_interval_s, tick_s, clock
+        self.pruned = 0
+        self._round_total = 0
+        self._next_round = clock() + min(5.0, prune_interval_s)  # let startup settle first
+        self._pruning = False
+        self._down_since: float | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def needed(self) -> bool:
+        return bool(self.scheduler.schedules) or self.retention_s > 0
+
+    def run_once(self) -> float:
+        """Check schedules, prune one batch if a round is on; seconds until the next turn."""
+        try:
+            self.scheduler.run_once()
+            if self.retention_s > 0:
+                self._prune_step()
+        except StoreError as exc:
+            if not is_retryable(exc):
+                return self._refused(exc)
+            delay = max(self.tick_s, self.backoff.next_delay(exc))
+            if self._down_since is None:
+                self._down_since = self.clock()
+                # An unreachable database is told once for the whole worker (shardworker.worker.dbwatch).
+                log.log(logging.DEBUG if isinstance(exc, DatabaseUnavailable) else logging.WARNING,
+                        "housekeeping (periodic jobs, retention) paused: %s; retrying every %.1fs or so", exc, delay)
+            return delay
+        if self._down_since is not None:
+            log.debug("housekeeping resumed after %.1fs", self.clock() - self._down_since)
+            self._down_since = None
+            self.backoff.reset()
+        return 0.0 if self._pruning else self.tick_s
+
+    def _refused(self, exc: StoreError) -> float:
+        """The database refuses this turn's work for good (not an outage): say what at ERROR,
+        end a prune round, and wait ``prune_interval_s``, not a backoff meant for outages."""
+        if self._pruning:
+            self._end_round(self.clock())
+        log.error("housekeeping (periodic jobs, retention) refused by the database: %s; next try in %gs",
+                  exc, self.prune_interval_s)
+        return self.prune_interval_s
+
+    def _prune_step(self) -> None:
+        now = self.clock()
+        if not self._pruning:
+            if now < self._next_round:
+                return
+            self._pruning, self._round_total = True, 0
+        deleted = self.store.prune_batch(self.retention_s, PRUNE_BATCH)
+        if deleted is None:  # another worker prunes now: its round covers this one
+            self._end_round(now)
+            return
+        self._round_total += deleted
+        self.pruned += deleted
+        if deleted < PRUNE_BATCH:
+            self._end_round(now)
+
+    def _end_round(self, now: float) -> None:
+        if self._round_total:
+            log.info("pruned %d finished jobs older than %gs (--retention)", self._round_total, self.retention_s)
+        self._pruning, self._next_round = False, now + self.prune_interval_s
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="shardworker-housekeeping", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        delay = 0.0
+        while not self._stop.wait(delay):
+            try:
+                delay = self.run_once()
+            except Exception:  # a bug here must not end periodic jobs for the worker's life
+                log.exception("housekeeping failed; trying again in %gs", self.prune_interval_s)
+                delay = self.prune_interval_s
+
+    def stop(self, wait_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(wait_s)
+            if self._thread.is_alive():
+                return  # stuck on a dead connection: the daemon thread ends with the process
+        self.store.close()

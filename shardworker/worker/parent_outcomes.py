@@ -1,0 +1,95 @@
+"""Outcomes the parent decides itself, made durable in its own outbox shard.
+
+When a child dies or a handler times out, the started jobs charged for it get a failure
+("the handler's process died: exit code 1", "timed out after 30s"), and those whose
+handler returned but whose outcome died with the child a snooze (``shardworker.worker.blame``),
+that the flusher applies like any other. The parent writes them to shard ``layout.PARENT_SHARD``. When the outbox cannot
+take them (a full disk), they wait in memory and ``flush`` retries; the dispatcher does
+not claim meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+
+from outbox import OutboxError, OutboxSyncError, ShardWriter, WriterConfig
+from shardworker import wire
+from shardworker.app import HandlerSpec
+from shardworker.jobstats import JobCounts, outcome_label
+from shardworker.layout import PARENT_SHARD
+from shardworker.model import ClaimedJob, Outcome
+from shardworker.retry import job_retry_delay
+
+log = logging.getLogger(__name__)
+
+
+class ParentOutcomes:
+    """The parent's shard writer, opened on first use."""
+
+    def __init__(self, outbox_dir: str, segment_bytes: int, specs: Mapping[str, HandlerSpec],
+                 job_counts: JobCounts | None = None) -> None:
+        self.outbox_dir, self.segment_bytes, self.specs = outbox_dir, segment_bytes, specs
+        self.job_counts = job_counts
+        self._writer: ShardWriter | None = None
+        self._pending: list[Outcome] = []
+
+    def fail(self, jobs: Iterable[ClaimedJob], reason: str) -> int:
+        """Record a failed attempt for each job (retried per its handler's policy); returns how many."""
+        jobs = list(jobs)
+        outcomes = [Outcome(j.id, j.attempt, False, error=reason, retry_delay_s=self._delay(j)) for j in jobs]
+        if self.job_counts is not None:
+            for job, outcome in zip(jobs, outcomes, strict=True):
+                self.job_counts.add_outcome(job.kind, outcome_label(job, outcome, job.max_attempts))
+        self._pending.extend(outcomes)
+        self.flush()
+        return len(outcomes)
+
+    def snooze(self, jobs: Iterable[ClaimedJob]) -> int:
+        """Queue each job again at once, using no attempt (its run's outcome was lost with a
+        child that something else killed); returns how many."""
+        jobs = list(jobs)
+        if self.job_counts is not None:
+            for job in jobs:
+                self.job_counts.add_outcome(job.kind, "snoozed")
+        self._pending.extend(Outcome(j.id, j.attempt, False, retry_delay_s=0.0, snooze=True) for j in jobs)
+        self.flush()
+        return len(jobs)
+
+    def _delay(self, job: ClaimedJob) -> float:
+        spec = self.specs.get(job.kind)
+        return spec.delay_after_failure(job.attempt) if spec else job_retry_delay(job.attempt)
+
+    def waiting_ids(self) -> list[int]:
+        return [o.job_id for o in self._pending]
+
+    @property
+    def waiting(self) -> int:
+        """Outcomes not yet durable (the outbox refused them so far)."""
+        return len(self._pending)
+
+    def flush(self) -> bool:
+        """Try to make the waiting outcomes durable; True when none waits."""
+        if not self._pending:
+            if self._writer is not None:
+                self._writer.reclaim()  # an applied segment goes once sealed (rate-limited in the writer)
+            return True
+        try:
+            if self._writer is None:
+                self._writer = ShardWriter.open(self.outbox_dir, PARENT_SHARD,
+                                                WriterConfig(segment_bytes=self.segment_bytes))
+            for outcome in self._pending:
+                self._writer.append_bytes(wire.encode_outcome(outcome))
+            self._writer.commit()
+        except (OutboxError, OSError) as exc:
+            log.error("cannot record %d outcomes of dead children yet (%s); retrying", len(self._pending), exc)
+            if isinstance(exc, OutboxSyncError):
+                self.close()  # fsync failed: that segment is abandoned, the next open starts another
+            return False
+        self._pending = []
+        return True
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None

@@ -1,0 +1,321 @@
+"""The supervisor: the order of things in one worker's life.
+
+1. Take the outbox directory's worker lock; know the worker id; wait for the schema; bind
+   the outbox to this database at first use, or refuse another database.
+2. Wait until no process of a previous run still writes a shard of this outbox, and
+   until it is clear no other live worker uses this worker id (``shardworker.worker.identity``).
+3. Start heartbeating (its own thread and connection) and the flusher.
+4. Startup recovery: wait until the flusher has applied every pending outcome, give back
+   uncharged the jobs a stop in an outage left in ``giveback.json`` (never started), then
+   requeue this worker's running jobs that have none (their handlers never finished).
+5. Start the children and, when the app has periodic jobs or ``retention_s`` is set, the
+   housekeeping thread; run the dispatcher until a signal, or idleness with
+   ``exit_when_idle``.
+6. Shut down: stop claiming, let children finish the job in hand, give back jobs never
+   started (kept in ``giveback.json`` for step 4 of the next start when the database is
+   away), let the flusher apply what the database accepts (all bounded by
+   ``shutdown_timeout_s``; during an outage, what needs the database gets only
+   ``DATABASE_WAIT_IN_OUTAGE_S``), stop housekeeping and heartbeating, forget the worker.
+   A second signal exits at once. A crash loop (``CrashLoop``) shuts down the same way, then is raised.
+
+Each step is another module's: this one only decides when.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from outbox import status as outbox_status
+from shardworker import binding, layout, logs, procs
+from shardworker.app import App
+from shardworker.child.main import ChildConfig
+from shardworker.config import WorkerConfig
+from shardworker.errors import CrashLoop, OutboxBusy, StoreError, WorkerIdInUse
+from shardworker.flusher.loop import FlusherConfig
+from shardworker.flusher.process import FlusherHandle
+from shardworker.jobstats import JobCounts
+from shardworker.retry import Backoff, retry_call
+from shardworker.store.pg_store import PgStore, StoreConfig
+from shardworker.worker import giveback, identity
+from shardworker.worker.dispatcher import Dispatcher
+from shardworker.worker.heartbeat import Heartbeat
+from shardworker.worker.housekeeping import Housekeeper
+from shardworker.worker.metrics import MetricsServer, WorkerCollector
+from shardworker.worker.parent_outcomes import ParentOutcomes
+from shardworker.worker.pool import ChildPool
+
+log = logging.getLogger(__name__)
+
+DATABASE_WAIT_IN_OUTAGE_S = 3.0  # what a shutdown during an outage waits for the database
+
+
+@dataclass
+class RunSummary:
+    done: int = 0  # outcomes made durable, of every kind (see outcomes)
+    pending_outcomes: int = 0
+    released: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)  # by jobstats.OUTCOMES name
+
+
+class Supervisor:
+    """Owns every process of one worker."""
+
+    def __init__(self, config: WorkerConfig, app: App) -> None:
+        app = app.with_default_timeout(config.default_timeout_s)  # the children apply the same
+        self.config, self.app = config, app
+        self.store_config = StoreConfig(config.dsn, connect_timeout_s=config.connect_timeout_s,
+                                        statement_timeout_s=config.statement_timeout_s,
+                                        network_timeout_s=config.network_timeout_s)
+        self.store = PgStore(self.store_config)
+        self.stopping = False
+        self.worker_id = ""
+        self.flusher = FlusherHandle(config.outbox_dir, self.store_config,
+                                     FlusherConfig(config.flush_batch, config.flush_bytes, config.checkpoint_interval_s,
+                                                   config.backoff_base_s, config.backoff_cap_s),
+                                     config.flush_idle_sleep_s)
+        concurrent = any(spec.lane != "sync" for spec in app.handlers.values())
+        self.min_jobs, self.max_jobs = config.prefetch_jobs(concurrent)
+        self.pool = ChildPool(self._child_configs(), app.handlers, min_jobs=self.min_jobs, max_jobs=self.max_jobs,
+                              max_bytes=config.prefetch_bytes, horizon_s=config.prefetch_horizon_s,
+                              steal_after_s=config.steal_after_s)
+        self.parent_outcomes = ParentOutcomes(config.outbox_dir, config.segment_bytes, app.handlers,
+                                              self.pool.job_counts)
+        self.heartbeat: Heartbeat | None = None
+        self.housekeeper = Housekeeper(PgStore(self.store_config), list(app.schedules.values()), config.retention_s,
+                                       self._backoff(), prune_interval_s=config.prune_interval_s)
+        self.dispatcher: Dispatcher | None = None
+        self.schema_checked = False  # the database answered at startup (what database_up says until claims)
+        self.metrics: MetricsServer | None = None
+        if config.metrics_port is not None:
+            self.metrics = MetricsServer(config.metrics_host, config.metrics_port, [WorkerCollector(self)],
+                                         config.metrics_token)
+
+    def _child_configs(self) -> list[ChildConfig]:
+        c = self.config
+        return [ChildConfig(index, c.outbox_dir, c.app_ref, c.group_commit_max_delay_s, c.group_commit_max_records,
+                            c.segment_bytes, os.getpid(), c.concurrency, self.max_jobs, c.group_commit_max_bytes,
+                            c.default_timeout_s)
+                for index in range(c.procs)]
+
+    def _backoff(self) -> Backoff:
+        return Backoff(self.config.backoff_base_s, self.config.backoff_cap_s)
+
+    # what the metrics read (shardworker.worker.metrics.WorkerView), from the server's thread -------
+
+    @property
+    def outbox_dir(self) -> str:
+        return self.config.outbox_dir
+
+    @property
+    def job_counts(self) -> JobCounts:
+        return self.pool.job_counts
+
+    def claimed_total(self) -> int:
+        return self.dispatcher.claimed_total if self.dispatcher else 0
+
+    def unapplied(self) -> int:
+        return max(0, self.dispatcher.backlog()) if self.dispatcher else 0
+
+    def in_flight(self) -> int:
+        return self.pool.in_flight
+
+    def database_up(self) -> bool:
+        return self.dispatcher.watch.up if self.dispatcher else self.schema_checked
+
+    def flusher_counters(self) -> dict[str, Any]:
+        counters = self.flusher.counters()
+        counters["db_errors"] += self.dispatcher.db_errors if self.dispatcher else 0
+        return counters
+
+    # the order of things ---------------------------------------------------------------
+
+    def run(self) -> RunSummary:
+        """Run until stopped (signal) or idle (``exit_when_idle``); returns a summary."""
+        lock_fd = layout.lock_outbox(self.config.outbox_dir)
+        try:
+            self.worker_id = layout.resolve_worker_id(self.config.outbox_dir, self.config.worker_id)
+            logs.set_worker_id(self.worker_id)
+            if self.metrics is not None:
+                self.metrics.start()
+            self._install_signals()
+            retry_call(self.store.check_schema, "checking the schema", backoff=self._backoff(), log=log,
+                       should_stop=lambda: self.stopping)
+            self.schema_checked = True
+            retry_call(lambda: binding.bind(self.config.outbox_dir, self.store, embedded=self.config.embedded_db),
+                       "checking which database the outbox belongs to", backoff=self._backoff(), log=log,
+                       should_stop=lambda: self.stopping)
+            self._wait_for_writers_gone()
+            retry_call(lambda: identity.check_worker_id(self.store, self.worker_id, self.config.heartbeat_interval_s,
+                                                        should_stop=lambda: self.stopping),
+                       "checking that no live worker uses this worker id", backoff=self._backoff(), log=log,
+                       should_stop=lambda: self.stopping)
+            self._start_heartbeat()
+            self.flusher.start()
+            if not self._startup_recovery():
+                self._raise_if_id_lost()
+                return RunSummary()
+            self.pool.start()
+            dispatcher = Dispatcher(self.config, self.worker_id, self.app.kinds, self.store, self.pool,
+                                    self.flusher, self.parent_outcomes, stopping=lambda: self.stopping)
+            self.dispatcher = dispatcher
+            if self.housekeeper.needed:
+                self.housekeeper.start()
+            self._warn_unhandled()
+            try:
+                while not self.stopping and not dispatcher.run_once():
+                    pass
+            except CrashLoop:
+                self._shutdown(dispatcher)
+                raise
+            if self.config.exit_when_idle and not self.stopping:
+                self._warn_unhandled()
+            summary = self._shutdown(dispatcher)
+            self._raise_if_id_lost()
+            return summary
+        finally:
+            self._kill_everything()
+            if self.metrics is not None:
+                self.metrics.stop()
+            self.parent_outcomes.close()
+            if self.heartbeat is not None:
+                self.heartbeat.stop(wait_s=1.0)
+            self.housekeeper.stop(wait_s=1.0)
+            self.store.close()
+            os.close(lock_fd)
+
+    def _warn_unhandled(self) -> None:
+        """Say so when queued jobs have kinds no handler here runs (they would wait unseen)."""
+        # Its own short-lived connection with a short statement timeout: on millions of queued
+        # rows this is worth skipping, not waiting for.
+        store = PgStore(replace(self.store_config, statement_timeout_s=2.0))
+        try:
+            unhandled = store.unhandled_kinds(self.app.kinds, self.config.queues)
+        except StoreError as exc:
+            log.debug("could not look for queued jobs without a handler: %s", exc)
+            return
+        finally:
+            store.close()
+        if unhandled:
+            log.warning("%d queued jobs have kinds this worker has no handler for, so it never claims them "
+                        "(a typo, or another worker's kinds?): %s", sum(n for _, n in unhandled),
+                        ", ".join(f"{kind} ({n})" for kind, n in unhandled))
+
+    def _install_signals(self) -> None:
+        def on_signal(signum: int, _frame: Any) -> None:
+            if self.stopping:
+                log.warning("second signal: exiting now; acknowledged outcomes stay in the outbox")
+                self._kill_everything()
+                os._exit(1)
+            log.info("signal %s: stopping (finishing jobs in hand; a second signal exits at once)", signum)
+            self.stopping = True
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+
+    def _wait_for_writers_gone(self, timeout_s: float = 60.0) -> None:
+        """Wait until no process still writes a shard of this outbox (children of a worker
+        that died a moment ago), so recovery sees every outcome they acknowledged."""
+        from outbox.fsutil import try_lock
+
+        def held() -> int:
+            for path in layout.shard_lock_names(self.config.outbox_dir):
+                fd = try_lock(path)
+                if fd is None:
+                    raise OutboxBusy(f"{os.path.basename(path)} in {self.config.outbox_dir} is still held "
+                                     "by another process")
+                os.close(fd)
+            return 0
+
+        procs.wait_for_lock(held, OutboxBusy, timeout_s)
+
+    def _start_heartbeat(self) -> None:
+        self.heartbeat = Heartbeat(PgStore(self.store_config), self.worker_id, self.config.heartbeat_interval_s,
+                                   self.config.rescue_after_s, self._backoff(),
+                                   rescue_grace_s=self.config.rescue_grace_s, load=self._load,
+                                   on_conflict=self._id_lost)
+        self.heartbeat.start()
+
+    def _id_lost(self, exc: WorkerIdInUse) -> None:
+        """From the heartbeat's thread: another live worker beats under our id; stop (the
+        shutdown gives back what we never started) and exit with ``exc``."""
+        log.info("stopping: another live worker uses this worker id (%s)", exc)
+        self.stopping = True
+
+    def _raise_if_id_lost(self) -> None:
+        if self.heartbeat is not None and self.heartbeat.conflict is not None:
+            raise self.heartbeat.conflict
+
+    def _load(self) -> tuple[int | None, int | None]:
+        """(jobs running, outcomes not yet applied) for the heartbeat row; read from the
+        heartbeat's thread, so only plain reads of the dispatcher's counters."""
+        dispatcher = self.dispatcher
+        if dispatcher is None:
+            return None, None
+        try:
+            return self.pool.in_flight, max(0, dispatcher.backlog())
+        except Exception:  # a count caught mid-change is not worth a missed heartbeat
+            return None, None
+
+    def _startup_recovery(self) -> bool:
+        """Apply pending outcomes, then requeue our running jobs that have none; False when
+        a signal came first."""
+        waited_since = time.monotonic()
+        while not self.flusher.drained:
+            self.flusher.check()
+            if self.stopping:
+                return False
+            if time.monotonic() - waited_since > 5:
+                log.info("waiting for the flusher to apply pending outcomes before claiming")
+                waited_since = time.monotonic()
+            time.sleep(0.02)
+        # Before the orphans: jobs a stop in an outage never started are given back, uncharged.
+        retry_call(lambda: giveback.release_saved(self.config.outbox_dir, self.store),
+                   "giving back jobs left unstarted at the last stop", backoff=self._backoff(), log=log,
+                   should_stop=lambda: self.stopping)
+        if self.stopping:
+            return False  # a signal, or another live worker under our id: its running jobs are not orphans
+        requeued = retry_call(lambda: self.store.requeue_orphans(
+            self.worker_id, "worker restarted while the job was running"), "requeueing unfinished jobs",
+            backoff=self._backoff(), log=log, should_stop=lambda: self.stopping)
+        if requeued:
+            log.info("requeued %d jobs this worker was running when it last stopped", len(requeued))
+        return True
+
+    # shutdown ---------------------------------------------------------------------------
+
+    def _shutdown(self, dispatcher: Dispatcher) -> RunSummary:
+        deadline = time.monotonic() + self.config.shutdown_timeout_s
+        self.pool.request_stop()
+        deaths, unstarted = self.pool.finish(deadline, dispatcher.count_finished)
+        dispatcher.settle(deaths)
+        # With the database away, what needs it (giving back, applying outcomes) is tried
+        # briefly, not for the whole timeout: nothing is lost by leaving it. Unstarted jobs wait
+        # in giveback.json for the next start (or a rescue); outcomes wait in the outbox.
+        db_by = deadline if dispatcher.watch.up else min(deadline, time.monotonic() + DATABASE_WAIT_IN_OUTAGE_S)
+        released = dispatcher.give_back(unstarted, db_by)
+        self.flusher.stop(db_by, lambda: dispatcher.backlog() <= 0)
+        self.housekeeper.stop(wait_s=1.0)
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+        try:
+            # Kept while jobs stay running under our id, so a rescuer can still find them.
+            self.store.forget_worker(self.worker_id, socket.gethostname(), os.getpid())
+        except StoreError as exc:
+            log.warning("could not remove this worker's heartbeat row (%s); it goes silent and a peer "
+                        "removes it after --rescue-after", exc)
+        pending = outbox_status(self.config.outbox_dir).pending
+        if pending:
+            log.warning("%d outcomes remain in the outbox %s; they apply at the next start, or run "
+                        "`shardworker outbox drain --outbox-dir %s`", pending, self.config.outbox_dir,
+                        self.config.outbox_dir)
+        return RunSummary(dispatcher.done_total, pending, released, self.pool.job_counts.by_outcome())
+
+    def _kill_everything(self) -> None:
+        self.pool.kill_all()
+        self.flusher.kill()
