@@ -5,7 +5,10 @@ Sync and simple Query) and maps prepared statements and portals back to their te
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import struct
+from typing import Any
 
 STARTUP_CODES = {196608, 80877102, 80877103, 80877104}  # protocol 3.0, cancel, SSL, GSSENC
 SSL_OR_GSS = {80877103, 80877104}
@@ -145,3 +148,40 @@ class BackendParser:
 
 def summary(query: bytes) -> str:
     return " ".join(query.decode(errors="replace").split())[:80]
+
+
+# The proxy's state for one connection, beside the parsers it feeds ------------------------
+
+@dataclasses.dataclass(frozen=True)
+class ProxyEvent:
+    at: float  # time.monotonic()
+    kind: str  # accept, reset, cut, blackholed, closed
+    conn: int
+    detail: str = ""
+
+
+@dataclasses.dataclass
+class CutRule:
+    needles: tuple[bytes, ...]
+    when: str  # "before" or "after"
+    times: int
+
+
+class Conn:
+    def __init__(self, cid: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.id = cid
+        self.client_reader, self.client_writer = reader, writer
+        self.up_reader: asyncio.StreamReader | None = None
+        self.up_writer: asyncio.StreamWriter | None = None
+        self.c2s_bytes = 0
+        self.cut_base = 0  # c2s_bytes when the current cut_after rule was armed
+        self.poisoned = False  # lost bytes in a black hole: never forwards again
+        self.parser = FrontendParser()
+        self.backend = BackendParser(self.parser)
+        self.in_flight = b""  # the statement sent to the server and not yet answered by ReadyForQuery
+        self.awaiting_reply: str = ""  # an "after" cut: swallow the reply, then reset
+        self.reply_kinds = bytearray()
+        self.to_server: asyncio.Queue[tuple[float, Any]] = asyncio.Queue()
+        self.to_client: asyncio.Queue[tuple[float, Any]] = asyncio.Queue()
+        self.tasks: list[asyncio.Task[None]] = []
+        self.closed = False
