@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -102,20 +103,27 @@ OPERATED_APP = '''
 '''
 
 
+def console(project: Path, dsn: str, env: dict[str, str]) -> Callable[..., str]:
+    """``sw(*args, code=0)``: the console script run from ``project``; its stdout, or its stderr
+    when the expected exit code is not 0. Never a traceback."""
+
+    def sw(*args: str, code: int = 0) -> str:
+        done = subprocess.run([*shardworker_script(), *args, "--dsn", dsn], cwd=project, env=env,
+                              capture_output=True, text=True, timeout=90)
+        assert done.returncode == code, (args, done.stdout, done.stderr[-3000:])
+        assert "Traceback" not in done.stderr
+        return done.stdout if code == 0 else done.stderr
+
+    return sw
+
+
 def test_an_operators_session_through_the_console_script(project: Path, pg_dsn: str) -> None:
     """Every operator command run as a user runs it, from the project directory: the schema
     printed, jobs enqueued and run, the failed one found, retried after the fix and run once
     more, a live and a finished worker listed, the schedule seen, a job deleted, old jobs pruned."""
     (project / "tasks.py").write_text(textwrap.dedent(OPERATED_APP).lstrip())
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SHARDWORKER_DSN")}
-
-    def sw(*args: str, code: int = 0) -> str:
-        done = subprocess.run([*shardworker_script(), *args, "--dsn", pg_dsn], cwd=project, env=env,
-                              capture_output=True, text=True, timeout=90)
-        assert done.returncode == code, (args, done.stdout, done.stderr[-3000:])
-        assert "Traceback" not in done.stderr
-        return done.stdout if code == 0 else done.stderr
-
+    sw = console(project, pg_dsn, env)
     assert "CREATE TABLE shardworker.jobs" in sw("migrate", "--print")
     assert sw("enqueue", "note", '{"n": 1}', "--count", "4") == "4\n"
     assert sw("enqueue", "note", '{"fail": true}') == "1\n"

@@ -99,7 +99,16 @@ def test_metrics_and_json_logs_through_an_outage(private_pg: EmbeddedPostgres, t
     # between the commit and the publish): the last batch's count may trail the rows a moment.
     wait_for(lambda: value(scrape(port), "shardworker_outcomes_applied_total") == 306, 10,
              "the last applied batch in the counters")
-    end = scrape(port)
+    assert_finished_counts(scrape(port))
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0, worker_log(count_dir)
+    assert [runs_per_job(count_dir)[i] for i in slow] == [1] * 300, "a handler ran again after the outage"
+
+    assert_outage_told_once_in_json(json_lines(worker_log(count_dir)))
+
+
+def assert_finished_counts(end: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> None:
+    """The counters at the end of the outage run: 300 slow jobs done, 2 failing jobs retried twice each."""
     assert value(end, "shardworker_jobs_finished_total", kind="slow", outcome="done") == 300
     assert value(end, "shardworker_jobs_finished_total", kind="fail", outcome="retried") == 4
     assert value(end, "shardworker_jobs_finished_total", kind="fail", outcome="failed") == 2
@@ -109,11 +118,10 @@ def test_metrics_and_json_logs_through_an_outage(private_pg: EmbeddedPostgres, t
     assert value(end, "shardworker_jobs_claimed_total") == 306
     assert value(end, "shardworker_outcomes_applied_total") == 306
     assert value(end, "shardworker_flush_batch_size_count") >= 1
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(30) == 0, worker_log(count_dir)
-    assert [runs_per_job(count_dir)[i] for i in slow] == [1] * 300, "a handler ran again after the outage"
 
-    lines = json_lines(worker_log(count_dir))
+
+def assert_outage_told_once_in_json(lines: list[dict[str, Any]]) -> None:
+    """Every line carries the standard fields; the outage is told once when it starts, once when it ends."""
     assert all({"time", "level", "role", "worker_id", "logger", "message"} <= line.keys() for line in lines)
     lost = [line for line in lines if line["message"].startswith("database unreachable")]
     back = [line for line in lines if line["message"].startswith("database back after")]

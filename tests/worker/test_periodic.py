@@ -113,6 +113,12 @@ def test_each_tick_is_enqueued_once_across_two_workers_a_restart_and_a_gap(pg_ds
     assert all(t.second % 2 == 0 for t in every_two), every_two
     assert [(b - a).total_seconds() for a, b in itertools.pairwise(every_two)] == [2.0] * (len(every_two) - 1)
 
+    assert_each_tick_ran_once(pg_dsn, count_dir, drain_started)
+
+
+def assert_each_tick_ran_once(pg_dsn: str, count_dir: Path, drain_started: datetime) -> None:
+    """Every tick's job ran once, at its tick, from its schedule; only the draining worker's own
+    catch-up may still wait."""
     rows = query(pg_dsn, "SELECT id, status, payload, run_at, dedupe_key FROM shardworker.jobs")
     # The draining worker runs the schedules too: only ticks it enqueued (catching up from
     # the last stop) may still wait.
