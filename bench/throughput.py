@@ -28,24 +28,17 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import psycopg
-from psycopg import sql
-
-from shardworker.client import JobSpec, enqueue_many
-from shardworker.store.embedded import EmbeddedPostgres
-from shardworker.store.migrate import apply_migrations
+import plain_loop  # bench/plain_loop.py: the script's directory is on sys.path
+from bench_db import database, database_settings, load_jobs, table_span
 
 KIND = "bench_noop"
 APP_MODULE = "bench_noop_app"
@@ -53,69 +46,6 @@ TARGET_JOBS_PER_S = 10_000
 # --kind: what the handler does. noop and cpu are sync (one at a time per child); async and
 # threads wait --sleep-ms on the event loop or in a pool thread (up to --concurrency per child).
 KINDS = {"noop": KIND, "cpu": "bench_cpu", "async": "bench_async", "threads": "bench_threads"}
-APP_SOURCE = f'''
-    """Handlers for bench/throughput.py."""
-    import asyncio
-    import hashlib
-    import inspect
-    import os
-    import time
-
-    from shardworker import App
-
-    app = App()
-    SLEEP_S = float(os.environ.get("BENCH_SLEEP_MS", "20")) / 1000
-
-
-    @app.handler("{KIND}")
-    def noop(job):
-        return None
-
-
-    @app.handler("bench_cpu")
-    def cpu(job):
-        digest = b"x"
-        for _ in range(2000):
-            digest = hashlib.sha256(digest).digest()
-        return digest.hex()[:8]
-
-
-    @app.handler("bench_async")
-    async def wait_async(job):
-        await asyncio.sleep(SLEEP_S)
-        return None
-
-
-    # (an older shardworker, measured for comparison, has no threads=)
-    THREADS = {{"threads": True}} if "threads" in inspect.signature(app.handler).parameters else {{}}
-
-
-    @app.handler("bench_threads", **THREADS)
-    def wait_thread(job):
-        time.sleep(SLEEP_S)
-        return None
-'''
-
-# The baseline's two statements: the worker's claim, and a fenced batch completion.
-CLAIM_SQL = """
-WITH due AS (
-    SELECT id FROM shardworker.jobs
-    WHERE status = 'queued' AND run_at <= now() AND kind = %(kind)s
-    ORDER BY priority, run_at, id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE shardworker.jobs j
-SET status = 'running', attempt = j.attempt + 1, locked_by = 'plain-loop', attempted_at = now(), updated_at = now()
-FROM due WHERE j.id = due.id
-RETURNING j.id, j.attempt, j.payload::text
-"""
-COMPLETE_SQL = """
-UPDATE shardworker.jobs j
-SET status = 'done', result = o.result, finished_at = now(), locked_by = NULL, updated_at = now()
-FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(results)s::jsonb[]) AS o(id, attempt, result)
-WHERE j.id = o.id AND j.attempt = o.attempt AND j.status = 'running'
-"""
 
 
 @dataclass(frozen=True)
@@ -138,62 +68,12 @@ class Result:
         return self.jobs / self.span_s if self.span_s else None
 
 
-# --- database setup -------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def database(dsn: str | None) -> Iterator[str]:
-    """Yield a migrated DSN: the given one, or an embedded server stopped afterwards."""
-    if dsn:
-        apply_migrations(dsn)
-        yield dsn
-        return
-    run_dir = tempfile.mkdtemp(prefix="sw-bench-pg-")
-    server = EmbeddedPostgres(os.path.join(run_dir, "pgdata"))
-    server.start()
-    try:
-        apply_migrations(server.dsn)
-        yield server.dsn
-    finally:
-        server.stop()
-        shutil.rmtree(run_dir, ignore_errors=True)
-
-
-def load_jobs(dsn: str, n: int, kind: str = KIND) -> None:
-    """Empty the jobs table, enqueue ``n`` no-op jobs, and settle the server.
-
-    ANALYZE gives the claim query fresh statistics; the CHECKPOINT (superuser only, skipped
-    otherwise) keeps the enqueue's dirty pages from being written during the measurement.
-    """
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("TRUNCATE shardworker.jobs")
-        enqueued = enqueue_many(conn, (JobSpec(kind) for _ in range(n)))
-        if enqueued != n:
-            raise RuntimeError(f"enqueued {enqueued} jobs, expected {n}")
-        conn.execute("ANALYZE shardworker.jobs")
-        with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
-            conn.execute("CHECKPOINT")
-
-
-def table_span(dsn: str, n: int) -> tuple[float, float]:
-    """Check that all ``n`` jobs are done; return (first claim, last finish) as epoch seconds."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        counts = dict(conn.execute("SELECT status, count(*) FROM shardworker.jobs GROUP BY status").fetchall())
-        if counts != {"done": n}:
-            raise RuntimeError(f"expected {n} done jobs, found {counts}")
-        row = conn.execute("SELECT extract(epoch FROM min(attempted_at)), "
-                           "extract(epoch FROM max(coalesce(finished_at, updated_at))) "
-                           "FROM shardworker.jobs").fetchone()
-    assert row is not None
-    return float(row[0]), float(row[1])
-
-
 # --- the worker -------------------------------------------------------------------
 
 
 def write_app(directory: str) -> None:
-    """Write the no-op app module into ``directory`` (put it on PYTHONPATH)."""
-    Path(directory, f"{APP_MODULE}.py").write_text(textwrap.dedent(APP_SOURCE).lstrip(), encoding="utf-8")
+    """Copy the bench's app module (``bench/bench_noop_app.py``) into ``directory`` (put it on PYTHONPATH)."""
+    shutil.copy(Path(__file__).with_name(f"{APP_MODULE}.py"), Path(directory, f"{APP_MODULE}.py"))
 
 
 def worker_command(dsn: str, procs: int, outbox_dir: str, extra: tuple[str, ...] = ()) -> list[str]:
@@ -228,23 +108,9 @@ def run_worker(dsn: str, app_dir: str, procs: int, n: int, log_path: Path, extra
 # --- the baseline -----------------------------------------------------------------
 
 
-def noop(_job: tuple[int, int, str]) -> None:
-    """The baseline's handler, the same no-op as the worker's."""
-    return None
-
-
 def run_plain_loop(dsn: str, n: int, batch: int) -> Result:
-    """Claim ``batch`` jobs, run the handler, complete them in one statement; until none are left."""
-    # No server-side prepared statements: once psycopg prepares a statement (its 5th run),
-    # PostgreSQL may switch to a generic plan that rescans the unnest() once per running
-    # row, and the loop would measure that plan instead of the work.
-    with psycopg.connect(dsn, autocommit=True, prepare_threshold=None) as conn:
-        t0 = time.perf_counter()
-        while rows := conn.execute(CLAIM_SQL, {"kind": KIND, "limit": batch}).fetchall():
-            results = ["null" if (r := noop(row)) is None else str(r) for row in rows]
-            conn.execute(COMPLETE_SQL, {"ids": [row[0] for row in rows], "attempts": [row[1] for row in rows],
-                                        "results": results})
-        wall = time.perf_counter() - t0
+    """The plain psycopg loop (``bench/plain_loop.py``) over the ``n`` queued jobs."""
+    wall = plain_loop.run(dsn, KIND, batch)
     first, last = table_span(dsn, n)
     return Result(f"plain psycopg loop (batch {batch})", n, wall, last - first)
 
@@ -339,31 +205,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-@contextlib.contextmanager
-def database_settings(dsn: str, settings: list[tuple[str, str]]) -> Iterator[None]:
-    """``ALTER DATABASE <current> SET name = value`` for the runs' new sessions; RESET on exit."""
-    if not settings:
-        yield
-        return
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute("SELECT current_database()").fetchone()
-        assert row is not None
-        db = sql.Identifier(row[0])
-        for name, value in settings:
-            conn.execute(sql.SQL("ALTER DATABASE {} SET {} = {}").format(db, sql.SQL(name), sql.Literal(value)))
-    try:
-        yield
-    finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            for name, _ in settings:
-                conn.execute(sql.SQL("ALTER DATABASE {} RESET {}").format(db, sql.SQL(name)))
-
-
 def run_round(dsn: str, args: argparse.Namespace, work_dir: str, results: list[Result]) -> None:
     """The baseline (no-op jobs only), then one worker run per ``--procs`` value, each on a fresh table."""
     kind = KINDS[args.kind]
     if not args.no_baseline and args.kind == "noop":
-        load_jobs(dsn, args.jobs)
+        load_jobs(dsn, args.jobs, KIND)
         results.append(run_plain_loop(dsn, args.jobs, args.batch))
         print_result(results[-1])
     extra = (("--concurrency", str(args.concurrency)) if args.concurrency else ()) + tuple(args.worker_arg)

@@ -1,0 +1,41 @@
+"""Handlers for bench/throughput.py, copied into its work directory and put on PYTHONPATH
+(an older shardworker measured for comparison loads the same file)."""
+import asyncio
+import hashlib
+import inspect
+import os
+import time
+
+from shardworker import App
+
+app = App()
+SLEEP_S = float(os.environ.get("BENCH_SLEEP_MS", "20")) / 1000
+
+
+@app.handler("bench_noop")
+def noop(job):
+    return None
+
+
+@app.handler("bench_cpu")
+def cpu(job):
+    digest = b"x"
+    for _ in range(2000):
+        digest = hashlib.sha256(digest).digest()
+    return digest.hex()[:8]
+
+
+@app.handler("bench_async")
+async def wait_async(job):
+    await asyncio.sleep(SLEEP_S)
+    return None
+
+
+# (an older shardworker, measured for comparison, has no threads=)
+THREADS = {"threads": True} if "threads" in inspect.signature(app.handler).parameters else {}
+
+
+@app.handler("bench_threads", **THREADS)
+def wait_thread(job):
+    time.sleep(SLEEP_S)
+    return None
