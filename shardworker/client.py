@@ -157,15 +157,9 @@ def enqueue(conn_or_dsn: Any, kind: str, payload: Any = None, *, queue: str = "d
     connection, or one from ``psycopg_pool.ConnectionPool.connection()``, for anything frequent.
     """
     spec, fields = _one_job(kind, payload, queue, priority, max_attempts, run_at, delay_s, dedupe_key)
-    from shardworker.store import pg_store
+    from shardworker.store.enqueue import enqueue_one
 
-    if not isinstance(conn_or_dsn, str):
-        return pg_store.enqueue_on(conn_or_dsn, spec.kind, spec.payload_json(), **fields)
-    store = pg_store.PgStore(pg_store.StoreConfig(conn_or_dsn))
-    try:
-        return store.enqueue(spec.kind, spec.payload_json(), **fields)
-    finally:
-        store.close()
+    return enqueue_one(conn_or_dsn, spec.kind, spec.payload_json(), **fields)
 
 
 async def enqueue_async(aconn_or_dsn: Any, kind: str, payload: Any = None, *, queue: str = "default",
@@ -178,9 +172,9 @@ async def enqueue_async(aconn_or_dsn: Any, kind: str, payload: Any = None, *, qu
     closes an async connection per call. Nothing here blocks the event loop.
     """
     spec, fields = _one_job(kind, payload, queue, priority, max_attempts, run_at, delay_s, dedupe_key)
-    from shardworker.store import pg_store
+    from shardworker.store.enqueue_async import enqueue_one_async
 
-    return await pg_store.enqueue_async_on(aconn_or_dsn, spec.kind, spec.payload_json(), **fields)
+    return await enqueue_one_async(aconn_or_dsn, spec.kind, spec.payload_json(), **fields)
 
 
 def _one_job(kind: str, payload: Any, queue: str, priority: int, max_attempts: int, run_at: datetime | None,
@@ -200,24 +194,17 @@ def enqueue_many(conn_or_dsn: Any, jobs: Iterable[JobSpec]) -> int:
     the batch commits as one transaction of its own.
     """
     rows = _copy_rows(jobs)
-    from shardworker.store import pg_store
+    from shardworker.store.enqueue import enqueue_rows
 
-    if not isinstance(conn_or_dsn, str):
-        return pg_store.enqueue_many_on(conn_or_dsn, rows)
-    # Bulk loads may take minutes: no 30 s statement timeout here.
-    store = pg_store.PgStore(pg_store.StoreConfig(conn_or_dsn, statement_timeout_s=3600.0))
-    try:
-        return store.enqueue_many(rows)
-    finally:
-        store.close()
+    return enqueue_rows(conn_or_dsn, rows)
 
 
 async def enqueue_many_async(aconn_or_dsn: Any, jobs: Iterable[JobSpec]) -> int:
     """``enqueue_many`` for asyncio code, on a ``psycopg.AsyncConnection`` or a DSN."""
     rows = _copy_rows(jobs)
-    from shardworker.store import pg_store
+    from shardworker.store.enqueue_async import enqueue_rows_async
 
-    return await pg_store.enqueue_many_async_on(aconn_or_dsn, rows)
+    return await enqueue_rows_async(aconn_or_dsn, rows)
 
 
 def _copy_rows(jobs: Iterable[JobSpec]) -> list[tuple[Any, ...]]:

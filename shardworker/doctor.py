@@ -28,10 +28,11 @@ from shardworker import binding, layout
 from shardworker.binding import Binding
 from shardworker.dsn import redact_dsn
 from shardworker.errors import ShardworkerError
+from shardworker.model import WorkerInfo
 from shardworker.store.schema import available_migrations
 
 if TYPE_CHECKING:
-    from shardworker.store.pg_store import ServerState
+    from shardworker.store.schema_queries import ServerState
 
 MiB = 1024 * 1024
 CLOCK_SKEW_WARN_S = 5.0  # periodic ticks and heartbeats use the database's clock, outbox ages this host's
@@ -82,7 +83,7 @@ class DatabaseFacts:
     state: ServerState | None = None
     versions: set[int] | None = None
     schema_error: str | None = None
-    workers: list[dict[str, Any]] | None = None  # None: not readable (no schema, or one too old)
+    workers: list[WorkerInfo] | None = None  # None: not readable (no schema, or one too old)
     identity: Binding | None = None
 
 
@@ -172,12 +173,12 @@ def check_clock(state: ServerState, warn_s: float = CLOCK_SKEW_WARN_S) -> Check:
     return Check("clock", Status.OK, f"database {text}", None, data)
 
 
-def check_workers(rows: list[dict[str, Any]], silent_after_s: float = SILENT_AFTER_S) -> Check:
-    silent = [r for r in rows if r["silent_s"] > silent_after_s]
-    data = {"workers": len(rows), "silent": [r["worker_id"] for r in silent]}
+def check_workers(rows: list[WorkerInfo], silent_after_s: float = SILENT_AFTER_S) -> Check:
+    silent = [r for r in rows if r.silent_s > silent_after_s]
+    data = {"workers": len(rows), "silent": [r.worker_id for r in silent]}
     if not silent:
         return Check("workers", Status.OK, f"{len(rows)} registered, none silent", None, data)
-    names = ", ".join(f"{r['worker_id']} on {r['hostname']} ({r['silent_s']:.0f} s)" for r in silent[:5])
+    names = ", ".join(f"{r.worker_id} on {r.hostname} ({r.silent_s:.0f} s)" for r in silent[:5])
     more = f" and {len(silent) - 5} more" if len(silent) > 5 else ""
     return Check("workers", Status.WARN, f"{len(silent)} of {len(rows)} silent for over {silent_after_s:.0f} s: "
                  f"{names}{more}", "check those hosts; restart a stopped worker there (its outbox is drained at "

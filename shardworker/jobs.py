@@ -16,42 +16,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import orjson
 
 from shardworker.errors import JobsError, WaitTimeout
-from shardworker.store import pg_store
+from shardworker.model import JobInfo
 
 STATUSES = ("queued", "running", "done", "failed", "cancelled")
 _WHO = {"retry": "only failed or cancelled jobs can be retried", "cancel": "only queued jobs can be cancelled",
         "delete": "any job but a running one can be deleted"}
 _ALLOWED = {"retry": ("failed", "cancelled"), "cancel": ("queued",),
             "delete": ("queued", "done", "failed", "cancelled")}
-
-
-@dataclass(frozen=True)
-class JobInfo:
-    id: int
-    kind: str
-    queue: str
-    status: str
-    attempt: int
-    max_attempts: int
-    priority: int
-    payload: Any
-    result: Any
-    last_error: str | None
-    created_at: datetime
-    run_at: datetime
-    attempted_at: datetime | None
-    finished_at: datetime | None
-    locked_by: str | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in self.__dict__.items()}
 
 
 def dumps_json(value: Any, *, indent: bool = False) -> str:
@@ -74,16 +51,17 @@ def list_jobs(conn_or_dsn: Any, *, status: Sequence[str] | str | None = None, ki
         raise JobsError(f"unknown status {unknown[0]!r}; expected one of {', '.join(STATUSES)}")
     if not isinstance(limit, int) or limit < 1:
         raise JobsError(f"limit must be a positive integer, got {limit!r}")
-    with pg_store.cursor_for(conn_or_dsn, transaction=False) as cur:
-        rows = pg_store.list_jobs(cur, statuses=statuses or None, kind=kind, queue=queue, since=since, limit=limit)
-    return [JobInfo(**row) for row in rows]
+    from shardworker.store import job_queries
+
+    return job_queries.list_jobs(conn_or_dsn, statuses=statuses or None, kind=kind, queue=queue, since=since,
+                                 limit=limit)
 
 
 def get_job(conn_or_dsn: Any, job_id: int) -> JobInfo | None:
     """One job, or None when no job has that id."""
-    with pg_store.cursor_for(conn_or_dsn, transaction=False) as cur:
-        row = pg_store.get_job(cur, _id(job_id))
-    return None if row is None else JobInfo(**row)
+    from shardworker.store import job_queries
+
+    return job_queries.get_job(conn_or_dsn, _id(job_id))
 
 
 def wait_for(conn_or_dsn: Any, job_id: int, timeout_s: float = 60.0) -> JobInfo:
@@ -98,12 +76,14 @@ def wait_for(conn_or_dsn: Any, job_id: int, timeout_s: float = 60.0) -> JobInfo:
     job_id = _id(job_id)
     if not isinstance(timeout_s, int | float) or not timeout_s >= 0:
         raise JobsError(f"timeout_s must be a number of seconds >= 0, got {timeout_s!r}")
-    row, ended = pg_store.wait_job_end(conn_or_dsn, job_id, float(timeout_s))
-    if row is None:
+    from shardworker.store import job_queries
+
+    job, ended = job_queries.wait_job_end(conn_or_dsn, job_id, float(timeout_s))
+    if job is None:
         raise JobsError(f"no job {job_id}")
     if not ended:
-        raise WaitTimeout(f"job {job_id} is still {row['status']} after {timeout_s:g}s")
-    return JobInfo(**row)
+        raise WaitTimeout(f"job {job_id} is still {job.status} after {timeout_s:g}s")
+    return job
 
 
 def retry(conn_or_dsn: Any, job_ids: Sequence[int]) -> int:
@@ -113,9 +93,9 @@ def retry(conn_or_dsn: Any, job_ids: Sequence[int]) -> int:
 
 def retry_failed(conn_or_dsn: Any, *, kind: str | None = None, queue: str | None = None) -> int:
     """Queue every failed job (of ``kind``, in ``queue``) again; how many."""
-    with pg_store.cursor_for(conn_or_dsn, transaction=True) as cur:
-        ids = pg_store.failed_job_ids(cur, kind, queue)
-        return pg_store.change_jobs(cur, "retry", ids) if ids else 0
+    from shardworker.store import job_queries
+
+    return job_queries.retry_failed(conn_or_dsn, kind, queue)
 
 
 def cancel(conn_or_dsn: Any, job_ids: Sequence[int]) -> int:
@@ -132,19 +112,20 @@ def _change(conn_or_dsn: Any, action: str, job_ids: Sequence[int]) -> int:
     ids = sorted({_id(i) for i in job_ids})
     if not ids:
         raise JobsError(f"{action}: no job ids given")
-    with pg_store.cursor_for(conn_or_dsn, transaction=True) as cur:
-        found = pg_store.lock_jobs(cur, ids)
+    from shardworker.store import job_queries
+
+    def check(found: dict[int, str]) -> None:
         missing = [i for i in ids if i not in found]
         if missing:
             more = f" (and {len(missing) - 1} more)" if missing[1:] else ""
             raise JobsError(f"{action}: no job {missing[0]}{more}; nothing changed")
-        allowed = _ALLOWED[action]
-        refused = [(i, s) for i, s in found.items() if s not in allowed]
+        refused = [(i, s) for i, s in found.items() if s not in _ALLOWED[action]]
         if refused:
             job_id, status = refused[0]
             why = " (its handler is running; its outcome will land)" if status == "running" else ""
             raise JobsError(f"cannot {action} job {job_id}: it is {status}{why}; {_WHO[action]}; nothing changed")
-        return pg_store.change_jobs(cur, action, ids)
+
+    return job_queries.change_jobs(conn_or_dsn, action, ids, check)
 
 
 def _id(value: Any) -> int:

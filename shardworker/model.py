@@ -1,7 +1,8 @@
 """Domain values that cross process boundaries: plain, frozen, picklable.
 
 ``Job`` is what a handler receives. ``Outcome`` is what a child writes to its outbox and
-the flusher applies (its record form lives in ``shardworker.wire``).
+the flusher applies (its record form lives in ``shardworker.wire``). ``JobInfo`` and
+``WorkerInfo`` are what the store reads back for operators.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import orjson
@@ -115,3 +117,44 @@ class ApplyResult:
     def __add__(self, other: ApplyResult) -> ApplyResult:
         return ApplyResult(self.applied + other.applied, self.replayed + other.replayed, self.stale + other.stale,
                            self.stale_ids + other.stale_ids, self.missing_ids + other.missing_ids)
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """One job's row as operators see it (``shardworker.get_job``, ``jobs show``)."""
+
+    id: int
+    kind: str
+    queue: str
+    status: str
+    attempt: int
+    max_attempts: int
+    priority: int
+    payload: Any
+    result: Any
+    last_error: str | None
+    created_at: datetime
+    run_at: datetime
+    attempted_at: datetime | None
+    finished_at: datetime | None
+    locked_by: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in self.__dict__.items()}
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """One worker's heartbeat row, with how long it has been silent by the database's clock."""
+
+    worker_id: str
+    hostname: str
+    pid: int
+    started_at: datetime
+    heartbeat_at: datetime
+    jobs_running: int | None
+    outbox_pending: int | None
+    silent_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in self.__dict__.items()}

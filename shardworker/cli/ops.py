@@ -4,7 +4,6 @@ small, seeing who works on it, and the embedded server."""
 from __future__ import annotations
 
 import sys
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -78,12 +77,10 @@ def workers(show_all: bool, silent_after: float, as_json: bool, dsn: str | None)
         rows = store.workers()
     finally:
         store.close()
-    for row in rows:
-        row["live"] = row["silent_s"] <= silent_after
-    shown = [r for r in rows if show_all or r["live"]]
+    live = {r.worker_id: r.silent_s <= silent_after for r in rows}
+    shown = [r for r in rows if show_all or live[r.worker_id]]
     if as_json:
-        click.echo(orjson.dumps([{k: v.isoformat() if isinstance(v, datetime) else v for k, v in r.items()}
-                                 for r in shown]).decode())
+        click.echo(orjson.dumps([{**r.to_json(), "live": live[r.worker_id]} for r in shown]).decode())
         return
     if not shown:
         silent = len(rows) - len(shown)
@@ -92,11 +89,11 @@ def workers(show_all: bool, silent_after: float, as_json: bool, dsn: str | None)
     click.echo(f"{'worker':<28} {'host':<20} {'pid':>7}  {'started':<19}  {'heartbeat':<10} {'running':>7} "
                f"{'pending':>8}")
     for r in shown:
-        running = "?" if r["jobs_running"] is None else r["jobs_running"]
-        pending = "?" if r["outbox_pending"] is None else r["outbox_pending"]
-        state = "" if r["live"] else "  SILENT"
-        click.echo(f"{r['worker_id']:<28} {r['hostname']:<20} {r['pid']:>7}  {r['started_at']:%Y-%m-%d %H:%M:%S}  "
-                   f"{_ago(r['silent_s']):<10} {running:>7} {pending:>8}{state}")
+        running = "?" if r.jobs_running is None else r.jobs_running
+        pending = "?" if r.outbox_pending is None else r.outbox_pending
+        state = "" if live[r.worker_id] else "  SILENT"
+        click.echo(f"{r.worker_id:<28} {r.hostname:<20} {r.pid:>7}  {r.started_at:%Y-%m-%d %H:%M:%S}  "
+                   f"{_ago(r.silent_s):<10} {running:>7} {pending:>8}{state}")
 
 
 @click.command()

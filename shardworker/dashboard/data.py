@@ -16,7 +16,9 @@ from typing import Any
 
 from shardworker import jobs
 from shardworker.jobs import STATUSES, JobInfo
-from shardworker.store import pg_store
+from shardworker.model import WorkerInfo
+from shardworker.store import job_queries
+from shardworker.store.pg_store import PgStore, StoreConfig
 
 FAILED_SHOWN = 20
 RECENT_SHOWN = 15
@@ -52,13 +54,13 @@ class Overview:
     minutes: list[Minute]
     failed: list[JobInfo]
     recent: list[JobInfo]
-    workers: list[dict[str, Any]]
+    workers: list[WorkerInfo]
 
 
 @contextlib.contextmanager
 def connection(dsn: str) -> Iterator[tuple[Any, Any]]:
     """(store, its connection), opened here and closed on the way out."""
-    store = pg_store.PgStore(pg_store.StoreConfig(dsn, connect_timeout_s=3, statement_timeout_s=10,
+    store = PgStore(StoreConfig(dsn, connect_timeout_s=3, statement_timeout_s=10,
                                                   application_name="shardworker-dashboard"))
     try:
         yield store, store.connection()
@@ -70,11 +72,11 @@ def overview(dsn: str) -> Overview:
     """Everything the front page shows, read on one connection."""
     with connection(dsn) as (store, conn):
         rows, estimated = store.job_counts(exact_up_to=EXACT_UP_TO)
-        kind_rows = pg_store.dashboard_kind_counts(conn)
-        minutes = [Minute(*m) for m in pg_store.dashboard_finished_per_minute(conn)]
+        kind_rows = job_queries.dashboard_kind_counts(conn)
+        minutes = [Minute(*m) for m in job_queries.dashboard_finished_per_minute(conn)]
         failed = jobs.list_jobs(conn, status="failed", limit=FAILED_SHOWN)
         recent = jobs.list_jobs(conn, limit=RECENT_SHOWN)
-        workers = [w for w in store.workers() if w["silent_s"] <= LIVE_AFTER_S]
+        workers = [w for w in store.workers() if w.silent_s <= LIVE_AFTER_S]
     queues = _group(((q, None, s, n) for q, s, n in rows), STATUSES)
     totals = {s: sum(c.by_status[s] for c in queues) for s in STATUSES}
     return Overview(queues, totals, estimated, _group(kind_rows, KIND_STATUSES), minutes, failed, recent, workers)

@@ -206,7 +206,7 @@ def test_a_program_limit_or_data_error_is_a_non_retryable_refusal(pg_dsn: str) -
         assert not isinstance(caught.value, DatabaseUnavailable) and not is_retryable(caught.value)
         assert "\n" not in str(caught.value)
         job = insert_raw(pg_dsn, "k", queue="q")
-        with pytest.raises(DataRejected) as refused, store._cursor() as cur:
+        with pytest.raises(DataRejected) as refused, store.cursor() as cur:
             cur.execute("UPDATE shardworker.jobs SET max_attempts = 0 WHERE id = %s", (job,))
         assert not is_retryable(refused.value)
         assert store.stats()  # the connection was not dropped as if the server had gone

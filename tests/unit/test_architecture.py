@@ -1,7 +1,7 @@
 """The dependency rules, read from the source: no import cycle inside ``shardworker`` (imports
 under ``TYPE_CHECKING`` and inside functions included), no module importing another's private
-names, only ``store.pg_store`` importing psycopg, ``outbox`` importing nothing of ``shardworker``,
-and a docstring on every module."""
+names, only ``shardworker.store`` importing psycopg (and ``child`` never importing the store),
+``outbox`` importing nothing of ``shardworker``, and a docstring on every module."""
 
 from __future__ import annotations
 
@@ -89,11 +89,20 @@ def test_no_module_imports_a_private_name_of_another(package: str) -> None:
     assert offenders == []
 
 
-def test_only_pg_store_imports_psycopg() -> None:
-    """The store seam: one module talks to PostgreSQL."""
+def test_only_the_store_imports_psycopg() -> None:
+    """The store seam: only ``shardworker.store`` talks to PostgreSQL."""
     users = sorted(name for name, tree in modules("shardworker").items()
                    if any(target.split(".")[0] == "psycopg" for target, _ in imports(tree)))
-    assert users == ["shardworker.store.pg_store"]
+    assert users and all(name.startswith("shardworker.store.") for name in users), users
+
+
+def test_the_child_never_imports_the_store() -> None:
+    """A child process holds no database connection: nothing in ``shardworker.child``
+    imports ``shardworker.store`` (at the top, under TYPE_CHECKING or in a function)."""
+    offenders = [(name, target) for name, tree in modules("shardworker").items() if name.startswith("shardworker.child")
+                 for target, names in imports(tree)
+                 if target.startswith("shardworker.store") or (target == "shardworker" and "store" in names)]
+    assert offenders == []
 
 
 def test_outbox_imports_nothing_of_shardworker() -> None:

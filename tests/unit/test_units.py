@@ -16,7 +16,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-import shardworker.store.pg_store
+import shardworker.store
 from shardworker.app import App, load_app
 from shardworker.config import WorkerConfig
 from shardworker.dsn import redact_dsn
@@ -235,9 +235,10 @@ def test_parse_queries_rejects_a_duplicate_name() -> None:
         parse_queries("-- dup --\nSELECT 1;\n-- other --\nSELECT 2;\n-- dup --\nSELECT 3;\n")
 
 
-def test_every_query_used_by_pg_store_exists_in_queries_sql() -> None:
-    """Every ``query("name")`` in pg_store.py names a block of queries.sql."""
-    source = Path(shardworker.store.pg_store.__file__).read_text(encoding="utf-8")
+def test_every_query_used_by_the_store_exists_in_queries_sql() -> None:
+    """Every ``query("name")`` in shardworker/store names a block of queries.sql."""
+    store_dir = Path(shardworker.store.__file__).parent
+    source = "".join(p.read_text(encoding="utf-8") for p in sorted(store_dir.glob("*.py")))
     used = set(re.findall(r"""query\(\s*["']([a-z0-9_]+)["']\s*\)""", source))
     assert len(used) >= 15  # the regex really finds the calls
     assert used - set(queries()) == set()

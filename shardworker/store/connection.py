@@ -1,0 +1,198 @@
+"""One PostgreSQL connection and the rules around it: how it is opened (every wait bounded),
+the client-side deadline that drops a connection whose peer went silent, and how psycopg
+errors become ``shardworker.errors``: connection failures ``DatabaseUnavailable``
+(retryable), a missing schema ``SchemaMissing``, data the database refuses for good
+``DataRejected``; never retried, never told as an outage.
+
+``Session`` owns one connection, opened lazily and re-opened after a failure; the store's
+query classes build on it. Never share a session across processes: children get none, and
+the flusher opens its own after spawn.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+from psycopg import errors as pgerr
+
+from shardworker.dsn import redact_dsn
+from shardworker.errors import (
+    DatabaseUnavailable,
+    DataRejected,
+    NotConnected,
+    SchemaMissing,
+    StoreError,
+    TransientConflict,
+)
+from shardworker.store.config import StoreConfig
+
+log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def translate_errors() -> Iterator[None]:
+    """Turn psycopg errors into shardworker errors at the store boundary."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        raise translate(exc) from exc
+
+
+def translate(exc: psycopg.Error) -> StoreError:
+    """The shardworker error for a psycopg one. A refusal the server would repeat (a value
+    over an index's limit, bad data, a failed check) is ``DataRejected`` before anything
+    else: psycopg files program_limit_exceeded under OperationalError, which would
+    otherwise read as an outage and be retried forever."""
+    if is_refusal(exc):
+        return DataRejected(f"database refused: {first_line(exc)}")
+    if isinstance(exc, pgerr.UndefinedTable | pgerr.InvalidSchemaName | pgerr.UndefinedColumn):
+        return SchemaMissing()
+    if isinstance(exc, pgerr.SerializationFailure | pgerr.DeadlockDetected | pgerr.QueryCanceled):
+        return TransientConflict(f"transient conflict: {exc.diag.message_primary or exc}")
+    if isinstance(exc, pgerr.ReadOnlySqlTransaction):
+        # A standby, or a primary mid-failover: wait for a writable server as for any outage.
+        return DatabaseUnavailable(f"database unavailable: read-only: {first_line(exc)}")
+    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+        return DatabaseUnavailable(f"database unavailable: {first_line(exc)}")
+    return StoreError(f"database error: {first_line(exc)}")
+
+
+def is_refusal(exc: psycopg.Error) -> bool:
+    """SQLSTATE class 54 (program limit exceeded), class 22 (data exception) or 23514
+    (check violation): the same statement would fail the same way again."""
+    state = exc.sqlstate or ""
+    return state[:2] in ("54", "22") or state == "23514"
+
+
+def _tcp_liveness(timeout_s: int) -> dict[str, Any]:
+    """libpq options that declare a silent peer dead after about ``timeout_s``:
+    keepalive probes start after timeout/2 idle, then 2 probes timeout/4 apart."""
+    return {"keepalives": 1, "keepalives_idle": max(1, timeout_s // 2),
+            "keepalives_interval": max(1, timeout_s // 4), "keepalives_count": 2,
+            "tcp_user_timeout": timeout_s * 1000}
+
+
+def connect_options(config: StoreConfig) -> dict[str, Any]:
+    """Keyword arguments for ``psycopg.connect``: autocommit, every wait bounded."""
+    return {"autocommit": True, "connect_timeout": config.connect_timeout_s,
+            # Never server-prepare: a generic plan for the batched apply assumed ~1
+            # running row and nested-looped over all of them (seconds per batch).
+            "prepare_threshold": None, "application_name": config.application_name,
+            "options": f"-c statement_timeout={int(config.statement_timeout_s * 1000)}",
+            **_tcp_liveness(config.network_timeout_s)}
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return redact_dsn(text[0]) if text else type(exc).__name__
+
+
+class Watchdog:
+    """A client-side deadline: shuts a connection's socket down when one operation overruns.
+
+    Server-side ``statement_timeout`` needs a server that answers, and TCP keepalives need
+    a peer that stops ACKing; neither fires when a middlebox swallows the bytes. Shutting
+    the socket down makes the blocked libpq call fail at once, and the store reconnects.
+    One daemon thread per store while its connection is open: started on first use,
+    stopped (and joined) when the store closes the connection.
+    """
+
+    _POLL_S = 0.25  # deadlines are tens of seconds; a quarter second late is fine
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        self._deadline = 0.0
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def arm(self, fd: int, seconds: float) -> None:
+        with self._lock:
+            self._fd, self._deadline = fd, time.monotonic() + seconds
+            if self._thread is None:
+                self._stop.clear()
+                self._thread = threading.Thread(target=self._watch, name="shardworker-db-deadline", daemon=True)
+                self._thread.start()
+
+    def disarm(self) -> None:
+        with self._lock:
+            self._fd = None
+
+    def stop(self) -> None:
+        """End the thread; a later ``arm`` starts a new one."""
+        with self._lock:
+            thread, self._thread, self._fd = self._thread, None, None
+            self._stop.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self._POLL_S):
+            # Under the lock: the operation cannot finish (and close or reuse the fd) meanwhile.
+            with self._lock:
+                if self._fd is None or time.monotonic() < self._deadline:
+                    continue
+                fd, self._fd = self._fd, None
+                log.warning("database operation overran its deadline; dropping the connection")
+                with contextlib.suppress(OSError):
+                    dup = socket.socket(fileno=os.dup(fd))
+                    dup.shutdown(socket.SHUT_RDWR)
+                    dup.close()
+
+
+class Session:
+    """One PostgreSQL connection, opened on first use and re-opened after a failure."""
+
+    def __init__(self, config: StoreConfig) -> None:
+        self.config = config
+        self._conn: psycopg.Connection[Any] | None = None
+        self._listening = False
+        # Bumped on every new connection: session state (LISTEN, advisory locks) and
+        # anything observed through the old session are gone.
+        self.generation = 0
+        self._watchdog = Watchdog()
+        self._deadline_s = config.statement_timeout_s + config.network_timeout_s
+
+    def connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self.close()
+            try:
+                with translate_errors():
+                    self._conn = psycopg.connect(self.config.dsn, **connect_options(self.config))
+            except DatabaseUnavailable as exc:
+                raise NotConnected(str(exc)) from exc.__cause__
+            self.generation += 1
+        return self._conn
+
+    def close(self) -> None:
+        """Close the connection and stop its deadline thread; the next call reconnects."""
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+        self._conn, self._listening = None, False
+        self._watchdog.stop()
+
+    @contextlib.contextmanager
+    def cursor(self, *, transaction: bool = False) -> Iterator[psycopg.Cursor[Any]]:
+        """A cursor (in a transaction if asked) under the client-side deadline; a broken
+        connection is closed so the next call reconnects."""
+        try:
+            with translate_errors():
+                conn = self.connection()
+                self._watchdog.arm(conn.fileno(), self._deadline_s)
+                try:
+                    with conn.transaction() if transaction else contextlib.nullcontext(), conn.cursor() as cur:
+                        yield cur
+                finally:
+                    self._watchdog.disarm()
+        except DatabaseUnavailable:
+            self.close()
+            raise

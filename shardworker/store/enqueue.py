@@ -1,0 +1,122 @@
+"""Enqueue on a connection of the store's own or one the caller lends: one job with an
+INSERT, many with COPY, in the caller's transaction when one is open.
+``shardworker.client`` validates; this module only writes."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg import errors as pgerr
+from psycopg.pq import TransactionStatus
+
+from shardworker.errors import DatabaseUnavailable, EnqueueError
+from shardworker.store.config import StoreConfig
+from shardworker.store.connection import Session, first_line, translate_errors
+from shardworker.store.sql import query
+
+# Bulk loads may take minutes: a connection of our own for COPY has no 30 s statement timeout.
+BULK_STATEMENT_TIMEOUT_S = 3600.0
+REFUSED = (psycopg.DataError, psycopg.IntegrityError, pgerr.ProgramLimitExceeded)
+
+
+class EnqueueQueries(Session):
+    """Enqueue on the store's own connection."""
+
+    def enqueue(self, kind: str, payload_json: str, *, queue: str, priority: int, max_attempts: int,
+                run_at: datetime | None, delay_s: float, dedupe_key: str | None) -> int | None:
+        """Insert one job and notify; its id, or None when the dedupe key is live."""
+        with self.cursor() as cur:
+            return insert_job(cur, kind, payload_json, queue=queue, priority=priority, max_attempts=max_attempts,
+                              run_at=run_at, delay_s=delay_s, dedupe_key=dedupe_key)
+
+    def enqueue_many(self, rows: Iterable[Sequence[Any]]) -> int:
+        """COPY rows (kind, queue, payload_json, priority, max_attempts, run_at, dedupe_key)
+        in one transaction; returns how many were inserted (dedupe skips the rest)."""
+        with self.cursor(transaction=True) as cur:
+            return copy_jobs(cur, rows)
+
+
+def enqueue_one(conn_or_dsn: Any, kind: str, payload_json: str, **fields: Any) -> int | None:
+    """Insert one job on the caller's connection, or on one of its own to a DSN."""
+    if not isinstance(conn_or_dsn, str):
+        with borrowed_cursor(conn_or_dsn, transaction=False) as cur:
+            return insert_job(cur, kind, payload_json, **fields)
+    store = EnqueueQueries(StoreConfig(conn_or_dsn))
+    try:
+        return store.enqueue(kind, payload_json, **fields)
+    finally:
+        store.close()
+
+
+def enqueue_rows(conn_or_dsn: Any, rows: Iterable[Sequence[Any]]) -> int:
+    """COPY rows on the caller's connection, or on one of its own to a DSN."""
+    if not isinstance(conn_or_dsn, str):
+        with borrowed_cursor(conn_or_dsn, transaction=True) as cur:
+            return copy_jobs(cur, rows)
+    store = EnqueueQueries(StoreConfig(conn_or_dsn, statement_timeout_s=BULK_STATEMENT_TIMEOUT_S))
+    try:
+        return store.enqueue_many(rows)
+    finally:
+        store.close()
+
+
+def insert_job(cur: psycopg.Cursor[Any], kind: str, payload_json: str, **fields: Any) -> int | None:
+    """Insert one job and notify workers (at commit); its id, or None when the dedupe key is live."""
+    try:
+        cur.execute(query("job_insert"), {"kind": kind, "payload": payload_json, **fields})
+    except REFUSED as exc:
+        raise EnqueueError(f"job rejected: {first_line(exc)}") from exc
+    row = cur.fetchone()
+    return None if row is None else int(row[0])
+
+
+def copy_jobs(cur: psycopg.Cursor[Any], rows: Iterable[Sequence[Any]]) -> int:
+    """COPY rows into a staging table and move them into the jobs table; must run inside a
+    transaction. The staging table is dropped before returning, so a caller's transaction
+    may do this again."""
+    cur.execute(query("job_stage_create"))
+    try:
+        with cur.copy(query("job_stage_copy")) as copy:
+            for values in rows:
+                copy.write_row(values)
+        cur.execute(query("job_stage_insert"))
+    except REFUSED as exc:
+        raise EnqueueError(f"bulk enqueue rejected: {first_line(exc)}") from exc
+    inserted = cur.fetchone()
+    cur.execute(query("job_stage_drop"))
+    cur.execute(query("notify_jobs"))
+    return int(inserted[0]) if inserted else 0
+
+
+@contextlib.contextmanager
+def borrowed_cursor(conn: Any, *, transaction: bool) -> Iterator[psycopg.Cursor[Any]]:
+    """A cursor on a connection the caller owns, which is never closed or reconnected here.
+
+    Inside the caller's open transaction the work joins it (commit or rollback is theirs).
+    With none open, work that needs a transaction, or any work on a non-autocommit
+    connection, runs in a transaction of its own, committed before returning: the caller
+    is never left inside a transaction it did not open. No deadline thread: the caller
+    owns the connection's timeouts.
+    """
+    if isinstance(conn, psycopg.AsyncConnection):
+        raise EnqueueError("this is a psycopg.AsyncConnection: use `await enqueue_async(...)` "
+                           "or `await enqueue_many_async(...)`")
+    if not isinstance(conn, psycopg.Connection):
+        raise EnqueueError(f"expected a DSN string or an open psycopg connection, got {type(conn).__name__}")
+    own = needs_own_transaction(conn, transaction)
+    with translate_errors(), conn.transaction() if own else contextlib.nullcontext(), conn.cursor() as cur:
+        yield cur
+
+
+def needs_own_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], transaction: bool) -> bool:
+    """Whether work on a borrowed connection must open (and commit) a transaction of its own."""
+    if conn.closed:
+        raise DatabaseUnavailable("database unavailable: the connection is closed")
+    status = conn.info.transaction_status
+    if status == TransactionStatus.INERROR:
+        raise EnqueueError("the connection's transaction has failed: roll it back before enqueueing")
+    return status == TransactionStatus.IDLE and (transaction or not conn.autocommit)

@@ -1,0 +1,80 @@
+"""Enqueue from asyncio code (``shardworker.enqueue_async``): the same rules as
+``shardworker.store.enqueue`` on a ``psycopg.AsyncConnection``, the caller's or one of its
+own to a DSN. Nothing here blocks the event loop."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterable, Sequence
+from typing import Any
+
+import psycopg
+
+from shardworker.errors import EnqueueError
+from shardworker.store.config import StoreConfig
+from shardworker.store.connection import connect_options, first_line, translate_errors
+from shardworker.store.enqueue import BULK_STATEMENT_TIMEOUT_S, REFUSED, needs_own_transaction
+from shardworker.store.sql import query
+
+
+async def enqueue_one_async(conn_or_dsn: Any, kind: str, payload_json: str, **fields: Any) -> int | None:
+    """Insert one job and notify workers (at commit); its id, or None when the dedupe key is live."""
+    async with async_cursor_for(conn_or_dsn, transaction=False) as cur:
+        try:
+            await cur.execute(query("job_insert"), {"kind": kind, "payload": payload_json, **fields})
+        except REFUSED as exc:
+            raise EnqueueError(f"job rejected: {first_line(exc)}") from exc
+        row = await cur.fetchone()
+    return None if row is None else int(row[0])
+
+
+async def enqueue_rows_async(conn_or_dsn: Any, rows: Iterable[Sequence[Any]]) -> int:
+    """COPY rows through a staging table in one transaction; how many were inserted."""
+    config = StoreConfig(conn_or_dsn, statement_timeout_s=BULK_STATEMENT_TIMEOUT_S) \
+        if isinstance(conn_or_dsn, str) else None
+    async with async_cursor_for(conn_or_dsn, transaction=True, config=config) as cur:
+        await cur.execute(query("job_stage_create"))
+        try:
+            async with cur.copy(query("job_stage_copy")) as copy:
+                for values in rows:
+                    await copy.write_row(values)
+            await cur.execute(query("job_stage_insert"))
+        except REFUSED as exc:
+            raise EnqueueError(f"bulk enqueue rejected: {first_line(exc)}") from exc
+        inserted = await cur.fetchone()
+        await cur.execute(query("job_stage_drop"))
+        await cur.execute(query("notify_jobs"))
+    return int(inserted[0]) if inserted else 0
+
+
+@contextlib.asynccontextmanager
+async def borrowed_async_cursor(aconn: Any, *, transaction: bool) -> AsyncIterator[psycopg.AsyncCursor[Any]]:
+    """``borrowed_cursor`` for a ``psycopg.AsyncConnection``: the same transaction rules."""
+    if isinstance(aconn, psycopg.Connection):
+        raise EnqueueError("this is a sync psycopg connection: call enqueue() or enqueue_many(), "
+                           "or pass a psycopg.AsyncConnection")
+    if not isinstance(aconn, psycopg.AsyncConnection):
+        raise EnqueueError(f"expected a DSN string or an open psycopg.AsyncConnection, got {type(aconn).__name__}")
+    own = needs_own_transaction(aconn, transaction)
+    with translate_errors():
+        async with aconn.transaction() if own else contextlib.nullcontext(), aconn.cursor() as cur:
+            yield cur
+
+
+@contextlib.asynccontextmanager
+async def async_cursor_for(conn_or_dsn: Any, *, transaction: bool,
+                           config: StoreConfig | None = None) -> AsyncIterator[psycopg.AsyncCursor[Any]]:
+    """A cursor on the caller's async connection, or on one of its own to a DSN, opened
+    with the store's bounds (connect and statement timeouts, TCP liveness) and closed here."""
+    if not isinstance(conn_or_dsn, str):
+        async with borrowed_async_cursor(conn_or_dsn, transaction=transaction) as cur:
+            yield cur
+        return
+    config = config or StoreConfig(conn_or_dsn)
+    with translate_errors():
+        aconn = await psycopg.AsyncConnection.connect(config.dsn, **connect_options(config))
+    try:
+        async with borrowed_async_cursor(aconn, transaction=transaction) as cur:
+            yield cur
+    finally:
+        await aconn.close()

@@ -1,0 +1,176 @@
+"""Operators' reads and changes on jobs (``shardworker.jobs``, the dashboard): list, get,
+wait for the end, retry, cancel, delete. Each takes the caller's psycopg connection or a
+DSN (then opens a connection of its own and closes it) and returns ``JobInfo`` values.
+The rules on which job may change how live in ``shardworker.jobs``; this module runs them
+in one transaction under row locks."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime
+from typing import Any, NamedTuple
+
+import psycopg
+from psycopg.pq import TransactionStatus
+
+from shardworker.errors import DatabaseUnavailable, EnqueueError, JobsError
+from shardworker.model import JobInfo
+from shardworker.store.config import StoreConfig
+from shardworker.store.connection import Session, translate_errors
+from shardworker.store.enqueue import borrowed_cursor
+from shardworker.store.sql import query
+
+FINAL_STATUSES = ("done", "failed", "cancelled")
+
+
+class KindCount(NamedTuple):
+    queue: str
+    kind: str
+    status: str
+    jobs: int
+
+
+class MinuteCount(NamedTuple):
+    minute: datetime
+    done: int
+    failed: int
+
+
+@contextlib.contextmanager
+def cursor_for(conn_or_dsn: Any, *, transaction: bool) -> Iterator[psycopg.Cursor[Any]]:
+    """A cursor on the caller's connection (see ``borrowed_cursor``) or on a connection of
+    its own to a DSN, opened and closed here."""
+    if not isinstance(conn_or_dsn, str):
+        with borrowed_cursor(conn_or_dsn, transaction=transaction) as cur:
+            yield cur
+        return
+    session = Session(StoreConfig(conn_or_dsn))
+    try:
+        with session.cursor(transaction=transaction) as cur:
+            yield cur
+    finally:
+        session.close()
+
+
+def list_jobs(conn_or_dsn: Any, *, statuses: Sequence[str] | None, kind: str | None, queue: str | None,
+              since: datetime | None, limit: int) -> list[JobInfo]:
+    """Jobs newest first, filtered."""
+    with cursor_for(conn_or_dsn, transaction=False) as cur:
+        cur.execute(query("job_list"), {"statuses": list(statuses) if statuses else None, "kind": kind,
+                                        "queue": queue, "since": since, "limit": limit})
+        return [JobInfo(*row) for row in cur.fetchall()]
+
+
+def get_job(conn_or_dsn: Any, job_id: int) -> JobInfo | None:
+    """One job, or None."""
+    with cursor_for(conn_or_dsn, transaction=False) as cur:
+        cur.execute(query("job_get"), {"id": job_id})
+        row = cur.fetchone()
+    return None if row is None else JobInfo(*row)
+
+
+def change_jobs(conn_or_dsn: Any, action: str, job_ids: Sequence[int],
+                check: Callable[[dict[int, str]], None]) -> int:
+    """Lock ``job_ids``, hand their statuses (the ones that exist) to ``check``, which
+    raises to refuse, then run ``job_retry``, ``job_cancel`` or ``job_delete`` on them, in
+    one transaction; rows changed."""
+    with cursor_for(conn_or_dsn, transaction=True) as cur:
+        cur.execute(query("job_lock_for_change"), {"ids": list(job_ids)})
+        check({int(i): str(s) for i, s in cur.fetchall()})
+        cur.execute(query(f"job_{action}"), {"ids": list(job_ids)})
+        return cur.rowcount
+
+
+def retry_failed(conn_or_dsn: Any, kind: str | None, queue: str | None) -> int:
+    """Queue every failed job (of ``kind``, in ``queue``) again, in one transaction; how many."""
+    with cursor_for(conn_or_dsn, transaction=True) as cur:
+        cur.execute(query("job_failed_ids"), {"kind": kind, "queue": queue})
+        ids = [int(r[0]) for r in cur.fetchall()]
+        if not ids:
+            return 0
+        cur.execute(query("job_retry"), {"ids": ids})
+        return cur.rowcount
+
+
+def wait_job_end(conn_or_dsn: Any, job_id: int, timeout_s: float) -> tuple[JobInfo | None, bool]:
+    """The job once it is done, failed or cancelled (or gone), and True; or the job as it
+    was when ``timeout_s`` ran out first, and False.
+
+    It LISTENs on ``shardworker_finished`` before reading the row, so an end committed
+    between the read and the wait still wakes it: a notification that arrives while a
+    statement runs waits in psycopg's backlog for ``notifies()``. On the caller's connection
+    (outside a transaction: notifications arrive only between transactions) each
+    statement is committed at once when it is not in autocommit, and the subscription is
+    undone before returning.
+    """
+    if not isinstance(conn_or_dsn, str):
+        conn = idle_connection(conn_or_dsn)
+        try:
+            return _wait_on(conn, job_id, timeout_s)
+        finally:
+            with contextlib.suppress(psycopg.Error):
+                _run(conn, "unlisten_finished")
+    session = Session(StoreConfig(conn_or_dsn))
+    try:
+        with translate_errors():
+            return _wait_on(session.connection(), job_id, timeout_s)
+    finally:
+        session.close()
+
+
+def _wait_on(conn: psycopg.Connection[Any], job_id: int, timeout_s: float) -> tuple[JobInfo | None, bool]:
+    deadline = time.monotonic() + max(0.0, timeout_s)
+    with translate_errors():
+        _run(conn, "listen_finished")
+        while True:
+            row = _run(conn, "job_get", {"id": job_id})
+            job = None if row is None else JobInfo(*row)
+            if job is None or job.status in FINAL_STATUSES:
+                return job, True
+            woken = False
+            while not woken:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return job, False
+                woken = any(n.channel == "shardworker_finished" and str(job_id) in n.payload.split(",")
+                            for n in conn.notifies(timeout=remaining, stop_after=1))
+
+
+def _run(conn: psycopg.Connection[Any], name: str, params: dict[str, Any] | None = None) -> tuple[Any, ...] | None:
+    """One statement, committed at once on a connection that is not in autocommit."""
+    cur = conn.execute(query(name), params)
+    row = cur.fetchone() if cur.description else None
+    if not conn.autocommit:
+        conn.commit()
+    return row
+
+
+def idle_connection(conn: Any) -> psycopg.Connection[Any]:
+    """The caller's connection, checked to be open and outside a transaction."""
+    if not isinstance(conn, psycopg.Connection):
+        raise EnqueueError(f"expected a DSN string or an open psycopg connection, got {type(conn).__name__}")
+    if conn.closed:
+        raise DatabaseUnavailable("database unavailable: the connection is closed")
+    if conn.info.transaction_status != TransactionStatus.IDLE:
+        raise JobsError("wait_for needs a connection outside a transaction: PostgreSQL delivers "
+                        "notifications only between transactions")
+    return conn
+
+
+# the dashboard: read-only, on a connection or a DSN ------------------------------------------
+
+def dashboard_kind_counts(conn_or_dsn: Any) -> list[KindCount]:
+    """(queue, kind, status, count) rows: every unfinished, failed and cancelled job, and
+    ``done_1h`` for jobs done in the last hour (no statement reads the whole table)."""
+    with cursor_for(conn_or_dsn, transaction=False) as cur:
+        cur.execute(query("dashboard_kind_counts"))
+        return [KindCount(str(q), str(k), str(s), int(n)) for q, k, s, n in cur.fetchall()]
+
+
+def dashboard_finished_per_minute(conn_or_dsn: Any) -> list[MinuteCount]:
+    """(minute, done, failed) for each of the last 60 minutes, oldest first, zeros included."""
+    with cursor_for(conn_or_dsn, transaction=False) as cur:
+        cur.execute(query("dashboard_finished_per_minute"))
+        return [MinuteCount(m, int(d), int(f)) for m, d, f in cur.fetchall()]

@@ -1,0 +1,161 @@
+"""The worker's queries on its jobs: claim, give back, apply outcomes (fenced by attempt),
+requeue what it lost, and wait for enqueue notifications. ``ApplyResult`` says what a
+batch did; everything here runs on the worker's own ``Session``."""
+
+from __future__ import annotations
+
+import select
+from collections.abc import Sequence
+
+import psycopg
+
+from shardworker.errors import OutcomeRejected, SchemaMissing
+from shardworker.model import ApplyResult, ClaimedJob, Outcome
+from shardworker.store.connection import Session, first_line, is_refusal, translate_errors
+from shardworker.store.sql import query
+
+
+class WorkerQueries(Session):
+    """Claiming, applying and notifications for one worker."""
+
+    def claim(self, kinds: Sequence[str], queues: Sequence[str] | None, worker_id: str,
+              limit: int, claim_token: str | None = None, max_bytes: int = 1 << 62) -> list[ClaimedJob]:
+        """Claim up to ``limit`` due jobs and ``max_bytes`` of payload (at least one job when
+        any is due): status running, attempt + 1, locked_by worker_id.
+
+        ``claim_token`` tags the claimed rows; if the reply is lost, ``release_claim`` with
+        the same token gives back whatever the server did commit.
+        """
+        params = {"kinds": list(kinds), "queues": list(queues) if queues else None,
+                  "worker_id": worker_id, "limit": limit, "claim_token": claim_token, "max_bytes": max_bytes}
+        with self.cursor() as cur:
+            cur.execute(query("job_claim"), params)
+            return [ClaimedJob(*row) for row in cur.fetchall()]
+
+    def release(self, jobs: Sequence[tuple[int, int]], worker_id: str) -> int:
+        """Give back (id, attempt) claims whose handler never started."""
+        if not jobs:
+            return 0
+        with self.cursor() as cur:
+            cur.execute(query("job_release"), {"ids": [j for j, _ in jobs],
+                                               "attempts": [a for _, a in jobs], "worker_id": worker_id})
+            return cur.rowcount
+
+    def release_claim(self, claim_token: str, worker_id: str) -> int:
+        """Give back the jobs of a claim whose reply was lost; returns how many."""
+        with self.cursor() as cur:
+            cur.execute(query("job_release_claim"), {"claim_token": claim_token, "worker_id": worker_id})
+            return cur.rowcount
+
+    def requeue_orphans(self, worker_id: str, error: str) -> list[int]:
+        """Requeue (or fail, when out of attempts) this worker's running jobs."""
+        with self.cursor() as cur:
+            cur.execute(query("job_requeue_orphans"), {"worker_id": worker_id, "error": error})
+            return [r[0] for r in cur.fetchall()]
+
+    def requeue_lost(self, worker_id: str, error: str, keep_ids: Sequence[int]) -> list[int]:
+        """Requeue this worker's running jobs except ``keep_ids`` (whose outcomes are still coming)."""
+        with self.cursor() as cur:
+            cur.execute(query("job_requeue_lost"), {"worker_id": worker_id, "error": error,
+                                                    "keep_ids": list(keep_ids)})
+            return [r[0] for r in cur.fetchall()]
+
+    def unhandled_kinds(self, kinds: Sequence[str], queues: Sequence[str] | None) -> list[tuple[str, int]]:
+        """(kind, queued jobs) of the kinds not in ``kinds``, most first, up to ten."""
+        with self.cursor() as cur:
+            cur.execute(query("job_unhandled_kinds"), {"kinds": list(kinds),
+                                                       "queues": list(queues) if queues else None})
+            return [(k, int(n)) for k, n in cur.fetchall()]
+
+    def count_active(self, kinds: Sequence[str], queues: Sequence[str] | None, worker_id: str) -> int:
+        """Jobs due now for these kinds, plus jobs running for this worker."""
+        with self.cursor() as cur:
+            cur.execute(query("job_count_active"), {"kinds": list(kinds),
+                                                    "queues": list(queues) if queues else None,
+                                                    "worker_id": worker_id})
+            row = cur.fetchone()
+        return int(row[0]) if row else 0
+
+    def apply_outcomes(self, outcomes: Sequence[Outcome]) -> ApplyResult:
+        """Apply a batch in one fenced statement. Zero-row outcomes are replays or stale."""
+        if not outcomes:
+            return ApplyResult()
+        # Every array goes in binary: results as bytea, the child's JSON bytes unescaped
+        # (the statement turns them into jsonb), the rest without text formatting.
+        params = {"ids": [o.job_id for o in outcomes], "attempts": [o.attempt for o in outcomes],
+                  "codes": [o.code for o in outcomes], "results": [o.result_json for o in outcomes],
+                  "errors": [o.error for o in outcomes], "delays": [float(o.retry_delay_s) for o in outcomes]}
+        with self.cursor() as cur:
+            try:
+                cur.execute(query("job_apply_outcomes"), params)
+            except psycopg.Error as exc:
+                if not is_refusal(exc):
+                    raise
+                raise OutcomeRejected(f"outcome rejected: {first_line(exc)}") from exc
+            applied = set(cur.fetchall())
+            missed = [o for o in outcomes if (o.job_id, o.attempt) not in applied]
+            if not missed:
+                return ApplyResult(applied=len(outcomes))
+            # Rare: a replay after a lost checkpoint, or a stale attempt. The update above is
+            # committed, so this reads the state it left.
+            cur.execute(query("job_classify"), {"ids": [o.job_id for o in missed]})
+            last_applied = dict(cur.fetchall())
+        return classify(len(outcomes) - len(missed), missed, last_applied)
+
+    def identity(self) -> tuple[str, str, str]:
+        """(instance id, database name, server as host:port): what an outbox is bound to."""
+        with self.cursor() as cur:
+            cur.execute(query("db_identity"))
+            row = cur.fetchone()
+            info = cur.connection.info
+        if row is None:
+            raise SchemaMissing("the shardworker.instance row is missing: run `shardworker migrate`")
+        return str(row[0]), str(row[1]), f"{info.host}:{info.port}"
+
+    # notifications -----------------------------------------------------------
+
+    @property
+    def listening(self) -> bool:
+        """Whether this connection is subscribed to enqueue notifications."""
+        return self._listening
+
+    def listen(self) -> None:
+        """Subscribe this connection to enqueue notifications."""
+        with self.cursor() as cur:
+            cur.execute(query("listen_jobs"))
+        self._listening = True
+
+    def notify_fileno(self) -> int:
+        """A descriptor that becomes readable when an enqueue notification may have arrived
+        (subscribing first); then call ``wait_notify(0)``."""
+        if not self._listening:
+            self.listen()
+        with translate_errors():
+            return self.connection().fileno()
+
+    def wait_notify(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for an enqueue notification; True if one came."""
+        if not self._listening:
+            self.listen()
+        conn = self.connection()
+        with translate_errors():
+            got = any(True for _ in conn.notifies(timeout=0, stop_after=1000))
+            if got:
+                return True
+            ready, _, _ = select.select([conn.fileno()], [], [], timeout_s)
+            return bool(ready) and any(True for _ in conn.notifies(timeout=0, stop_after=1000))
+
+
+def classify(applied: int, missed: Sequence[Outcome], last_applied: dict[int, int | None]) -> ApplyResult:
+    """What became of the outcomes the fenced update did not apply."""
+    replayed = 0
+    stale: list[int] = []
+    missing: list[int] = []
+    for outcome in missed:
+        if outcome.job_id not in last_applied:
+            missing.append(outcome.job_id)  # no such job here: the wrong database, or deleted
+        elif last_applied[outcome.job_id] == outcome.attempt:
+            replayed += 1  # this attempt's outcome was applied before: a replay after a lost checkpoint
+        else:
+            stale.append(outcome.job_id)  # its attempt was rescued and claimed again
+    return ApplyResult(applied, replayed, len(stale), tuple(stale), tuple(missing))

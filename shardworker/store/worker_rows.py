@@ -1,0 +1,74 @@
+"""The workers table: heartbeats, who is registered under an id, the rescuer's lock and
+the rescue of silent workers' jobs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from shardworker.model import WorkerInfo
+from shardworker.store.connection import Session
+from shardworker.store.sql import query
+
+
+class WorkerRows(Session):
+    """Heartbeat rows and rescue, on one session."""
+
+    def heartbeat(self, worker_id: str, hostname: str, pid: int, running: int | None = None,
+                  pending: int | None = None, *, take_over: bool = True) -> tuple[str, int] | None:
+        """Beat for ``worker_id`` as (hostname, pid); None when written, else the (hostname,
+        pid) of the other process whose row it left alone (only without ``take_over``)."""
+        with self.cursor() as cur:
+            cur.execute(query("worker_heartbeat"), {"worker_id": worker_id, "hostname": hostname, "pid": pid,
+                                                    "running": running, "pending": pending,
+                                                    "take_over": take_over})
+            row = cur.fetchone()
+        if row is None or row[0]:
+            return None
+        return str(row[1] or "an unknown host"), int(row[2] or 0)  # a row committed after our snapshot
+
+    def worker_row(self, worker_id: str) -> tuple[str, int, datetime] | None:
+        """(hostname, pid, heartbeat_at) of ``worker_id``'s heartbeat row; None without one."""
+        with self.cursor() as cur:
+            cur.execute(query("worker_get"), {"worker_id": worker_id})
+            row = cur.fetchone()
+        return None if row is None else (str(row[0]), int(row[1]), row[2])
+
+    def workers(self) -> list[WorkerInfo]:
+        """Every worker's row: id, host, pid, started, last heartbeat, load, seconds silent."""
+        with self.cursor() as cur:
+            cur.execute(query("worker_list"))
+            return [WorkerInfo(str(w), str(h), int(p), started, beat, running, pending, float(silent))
+                    for w, h, p, started, beat, running, pending, silent in cur.fetchall()]
+
+    def forget_worker(self, worker_id: str, hostname: str, pid: int) -> None:
+        """Remove the heartbeat row this (hostname, pid) wrote, unless jobs still run under the id."""
+        with self.cursor() as cur:
+            cur.execute(query("worker_forget"), {"worker_id": worker_id, "hostname": hostname, "pid": pid})
+
+    def release_worker(self, worker_id: str, hostname: str, pid: int) -> None:
+        """The end of a drain that beat under ``worker_id``: remove its row as ``forget_worker``
+        does, or leave it naming no process (pid 0) while jobs still run under the id."""
+        with self.cursor() as cur:
+            cur.execute(query("worker_release"), {"worker_id": worker_id, "hostname": hostname, "pid": pid})
+
+    def try_rescue_lock(self) -> bool:
+        """Take (or confirm) the cluster-wide rescuer lock on this connection."""
+        with self.cursor() as cur:
+            cur.execute(query("rescue_lock"))
+            row = cur.fetchone()
+        return bool(row and row[0])
+
+    def heartbeats(self) -> dict[str, datetime]:
+        """Each worker id's last heartbeat."""
+        with self.cursor() as cur:
+            cur.execute(query("worker_heartbeats"))
+            return {w: t for w, t in cur.fetchall()}
+
+    def rescue_workers(self, observed: Sequence[tuple[str, datetime]], grace_s: float = 0.0) -> list[int]:
+        """Requeue the running jobs of workers whose heartbeat is still the one observed (and
+        drop their rows); rescued jobs wait ``grace_s`` before they may be claimed again."""
+        with self.cursor() as cur:
+            cur.execute(query("rescue_workers"), {"worker_ids": [w for w, _ in observed],
+                                                  "heartbeats": [b for _, b in observed], "grace_s": grace_s})
+            return [r[0] for r in cur.fetchall()]
