@@ -29,12 +29,14 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
 import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from shardworker.control import MAX_DELAY_S
 from shardworker.errors import AppLoadError, ConfigError
 from shardworker.limits import MAX_KIND_BYTES, MAX_PERIODIC_NAME_BYTES, MAX_QUEUE_BYTES, not_storable_text, too_long
 from shardworker.model import Job
@@ -65,11 +67,21 @@ class HandlerSpec:
         """Where a child runs it: ``async`` (event loop), ``threads`` (pool) or ``sync`` (one at a time)."""
         return "async" if self.is_async else "threads" if self.threads else "sync"
 
-    def delay_after_failure(self, attempt: int) -> float:
-        """Seconds before retrying a failed ``attempt``, or -1 when the handler allows no more."""
+    def delay_after_failure(self, attempt: int) -> float | None:
+        """Seconds before retrying a failed ``attempt``, or None when the handler allows no
+        more: out of its attempts, or its ``retry_delay`` said never (negative or infinite).
+        A ``retry_delay`` that raises or returns NaN falls back to the default backoff."""
         if self.max_attempts is not None and attempt >= self.max_attempts:
-            return -1.0
-        return float(self.retry_delay(attempt))
+            return None
+        try:
+            delay = float(self.retry_delay(attempt))
+        except Exception:
+            return job_retry_delay(attempt)
+        if math.isnan(delay):
+            return job_retry_delay(attempt)
+        if delay < 0 or math.isinf(delay):
+            return None
+        return min(delay, MAX_DELAY_S)
 
 
 class App:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable
 
-from shardworker.model import ClaimedJob, Outcome
+from shardworker.model import ClaimedJob, Disposition, Outcome
 
 OUTCOMES = ("done", "failed", "retried", "snoozed", "cancelled")
 # Handler seconds: Prometheus' default buckets, and two more for slow jobs.
@@ -66,10 +66,6 @@ class JobCounts:
 def outcome_label(job: ClaimedJob, outcome: Outcome, max_attempts: int) -> str:
     """The outcome's name in ``jobstats.OUTCOMES``: a failed attempt is ``retried`` while
     attempts remain, else ``failed``."""
-    if outcome.ok:
-        return "done"
-    if outcome.snooze:
-        return "snoozed"
-    if outcome.cancel:
-        return "cancelled"
-    return "failed" if outcome.retry_delay_s < 0 or job.attempt >= max_attempts else "retried"
+    if outcome.disposition is Disposition.RETRY:
+        return "retried" if job.attempt < max_attempts else "failed"
+    return outcome.disposition.value

@@ -7,6 +7,7 @@ the flusher applies (its record form lives in ``shardworker.wire``). ``JobInfo``
 
 from __future__ import annotations
 
+import enum
 import json
 import re
 from dataclasses import dataclass
@@ -72,35 +73,58 @@ class ClaimedJob:
                    self.max_attempts)
 
 
+class Disposition(enum.Enum):
+    """What an attempt asks of its job. The delay goes with ``RETRY`` (seconds until the
+    next attempt, while attempts remain: the job row decides) and ``SNOOZED`` (seconds until
+    it runs again, no attempt used)."""
+
+    DONE = "done"
+    RETRY = "retry"
+    FAILED = "failed"  # for good, whatever attempts remain
+    SNOOZED = "snoozed"
+    CANCELLED = "cancelled"
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """The result of one attempt.
-
-    ``ok`` with ``result_json`` (the handler's return value as JSON text in UTF-8 bytes,
-    carried as the child encoded it), or not ``ok`` with ``error`` and ``retry_delay_s``:
-    seconds until the retry, or -1 for "do not retry". Two outcomes that are not ``ok`` are
-    not failures: ``snooze`` (back to the queue after ``retry_delay_s``, no attempt used)
-    and ``cancel`` (``cancelled`` for good, ``error`` saying why).
-    """
+    """The result of one attempt: its disposition, the result of a ``DONE`` (the handler's
+    return value as JSON text in UTF-8 bytes, carried as the child encoded it), the error
+    of a ``RETRY``, ``FAILED`` or ``CANCELLED``, and the delay of a ``RETRY`` or ``SNOOZED``.
+    Build one with ``done``, ``retry``, ``failed``, ``snoozed`` or ``cancelled``."""
 
     job_id: int
     attempt: int
-    ok: bool
+    disposition: Disposition
     result_json: bytes | None = None
     error: str | None = None
-    retry_delay_s: float = 0.0
-    snooze: bool = False
-    cancel: bool = False
+    delay_s: float = 0.0
 
-    @property
-    def code(self) -> int:
-        """The outcome's disposition as one number (the outbox record and the apply
-        statement use it): 0 failed attempt, 1 done, 2 snoozed, 3 cancelled."""
-        return OUTCOME_DONE if self.ok else OUTCOME_SNOOZED if self.snooze else \
-            OUTCOME_CANCELLED if self.cancel else OUTCOME_FAILED
+    @classmethod
+    def done(cls, job_id: int, attempt: int, result_json: bytes) -> Outcome:
+        return cls(job_id, attempt, Disposition.DONE, result_json=result_json)
 
+    @classmethod
+    def retry(cls, job_id: int, attempt: int, error: str | None, delay_s: float) -> Outcome:
+        return cls(job_id, attempt, Disposition.RETRY, error=error, delay_s=delay_s)
 
-OUTCOME_FAILED, OUTCOME_DONE, OUTCOME_SNOOZED, OUTCOME_CANCELLED = 0, 1, 2, 3
+    @classmethod
+    def failed(cls, job_id: int, attempt: int, error: str | None) -> Outcome:
+        return cls(job_id, attempt, Disposition.FAILED, error=error)
+
+    @classmethod
+    def after_failure(cls, job_id: int, attempt: int, error: str | None, delay_s: float | None) -> Outcome:
+        """A failed attempt: retried after ``delay_s``, or failed for good when it is None."""
+        if delay_s is None:
+            return cls.failed(job_id, attempt, error)
+        return cls.retry(job_id, attempt, error, delay_s)
+
+    @classmethod
+    def snoozed(cls, job_id: int, attempt: int, delay_s: float) -> Outcome:
+        return cls(job_id, attempt, Disposition.SNOOZED, delay_s=delay_s)
+
+    @classmethod
+    def cancelled(cls, job_id: int, attempt: int, error: str | None) -> Outcome:
+        return cls(job_id, attempt, Disposition.CANCELLED, error=error)
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,9 +26,9 @@ JSON bytes exactly as the child encoded them, then the error text::
     u8 version (2) | i64 job id | i32 attempt | u8 code | f64 retry delay
     | i32 result length (-1: none) | i32 error length (-1: none) | result | error (UTF-8)
 
-where code is 0 failed attempt, 1 done, 2 snoozed, 3 cancelled (``Outcome.code``),
-so a result is never escaped, decoded or re-encoded on its way to PostgreSQL. Records of
-the first format (a JSON array, first byte ``[``) still decode. A record is never over
+where code is the disposition (``_CODES``: 0 a failed attempt, retried after the delay, or
+for good when the delay is -1; 1 done; 2 snoozed; 3 cancelled), so a result is never
+escaped, decoded or re-encoded on its way to PostgreSQL. A record is never over
 ``outbox.MAX_RECORD_BYTES``: an outcome that would be is replaced by a failure that says so.
 """
 
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import orjson
 
 from outbox import MAX_RECORD_BYTES
-from shardworker.model import OUTCOME_CANCELLED, OUTCOME_DONE, OUTCOME_SNOOZED, ClaimedJob, Outcome
+from shardworker.model import ClaimedJob, Disposition, Outcome
 
 JobKey = tuple[int, int]  # (job id, attempt)
 
@@ -127,6 +127,9 @@ def decode(data: bytes) -> Message:
 
 _RECORD = struct.Struct("<BqiBdii")
 _RECORD_V2 = 2
+_CODES = {Disposition.RETRY: 0, Disposition.FAILED: 0, Disposition.DONE: 1, Disposition.SNOOZED: 2,
+          Disposition.CANCELLED: 3}
+_FOR_GOOD = -1.0  # the delay of a code-0 record that is not to be retried
 
 
 def encode_outcome(outcome: Outcome) -> bytes:
@@ -135,34 +138,32 @@ def encode_outcome(outcome: Outcome) -> bytes:
     size = _RECORD.size + len(result or b"") + len(error or b"")
     if size > MAX_RECORD_BYTES:
         message = f"handler result too large: {size} bytes > {MAX_RECORD_BYTES}"
-        outcome = Outcome(outcome.job_id, outcome.attempt, False, retry_delay_s=-1.0, error=message)
+        outcome = Outcome.failed(outcome.job_id, outcome.attempt, message)
         result, error = None, message.encode()
-    header = _RECORD.pack(_RECORD_V2, outcome.job_id, outcome.attempt, outcome.code, outcome.retry_delay_s,
+    delay = outcome.delay_s if outcome.disposition in (Disposition.RETRY, Disposition.SNOOZED) else _FOR_GOOD
+    header = _RECORD.pack(_RECORD_V2, outcome.job_id, outcome.attempt, _CODES[outcome.disposition], delay,
                           -1 if result is None else len(result), -1 if error is None else len(error))
     return b"".join((header, result or b"", error or b""))
 
 
 def decode_outcome(record: bytes) -> Outcome:
     """The outcome in an outbox record; ``ValueError`` when it is not one."""
-    if record[:1] == b"[":
-        return _decode_v1(record)
     _, job_id, attempt, code, delay, result_len, error_len = _header(record)
-    if code > OUTCOME_CANCELLED or result_len < -1 or error_len < -1 or (
+    if code > 3 or result_len < -1 or error_len < -1 or (
             _RECORD.size + max(result_len, 0) + max(error_len, 0) != len(record)):
         raise ValueError("not an outcome record: inconsistent header")
     at = _RECORD.size
     result = None if result_len < 0 else bytes(record[at:at + result_len])
     at += max(result_len, 0)
     error = None if error_len < 0 else bytes(record[at:at + error_len]).decode("utf-8")
-    return Outcome(job_id, attempt, code == OUTCOME_DONE, result, error, delay,
-                   snooze=code == OUTCOME_SNOOZED, cancel=code == OUTCOME_CANCELLED)
+    disposition = (Disposition.FAILED if delay < 0 else Disposition.RETRY, Disposition.DONE, Disposition.SNOOZED,
+                   Disposition.CANCELLED)[code]
+    kept = delay if disposition in (Disposition.RETRY, Disposition.SNOOZED) else 0.0
+    return Outcome(job_id, attempt, disposition, result, error, kept)
 
 
 def outcome_key(record: bytes) -> JobKey:
     """(job id, attempt) of an outbox record, read from its header alone."""
-    if record[:1] == b"[":
-        outcome = _decode_v1(record)
-        return outcome.job_id, outcome.attempt
     _, job_id, attempt, *_ = _header(record)
     return job_id, attempt
 
@@ -171,17 +172,6 @@ def _header(record: bytes) -> tuple[int, int, int, int, float, int, int]:
     if len(record) < _RECORD.size or record[0] != _RECORD_V2:
         raise ValueError(f"not an outcome record: {bytes(record[:16])!r}")
     return _RECORD.unpack_from(record)
-
-
-def _decode_v1(record: bytes) -> Outcome:
-    value = orjson.loads(record)
-    if not (isinstance(value, list) and len(value) == 6):
-        raise ValueError(f"not an outcome record: {value!r:.80}")
-    job_id, attempt, ok, result_json, error, delay = value
-    if not isinstance(ok, bool) or not (result_json is None or isinstance(result_json, str)):
-        raise ValueError(f"not an outcome record: {value!r:.80}")
-    return Outcome(int(job_id), int(attempt), ok, None if result_json is None else result_json.encode(), error,
-                   float(delay))
 
 
 def _utf8(text: str | None) -> bytes | None:

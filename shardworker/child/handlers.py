@@ -12,16 +12,14 @@ SystemExit) escape, and end the child.
 from __future__ import annotations
 
 import asyncio
-import math
 import traceback
 
 import orjson
 
 from shardworker.app import App, HandlerSpec
-from shardworker.control import MAX_DELAY_S, Cancel, Fail, JobControl, Retry, Snooze
+from shardworker.control import Cancel, Fail, JobControl, Retry, Snooze
 from shardworker.limits import MAX_PAYLOAD_BYTES, MAX_RESULT_BYTES
 from shardworker.model import ClaimedJob, Outcome, dumps_exact
-from shardworker.retry import job_retry_delay
 
 
 def run_sync(app: App, job: ClaimedJob) -> Outcome:
@@ -81,20 +79,22 @@ def success(job: ClaimedJob, result: object) -> Outcome:
                                 f"the limit is {MAX_RESULT_BYTES} (shardworker.limits.MAX_RESULT_BYTES)")
     if b"\\u0000" in result_json:
         return never_again(job, "handler result holds a NUL character (\\u0000), which PostgreSQL jsonb cannot store")
-    return Outcome(job.id, job.attempt, True, result_json=result_json)
+    return Outcome.done(job.id, job.attempt, result_json)
 
 
 def controlled(spec: HandlerSpec, job: ClaimedJob, control: JobControl) -> Outcome:
     """The outcome a handler asked for by raising ``Retry``, ``Snooze``, ``Fail`` or ``Cancel``."""
     if isinstance(control, Snooze):
-        return Outcome(job.id, job.attempt, False, retry_delay_s=control.delay_s, snooze=True)
+        return Outcome.snoozed(job.id, job.attempt, control.delay_s)
     if isinstance(control, Cancel):
-        return Outcome(job.id, job.attempt, False, error=printable(control.reason), retry_delay_s=-1.0, cancel=True)
+        return Outcome.cancelled(job.id, job.attempt, printable(control.reason))
     if isinstance(control, Retry):
         reason = control.reason or "retry requested"
         spent = spec.max_attempts is not None and job.attempt >= spec.max_attempts  # the job row checks its own
-        return Outcome(job.id, job.attempt, False, error=printable(f"Retry: {reason}"),
-                       retry_delay_s=-1.0 if spent else control.delay_s)
+        error = printable(f"Retry: {reason}")
+        if spent:
+            return Outcome.failed(job.id, job.attempt, error)
+        return Outcome.retry(job.id, job.attempt, error, control.delay_s)
     if isinstance(control, Fail):
         return never_again(job, printable(f"Fail: {control.reason}"))
     return never_again(job, f"unknown job control {type(control).__name__}")
@@ -102,7 +102,7 @@ def controlled(spec: HandlerSpec, job: ClaimedJob, control: JobControl) -> Outco
 
 def never_again(job: ClaimedJob, reason: str) -> Outcome:
     """A failure that no retry can fix."""
-    return Outcome(job.id, job.attempt, False, error=reason, retry_delay_s=-1.0)
+    return Outcome.failed(job.id, job.attempt, reason)
 
 
 def payload_refused(job: ClaimedJob) -> Outcome | None:
@@ -121,21 +121,8 @@ def failure(spec: HandlerSpec, job: ClaimedJob, exc: BaseException, *, error: st
     """A failed attempt: the error with its traceback, retried after the handler's delay."""
     text = "".join(traceback.format_exception(exc)).strip()
     message = error or f"{type(exc).__name__}: {exc}"
-    return Outcome(job.id, job.attempt, False, error=printable(f"{message}\n{text}"),
-                   retry_delay_s=retry_delay(spec, job.attempt))
-
-
-def retry_delay(spec: HandlerSpec, attempt: int) -> float:
-    """The handler's delay before the next attempt, made storable (see the module docstring)."""
-    try:
-        delay = float(spec.delay_after_failure(attempt))
-    except Exception:
-        return job_retry_delay(attempt)
-    if math.isnan(delay):
-        return job_retry_delay(attempt)
-    if delay < 0 or math.isinf(delay):
-        return -1.0
-    return min(delay, MAX_DELAY_S)
+    delay = spec.delay_after_failure(job.attempt)
+    return Outcome.after_failure(job.id, job.attempt, printable(f"{message}\n{text}"), delay)
 
 
 def printable(text: str) -> str:

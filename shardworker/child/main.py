@@ -29,7 +29,7 @@ from shardworker.app import App, load_app
 from shardworker.child.committer import Committer
 from shardworker.child.lanes import AsyncLane, Lane, ThreadLane
 from shardworker.jobstats import OUTCOMES, outcome_label, summarize
-from shardworker.model import ClaimedJob, Outcome
+from shardworker.model import ClaimedJob, Disposition, Outcome
 
 log = logging.getLogger(__name__)
 
@@ -159,9 +159,9 @@ class ShardRunner:
         label = outcome_label(job, outcome, limit)
         self.committer.add((job.id, job.attempt), wire.encode_outcome(outcome), started_at,
                            (job.kind, OUTCOMES.index(label), seconds))
-        if outcome.snooze or outcome.cancel:
+        if outcome.disposition in (Disposition.SNOOZED, Disposition.CANCELLED):
             log_control(job, outcome)
-        elif not outcome.ok:
+        elif outcome.disposition is not Disposition.DONE:
             log_failure(job, outcome, limit)
 
     def fatal(self, exc: BaseException) -> None:
@@ -180,13 +180,13 @@ def log_failure(job: ClaimedJob, outcome: Outcome, max_attempts: int) -> None:
                   first, extra=logs.job_fields(job))
     else:
         log.warning("job %d (%s) attempt %d/%d failed, retrying in %.1fs: %s", job.id, job.kind, job.attempt,
-                    max_attempts, outcome.retry_delay_s, first, extra=logs.job_fields(job))
+                    max_attempts, outcome.delay_s, first, extra=logs.job_fields(job))
 
 
 def log_control(job: ClaimedJob, outcome: Outcome) -> None:
     """One line for a job its handler snoozed or cancelled."""
-    if outcome.snooze:
-        log.info("job %d (%s) attempt %d snoozed for %.1fs", job.id, job.kind, job.attempt, outcome.retry_delay_s,
+    if outcome.disposition is Disposition.SNOOZED:
+        log.info("job %d (%s) attempt %d snoozed for %.1fs", job.id, job.kind, job.attempt, outcome.delay_s,
                  extra=logs.job_fields(job))
     else:
         log.info("job %d (%s) attempt %d cancelled by its handler: %s", job.id, job.kind, job.attempt,

@@ -180,8 +180,7 @@ class Flusher:
         ``stats.refused``, one ERROR line; the rest of the batch goes on (retrying a
         refusal would only crash-loop the flusher)."""
         name = self._deadletter(wire.encode_outcome(outcome), str(refusal), outcome)
-        failure = Outcome(outcome.job_id, outcome.attempt, False,
-                          error=f"result rejected by the database: {refusal}", retry_delay_s=-1)
+        failure = Outcome.failed(outcome.job_id, outcome.attempt, f"result rejected by the database: {refusal}")
         try:
             result = self.store.apply_outcomes([failure])
         except OutcomeRejected as again:
@@ -244,8 +243,8 @@ class Flusher:
 def _readable(outcome: Outcome) -> dict[str, object]:
     """An outcome as a JSON object for a person: the result as a JSON value (or, when it
     is not valid JSON, its text under ``result_text``)."""
-    value: dict[str, object] = {"job_id": outcome.job_id, "attempt": outcome.attempt, "ok": outcome.ok,
-                                "snooze": outcome.snooze, "cancel": outcome.cancel,
+    value: dict[str, object] = {"job_id": outcome.job_id, "attempt": outcome.attempt,
+                                "disposition": outcome.disposition.value, "delay_s": outcome.delay_s,
                                 "result": None, "error": outcome.error}
     if outcome.result_json is not None:
         try:

@@ -83,8 +83,8 @@ class WorkerQueries(Session):
         # Every array goes in binary: results as bytea, the child's JSON bytes unescaped
         # (the statement turns them into jsonb), the rest without text formatting.
         params = {"ids": [o.job_id for o in outcomes], "attempts": [o.attempt for o in outcomes],
-                  "codes": [o.code for o in outcomes], "results": [o.result_json for o in outcomes],
-                  "errors": [o.error for o in outcomes], "delays": [float(o.retry_delay_s) for o in outcomes]}
+                  "dispositions": [o.disposition.value for o in outcomes], "results": [o.result_json for o in outcomes],
+                  "errors": [o.error for o in outcomes], "delays": [float(o.delay_s) for o in outcomes]}
         with self.cursor() as cur:
             try:
                 cur.execute(query("job_apply_outcomes"), params)

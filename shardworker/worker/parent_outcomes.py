@@ -37,7 +37,7 @@ class ParentOutcomes:
     def fail(self, jobs: Iterable[ClaimedJob], reason: str) -> int:
         """Record a failed attempt for each job (retried per its handler's policy); returns how many."""
         jobs = list(jobs)
-        outcomes = [Outcome(j.id, j.attempt, False, error=reason, retry_delay_s=self._delay(j)) for j in jobs]
+        outcomes = [Outcome.after_failure(j.id, j.attempt, reason, self._delay(j)) for j in jobs]
         if self.job_counts is not None:
             for job, outcome in zip(jobs, outcomes, strict=True):
                 self.job_counts.add_outcome(job.kind, outcome_label(job, outcome, job.max_attempts))
@@ -52,11 +52,11 @@ class ParentOutcomes:
         if self.job_counts is not None:
             for job in jobs:
                 self.job_counts.add_outcome(job.kind, "snoozed")
-        self._pending.extend(Outcome(j.id, j.attempt, False, retry_delay_s=0.0, snooze=True) for j in jobs)
+        self._pending.extend(Outcome.snoozed(j.id, j.attempt, 0.0) for j in jobs)
         self.flush()
         return len(jobs)
 
-    def _delay(self, job: ClaimedJob) -> float:
+    def _delay(self, job: ClaimedJob) -> float | None:
         spec = self.specs.get(job.kind)
         return spec.delay_after_failure(job.attempt) if spec else job_retry_delay(job.attempt)
 

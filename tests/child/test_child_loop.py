@@ -20,7 +20,9 @@ from shardworker import wire
 from shardworker.app import App
 from shardworker.child.main import ChildConfig, Progress, ShardRunner, open_writer
 from shardworker.jobstats import DURATION_BUCKETS, OUTCOMES, JobCounts
-from shardworker.model import ClaimedJob, Job
+from shardworker.model import ClaimedJob, Disposition, Job
+
+DONE = Disposition.DONE
 
 
 class Clock:
@@ -138,8 +140,8 @@ def test_every_outcome_is_durable_before_it_is_reported(tmp_path: Path) -> None:
     done = [key for m in messages if isinstance(m, wire.Done) for key in m.finished]
     assert done == [(1, 1), (2, 1), (3, 1)]
     stored = outcomes(tmp_path)
-    assert [(o.job_id, o.ok) for o in stored] == [(1, True), (2, True), (3, False)]
-    assert stored[2].retry_delay_s == 7.0 and "ValueError: no luck" in (stored[2].error or "")
+    assert [(o.job_id, o.disposition) for o in stored] == [(1, DONE), (2, DONE), (3, Disposition.RETRY)]
+    assert stored[2].delay_s == 7.0 and "ValueError: no luck" in (stored[2].error or "")
     # Each job's slot says it started, and that it no longer runs.
     assert all(progress.started(slot, job_id) for slot, job_id in enumerate([1, 2, 3]))
     assert all(progress.running_since(slot, job_id) is None for slot, job_id in enumerate([1, 2, 3]))

@@ -11,14 +11,15 @@ from shardworker import Cancel, Fail, Retry, Snooze, wire
 from shardworker.app import App
 from shardworker.child.handlers import run_sync
 from shardworker.errors import ConfigError
-from shardworker.model import ClaimedJob, Outcome
+from shardworker.model import ClaimedJob, Disposition, Outcome
 from tests.helpers import enqueue, exit_code, query, runs, start_worker
+
+RETRY = Disposition.RETRY
 
 
 def test_control_outcomes_survive_the_outbox_record() -> None:
-    for outcome in (Outcome(1, 2, False, retry_delay_s=3.5, snooze=True),
-                    Outcome(1, 2, False, error="withdrawn", retry_delay_s=-1.0, cancel=True),
-                    Outcome(1, 2, True, result_json=b"[1]"), Outcome(1, 2, False, error="x", retry_delay_s=1.0)):
+    for outcome in (Outcome.snoozed(1, 2, 3.5), Outcome.cancelled(1, 2, "withdrawn"), Outcome.failed(1, 2, "y"),
+                    Outcome.done(1, 2, b"[1]"), Outcome.retry(1, 2, "x", 1.0)):
         assert wire.decode_outcome(wire.encode_outcome(outcome)) == outcome
 
 
@@ -31,10 +32,10 @@ def test_each_exception_becomes_its_outcome() -> None:
             raise exc
         app.handler(kind)(handler)
     out = {kind: run_sync(app, ClaimedJob(1, kind, "default", "null", 1, 25)) for kind in raised}
-    assert (out["retry"].ok, out["retry"].retry_delay_s, out["retry"].error) == (False, 7.0, "Retry: busy")
-    assert (out["snooze"].snooze, out["snooze"].retry_delay_s) == (True, 9.0)
-    assert (out["fail"].retry_delay_s, out["fail"].error) == (-1.0, "Fail: never")
-    assert (out["cancel"].cancel, out["cancel"].error) == (True, "withdrawn")
+    assert (out["retry"].disposition, out["retry"].delay_s, out["retry"].error) == (RETRY, 7.0, "Retry: busy")
+    assert (out["snooze"].disposition, out["snooze"].delay_s) == (Disposition.SNOOZED, 9.0)
+    assert (out["fail"].disposition, out["fail"].error) == (Disposition.FAILED, "Fail: never")
+    assert (out["cancel"].disposition, out["cancel"].error) == (Disposition.CANCELLED, "withdrawn")
 
 
 @pytest.mark.parametrize("bad", [-1, float("nan"), "soon"])

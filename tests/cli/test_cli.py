@@ -275,7 +275,7 @@ def test_outbox_status_json_counts_pending_outcomes_per_shard(tmp_path: Path, pg
     """outbox status --json reports every fsync'd outcome as pending, per shard, without a database."""
     jobs = claim(store, pg_dsn, 5)
     outbox_dir = tmp_path / "outbox"
-    write_outcomes(outbox_dir, [Outcome(j.id, j.attempt, True, result_json=b'{"r": 1}') for j in jobs])
+    write_outcomes(outbox_dir, [Outcome.done(j.id, j.attempt, b'{"r": 1}') for j in jobs])
     result = invoke("outbox", "status", "--json", "--outbox-dir", str(outbox_dir))
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
@@ -293,9 +293,9 @@ def test_outbox_status_json_counts_pending_outcomes_per_shard(tmp_path: Path, pg
 def test_outbox_drain_applies_pending_outcomes(tmp_path: Path, pg_dsn: str, store: PgStore) -> None:
     """outbox drain applies every outcome (fenced: a re-claimed job's old outcome is stale) and exits 0."""
     jobs = claim(store, pg_dsn, 4)
-    outcomes = [Outcome(j.id, j.attempt, True, result_json=json.dumps({"id": j.id}).encode()) for j in jobs[:3]]
-    outcomes.append(Outcome(jobs[3].id, jobs[3].attempt, False, error="boom", retry_delay_s=-1.0))
-    outcomes.append(Outcome(jobs[0].id, 99, True, result_json=b'"never"'))  # an attempt that never existed
+    outcomes = [Outcome.done(j.id, j.attempt, json.dumps({"id": j.id}).encode()) for j in jobs[:3]]
+    outcomes.append(Outcome.failed(jobs[3].id, jobs[3].attempt, "boom"))
+    outcomes.append(Outcome.done(jobs[0].id, 99, b'"never"'))  # an attempt that never existed
     outbox_dir = tmp_path / "outbox"
     write_outcomes(outbox_dir, outcomes)
     result = invoke("outbox", "drain", "--outbox-dir", str(outbox_dir), "--dsn", pg_dsn, "--timeout", "10")
@@ -316,7 +316,7 @@ def test_outbox_drain_refuses_while_a_worker_holds_the_outbox(tmp_path: Path, pg
     """drain exits 1 with a clear one-line message while the worker lock is held, and applies nothing."""
     jobs = claim(store, pg_dsn, 2)
     outbox_dir = tmp_path / "outbox"
-    write_outcomes(outbox_dir, [Outcome(j.id, j.attempt, True, result_json=b"1") for j in jobs])
+    write_outcomes(outbox_dir, [Outcome.done(j.id, j.attempt, b"1") for j in jobs])
     fd = lock_outbox(str(outbox_dir))
     try:
         status = json.loads(invoke("outbox", "status", "--json", "--outbox-dir", str(outbox_dir)).stdout)
@@ -340,7 +340,7 @@ def test_outbox_verify_passes_clean_segments_and_fails_on_corruption(tmp_path: P
     outbox_dir = tmp_path / "outbox"
     with ShardWriter.open(str(outbox_dir), 0) as writer:
         for i in range(6):
-            outcome = Outcome(i + 1, 1, True, result_json=json.dumps({"i": i, "pad": "x" * 40}).encode())
+            outcome = Outcome.done(i + 1, 1, json.dumps({"i": i, "pad": "x" * 40}).encode())
             writer.append_bytes(encode_outcome(outcome))
             writer.commit()
     clean = invoke("outbox", "verify", "--outbox-dir", str(outbox_dir))
@@ -369,7 +369,7 @@ def test_outbox_drain_fails_naming_a_quarantined_segment(tmp_path: Path, pg_dsn:
     outbox_dir = tmp_path / "outbox"
     with ShardWriter.open(str(outbox_dir), 0) as writer:
         for job in jobs:
-            outcome = Outcome(job.id, job.attempt, True, result_json=b'{"pad": "xxxxxxxxxxxxxxxx"}')
+            outcome = Outcome.done(job.id, job.attempt, b'{"pad": "xxxxxxxxxxxxxxxx"}')
             writer.append_bytes(encode_outcome(outcome))
             writer.commit()
     [segno] = list_segments(str(outbox_dir))[0]

@@ -84,7 +84,7 @@ def pending_outcomes(directory: Path, store: PgStore, dsn: str, count: int = 3) 
     jobs = store.claim(["k"], None, "w-gone", count)
     with ShardWriter.open(str(directory), 0) as writer:
         for job in jobs:
-            writer.append_bytes(encode_outcome(Outcome(job.id, job.attempt, True, result_json=b'{"r": 1}')))
+            writer.append_bytes(encode_outcome(Outcome.done(job.id, job.attempt, b'{"r": 1}')))
         writer.commit()
     return [j.id for j in jobs]
 

@@ -44,7 +44,7 @@ def finish(dsn: str, job_id: int, result: bytes = b'{"n": 1}') -> None:
     try:
         claimed = store.claim(["k"], None, "w1", 1)
         job = next(j for j in claimed if j.id == job_id)
-        assert store.apply_outcomes([Outcome(job.id, job.attempt, True, result_json=result)]).applied == 1
+        assert store.apply_outcomes([Outcome.done(job.id, job.attempt, result)]).applied == 1
     finally:
         store.close()
 
@@ -128,7 +128,7 @@ def test_many_ends_in_one_batch_wake_each_waiter(pg_dsn: str) -> None:
     store = PgStore(StoreConfig(pg_dsn))
     try:
         claimed = store.claim(["k"], None, "w1", 1000)
-        assert store.apply_outcomes([Outcome(j.id, j.attempt, True, result_json=b"1") for j in claimed]).applied \
+        assert store.apply_outcomes([Outcome.done(j.id, j.attempt, b"1") for j in claimed]).applied \
             == 1000
     finally:
         store.close()

@@ -166,7 +166,7 @@ def test_outbox_drain_heartbeats_for_the_worker_whose_outbox_it_drains(pg_dsn: s
     [job] = store.claim(["count"], None, "host-a", 1)
     store.close()
     with ShardWriter.open(str(outbox_dir), 7) as writer:
-        writer.append_bytes(encode_outcome(Outcome(job.id, job.attempt, True, result_json=b"1")))
+        writer.append_bytes(encode_outcome(Outcome.done(job.id, job.attempt, b"1")))
         writer.commit()
     with psycopg.connect(pg_dsn) as holder:
         holder.execute("LOCK TABLE shardworker.jobs IN EXCLUSIVE MODE")

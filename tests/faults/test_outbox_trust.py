@@ -127,7 +127,7 @@ def _forge(directory: Path, jobs: list[tuple[int, int]]) -> None:
     """Segments of forged outcomes, as another user could write them (then given to that user)."""
     with ShardWriter.open(str(directory), 5) as writer:
         for job_id, attempt in jobs:
-            writer.append_bytes(encode_outcome(Outcome(job_id, attempt, True, result_json=FORGED)))
+            writer.append_bytes(encode_outcome(Outcome.done(job_id, attempt, FORGED)))
         writer.commit()
 
 

@@ -55,7 +55,7 @@ def test_drain_and_run_refuse_a_database_the_outbox_does_not_belong_to(
     counts.mkdir()
     [job_id] = enqueue(pg_dsn, "count", 1)
     run_once_until_idle(pg_dsn, outbox_dir, counts)
-    write_outcomes(outbox_dir, [Outcome(job_id, 2, True, result_json=b"1")])
+    write_outcomes(outbox_dir, [Outcome.done(job_id, 2, b"1")])
     other = other_database(pg_dsn)
     result = CliRunner().invoke(cli, ["outbox", "drain", "--outbox-dir", str(outbox_dir), "--dsn", other])
     assert result.exit_code == 1
@@ -82,7 +82,7 @@ def test_an_outcome_whose_job_does_not_exist_is_set_aside_whole(pg_dsn: str, tmp
     counts.mkdir()
     enqueue(pg_dsn, "count", 1)
     run_once_until_idle(pg_dsn, outbox_dir, counts)
-    write_outcomes(outbox_dir, [Outcome(987654321, 1, True, result_json=b'{"precious": "result"}')])
+    write_outcomes(outbox_dir, [Outcome.done(987654321, 1, b'{"precious": "result"}')])
     result = CliRunner().invoke(cli, ["outbox", "drain", "--outbox-dir", str(outbox_dir), "--dsn", pg_dsn])
     assert result.exit_code == 1 and "set aside" in result.output.strip().splitlines()[-1]
     [kept] = [json.loads(line) for line in (outbox_dir / "setaside.jsonl").read_text().splitlines()]

@@ -14,7 +14,7 @@ from outbox import OutboxReader, ShardWriter
 from shardworker import layout, wire
 from shardworker.errors import OutcomeRejected, StoreError, TransientConflict
 from shardworker.flusher.loop import Flusher, FlusherConfig
-from shardworker.model import Outcome
+from shardworker.model import Disposition, Outcome
 from shardworker.store.pg_store import PgStore, StoreConfig
 from tests.flaky_store import FlakyStore
 from tests.helpers import enqueue, query
@@ -46,7 +46,7 @@ def claim_and_write(dsn: str, store: FlakyStore, directory: Path, n: int, shard:
     jobs = store.claim(["k"], None, "w1", n)
     with ShardWriter.open(str(directory), shard) as writer:
         for job in jobs:
-            outcome = Outcome(job.id, job.attempt, True, result_json=f'{{"n": {job.id}}}'.encode())
+            outcome = Outcome.done(job.id, job.attempt, f'{{"n": {job.id}}}'.encode())
             writer.append_bytes(wire.encode_outcome(outcome))
         writer.commit()
     return ids
@@ -131,7 +131,7 @@ def test_a_refused_outcome_is_dead_lettered_and_its_job_failed(pg_dsn: str, stor
     real = store.store.apply_outcomes
 
     def refuse_second(outcomes: list[Outcome]) -> Any:
-        if any(o.job_id == ids[1] and o.ok for o in outcomes):
+        if any(o.job_id == ids[1] and o.disposition is Disposition.DONE for o in outcomes):
             raise OutcomeRejected("outcome rejected: value too long")
         return real(outcomes)
 
@@ -232,7 +232,7 @@ def test_an_idle_childs_applied_segment_is_deleted(pg_dsn: str, store: FlakyStor
     committer.start()
     committer.expect(len(jobs))
     for job in jobs:
-        committer.add((job.id, job.attempt), wire.encode_outcome(Outcome(job.id, job.attempt, True, b"{}")), 0.0)
+        committer.add((job.id, job.attempt), wire.encode_outcome(Outcome.done(job.id, job.attempt, b"{}")), 0.0)
     first = writer.segno
     flusher = make_flusher(tmp_path, store, FakeClock())
     deadline = time.monotonic() + 10

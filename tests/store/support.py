@@ -54,8 +54,8 @@ def claim_one(store: PgStore, worker: str = "w1", kinds: tuple[str, ...] = ("k",
 
 
 def done(job: ClaimedJob, result: str = '{"ok": true}') -> Outcome:
-    return Outcome(job.id, job.attempt, True, result_json=result.encode())
+    return Outcome.done(job.id, job.attempt, result.encode())
 
 
 def failure(job: ClaimedJob, delay_s: float, error: str = "boom") -> Outcome:
-    return Outcome(job.id, job.attempt, False, error=error, retry_delay_s=delay_s)
+    return Outcome.retry(job.id, job.attempt, error, delay_s)

@@ -221,11 +221,11 @@ def test_apply_failure_at_max_attempts_marks_failed(store: PgStore, pg_dsn: str)
     assert store.claim(["k"], None, "w1", 10) == []
 
 
-def test_apply_failure_with_negative_delay_fails_at_once(store: PgStore, pg_dsn: str) -> None:
-    """A failure whose delay is -1 marks the job failed even with attempts left."""
+def test_apply_final_failure_fails_at_once(store: PgStore, pg_dsn: str) -> None:
+    """A ``FAILED`` outcome (for good) marks the job failed even with attempts left."""
     add_id(store, max_attempts=10)
     job = claim_one(store)
-    store.apply_outcomes([failure(job, -1, "permanent")])
+    store.apply_outcomes([Outcome.failed(job.id, job.attempt, "permanent")])
     r = row(pg_dsn, job.id)
     assert (r["status"], r["attempt"], r["last_error"]) == ("failed", 1, "permanent")
     assert r["finished_at"] is not None
@@ -285,7 +285,8 @@ def test_applying_an_outcome_twice_is_a_replay(store: PgStore, pg_dsn: str) -> N
     assert store.apply_outcomes([done(job, '{"v": 1}')]) == ApplyResult(applied=1)
     before = row(pg_dsn, job.id)
     assert store.apply_outcomes([done(job, '{"v": 1}')]) == ApplyResult(replayed=1)
-    assert store.apply_outcomes([done(job, '{"v": 2}'), failure(job, -1.0)]) == ApplyResult(replayed=2)
+    final = Outcome.failed(job.id, job.attempt, "boom")
+    assert store.apply_outcomes([done(job, '{"v": 2}'), final]) == ApplyResult(replayed=2)
     after = row(pg_dsn, job.id)
     assert {k: v for k, v in after.items() if k != "due_in_s"} == {k: v for k, v in before.items()
                                                                    if k != "due_in_s"}
@@ -297,7 +298,7 @@ def test_apply_batch_classifies_applied_replayed_and_missing(store: PgStore, pg_
     add_id(store)
     finished, live = store.claim(["k"], None, "w1", 2)
     store.apply_outcomes([done(finished)])
-    missing = Outcome(10**12, 1, True, result_json=b"1")
+    missing = Outcome.done(10**12, 1, b"1")
     result = store.apply_outcomes([done(live, "7"), done(finished), missing])
     assert result == ApplyResult(applied=1, replayed=1, missing_ids=(10**12,))
     assert row(pg_dsn, live.id)["result"] == 7
@@ -308,7 +309,7 @@ def test_apply_batch_accepts_integer_and_float_delays(store: PgStore, pg_dsn: st
     add_id(store)
     add_id(store)
     a, b = store.claim(["k"], None, "w1", 2)
-    assert store.apply_outcomes([failure(a, -1), failure(b, 0.5)]) == ApplyResult(applied=2)
+    assert store.apply_outcomes([Outcome.failed(a.id, a.attempt, "boom"), failure(b, 0.5)]) == ApplyResult(applied=2)
     assert row(pg_dsn, a.id)["status"] == "failed"
 
 

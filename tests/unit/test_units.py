@@ -22,7 +22,7 @@ from shardworker.config import WorkerConfig
 from shardworker.dsn import redact_dsn
 from shardworker.errors import AppLoadError, ConfigError, DatabaseUnavailable, StoreError, TransientConflict
 from shardworker.layout import PARENT_SHARD
-from shardworker.model import Outcome
+from shardworker.model import Disposition, Outcome
 from shardworker.retry import Backoff, is_retryable, job_retry_delay
 from shardworker.routing import _mix64, shard_for
 from shardworker.store.sql import parse_queries, queries
@@ -256,10 +256,10 @@ def test_every_query_block_has_a_description_and_sql() -> None:
 
 
 @pytest.mark.parametrize("outcome", [
-    Outcome(1, 1, True, result_json=b'{"bytes": 123}'),
-    Outcome(2**62, 25, False, error="boom\nwith newline", retry_delay_s=12.5),
-    Outcome(3, 2, False, error="no retry", retry_delay_s=-1.0),
-    Outcome(4, 1, True, result_json=b"null"),
+    Outcome.done(1, 1, b'{"bytes": 123}'),
+    Outcome.retry(2**62, 25, "boom\nwith newline", 12.5),
+    Outcome.failed(3, 2, "no retry"),
+    Outcome.done(4, 1, b"null"),
 ])
 def test_outcome_round_trips_through_wire_format(outcome: Outcome) -> None:
     """encode_outcome then decode_outcome give back an equal Outcome."""
@@ -279,23 +279,24 @@ def test_decode_outcome_rejects_garbage(garbage: object) -> None:
 def test_an_outcome_record_carries_the_result_bytes_verbatim_after_a_fixed_header() -> None:
     """The result's JSON bytes appear in the record as they are, unescaped, at its end."""
     result = orjson.dumps({"text": 'quote " and \\ backslash', "n": [1, 2]})
-    record = encode_outcome(Outcome(9, 3, True, result_json=result))
+    record = encode_outcome(Outcome.done(9, 3, result))
     assert record.endswith(result) and len(record) == 30 + len(result)
     assert outcome_key(record) == (9, 3)
 
 
-def test_records_of_the_first_json_format_still_decode() -> None:
-    """An outbox written by an older version (a JSON array per record) drains unchanged."""
+def test_records_of_an_unreleased_earlier_format_are_refused() -> None:
+    """Only the current record format decodes (the project was never released with another):
+    a JSON-array record of the first development format is not an outcome."""
     old = orjson.dumps([5, 2, True, '{"a": 1}', None, 0.0])
-    assert decode_outcome(old) == Outcome(5, 2, True, result_json=b'{"a": 1}')
-    assert outcome_key(old) == (5, 2)
-    failed = orjson.dumps([6, 1, False, None, "boom", -1.0])
-    assert decode_outcome(failed) == Outcome(6, 1, False, error="boom", retry_delay_s=-1.0)
+    with pytest.raises(ValueError, match="not an outcome record"):
+        decode_outcome(old)
+    with pytest.raises(ValueError, match="not an outcome record"):
+        outcome_key(old)
 
 
 @pytest.mark.parametrize("cut", [1, 10, 29, 31])
 def test_a_truncated_or_padded_record_is_refused(cut: int) -> None:
-    record = encode_outcome(Outcome(1, 1, True, result_json=b'"abc"'))
+    record = encode_outcome(Outcome.done(1, 1, b'"abc"'))
     with pytest.raises(ValueError):
         decode_outcome(record[:cut] if cut < len(record) else record + b"x")
     with pytest.raises(ValueError):
@@ -305,9 +306,9 @@ def test_a_truncated_or_padded_record_is_refused(cut: int) -> None:
 def test_an_outcome_too_big_for_a_record_becomes_a_final_failure_saying_so() -> None:
     from outbox import MAX_RECORD_BYTES
 
-    record = encode_outcome(Outcome(1, 1, True, result_json=b"1" * MAX_RECORD_BYTES))
+    record = encode_outcome(Outcome.done(1, 1, b"1" * MAX_RECORD_BYTES))
     outcome = decode_outcome(record)
-    assert (outcome.ok, outcome.retry_delay_s, outcome.result_json) == (False, -1.0, None)
+    assert (outcome.disposition, outcome.result_json) == (Disposition.FAILED, None)
     assert outcome.error is not None and "too large" in outcome.error
 
 

@@ -21,7 +21,7 @@ from shardworker.child.committer import Committer
 from shardworker.child.handlers import run_sync
 from shardworker.flusher.loop import Flusher, FlusherConfig
 from shardworker.limits import MAX_PAYLOAD_BYTES, MAX_RESULT_BYTES, MiB
-from shardworker.model import ApplyResult, ClaimedJob, Outcome
+from shardworker.model import ApplyResult, ClaimedJob, Disposition, Outcome
 from shardworker.store.pg_store import PgStore, StoreConfig
 from tests.helpers import enqueue, execute, query, runs_per_job, start_worker, worker_log
 
@@ -80,10 +80,10 @@ def test_flusher_splits_batches_by_bytes_and_still_applies_them_fenced_and_in_or
     sizes = [1 * MiB, 1 * MiB, 3 * MiB, 5 * MiB, 2 * MiB, 1 * MiB]
     results = {job.id: text_of(size, job.id) for job, size in zip(jobs, sizes, strict=True)}
     with ShardWriter.open(str(tmp_path), 0) as writer:
-        stale = Outcome(jobs[0].id, jobs[0].attempt + 7, True, result_json=b'"from another attempt"')
+        stale = Outcome.done(jobs[0].id, jobs[0].attempt + 7, b'"from another attempt"')
         writer.append_bytes(wire.encode_outcome(stale))
         for job in jobs:
-            outcome = Outcome(job.id, job.attempt, True, result_json=f'"{results[job.id]}"'.encode())
+            outcome = Outcome.done(job.id, job.attempt, f'"{results[job.id]}"'.encode())
             writer.append_bytes(wire.encode_outcome(outcome))
         writer.commit()
     counting = CountingStore(store)
@@ -185,7 +185,7 @@ def test_a_result_over_the_limit_fails_its_job_for_good_with_the_reason() -> Non
     app = App()
     app.handler("huge")(lambda job: "r" * (MAX_RESULT_BYTES + 1))
     outcome = run_sync(app, ClaimedJob(7, "huge", "default", "null", 1, 25))
-    assert (outcome.ok, outcome.retry_delay_s) == (False, -1.0)
+    assert outcome.disposition is Disposition.FAILED
     assert outcome.error is not None and "handler result too large" in outcome.error
     assert str(MAX_RESULT_BYTES) in outcome.error
 
@@ -197,7 +197,7 @@ def test_a_payload_over_the_limit_fails_in_the_child_without_running_the_handler
     app.handler("k")(lambda job: ran.append(job.id))
     payload = '"' + "p" * MAX_PAYLOAD_BYTES + '"'
     outcome = run_sync(app, ClaimedJob(8, "k", "default", payload, 1, 25))
-    assert ran == [] and (outcome.ok, outcome.retry_delay_s) == (False, -1.0)
+    assert ran == [] and outcome.disposition is Disposition.FAILED
     assert outcome.error is not None and outcome.error.startswith("payload too large")
 
 

@@ -15,7 +15,7 @@ from shardworker.app import App
 from shardworker.config import WorkerConfig
 from shardworker.errors import NotConnected, TransientConflict
 from shardworker.layout import PARENT_SHARD
-from shardworker.model import ClaimedJob
+from shardworker.model import ClaimedJob, Disposition
 from shardworker.routing import shard_for
 from shardworker.store.pg_store import PgStore, StoreConfig
 from shardworker.worker.dispatcher import Dispatcher
@@ -211,8 +211,8 @@ def test_a_dead_childs_lost_jobs_fail_in_the_parents_shard(pg_dsn: str, store: F
     assert dispatcher.done_total == 3
     with OutboxReader.open(str(tmp_path)) as reader:
         records = [(r.shard, wire.decode_outcome(r.payload)) for r in reader.poll(100)]
-    assert [(shard, o.job_id, o.ok, o.error, o.retry_delay_s) for shard, o in records] == [
-        (PARENT_SHARD, j.id, False, "worker process died (exit code -9)", 2.5) for j in jobs[:2]]
+    assert [(shard, o.job_id, o.disposition, o.error, o.delay_s) for shard, o in records] == [
+        (PARENT_SHARD, j.id, Disposition.RETRY, "worker process died (exit code -9)", 2.5) for j in jobs[:2]]
 
 
 def test_give_back_releases_unstarted_jobs(pg_dsn: str, store: FlakyStore, tmp_path: Path) -> None:

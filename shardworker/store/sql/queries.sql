@@ -50,36 +50,37 @@ RETURNING j.id, j.kind, j.queue, j.payload::text, j.attempt, j.max_attempts;
 -- host that was stopped or cut off lands instead of the job running again). Returns the
 -- rows applied; an outcome missing from the result was applied before (a replay), its
 -- attempt lost its lease (stale), or its job does not exist: see job_classify.
--- code: 0 failed attempt (retried while attempts remain and delay_s >= 0), 1 done,
--- 2 snoozed (queued again after delay_s; max_attempts grows by one, so no attempt is
--- used), 3 cancelled; a failure with delay_s < 0 (no more attempts) sets max_attempts to
--- the attempt it ended on. Jobs that reach an end (done, failed, cancelled) are announced on
--- the channel shardworker_finished (shardworker.jobs.wait_for listens), their ids
--- comma-separated, up to 300 a notification (within the 8,000-byte payload limit).
+-- disposition (shardworker.model.Disposition): 'done'; 'retry' (queued again after
+-- delay_s while attempts remain, else failed); 'failed' (for good: max_attempts becomes the
+-- attempt it ended on); 'snoozed' (queued again after delay_s; max_attempts grows by one, so
+-- no attempt is used); 'cancelled'. Jobs that reach an end (done, failed, cancelled) are
+-- announced on the channel shardworker_finished (shardworker.jobs.wait_for listens), their
+-- ids comma-separated, up to 300 a notification (within the 8,000-byte payload limit).
 -- Parameters come in binary; results as bytea holding UTF-8 JSON text.
 WITH o AS (
-    SELECT id, attempt, code, convert_from(result_utf8, 'UTF8')::jsonb AS result, error, delay_s,
-           code = 0 AND delay_s >= 0 AS retryable
-    FROM unnest(%(ids)b::bigint[], %(attempts)b::int[], %(codes)b::int2[],
+    SELECT id, attempt, disposition, convert_from(result_utf8, 'UTF8')::jsonb AS result, error, delay_s
+    FROM unnest(%(ids)b::bigint[], %(attempts)b::int[], %(dispositions)b::text[],
                 %(results)b::bytea[], %(errors)b::text[], %(delays)b::float8[])
-        AS o(id, attempt, code, result_utf8, error, delay_s)
+        AS o(id, attempt, disposition, result_utf8, error, delay_s)
 ), applied AS (
     UPDATE shardworker.jobs j
-    SET status = CASE WHEN o.code = 1 THEN 'done'
-                      WHEN o.code = 2 THEN 'queued'
-                      WHEN o.code = 3 THEN 'cancelled'
-                      WHEN o.retryable AND j.attempt < j.max_attempts THEN 'queued'
+    SET status = CASE WHEN o.disposition = 'done' THEN 'done'
+                      WHEN o.disposition = 'snoozed' THEN 'queued'
+                      WHEN o.disposition = 'cancelled' THEN 'cancelled'
+                      WHEN o.disposition = 'retry' AND j.attempt < j.max_attempts THEN 'queued'
                       ELSE 'failed' END,
-        result = CASE WHEN o.code = 1 THEN o.result ELSE j.result END,
-        last_error = CASE WHEN o.code IN (0, 3) THEN o.error ELSE j.last_error END,
+        result = CASE WHEN o.disposition = 'done' THEN o.result ELSE j.result END,
+        last_error = CASE WHEN o.disposition IN ('retry', 'failed', 'cancelled') THEN o.error
+                          ELSE j.last_error END,
         -- A snooze pays for its run; a failure the handler ends (Fail, or its own lower
         -- max_attempts) uses the job's last attempt, so the row reads "3/3", not "3/25".
-        max_attempts = CASE WHEN o.code = 2 THEN j.max_attempts + 1
-                            WHEN o.code = 0 AND o.delay_s < 0 THEN LEAST(j.max_attempts, j.attempt)
+        max_attempts = CASE WHEN o.disposition = 'snoozed' THEN j.max_attempts + 1
+                            WHEN o.disposition = 'failed' THEN LEAST(j.max_attempts, j.attempt)
                             ELSE j.max_attempts END,
-        run_at = CASE WHEN o.code = 2 OR (o.retryable AND j.attempt < j.max_attempts)
+        run_at = CASE WHEN o.disposition = 'snoozed' OR (o.disposition = 'retry' AND j.attempt < j.max_attempts)
                       THEN now() + make_interval(secs => o.delay_s) ELSE j.run_at END,
-        finished_at = CASE WHEN o.code = 2 OR (o.retryable AND j.attempt < j.max_attempts)
+        finished_at = CASE WHEN o.disposition = 'snoozed'
+                                OR (o.disposition = 'retry' AND j.attempt < j.max_attempts)
                            THEN NULL ELSE now() END,
         locked_by = NULL, applied_attempt = o.attempt, rescued_attempt = NULL, updated_at = now()
     FROM o
