@@ -6,11 +6,15 @@ one loop that retries a call.
   anything else is a real answer and is raised at once.
 * ``Backoff``: capped exponential backoff with jitter; a conflict waits on the fast
   policy, a lost connection on the slow one.
+* ``Outage``: one loop's failure state (since when, why, how many failures): it raises
+  what is not retryable, decides the next delay, and tells the outage once when it starts
+  and once when it ends.
 * ``retry_call``: call until it succeeds, a non-retryable error, a stop request or a
-  deadline; logs the first failure and every tenth, not every retry.
+  deadline, keeping its failures in an ``Outage``.
 * ``job_retry_delay``: the default wait before a failed *job* runs again.
 
-Every loop in the worker (startup, the dispatcher, the flusher, shutdown, drain) uses these.
+Every loop in the worker (startup, the dispatcher, the flusher, the heartbeat,
+housekeeping, shutdown, drain) uses these.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from shardworker.errors import DatabaseUnavailable, TransientConflict
@@ -68,32 +72,84 @@ class Backoff:
         self.failures = 0
 
 
+@dataclass
+class Outage:
+    """The failure state of one loop that talks to the database.
+
+    ``failed(exc)`` re-raises an error that is not retryable (a real answer: retrying it
+    would only repeat it); otherwise it returns the seconds to wait (the backoff's, never
+    under ``floor_s``) and, on the first failure of a streak, logs ``started``.
+    ``recovered()`` ends the streak, logging ``ended`` when there is one. An unreachable
+    database is logged at WARNING/INFO only with ``tell_unreachable``; a worker's loops leave
+    it to the parent's one watch (``shardworker.worker.dbwatch``) and log it at DEBUG. Any
+    other retryable failure (a conflict, a statement timeout) starts at WARNING.
+
+    The messages are ``str.format`` templates over ``what``, ``error``, ``delay``,
+    ``seconds`` (the streak's length) and ``failures``.
+    """
+
+    what: str
+    log: logging.Logger
+    backoff: Backoff = field(default_factory=Backoff)
+    floor_s: float = 0.0
+    started: str = "{what} failed ({error}); retrying"
+    ended: str | None = "{what} succeeded after {failures} failed attempts"
+    tell_unreachable: bool = False
+    clock: Callable[[], float] = time.monotonic
+    since: float | None = None  # when the streak began (clock), None while all is well
+    unreachable: str = ""  # why, while the last failure was an unreachable database
+
+    @property
+    def failures(self) -> int:
+        return self.backoff.failures
+
+    def failed(self, exc: BaseException) -> float:
+        """Count one failure of ``exc``; seconds to wait before the next try."""
+        if not is_retryable(exc):
+            raise exc
+        delay = max(self.floor_s, self.backoff.next_delay(exc))
+        down = isinstance(exc, DatabaseUnavailable)
+        self.unreachable = (str(exc) or type(exc).__name__) if down else ""
+        if self.since is None:
+            self.since = self.clock()
+            level = logging.DEBUG if down and not self.tell_unreachable else logging.WARNING
+            self.log.log(level, self._text(self.started, exc, delay))
+        return delay
+
+    def recovered(self) -> None:
+        """The loop's call succeeded: end the streak (telling so) and reset the backoff."""
+        if self.since is not None and self.ended is not None:
+            self.log.log(logging.INFO if self.tell_unreachable else logging.DEBUG, self._text(self.ended))
+        self.since, self.unreachable = None, ""
+        self.backoff.reset()
+
+    def _text(self, template: str, exc: BaseException | None = None, delay: float = 0.0) -> str:
+        seconds = 0.0 if self.since is None else self.clock() - self.since
+        return template.format(what=self.what, error=exc, delay=delay, seconds=seconds, failures=self.failures)
+
+
 def retry_call(fn: Callable[[], T], what: str, *, backoff: Backoff, log: logging.Logger,
                should_stop: Callable[[], bool] = lambda: False, deadline: float | None = None,
-               retry_on: Callable[[BaseException], bool] = is_retryable,
                sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> T:
-    """``fn()``, retried while it raises what ``retry_on`` accepts.
+    """``fn()``, retried while it raises a retryable error.
 
     Gives up (re-raising the last error) on a stop request, or when the next wait would
-    pass ``deadline`` (monotonic). Logs the first failure and every tenth.
+    pass ``deadline`` (monotonic). Tells the first failure and the success after failures.
     """
+    outage = Outage(what, log, backoff, started="{what} failed ({error}); retrying (next in {delay:.2f}s)",
+                    tell_unreachable=True, clock=clock)
     while True:
         try:
             result = fn()
         except Exception as exc:
-            if not retry_on(exc) or should_stop():
+            if should_stop():
                 raise
-            delay = backoff.next_delay(exc)
+            delay = outage.failed(exc)
             if deadline is not None and clock() + delay > deadline:
                 raise
-            if backoff.failures == 1 or backoff.failures % 10 == 0:
-                log.warning("%s failed (%s); retrying (attempt %d, next in %.2fs)", what, exc,
-                            backoff.failures, delay)
             sleep(delay)
             continue
-        if backoff.failures >= 1:
-            log.info("%s succeeded after %d failed attempts", what, backoff.failures)
-        backoff.reset()
+        outage.recovered()
         return result
 
 

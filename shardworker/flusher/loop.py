@@ -28,10 +28,10 @@ import orjson
 from outbox import OutboxReader, Record
 from outbox.fsutil import append_durably, atomic_write, ensure_dir
 from shardworker import layout, wire
-from shardworker.errors import DatabaseUnavailable, OutcomeRejected, StoreError
+from shardworker.errors import OutcomeRejected, StoreError
 from shardworker.limits import MiB
 from shardworker.model import ApplyResult, Outcome
-from shardworker.retry import Backoff, is_retryable
+from shardworker.retry import Backoff, Outage
 
 log = logging.getLogger(__name__)
 
@@ -80,11 +80,13 @@ class Flusher:
                  report_outages: bool = True) -> None:
         self.reader, self.store, self.config = reader, store, config
         self.clock, self.sleep = clock, sleep
-        # Whether to log "database unreachable" / "back": not in a worker, whose parent
-        # tells of the database for every process at once (shardworker.worker.dbwatch).
-        self.report_outages = report_outages
-        self._failing_since = 0.0
-        self.backoff = Backoff(config.backoff_base_s, config.backoff_cap_s)
+        # ``report_outages``: whether to log "database unreachable" / "back": not in a worker,
+        # whose parent tells of the database for every process at once (shardworker.worker.dbwatch).
+        self.outage = Outage("flush", log, Backoff(config.backoff_base_s, config.backoff_cap_s), clock=clock,
+                             started="database unreachable ({error}): outcomes wait in the outbox; "
+                                     "retrying with backoff",
+                             ended="database back after {seconds:.1f}s ({failures} failed flushes); flushing resumed",
+                             tell_unreachable=report_outages)
         self.stats = FlushStats()
         self._held: list[Record] = []  # read but not yet applied (kept across failures)
         self._outcomes: list[Outcome] = []  # _held decoded, once
@@ -113,16 +115,10 @@ class Flusher:
         try:
             result = self._apply(self._outcomes)
         except StoreError as exc:
-            if not is_retryable(exc):
-                raise
+            delay = self.outage.failed(exc)  # raises what is not retryable
             self.stats.db_errors += 1
             # Only an unreachable database is an outage; a conflict or a timeout is retried quietly.
-            self.stats.failing = (str(exc) or type(exc).__name__) if isinstance(exc, DatabaseUnavailable) else ""
-            delay = self.backoff.next_delay(exc)
-            if self.backoff.failures == 1:
-                self._failing_since = self.clock()
-                log.log(logging.WARNING if self.report_outages else logging.DEBUG,
-                        "database unreachable (%s): outcomes wait in the outbox; retrying with backoff", exc)
+            self.stats.failing = self.outage.unreachable
             self.sleep(delay)
             return 0
         try:
@@ -132,13 +128,9 @@ class Flusher:
             # the batch (its replay is harmless) until the outbox disk takes them.
             log.error("cannot keep %d stale or set-aside outcomes (%s); retrying",
                       len(result.stale_ids) + len(result.missing_ids), exc)
-            self.sleep(self.backoff.next_delay())
+            self.sleep(self.outage.backoff.next_delay())
             return 0
-        if self.backoff.failures:
-            log.log(logging.INFO if self.report_outages else logging.DEBUG,
-                    "database back after %.1fs (%d failed flushes); flushing resumed",
-                    self.clock() - self._failing_since, self.backoff.failures)
-        self.backoff.reset()
+        self.outage.recovered()
         self.stats.failing = ""
         flushed, self._held = self._held, []
         self.reader.mark_flushed(flushed)

@@ -26,10 +26,10 @@ from typing import Protocol
 import outbox
 from shardworker import layout, procs
 from shardworker.config import WorkerConfig
-from shardworker.errors import DatabaseUnavailable, NotConnected, SchemaMissing, StoreError
+from shardworker.errors import NotConnected, SchemaMissing, StoreError
 from shardworker.flusher.process import FlusherHandle
 from shardworker.model import ClaimedJob
-from shardworker.retry import Backoff, is_retryable, retry_call
+from shardworker.retry import Backoff, Outage, retry_call
 from shardworker.routing import shard_for
 from shardworker.wire import JobKey
 from shardworker.worker.dbwatch import DatabaseWatch
@@ -62,7 +62,9 @@ class Dispatcher:
         self.config, self.worker_id, self.kinds, self.store = config, worker_id, kinds, store
         self.pool, self.flusher, self.parent_outcomes = pool, flusher, parent_outcomes
         self.stopping, self.clock = stopping, clock
-        self.backoff = Backoff(config.backoff_base_s, config.backoff_cap_s)
+        # One line per outage comes from the watch (self.watch); the claim's own lines are for -v.
+        self.outage = Outage("claim", log, Backoff(config.backoff_base_s, config.backoff_cap_s),
+                             started="claim failed ({error}); retrying in {delay:.2f}s", ended=None, clock=clock)
         self.next_claim_at = 0.0
         self.flushed_base = flusher.flushed_total
         self.acked_total = 0  # outcomes made durable since this dispatcher started
@@ -72,9 +74,7 @@ class Dispatcher:
         self.more_due = True
         self.next_log_at = clock() + config.log_interval_s
         self.next_idle_check_at = 0.0
-        self.db_ok = True
-        self.db_error = ""  # why the last claim failed for want of the database, while db_ok is False
-        self._flushed_at_failure = 0  # flusher.flushed_total when that claim failed
+        self._flushed_at_failure = 0  # flusher.flushed_total when the last claim failed
         self.db_errors = 0  # claims the database failed, in all
         self.watch = DatabaseWatch(self.backlog, clock)
         self.lost_claims: list[str] = []
@@ -127,8 +127,8 @@ class Dispatcher:
         failing = self.flusher.failing
         if failing:
             return failing
-        if self.db_error and not self.db_ok and self.flusher.flushed_total == self._flushed_at_failure:
-            return self.db_error
+        if self.outage.unreachable and self.flusher.flushed_total == self._flushed_at_failure:
+            return self.outage.unreachable
         return None
 
     def backlog(self) -> int:
@@ -202,22 +202,20 @@ class Dispatcher:
         for index, batch in by_child.items():
             self.pool.send(index, batch)
 
+    @property
+    def db_ok(self) -> bool:
+        """Whether the last claim (or wait for notifications) worked."""
+        return self.outage.since is None
+
     def _claim_failed(self, exc: StoreError) -> None:
-        if isinstance(exc, SchemaMissing) or not is_retryable(exc):
+        if isinstance(exc, SchemaMissing):
             raise exc
-        delay = self.backoff.next_delay(exc)
-        self.next_claim_at = self.clock() + delay
-        # One line per outage, from the watch; the retries are for -v.
-        log.debug("claim failed (%s); retrying in %.2fs", exc, delay)
-        self.db_ok = False
+        self.next_claim_at = self.clock() + self.outage.failed(exc)  # raises what is not retryable
         self.db_errors += 1
-        # A conflict or a statement timeout is not an outage: only an unreachable database is told.
-        self.db_error = (str(exc) or type(exc).__name__) if isinstance(exc, DatabaseUnavailable) else ""
         self._flushed_at_failure = self.flusher.flushed_total
 
     def _claim_ok(self) -> None:
-        self.db_ok, self.db_error = True, ""
-        self.backoff.reset()
+        self.outage.recovered()
         self.next_claim_at = 0.0
 
     def _note_pause(self, blocker: str) -> None:

@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from shardworker.errors import DatabaseUnavailable, StoreError, WorkerIdInUse
-from shardworker.retry import Backoff, is_retryable
+from shardworker.errors import StoreError, WorkerIdInUse
+from shardworker.retry import Backoff, Outage, is_retryable
 from shardworker.worker.identity import in_use
 from shardworker.worker.rescuer import Rescuer, RescueStore
 
@@ -44,7 +44,10 @@ class Heartbeat:
                  on_conflict: Callable[[WorkerIdInUse], None] = lambda exc: None) -> None:
         self.store, self.worker_id, self.interval_s = store, worker_id, interval_s
         self.load = load  # (jobs running, outcomes pending in the outbox), shown by `shardworker workers`
-        self.backoff, self.clock = backoff, clock
+        self.clock = clock
+        # An unreachable database is told once for the whole worker (shardworker.worker.dbwatch).
+        self.outage = Outage("heartbeat", log, backoff, floor_s=interval_s, clock=clock, ended=None,
+                             started="heartbeat failed ({error}); retrying every {delay:.1f}s or so")
         # No rescuer when it only keeps a worker alive (``outbox drain`` beating for the owner).
         self.rescuer = None if rescue_after_s is None else Rescuer(store, worker_id, rescue_after_s, rescue_grace_s)
         self.last_ok: float | None = None
@@ -65,7 +68,7 @@ class Heartbeat:
                 self._lost_the_id(holder)
                 return self.interval_s
             self.last_ok, self._refusing = now, False
-            self.backoff.reset()
+            self.outage.recovered()
             if self.rescuer is not None:
                 self.rescuer.run_once(now)
         except StoreError as exc:
@@ -73,12 +76,7 @@ class Heartbeat:
                 return self._refused(exc)
             if self.rescuer is not None:
                 self.rescuer.connection_lost()
-            delay = max(self.interval_s, self.backoff.next_delay(exc))
-            if self.backoff.failures == 1:
-                # An unreachable database is told once for the whole worker (shardworker.worker.dbwatch).
-                log.log(logging.DEBUG if isinstance(exc, DatabaseUnavailable) else logging.WARNING,
-                        "heartbeat failed (%s); retrying every %.1fs or so", exc, delay)
-            return delay
+            return self.outage.failed(exc)
         return self.interval_s
 
     def _refused(self, exc: StoreError) -> float:

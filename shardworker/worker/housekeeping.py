@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from shardworker.errors import DatabaseUnavailable, StoreError
-from shardworker.retry import Backoff, is_retryable
+from shardworker.errors import StoreError
+from shardworker.retry import Backoff, Outage, is_retryable
 from shardworker.schedule import Schedule
 from shardworker.worker.periodic import PeriodicStore, Scheduler
 
@@ -56,14 +56,17 @@ class Housekeeper:
     def __init__(self, store: HousekeepingStore, schedules: Sequence[Schedule], retention_s: float,
                  backoff: Backoff, *, prune_interval_s: float = 60.0, tick_s: float = 1.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.store, self.retention_s, self.backoff = store, retention_s, backoff
+        self.store, self.retention_s = store, retention_s
+        # An unreachable database is told once for the whole worker (shardworker.worker.dbwatch).
+        self.outage = Outage("housekeeping (periodic jobs, retention)", log, backoff, floor_s=tick_s, clock=clock,
+                             started="{what} paused: {error}; retrying every {delay:.1f}s or so",
+                             ended="{what} resumed after {seconds:.1f}s")
         self.scheduler = Scheduler(store, schedules)
         self.prune_interval_s, self.tick_s, self.clock = prune_interval_s, tick_s, clock
         self.pruned = 0
         self._round_total = 0
         self._next_round = clock() + min(5.0, prune_interval_s)  # let startup settle first
         self._pruning = False
-        self._down_since: float | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -80,17 +83,8 @@ class Housekeeper:
         except StoreError as exc:
             if not is_retryable(exc):
                 return self._refused(exc)
-            delay = max(self.tick_s, self.backoff.next_delay(exc))
-            if self._down_since is None:
-                self._down_since = self.clock()
-                # An unreachable database is told once for the whole worker (shardworker.worker.dbwatch).
-                log.log(logging.DEBUG if isinstance(exc, DatabaseUnavailable) else logging.WARNING,
-                        "housekeeping (periodic jobs, retention) paused: %s; retrying every %.1fs or so", exc, delay)
-            return delay
-        if self._down_since is not None:
-            log.debug("housekeeping resumed after %.1fs", self.clock() - self._down_since)
-            self._down_since = None
-            self.backoff.reset()
+            return self.outage.failed(exc)
+        self.outage.recovered()
         return 0.0 if self._pruning else self.tick_s
 
     def _refused(self, exc: StoreError) -> float:

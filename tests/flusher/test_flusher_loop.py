@@ -88,7 +88,7 @@ def test_run_once_keeps_the_batch_through_failures_and_applies_it_once(
     assert flusher.stats.db_errors == 4
     assert flusher.run_once() == 10
     assert statuses(pg_dsn) == {"done": 10}
-    assert flusher.backoff.failures == 0
+    assert flusher.outage.failures == 0
 
 
 def test_run_once_replays_harmlessly_when_the_commit_reply_was_lost(
