@@ -59,7 +59,8 @@ def environment(wheel: Path, tmp_path: Path) -> Iterator[Path]:
     venv.EnvBuilder(with_pip=False, system_site_packages=False).create(env_dir)
     paths = {"base": str(env_dir), "platbase": str(env_dir)}
     purelib = Path(sysconfig.get_path("purelib", vars=paths))
-    (purelib / "_test_dependencies.pth").write_text("".join(f"{d}\n" for d in site.getsitepackages()))
+    dependencies = [*site.getsitepackages(), site.getusersitepackages()]
+    (purelib / "_test_dependencies.pth").write_text("".join(f"{d}\n" for d in dependencies))
     python = Path(sysconfig.get_path("scripts", vars=paths)) / "python"
     installed = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
                                 "--no-index", "-q", str(wheel)], capture_output=True, text=True, timeout=120,
