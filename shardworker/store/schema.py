@@ -1,27 +1,29 @@
 """The schema's migration files: which exist, in order, and the version this code needs.
 
-``migrations/*.sql`` at the repository root is the source; ``shardworker/migrations``
-links to it so that wheels carry the files as package data. Each file is named
-``NNNN_what_it_does.sql`` and is applied once, in its own transaction, by
-``shardworker migrate`` (``shardworker.store.migrate``). No database here.
+``migrations/*.sql`` at the repository root is the only copy; the build ships that directory
+as the package ``shardworker.migrations``, read here through ``importlib.resources`` (the same
+in a checkout, an editable install and a wheel). Each file is named ``NNNN_what_it_does.sql``
+and is applied once, in its own transaction, by ``shardworker migrate``
+(``shardworker.store.migrate``). No database here.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
+from importlib.resources import files
+from importlib.resources.abc import Traversable
 
 from shardworker.errors import SchemaMissing
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+MIGRATIONS_PACKAGE = "shardworker.migrations"
 _NAME = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 
 
 @dataclass(frozen=True)
 class Migration:
     version: int
-    path: Path
+    path: Traversable
 
     @property
     def name(self) -> str:
@@ -33,10 +35,11 @@ class Migration:
 
 def available_migrations() -> list[Migration]:
     """Every migration file, in version order."""
-    found = [Migration(int(m.group(1)), path) for path in sorted(MIGRATIONS_DIR.glob("*.sql"))
+    directory = files(MIGRATIONS_PACKAGE)
+    found = [Migration(int(m.group(1)), path) for path in sorted(directory.iterdir(), key=lambda p: p.name)
              if (m := _NAME.match(path.name))]
     if not found:
-        raise SchemaMissing(f"no migrations found in {MIGRATIONS_DIR}")
+        raise SchemaMissing(f"no migrations found in {directory}")
     return found
 
 
