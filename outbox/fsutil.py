@@ -1,5 +1,6 @@
-"""File-system helpers: directory fsync, atomic state files, locks, free space, and the
-trust check every outbox directory passes before anything in it is read or written.
+"""File-system helpers: directory fsync, the writer's gathered write, atomic state files,
+locks, free space, and the trust check every outbox directory passes before anything in it
+is read or written.
 
 Every file is opened with ``O_NOFOLLOW``: a symlink planted in place of an outbox file is an
 error (ELOOP), never a way to make the writer or reader touch a file elsewhere.
@@ -102,6 +103,22 @@ def _write_all(fd: int, data: bytes, path: str) -> None:
         if written == 0:
             raise OSError(errno.ENOSPC, "short write", path)
         view = view[written:]
+
+
+_IOV_MAX = 1024  # Linux's limit on buffers per writev
+
+
+def write_all_once(fd: int, parts: list[bytes]) -> int:
+    """Write ``parts`` in order with one ``writev`` per ``_IOV_MAX`` buffers; the bytes
+    written, stopping at the first short write (the caller treats it as a full disk)."""
+    written = 0
+    for start in range(0, len(parts), _IOV_MAX):
+        chunk = parts[start:start + _IOV_MAX]
+        n = os.writev(fd, chunk)
+        written += n
+        if n != sum(len(p) for p in chunk):
+            break
+    return written
 
 
 def append_durably(path: str, data: bytes) -> None:

@@ -15,83 +15,25 @@ fully flushed segment but each shard's newest, and when a shard without a live w
 all of its newest segment flushed, it seals that one and puts an empty sealed segment after
 it, so the next ``checkpoint`` deletes it too (numbers never go backwards).
 ``mark_flushed`` must receive records in the order ``poll`` returned them, per shard.
+Each shard's read state, the poll budget and the reading of frames are in ``outbox.cursor``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections import deque
-from dataclasses import dataclass, field
-
-import orjson
 
 from outbox import checkpoint, fsutil
 from outbox.checkpoint import Position
+from outbox.cursor import Budget, Record, ShardState, read_frames
 from outbox.errors import OutboxLocked
-from outbox.frame import HEADER, HEADER_SIZE, MAX_PAYLOAD_BYTES, Kind, decode_at
+from outbox.frame import HEADER_SIZE
 from outbox.recovery import RecoveryEvent, quarantine, recover_shard, retire_shard
 from outbox.segment import State, list_segments, lock_name, parse, read_file, segment_name
 
 log = logging.getLogger(__name__)
 
 FLUSHER_LOCK = "flusher.lock"
-_READ_CHUNK = 4 * 1024 * 1024
-
-
-@dataclass(frozen=True, slots=True)
-class Record:
-    """One outcome read from the outbox."""
-
-    shard: int
-    segno: int
-    seq: int
-    ts_ms: int
-    payload: bytes
-    end: int
-
-    def value(self) -> object:
-        return orjson.loads(self.payload)
-
-
-@dataclass
-class _Budget:
-    """What one ``poll`` may still return: records and payload bytes (the first record
-    is always taken)."""
-
-    records_left: int
-    bytes_left: int
-    taken: int = 0
-
-    @classmethod
-    def of(cls, max_records: int, max_bytes: int | None) -> _Budget:
-        return cls(max_records, (1 << 62) if max_bytes is None else max_bytes)
-
-    @property
-    def spent(self) -> bool:
-        return self.records_left <= 0 or (self.bytes_left <= 0 and self.taken > 0)
-
-    def fits(self, size: int) -> bool:
-        """Whether a record of ``size`` bytes goes in this poll; one that does not ends it."""
-        if self.taken and size > self.bytes_left:
-            self.records_left = 0
-            return False
-        return True
-
-    def take(self, size: int) -> None:
-        self.records_left -= 1
-        self.bytes_left -= size
-        self.taken += 1
-
-
-@dataclass
-class _Shard:
-    cursor: Position  # next byte to read
-    flushed: Position  # first record not yet flushed
-    fd: int | None = None
-    fd_segno: int = -1
-    # Yielded but unflushed records, and segment boundaries crossed after them.
-    inflight: deque[Position] = field(default_factory=deque)
 
 
 class OutboxReader:
@@ -100,11 +42,11 @@ class OutboxReader:
     def __init__(self, directory: str, lock_fd: int) -> None:
         self.directory = directory
         self._lock_fd: int | None = lock_fd
-        self._shards: dict[int, _Shard] = {}
+        self._shards: dict[int, ShardState] = {}
         self._next_start = 0
         self._moved = False  # a flushed position crossed a segment since the last checkpoint
         for shard, pos in checkpoint.load(directory).items():
-            self._shards[shard] = _Shard(pos, pos)
+            self._shards[shard] = ShardState(pos, pos)
 
     @classmethod
     def open(cls, directory: str) -> OutboxReader:
@@ -125,13 +67,13 @@ class OutboxReader:
         when any is waiting)."""
         segments = list_segments(self.directory)
         for shard in segments:
-            self._shards.setdefault(shard, _Shard(Position(0, 0, 0), Position(0, 0, 0)))
+            self._shards.setdefault(shard, ShardState(Position(0, 0, 0), Position(0, 0, 0)))
         order = sorted(self._shards)
         if not order:
             return []
         start = self._next_start % len(order)
         self._next_start += 1
-        budget = _Budget.of(max_records, max_bytes)
+        budget = Budget.of(max_records, max_bytes)
         out: list[Record] = []
         for shard in order[start:] + order[:start]:
             if budget.spent:
@@ -139,7 +81,7 @@ class OutboxReader:
             out.extend(self._read_shard(shard, segments.get(shard, []), budget))
         return out
 
-    def _read_shard(self, shard: int, segs: list[int], budget: _Budget) -> list[Record]:
+    def _read_shard(self, shard: int, segs: list[int], budget: Budget) -> list[Record]:
         state = self._shards[shard]
         out: list[Record] = []
         while not budget.spent:
@@ -164,7 +106,7 @@ class OutboxReader:
             return out
         return out
 
-    def _cross(self, state: _Shard, segno: int) -> None:
+    def _cross(self, state: ShardState, segno: int) -> None:
         """Move the read cursor to the start of segment ``segno``."""
         self._close_fd(state)
         state.cursor = Position(segno, 0, 0)
@@ -174,45 +116,14 @@ class OutboxReader:
             state.flushed = state.cursor
             self._moved = True
 
-    def _read_segment(self, shard: int, state: _Shard, budget: _Budget) -> tuple[list[Record], str]:
-        """Read frames at the cursor; stop reason: more, sealed, end or damage."""
+    def _read_segment(self, shard: int, state: ShardState, budget: Budget) -> tuple[list[Record], str]:
+        """Read frames at the cursor; stop reason: more, sealed, end, damage or budget."""
         fd = self._fd_for(shard, state)
         if fd is None:
             return [], "end"
-        base = state.cursor.offset
-        buf = os.pread(fd, _READ_CHUNK, base)
-        full = len(buf) == _READ_CHUNK
-        if full:
-            buf = self._extend_for_first_frame(fd, buf, base)
-        pos, out = 0, list[Record]()
-        while pos < len(buf) and not budget.spent:
-            frame = decode_at(buf, pos, shard, state.cursor.segno)
-            if frame is None and full and pos > 0:
-                return out, "more"  # a frame straddles the chunk boundary: read again from it
-            if frame is None or frame.seq != state.cursor.seq:
-                return out, "damage"  # torn, in progress, corrupt or a gap: the caller decides
-            if frame.kind is Kind.DATA and not budget.fits(len(frame.payload)):
-                return out, "budget"  # left for the next poll, where it comes first
-            pos = frame.end
-            state.cursor = Position(state.cursor.segno, base + pos, frame.seq + 1)
-            if frame.kind is Kind.SEAL:
-                return out, "sealed"
-            if frame.kind is Kind.DATA:
-                segno = state.cursor.segno
-                out.append(Record(shard, segno, frame.seq, frame.ts_ms, frame.payload, base + pos))
-                state.inflight.append(state.cursor)
-                budget.take(len(frame.payload))
-        return out, "more" if pos < len(buf) or full else "end"
+        return read_frames(fd, shard, state, budget)
 
-    @staticmethod
-    def _extend_for_first_frame(fd: int, buf: bytes, base: int) -> bytes:
-        """Re-read when the first frame alone is bigger than one chunk."""
-        length = HEADER.unpack_from(buf, 0)[0]
-        if HEADER_SIZE + length > len(buf) and length <= MAX_PAYLOAD_BYTES:
-            return os.pread(fd, HEADER_SIZE + length, base)
-        return buf
-
-    def _fd_for(self, shard: int, state: _Shard) -> int | None:
+    def _fd_for(self, shard: int, state: ShardState) -> int | None:
         if state.fd is None or state.fd_segno != state.cursor.segno:
             self._close_fd(state)
             path = os.path.join(self.directory, segment_name(shard, state.cursor.segno))
@@ -223,7 +134,7 @@ class OutboxReader:
             state.fd_segno = state.cursor.segno
         return state.fd
 
-    def _handle_damage(self, shard: int, state: _Shard, segs: list[int]) -> bool:
+    def _handle_damage(self, shard: int, state: ShardState, segs: list[int]) -> bool:
         """Invalid bytes at the cursor. True if the shard's segments changed and can be re-read."""
         segno = state.cursor.segno
         if segno != segs[-1]:
@@ -238,7 +149,7 @@ class OutboxReader:
         self._close_fd(state)
         return bool(events)
 
-    def _handle_finished_damage(self, shard: int, state: _Shard, segs: list[int]) -> bool:
+    def _handle_finished_damage(self, shard: int, state: ShardState, segs: list[int]) -> bool:
         """Damage in a segment its writer left: quarantine if corrupt, else treat as ended."""
         segno = state.cursor.segno
         scan = parse(read_file(os.path.join(self.directory, segment_name(shard, segno))), shard, segno)
@@ -318,7 +229,7 @@ class OutboxReader:
         except OSError as exc:
             log.warning("could not retire applied outbox shard %s segment %s yet: %s", shard, last, exc)
 
-    def _close_fd(self, state: _Shard) -> None:
+    def _close_fd(self, state: ShardState) -> None:
         if state.fd is not None:
             os.close(state.fd)
             state.fd, state.fd_segno = None, -1

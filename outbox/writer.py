@@ -29,7 +29,6 @@ import errno
 import logging
 import os
 import time
-from dataclasses import dataclass
 
 import orjson
 
@@ -39,32 +38,9 @@ from outbox.errors import OutboxError, OutboxFull, OutboxLocked, OutboxSyncError
 from outbox.frame import HEADER_SIZE, MAX_PAYLOAD_BYTES, Kind, encode, encode_header
 from outbox.recovery import highest_segno, recover_shard
 from outbox.segment import lock_name, segment_name
+from outbox.writer_config import WriterConfig
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class WriterConfig:
-    """Writer settings; sizes in bytes."""
-
-    segment_bytes: int = 64 * 1024 * 1024
-    # Room kept free for a seal frame and the flusher's checkpoint: 1 MiB covers both many times.
-    reserve_bytes: int = 1024 * 1024
-    # Seal early once this much is written and the flusher has caught up: with the flusher
-    # keeping up, a shard holds about this much applied data, not up to segment_bytes.
-    reclaim_bytes: int = 1024 * 1024
-    # How often (at most) the writer reads the flusher's checkpoint to decide that.
-    reclaim_check_s: float = 0.2
-
-    def __post_init__(self) -> None:
-        if self.segment_bytes < 4096:
-            raise ValueError("segment_bytes must be at least 4096")
-        if self.reserve_bytes < 0:
-            raise ValueError("reserve_bytes must be >= 0")
-        if self.reclaim_bytes < 0:
-            raise ValueError("reclaim_bytes must be >= 0")
-        if self.reclaim_check_s < 0:
-            raise ValueError("reclaim_check_s must be >= 0")
 
 
 def _now_ms() -> int:
@@ -170,7 +146,7 @@ class ShardWriter:
         size = sum(len(p) for p in parts)
         self._check_room(size + (self.config.reserve_bytes if keep_reserve else 0))
         try:
-            written = _write_all_once(self._fd, parts)  # a short count is checked below
+            written = fsutil.write_all_once(self._fd, parts)  # a short count is checked below
         except OSError as exc:
             self._cut_and_abandon()
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -306,19 +282,3 @@ class ShardWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-_IOV_MAX = 1024  # Linux's limit on buffers per writev
-
-
-def _write_all_once(fd: int, parts: list[bytes]) -> int:
-    """Write ``parts`` in order with one ``writev`` per ``_IOV_MAX`` buffers; the bytes
-    written, stopping at the first short write (the caller treats it as a full disk)."""
-    written = 0
-    for start in range(0, len(parts), _IOV_MAX):
-        chunk = parts[start:start + _IOV_MAX]
-        n = os.writev(fd, chunk)
-        written += n
-        if n != sum(len(p) for p in chunk):
-            break
-    return written

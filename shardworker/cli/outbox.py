@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING, NamedTuple
 
 import click
 import orjson
@@ -17,6 +18,9 @@ from shardworker.cli.common import (
     outbox_dir_option,
     resolve_dsn,
 )
+
+if TYPE_CHECKING:
+    from outbox import OutboxStatus
 
 
 @click.group()
@@ -39,22 +43,50 @@ def status(outbox_dir: str, as_json: bool) -> None:
         raise ShardworkerError(f"no outbox directory at {outbox_dir}")
     st = outbox_status(outbox_dir)
     worker = is_locked(os.path.join(outbox_dir, layout.WORKER_LOCK))
+    kept = _count_kept(outbox_dir)
+    if as_json:
+        _echo_status_json(outbox_dir, st, worker, kept)
+    else:
+        _echo_status_text(outbox_dir, st, worker, kept)
+
+
+class _Kept(NamedTuple):
+    """What an outbox directory keeps besides its segments, counted for ``status``."""
+
+    stale: int
+    setaside: int
+    lost: int
+    deadletters: int
+    give_jobs: int
+    give_claims: int
+
+
+def _count_kept(outbox_dir: str) -> _Kept:
+    from shardworker import layout
+
     stale = layout.count_stale(outbox_dir)
     setaside = layout.count_setaside(outbox_dir)
     lost = layout.count_lines(layout.lost_log(outbox_dir))
     deadletters = layout.count_deadlettered(outbox_dir)
     give_jobs, give_claims = layout.count_giveback(outbox_dir)
-    if as_json:
-        click.echo(orjson.dumps({
-            "directory": outbox_dir, "pending": st.pending, "worker_running": worker,
-            "flusher_running": st.flusher_alive, "quarantined": st.quarantined, "torn_tails": st.torn_tails,
-            "stale_outcomes": stale, "set_aside_outcomes": setaside, "requeued_after_quarantine": lost,
-            "deadlettered": deadletters, "to_give_back": {"jobs": give_jobs, "claims": give_claims},
-            "shards": [{"shard": s.shard, "pending": s.pending, "bytes": s.pending_bytes,
-                        "oldest_age_s": s.oldest_age_s, "segments": s.segments,
-                        "sealed_segments": s.sealed_segments,
-                        "writer_alive": s.writer_alive} for s in st.shards]}).decode())
-        return
+    return _Kept(stale, setaside, lost, deadletters, give_jobs, give_claims)
+
+
+def _echo_status_json(outbox_dir: str, st: OutboxStatus, worker: bool, kept: _Kept) -> None:
+    click.echo(orjson.dumps({
+        "directory": outbox_dir, "pending": st.pending, "worker_running": worker,
+        "flusher_running": st.flusher_alive, "quarantined": st.quarantined, "torn_tails": st.torn_tails,
+        "stale_outcomes": kept.stale, "set_aside_outcomes": kept.setaside, "requeued_after_quarantine": kept.lost,
+        "deadlettered": kept.deadletters, "to_give_back": {"jobs": kept.give_jobs, "claims": kept.give_claims},
+        "shards": [{"shard": s.shard, "pending": s.pending, "bytes": s.pending_bytes,
+                    "oldest_age_s": s.oldest_age_s, "segments": s.segments,
+                    "sealed_segments": s.sealed_segments,
+                    "writer_alive": s.writer_alive} for s in st.shards]}).decode())
+
+
+def _echo_status_text(outbox_dir: str, st: OutboxStatus, worker: bool, kept: _Kept) -> None:
+    from shardworker import layout
+
     click.echo(f"outbox {outbox_dir}: {st.pending} pending; worker {'running' if worker else 'not running'}, "
                f"flusher {'running' if st.flusher_alive else 'not running'}")
     for s in st.shards:
@@ -65,20 +97,20 @@ def status(outbox_dir: str, as_json: bool) -> None:
         click.echo(f"  QUARANTINED {name}")
     for name in st.torn_tails:
         click.echo(f"  torn tail kept: {name}")
-    if stale:
-        click.echo(f"  {stale} stale outcome(s) kept, not applied (their attempts were rescued and claimed "
+    if kept.stale:
+        click.echo(f"  {kept.stale} stale outcome(s) kept, not applied (their attempts were rescued and claimed "
                    f"again); see {layout.STALE_LOG}")
-    if setaside:
-        click.echo(f"  {setaside} outcome(s) set aside, their jobs missing from the database; see "
+    if kept.setaside:
+        click.echo(f"  {kept.setaside} outcome(s) set aside, their jobs missing from the database; see "
                    f"{layout.SETASIDE_LOG}")
-    if lost:
-        click.echo(f"  {lost} job(s) requeued because their outcomes were in a quarantined segment; see "
+    if kept.lost:
+        click.echo(f"  {kept.lost} job(s) requeued because their outcomes were in a quarantined segment; see "
                    f"{layout.LOST_LOG}")
-    if deadletters:
-        click.echo(f"  {deadletters} outcome(s) dead-lettered in {layout.DEADLETTER_DIR}/")
-    if give_jobs or give_claims:
-        click.echo(f"  {give_jobs} unstarted job(s) and {give_claims} lost claim(s) to give back, uncharged, at the "
-                   f"next start or drain; see {layout.GIVEBACK_FILE}")
+    if kept.deadletters:
+        click.echo(f"  {kept.deadletters} outcome(s) dead-lettered in {layout.DEADLETTER_DIR}/")
+    if kept.give_jobs or kept.give_claims:
+        click.echo(f"  {kept.give_jobs} unstarted job(s) and {kept.give_claims} lost claim(s) to give back, "
+                   f"uncharged, at the next start or drain; see {layout.GIVEBACK_FILE}")
 
 
 @outbox.command()

@@ -123,34 +123,13 @@ def _run(dsn: str, server: EmbeddedPostgres, store: PgStore, jobs: int, procs: i
         stopped = True
         server.stop("immediate")
         store.close()  # its connection died with the server; the next count opens a new one
-        peak, down_at = 0, clock()
-        while clock() - down_at < outage_s:
-            pending = outbox.status(str(outbox_dir)).pending
-            peak = max(peak, pending)
-            display.progress(f"PostgreSQL down {clock() - down_at:4.1f}s | handler runs {_runs(ledger_dir):,}"
-                             f"/{jobs:,} | outcomes waiting in the outbox {pending:,}")
-            _check_alive(worker, base)
-            time.sleep(0.2)
-        peak = max(peak, outbox.status(str(outbox_dir)).pending)
+        peak, down_at = _show_outage(outbox_dir, ledger_dir, jobs, outage_s, worker, base, display, clock)
         display.phase(f"{peak:,} outcomes waited in the outbox; starting PostgreSQL again …")
         server.start()
         stopped = False
         back_at = clock()
         outage = back_at - down_at
-        drained_at = None
-        while True:
-            pending = outbox.status(str(outbox_dir)).pending
-            if pending == 0 and drained_at is None:
-                drained_at = clock()
-            done = _counts(store).get("done", 0)
-            display.progress(f"PostgreSQL back | outbox pending {pending:,} | done {done:,}/{jobs:,}")
-            if done >= jobs and pending == 0:
-                break
-            _check_alive(worker, base)
-            if clock() - back_at > 300:
-                raise DemoFailed(f"jobs not done 300 s after PostgreSQL came back; see {BASE_DIR}/worker.log")
-            time.sleep(0.1)
-        drain = (drained_at or clock()) - back_at
+        drain = _show_draining(store, outbox_dir, jobs, back_at, worker, base, display, clock)
         display.phase("every job done; stopping the worker")
     finally:
         try:
@@ -162,6 +141,41 @@ def _run(dsn: str, server: EmbeddedPostgres, store: PgStore, jobs: int, procs: i
     runs = _runs_per_job(ledger_dir)
     return Result(jobs, sum(runs.values()), sum(1 for n in runs.values() if n > 1), outage, peak, drain,
                   _counts(store))
+
+
+def _show_outage(outbox_dir: Path, ledger_dir: Path, jobs: int, outage_s: float, worker: subprocess.Popen[bytes],
+                 base: Path, display: Display, clock: Callable[[], float]) -> tuple[int, float]:
+    """For ``outage_s`` from now, with PostgreSQL down: show the handler runs and the outbox
+    filling. Returns the most outcomes that waited in the outbox, and when the outage began."""
+    peak, down_at = 0, clock()
+    while clock() - down_at < outage_s:
+        pending = outbox.status(str(outbox_dir)).pending
+        peak = max(peak, pending)
+        display.progress(f"PostgreSQL down {clock() - down_at:4.1f}s | handler runs {_runs(ledger_dir):,}"
+                         f"/{jobs:,} | outcomes waiting in the outbox {pending:,}")
+        _check_alive(worker, base)
+        time.sleep(0.2)
+    return max(peak, outbox.status(str(outbox_dir)).pending), down_at
+
+
+def _show_draining(store: PgStore, outbox_dir: Path, jobs: int, back_at: float, worker: subprocess.Popen[bytes],
+                   base: Path, display: Display, clock: Callable[[], float]) -> float:
+    """With PostgreSQL back since ``back_at``: show the outbox draining until every job is
+    done. Returns how long the outbox took to empty."""
+    drained_at = None
+    while True:
+        pending = outbox.status(str(outbox_dir)).pending
+        if pending == 0 and drained_at is None:
+            drained_at = clock()
+        done = _counts(store).get("done", 0)
+        display.progress(f"PostgreSQL back | outbox pending {pending:,} | done {done:,}/{jobs:,}")
+        if done >= jobs and pending == 0:
+            break
+        _check_alive(worker, base)
+        if clock() - back_at > 300:
+            raise DemoFailed(f"jobs not done 300 s after PostgreSQL came back; see {BASE_DIR}/worker.log")
+        time.sleep(0.1)
+    return (drained_at or clock()) - back_at
 
 
 def _fresh(dsn: str, store: PgStore, outbox_dir: Path, ledger_dir: Path, display: Display) -> None:

@@ -1,5 +1,6 @@
 """The command line through click's CliRunner (and once as a real subprocess), on a real
-PostgreSQL: exit codes, one-line errors, bulk enqueue, stats and the outbox commands."""
+PostgreSQL: migrate, exit codes and one-line errors, stats and ``run``'s options.
+Enqueue and the outbox commands are in test_cli_enqueue.py and test_cli_outbox.py."""
 
 from __future__ import annotations
 
@@ -8,57 +9,15 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import psycopg
 import pytest
-from click.testing import CliRunner, Result
-from psycopg import sql
+from click.testing import CliRunner
 
-from outbox import ShardWriter
-from outbox.frame import HEADER_SIZE
-from outbox.segment import list_segments, scan_file
 from shardworker.cli.main import main
-from shardworker.layout import lock_outbox
-from shardworker.model import ClaimedJob, Outcome
-from shardworker.store.pg_store import PgStore, StoreConfig
-from shardworker.wire import encode_outcome
+from shardworker.store.pg_store import PgStore
+from tests.cli.cli_runner import REPO, assert_one_line_error, invoke, rows
 from tests.helpers import execute
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def invoke(*args: str, input: str | None = None) -> Result:
-    return CliRunner().invoke(main, list(args), input=input, env={"SHARDWORKER_DSN": None,
-                                                                  "SHARDWORKER_OUTBOX_DIR": None})
-
-
-def assert_one_line_error(result: Result, *fragments: str) -> None:
-    """Exit 1, nothing on stdout, exactly one ``error: ...`` line on stderr naming every fragment."""
-    assert result.exit_code == 1, (result.exit_code, result.output)
-    assert result.stdout == ""
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("error: ")
-    assert "Traceback" not in result.output
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-
-
-def rows(dsn: str, where: str = "TRUE") -> list[dict[str, Any]]:
-    with psycopg.connect(dsn, autocommit=True) as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
-        cur.execute(sql.SQL("SELECT * FROM shardworker.jobs WHERE {} ORDER BY id").format(sql.SQL(where)))
-        return cur.fetchall()
-
-
-@pytest.fixture
-def store(pg_dsn: str) -> Iterator[PgStore]:
-    s = PgStore(StoreConfig(pg_dsn))
-    yield s
-    s.close()
-
 
 # --- migrate ------------------------------------------------------------------------------
 
@@ -90,82 +49,6 @@ def test_unreachable_database_fails_with_one_line_without_password() -> None:
     result = invoke("stats", "--dsn", f"postgresql://alice:hunter2@127.0.0.1:{port}/jobs?connect_timeout=2")
     assert_one_line_error(result, "unavailable")
     assert "hunter2" not in result.output
-
-
-# --- enqueue --------------------------------------------------------------------------------
-
-
-def test_enqueue_one_job_prints_one_and_stores_it(pg_dsn: str) -> None:
-    """enqueue KIND PAYLOAD_JSON prints 1 and inserts a queued row with that payload."""
-    result = invoke("enqueue", "thumbnail", '{"a":1}', "--dsn", pg_dsn)
-    assert result.exit_code == 0, result.output
-    assert result.stdout == "1\n"
-    [job] = rows(pg_dsn)
-    assert (job["kind"], job["payload"], job["queue"], job["status"], job["attempt"], job["max_attempts"]) == (
-        "thumbnail", {"a": 1}, "default", "queued", 0, 25)
-
-
-def test_enqueue_count_and_options_apply_to_every_copy(pg_dsn: str) -> None:
-    """--count 5 with --queue, --priority, --max-attempts and --delay inserts 5 such rows."""
-    result = invoke("enqueue", "k", "[1,2]", "--count", "5", "--queue", "q9", "--priority", "-3",
-                    "--max-attempts", "2", "--delay", "600", "--dsn", pg_dsn)
-    assert result.exit_code == 0, result.output
-    assert result.stdout == "5\n"
-    jobs = rows(pg_dsn, "run_at > now() + interval '500 seconds'")
-    assert len(jobs) == 5
-    assert {(j["queue"], j["priority"], j["max_attempts"], json.dumps(j["payload"])) for j in jobs} == {
-        ("q9", -3, 2, "[1, 2]")}
-
-
-def test_enqueue_without_payload_stores_null(pg_dsn: str) -> None:
-    """KIND alone enqueues a job whose payload is JSON null."""
-    assert invoke("enqueue", "k", "--dsn", pg_dsn).stdout == "1\n"
-    assert rows(pg_dsn)[0]["payload"] is None
-
-
-def test_enqueue_dedupe_key_skips_a_live_duplicate(pg_dsn: str) -> None:
-    """A second enqueue with the same live --dedupe-key prints 0 and inserts nothing."""
-    assert invoke("enqueue", "k", "--dedupe-key", "x1", "--dsn", pg_dsn).stdout == "1\n"
-    assert invoke("enqueue", "k", "--dedupe-key", "x1", "--dsn", pg_dsn).stdout == "0\n"
-    assert len(rows(pg_dsn)) == 1
-
-
-def test_enqueue_bad_payload_json_exits_1_with_one_line(pg_dsn: str) -> None:
-    """Invalid PAYLOAD_JSON exits 1 with a single error line and enqueues nothing."""
-    assert_one_line_error(invoke("enqueue", "k", "{a:1", "--dsn", pg_dsn), "PAYLOAD_JSON is not valid JSON")
-    assert rows(pg_dsn) == []
-
-
-def test_enqueue_file_is_all_or_nothing_naming_the_bad_line(tmp_path: Path, pg_dsn: str) -> None:
-    """A JSONL file whose line 3 is invalid exits 1 naming line 3, and enqueues none of its lines."""
-    path = tmp_path / "jobs.jsonl"
-    path.write_text('{"kind": "a", "payload": 1}\n{"kind": "b", "payload": 2}\n{"kind": "c", "payload": \n'
-                    '{"kind": "d"}\n')
-    assert_one_line_error(invoke("enqueue", "--file", str(path), "--dsn", pg_dsn), "line 3", "invalid JSON")
-    path.write_text('{"kind": "a"}\n\n{"kind": "b", "colour": "red"}\n')
-    assert_one_line_error(invoke("enqueue", "--file", str(path), "--dsn", pg_dsn), "line 3", "colour")
-    path.write_text('{"kind": "a"}\n{"kind": "b"}\n{"kind": "c", "max_attempts": 0}\n')
-    assert_one_line_error(invoke("enqueue", "--file", str(path), "--dsn", pg_dsn), "line 3", "max_attempts")
-    assert rows(pg_dsn) == []
-
-
-def test_enqueue_file_from_stdin_with_all_fields(pg_dsn: str) -> None:
-    """--file - reads JSONL from stdin, honours every per-line field and prints the count."""
-    lines = [
-        {"kind": "a", "payload": {"n": 1}},
-        {"kind": "b", "payload": [1], "queue": "q2", "priority": 7, "max_attempts": 3,
-         "run_at": "2099-01-01T00:00:00+00:00", "dedupe_key": "d1"},
-        {"kind": "c", "payload": None, "dedupe_key": "d1"},  # skipped: d1 is live
-    ]
-    result = invoke("enqueue", "--file", "-", "--dsn", pg_dsn, input="".join(json.dumps(o) + "\n" for o in lines))
-    assert result.exit_code == 0, result.output
-    assert result.stdout == "2\n"
-    a, b = rows(pg_dsn)
-    assert (a["kind"], a["payload"], a["queue"], a["priority"], a["max_attempts"]) == ("a", {"n": 1}, "default",
-                                                                                         0, 25)
-    assert (b["kind"], b["payload"], b["queue"], b["priority"], b["max_attempts"], b["dedupe_key"]) == (
-        "b", [1], "q2", 7, 3, "d1")
-    assert b["run_at"].year == 2099
 
 
 @pytest.mark.parametrize("args", [
@@ -232,163 +115,6 @@ def test_stats_on_a_big_table_counts_all_but_done_exactly(pg_dsn: str, store: Pg
     assert json.loads(text.stdout)["total"]["done"] == sum(n for (_, s), n in truth.items() if s == "done")
 
 
-# --- outbox -------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("command", ["status", "verify"])
-def test_outbox_inspection_of_missing_dir_fails_with_one_line(tmp_path: Path, command: str) -> None:
-    """outbox status/verify on a directory that does not exist exit 1 with one line naming it."""
-    missing = str(tmp_path / "nope")
-    assert_one_line_error(invoke("outbox", command, "--outbox-dir", missing), f"no outbox directory at {missing}")
-    assert not os.path.exists(missing)
-
-
-def test_outbox_drain_of_missing_dir_fails_with_one_line(tmp_path: Path, pg_dsn: str) -> None:
-    """outbox drain on a directory that does not exist exits 1 with one line naming it."""
-    missing = str(tmp_path / "nope")
-    result = invoke("outbox", "drain", "--outbox-dir", missing, "--dsn", pg_dsn, "--timeout", "1")
-    assert result.exit_code == 1, result.output
-    assert f"error: no outbox directory at {missing}" in result.stderr
-    assert "Traceback" not in result.output
-
-
-def write_outcomes(directory: Path, outcomes: list[Outcome], shards: int = 2) -> None:
-    """Append each outcome, in wire format, to shard ``i % shards`` as a worker's children would."""
-    for shard in range(shards):
-        mine = [o for i, o in enumerate(outcomes) if i % shards == shard]
-        if not mine:
-            continue
-        with ShardWriter.open(str(directory), shard) as writer:
-            for outcome in mine:
-                writer.append_bytes(encode_outcome(outcome))
-            writer.commit()
-
-
-def claim(store: PgStore, pg_dsn: str, count: int, worker: str = "w1") -> list[ClaimedJob]:
-    assert invoke("enqueue", "k", '{"x": 1}', "--count", str(count), "--dsn", pg_dsn).exit_code == 0
-    jobs = store.claim(["k"], None, worker, count)
-    assert len(jobs) == count
-    return jobs
-
-
-def test_outbox_status_json_counts_pending_outcomes_per_shard(tmp_path: Path, pg_dsn: str, store: PgStore) -> None:
-    """outbox status --json reports every fsync'd outcome as pending, per shard, without a database."""
-    jobs = claim(store, pg_dsn, 5)
-    outbox_dir = tmp_path / "outbox"
-    write_outcomes(outbox_dir, [Outcome.done(j.id, j.attempt, b'{"r": 1}') for j in jobs])
-    result = invoke("outbox", "status", "--json", "--outbox-dir", str(outbox_dir))
-    assert result.exit_code == 0, result.output
-    report = json.loads(result.stdout)
-    assert report["pending"] == 5
-    assert report["worker_running"] is False and report["flusher_running"] is False
-    assert report["quarantined"] == [] and report["torn_tails"] == []
-    assert [(s["shard"], s["pending"], s["writer_alive"]) for s in report["shards"]] == [(0, 3, False),
-                                                                                        (1, 2, False)]
-    assert all(s["bytes"] > 0 and s["oldest_age_s"] is not None for s in report["shards"])
-    text = invoke("outbox", "status", "--outbox-dir", str(outbox_dir))
-    assert text.exit_code == 0
-    assert "5 pending; worker not running" in text.stdout
-
-
-def test_outbox_drain_applies_pending_outcomes(tmp_path: Path, pg_dsn: str, store: PgStore) -> None:
-    """outbox drain applies every outcome (fenced: a re-claimed job's old outcome is stale) and exits 0."""
-    jobs = claim(store, pg_dsn, 4)
-    outcomes = [Outcome.done(j.id, j.attempt, json.dumps({"id": j.id}).encode()) for j in jobs[:3]]
-    outcomes.append(Outcome.failed(jobs[3].id, jobs[3].attempt, "boom"))
-    outcomes.append(Outcome.done(jobs[0].id, 99, b'"never"'))  # an attempt that never existed
-    outbox_dir = tmp_path / "outbox"
-    write_outcomes(outbox_dir, outcomes)
-    result = invoke("outbox", "drain", "--outbox-dir", str(outbox_dir), "--dsn", pg_dsn, "--timeout", "10")
-    assert result.exit_code == 0, result.output
-    assert "drained 5 outcomes: 4 applied, 0 already applied, 1 stale, 0 set aside, 0 dead-lettered" in result.stdout
-    final = {r["id"]: r for r in rows(pg_dsn)}
-    for job in jobs[:3]:
-        assert (final[job.id]["status"], final[job.id]["result"]) == ("done", {"id": job.id})
-    assert (final[jobs[3].id]["status"], final[jobs[3].id]["last_error"]) == ("failed", "boom")
-    after = json.loads(invoke("outbox", "status", "--json", "--outbox-dir", str(outbox_dir)).stdout)
-    assert after["pending"] == 0
-    again = invoke("outbox", "drain", "--outbox-dir", str(outbox_dir), "--dsn", pg_dsn, "--timeout", "10")
-    assert again.exit_code == 0
-    assert "drained 0 outcomes" in again.stdout
-
-
-def test_outbox_drain_refuses_while_a_worker_holds_the_outbox(tmp_path: Path, pg_dsn: str, store: PgStore) -> None:
-    """drain exits 1 with a clear one-line message while the worker lock is held, and applies nothing."""
-    jobs = claim(store, pg_dsn, 2)
-    outbox_dir = tmp_path / "outbox"
-    write_outcomes(outbox_dir, [Outcome.done(j.id, j.attempt, b"1") for j in jobs])
-    fd = lock_outbox(str(outbox_dir))
-    try:
-        status = json.loads(invoke("outbox", "status", "--json", "--outbox-dir", str(outbox_dir)).stdout)
-        assert status["worker_running"] is True
-        result = invoke("outbox", "drain", "--outbox-dir", str(outbox_dir), "--dsn", pg_dsn, "--timeout", "2")
-        assert result.exit_code == 1, result.output
-        assert result.stdout == ""
-        errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-        assert len(errors) == 1 and "holds the outbox" in errors[0], result.stderr
-        assert "Traceback" not in result.output
-        assert {r["status"] for r in rows(pg_dsn)} == {"running"}
-    finally:
-        os.close(fd)
-    result = invoke("outbox", "drain", "--outbox-dir", str(outbox_dir), "--dsn", pg_dsn, "--timeout", "10")
-    assert result.exit_code == 0, result.output
-    assert {r["status"] for r in rows(pg_dsn)} == {"done"}
-
-
-def test_outbox_verify_passes_clean_segments_and_fails_on_corruption(tmp_path: Path) -> None:
-    """verify exits 0 on clean sealed segments and 1 once a byte in the middle of one is flipped."""
-    outbox_dir = tmp_path / "outbox"
-    with ShardWriter.open(str(outbox_dir), 0) as writer:
-        for i in range(6):
-            outcome = Outcome.done(i + 1, 1, json.dumps({"i": i, "pad": "x" * 40}).encode())
-            writer.append_bytes(encode_outcome(outcome))
-            writer.commit()
-    clean = invoke("outbox", "verify", "--outbox-dir", str(outbox_dir))
-    assert clean.exit_code == 0, clean.output
-    assert "ok: 1 segment(s), 0 torn tail(s)" in clean.stdout
-    assert "6 records, sealed" in clean.stdout
-    [segno] = list_segments(str(outbox_dir))[0]
-    scan = scan_file(str(outbox_dir), 0, segno)
-    assert scan.sealed and len(scan.data) == 6
-    middle = scan.data[3]
-    offset = middle.offset + HEADER_SIZE + len(middle.payload) // 2
-    path = outbox_dir / f"shard-0000-{segno:010d}.seg"
-    data = bytearray(path.read_bytes())
-    data[offset] ^= 0xFF
-    path.write_bytes(bytes(data))
-    result = invoke("outbox", "verify", "--outbox-dir", str(outbox_dir))
-    assert result.exit_code == 1, result.output
-    assert result.stdout == (f"corrupt  shard-0000-{segno:010d}.seg (3 records) at offset {middle.offset}: "
-                             "invalid frame followed by valid frames\n")
-    assert result.stderr.splitlines() == [f"error: 1 corrupt or quarantined segment(s) in {outbox_dir}"]
-
-
-def test_outbox_drain_fails_naming_a_quarantined_segment(tmp_path: Path, pg_dsn: str, store: PgStore) -> None:
-    """drain applies the outcomes before a corrupt record, then exits 1 naming the quarantined segment."""
-    jobs = claim(store, pg_dsn, 6)
-    outbox_dir = tmp_path / "outbox"
-    with ShardWriter.open(str(outbox_dir), 0) as writer:
-        for job in jobs:
-            outcome = Outcome.done(job.id, job.attempt, b'{"pad": "xxxxxxxxxxxxxxxx"}')
-            writer.append_bytes(encode_outcome(outcome))
-            writer.commit()
-    [segno] = list_segments(str(outbox_dir))[0]
-    victim = scan_file(str(outbox_dir), 0, segno).data[3]
-    path = outbox_dir / f"shard-0000-{segno:010d}.seg"
-    data = bytearray(path.read_bytes())
-    data[victim.offset + HEADER_SIZE + 2] ^= 0x40
-    path.write_bytes(bytes(data))
-    result = invoke("outbox", "drain", "--outbox-dir", str(outbox_dir), "--dsn", pg_dsn, "--timeout", "10")
-    assert result.exit_code == 1, result.output
-    assert "drained 3 outcomes: 3 applied" in result.stdout
-    name = f"shard-0000-{segno:010d}.seg"
-    assert f"error: 1 quarantined segment(s) in {outbox_dir}/quarantine" in result.stderr
-    assert name in result.stderr
-    assert [r["status"] for r in rows(pg_dsn)] == ["done"] * 3 + ["running"] * 3
-    status = invoke("outbox", "status", "--outbox-dir", str(outbox_dir))
-    assert f"QUARANTINED {name}" in status.stdout
-
-
 # --- a real subprocess ----------------------------------------------------------------------
 
 
@@ -412,51 +138,6 @@ def test_python_m_shardworker_enqueue_then_stats(tmp_path: Path, pg_dsn: str) ->
     assert bad.returncode == 1
     assert bad.stderr.startswith("error: ") and len(bad.stderr.splitlines()) == 1
     assert not (tmp_path / ".shardworker").exists()  # --dsn given: no embedded server
-
-
-def test_enqueue_file_takes_command_line_options_as_defaults(pg_dsn: str) -> None:
-    """--queue/--priority/--max-attempts/--delay fill what a line leaves out; a line's own fields win."""
-    lines = '{"kind": "a"}\n{"kind": "b", "queue": "own", "priority": 9}\n'
-    result = invoke("enqueue", "--file", "-", "--queue", "bulk", "--priority", "3", "--max-attempts", "4",
-                    "--delay", "600", "--dsn", pg_dsn, input=lines)
-    assert result.exit_code == 0, result.output
-    got = {r["kind"]: (r["queue"], r["priority"], r["max_attempts"]) for r in rows(pg_dsn)}
-    assert got == {"a": ("bulk", 3, 4), "b": ("own", 9, 4)}
-    assert [r[0] for r in psycopg.connect(pg_dsn).execute(
-        "SELECT run_at > now() + interval '5 minutes' FROM shardworker.jobs").fetchall()] == [True, True]
-
-
-def test_enqueue_file_rejects_a_nul_payload_naming_the_line(pg_dsn: str) -> None:
-    """A payload PostgreSQL jsonb cannot store is rejected before anything is sent, naming its line."""
-    lines = '{"kind": "a"}\n{"kind": "a", "payload": "\\u0000"}\n'
-    result = invoke("enqueue", "--file", "-", "--dsn", pg_dsn, input=lines)
-    assert result.exit_code == 1
-    assert result.stderr.startswith("error: line 2: payload holds a NUL character")
-    assert rows(pg_dsn) == []
-
-
-@pytest.mark.parametrize("delay", ["nan", "inf", "-inf", "1e300"])
-def test_enqueue_delay_that_is_not_a_duration_is_a_usage_error(pg_dsn: str, delay: str) -> None:
-    """--delay nan/inf/huge exits 2 with one line, no traceback, and enqueues nothing."""
-    result = invoke("enqueue", "k", "--delay", delay, "--dsn", pg_dsn)
-    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
-    assert "--delay" in result.output
-    with psycopg.connect(pg_dsn) as conn:
-        assert conn.execute("SELECT count(*) FROM shardworker.jobs").fetchone() == (0,)
-
-
-def test_enqueue_json_names_the_new_job(pg_dsn: str) -> None:
-    """One job: its id, so `jobs show ID` can follow; a live dedupe key: none; bulk: the count."""
-    first = invoke("enqueue", "k", '{"a": 1}', "--dedupe-key", "d1", "--json", "--dsn", pg_dsn)
-    assert first.exit_code == 0, first.output
-    [job] = rows(pg_dsn)
-    assert json.loads(first.stdout) == {"enqueued": 1, "ids": [job["id"]]}
-    again = invoke("enqueue", "k", "--dedupe-key", "d1", "--json", "--dsn", pg_dsn)
-    assert json.loads(again.stdout) == {"enqueued": 0, "ids": []}
-    assert invoke("enqueue", "k", "--dedupe-key", "d1", "--dsn", pg_dsn).stdout == "0\n"
-    bulk = invoke("enqueue", "k", "--count", "3", "--json", "--dsn", pg_dsn)
-    assert json.loads(bulk.stdout) == {"enqueued": 3}
-    assert len(rows(pg_dsn)) == 4
 
 
 def test_migrate_print_after_a_version_that_does_not_exist_is_a_usage_error() -> None:

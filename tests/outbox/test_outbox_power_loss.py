@@ -14,7 +14,8 @@ from outbox import (
     fsutil,
 )
 from tests.outbox.exactly_once import SMALL, assert_exactly_once, drain
-from tests.outbox.faultfs import Crash, FaultFS, Workload, scratch_dir
+from tests.outbox.faultfs import Crash, FaultFS, scratch_dir
+from tests.outbox.workload import Workload
 
 
 @pytest.mark.parametrize("seed", range(150))
