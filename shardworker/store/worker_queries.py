@@ -67,12 +67,14 @@ class WorkerQueries(Session):
                                                        "queues": list(queues) if queues else None})
             return [(k, int(n)) for k, n in cur.fetchall()]
 
-    def count_active(self, kinds: Sequence[str], queues: Sequence[str] | None, worker_id: str) -> int:
-        """Jobs due now for these kinds, plus jobs running for this worker."""
+    def count_active(self, kinds: Sequence[str], queues: Sequence[str] | None, worker_id: str,
+                     retry_horizon_s: float = 0.0) -> int:
+        """Jobs due now for these kinds, jobs already attempted that fall due within
+        ``retry_horizon_s``, plus jobs running for this worker."""
         with self.cursor() as cur:
             cur.execute(query("job_count_active"), {"kinds": list(kinds),
                                                     "queues": list(queues) if queues else None,
-                                                    "worker_id": worker_id})
+                                                    "worker_id": worker_id, "retry_horizon_s": retry_horizon_s})
             row = cur.fetchone()
         return int(row[0]) if row else 0
 

@@ -148,3 +148,15 @@ def fail_now(job: Job) -> None:
 def cancel_me(job: Job) -> None:
     record(job)
     raise Cancel("order withdrawn")
+
+
+@app.handler("fail_retry_in_2s", max_attempts=2, retry_delay=lambda attempt: 2.0)
+def fail_retry_in_2s(job: Job) -> None:
+    record(job)
+    raise ValueError(f"boom on attempt {job.attempt}")
+
+
+@app.handler("fail_retry_in_1h", max_attempts=2, retry_delay=lambda attempt: 3600.0)
+def fail_retry_in_1h(job: Job) -> None:
+    record(job)
+    raise ValueError(f"boom on attempt {job.attempt}")

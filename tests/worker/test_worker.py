@@ -48,6 +48,25 @@ def test_jobs_run_once_each_and_store_results(pg_dsn: str, dirs: tuple[Path, Pat
     assert len(list(dirs[1].glob("runs-*.log"))) == 3  # every child got work
 
 
+def test_exit_when_idle_waits_for_a_retry_due_within_the_shutdown_timeout(pg_dsn: str,
+                                                                         dirs: tuple[Path, Path]) -> None:
+    """A batch run finishes its retries: a failed attempt whose retry falls due within
+    --shutdown-timeout (2 s here, of 30) keeps the worker until the job ends."""
+    [job_id] = enqueue(pg_dsn, "fail_retry_in_2s", 1)
+    assert run_until_idle(pg_dsn, dirs, "--shutdown-timeout", "30") == 0, worker_log(dirs[1])
+    assert query(pg_dsn, "SELECT status, attempt FROM shardworker.jobs") == [("failed", 2)]
+    assert runs(dirs[1]) == {(job_id, 1): 1, (job_id, 2): 1}
+
+
+def test_exit_when_idle_leaves_a_retry_due_after_the_shutdown_timeout_queued(pg_dsn: str,
+                                                                             dirs: tuple[Path, Path]) -> None:
+    """A retry an hour away is the next run's: the worker exits, the job stays queued."""
+    [job_id] = enqueue(pg_dsn, "fail_retry_in_1h", 1)
+    assert run_until_idle(pg_dsn, dirs, "--shutdown-timeout", "5") == 0, worker_log(dirs[1])
+    assert query(pg_dsn, "SELECT status, attempt FROM shardworker.jobs") == [("queued", 1)]
+    assert runs(dirs[1]) == {(job_id, 1): 1}
+
+
 def test_failing_handler_is_retried_then_failed(pg_dsn: str, dirs: tuple[Path, Path]) -> None:
     """A raising handler is retried with backoff until max_attempts, then failed with last_error."""
     [job_id] = enqueue(pg_dsn, "fail", 1)

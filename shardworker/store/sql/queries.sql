@@ -185,11 +185,14 @@ WHERE status = 'queued' AND NOT (kind = ANY(%(kinds)s::text[]))
 GROUP BY kind ORDER BY count(*) DESC, kind LIMIT 10;
 
 -- job_count_active --
--- Jobs due now or running for this worker: what --exit-when-idle waits on.
+-- What --exit-when-idle waits on: jobs due now, jobs already attempted (a retry, a snooze,
+-- a rescued job) that fall due within retry_horizon_s, and jobs running for this worker.
 SELECT
   (SELECT count(*) FROM shardworker.jobs
-    WHERE status = 'queued' AND run_at <= now() AND kind = ANY(%(kinds)s::text[])
-      AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))) +
+    WHERE status = 'queued' AND kind = ANY(%(kinds)s::text[])
+      AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+      AND (run_at <= now()
+           OR (attempt > 0 AND run_at <= now() + make_interval(secs => %(retry_horizon_s)s::float8)))) +
   (SELECT count(*) FROM shardworker.jobs WHERE status = 'running' AND locked_by = %(worker_id)s);
 
 -- worker_heartbeat --
