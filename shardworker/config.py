@@ -1,4 +1,7 @@
-"""Worker configuration: one frozen dataclass, validated at construction.
+"""Configuration, with every default in one place: ``WorkerConfig`` (what ``shardworker
+run`` takes; its command-line defaults are read from here), and the parts each process
+gets, derived from it by its methods: ``StoreConfig`` (a connection), ``FlusherConfig``
+and ``ChildConfig``. All frozen, validated at construction, keyword arguments only.
 
 Every duration carries its unit in its name. Defaults suit a production worker; tests
 shrink the backoff caps and timeouts to keep outages short.
@@ -6,14 +9,64 @@ shrink the backoff caps and timeouts to keep outages short.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 from shardworker.errors import ConfigError
 from shardworker.layout import PARENT_SHARD
 from shardworker.limits import MAX_QUEUE_BYTES, MAX_WORKER_ID_BYTES, MiB, not_storable_text, too_long
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
+class StoreConfig:
+    """Connection settings; every wait is bounded so an outage never hangs a loop."""
+
+    dsn: str
+    connect_timeout_s: int = 5
+    statement_timeout_s: float = 30.0
+    # A connection whose peer stops answering (a black hole) is declared dead after about
+    # this long, through TCP keepalives and TCP_USER_TIMEOUT, even mid-statement.
+    network_timeout_s: int = 20
+    application_name: str = "shardworker"
+
+    def __post_init__(self) -> None:
+        if self.connect_timeout_s < 1:
+            raise ValueError("connect_timeout_s must be >= 1")
+        if self.statement_timeout_s <= 0:
+            raise ValueError("statement_timeout_s must be > 0")
+        if self.network_timeout_s < 2:
+            raise ValueError("network_timeout_s must be >= 2")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FlusherConfig:
+    """The flusher's batches and retries (``WorkerConfig.flusher_config``)."""
+
+    flush_batch: int
+    flush_bytes: int
+    checkpoint_interval_s: float
+    backoff_base_s: float
+    backoff_cap_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChildConfig:
+    """One child process's settings (``WorkerConfig.child_config``)."""
+
+    shard: int
+    outbox_dir: str
+    app_ref: str
+    group_commit_max_delay_s: float
+    group_commit_max_records: int
+    group_commit_max_bytes: int
+    segment_bytes: int
+    parent_pid: int
+    concurrency: int  # handlers in flight for the threads and async lanes
+    slots: int  # the most jobs the parent sends before some are reported
+    default_timeout_s: float  # handlers without timeout_s get this one (0: none)
+
+
+@dataclass(frozen=True, kw_only=True)
 class WorkerConfig:
     """Settings of ``shardworker run``."""
 
@@ -76,9 +129,9 @@ class WorkerConfig:
     # Finished jobs (done, failed, cancelled) older than this are pruned; 0 keeps them all.
     retention_s: float = 7 * 86400.0
     prune_interval_s: float = 60.0
-    connect_timeout_s: int = 5
-    statement_timeout_s: float = 30.0
-    network_timeout_s: int = 20
+    connect_timeout_s: int = StoreConfig.connect_timeout_s
+    statement_timeout_s: float = StoreConfig.statement_timeout_s
+    network_timeout_s: int = StoreConfig.network_timeout_s
     log_interval_s: float = 10.0
     embedded_db: bool = False  # the DSN is the embedded server's (recorded in the outbox's binding)
     # Prometheus text at http://metrics_host:metrics_port/metrics (None: no server); a
@@ -142,3 +195,28 @@ class WorkerConfig:
         ``prefetch_max_jobs`` when it is faster."""
         at_once = self.concurrency if concurrent else 1
         return at_once + self.prefetch_batch, at_once + max(self.prefetch_batch, self.prefetch_max_jobs)
+
+    @classmethod
+    def default(cls, name: str) -> Any:
+        """The default of field ``name`` (the command line shows and uses it)."""
+        for f in fields(cls):
+            if f.name == name:
+                return f.default
+        raise KeyError(name)
+
+    def store_config(self) -> StoreConfig:
+        return StoreConfig(dsn=self.dsn, connect_timeout_s=self.connect_timeout_s,
+                           statement_timeout_s=self.statement_timeout_s, network_timeout_s=self.network_timeout_s)
+
+    def flusher_config(self) -> FlusherConfig:
+        return FlusherConfig(flush_batch=self.flush_batch, flush_bytes=self.flush_bytes,
+                             checkpoint_interval_s=self.checkpoint_interval_s, backoff_base_s=self.backoff_base_s,
+                             backoff_cap_s=self.backoff_cap_s)
+
+    def child_config(self, shard: int, *, parent_pid: int, slots: int) -> ChildConfig:
+        return ChildConfig(shard=shard, outbox_dir=self.outbox_dir, app_ref=self.app_ref,
+                           group_commit_max_delay_s=self.group_commit_max_delay_s,
+                           group_commit_max_records=self.group_commit_max_records,
+                           group_commit_max_bytes=self.group_commit_max_bytes, segment_bytes=self.segment_bytes,
+                           parent_pid=parent_pid, concurrency=self.concurrency, slots=slots,
+                           default_timeout_s=self.default_timeout_s)

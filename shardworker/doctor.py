@@ -92,7 +92,7 @@ def gather_database(dsn: str, *, embedded: bool = False, connect_timeout_s: int 
     from shardworker.store.pg_store import PgStore, StoreConfig
 
     where = redact_dsn(dsn)
-    store = PgStore(StoreConfig(dsn, connect_timeout_s=connect_timeout_s, statement_timeout_s=10.0,
+    store = PgStore(StoreConfig(dsn=dsn, connect_timeout_s=connect_timeout_s, statement_timeout_s=10.0,
                                 network_timeout_s=connect_timeout_s * 2))
     try:
         try:

@@ -15,8 +15,24 @@ from typing import Any
 
 import psycopg
 
+from shardworker.config import ChildConfig, WorkerConfig
+
 APPS_DIR = Path(__file__).parent / "apps"
 REPO = Path(__file__).parent.parent
+
+
+def worker_config(**overrides: Any) -> WorkerConfig:
+    """A ``WorkerConfig`` with the defaults, for the parts tests build from it (a child's, the
+    flusher's): no database or app is reached through it."""
+    return WorkerConfig(**{"dsn": "postgresql://unused", "app_ref": "unused", **overrides})
+
+
+def child_config(shard: int, outbox_dir: str, *, delay_s: float = 0.005, records: int = 64,
+                 concurrency: int = 1, slots: int = 64, parent_pid: int | None = None) -> ChildConfig:
+    """A child's settings as the tests of the child's loop and of the pool use them."""
+    return worker_config(outbox_dir=outbox_dir, group_commit_max_delay_s=delay_s, group_commit_max_records=records,
+                         segment_bytes=1 << 20, concurrency=concurrency, default_timeout_s=0.0).child_config(
+        shard, parent_pid=os.getpid() if parent_pid is None else parent_pid, slots=slots)
 
 
 def worker_env(count_dir: Path) -> dict[str, str]:

@@ -20,7 +20,6 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from outbox import OutboxLocked, ShardWriter, WriterConfig
@@ -28,27 +27,13 @@ from shardworker import logs, procs, wire
 from shardworker.app import App, load_app
 from shardworker.child.committer import Committer
 from shardworker.child.lanes import AsyncLane, Lane, ThreadLane
+from shardworker.config import ChildConfig
 from shardworker.jobstats import OUTCOMES, outcome_label, summarize
 from shardworker.model import ClaimedJob, Disposition, Outcome
 
 log = logging.getLogger(__name__)
 
 EXIT_OUTBOX_FAILED = 3  # the child exits with this when its outbox cannot take outcomes
-
-
-@dataclass(frozen=True)
-class ChildConfig:
-    shard: int
-    outbox_dir: str
-    app_ref: str
-    group_commit_max_delay_s: float
-    group_commit_max_records: int
-    segment_bytes: int
-    parent_pid: int
-    concurrency: int = 1  # handlers in flight for the threads and async lanes
-    slots: int = 64  # the most jobs the parent sends before some are reported
-    group_commit_max_bytes: int = 8 * 1024 * 1024
-    default_timeout_s: float = 0.0  # handlers without timeout_s get this one (0: none)
 
 
 class Progress:

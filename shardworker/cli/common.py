@@ -18,11 +18,13 @@ import click
 
 from outbox import OutboxError
 from shardworker import logs
+from shardworker.config import WorkerConfig
 from shardworker.errors import ShardworkerError
 
 dsn_option = click.option("--dsn", envvar="SHARDWORKER_DSN", default=None,
                           help="PostgreSQL DSN (env SHARDWORKER_DSN). Default: embedded server in .shardworker/.")
-outbox_dir_option = click.option("--outbox-dir", envvar="SHARDWORKER_OUTBOX_DIR", default=".shardworker/outbox",
+outbox_dir_option = click.option("--outbox-dir", envvar="SHARDWORKER_OUTBOX_DIR",
+                                 default=WorkerConfig.default("outbox_dir"),
                                  show_default=True, help="Outbox directory (env SHARDWORKER_OUTBOX_DIR).")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 
@@ -42,6 +44,14 @@ def duration_seconds(text: str) -> float | None:
     May exceed ``MAX_DURATION_S`` (even be infinite): callers refuse that (``TOO_LONG``)."""
     match = re.fullmatch(r"(\d+(?:\.\d+)?)([smhdw]?)", text.strip())
     return float(match[1]) * _UNITS[match[2] or "s"] if match else None
+
+
+def duration_text(seconds: float) -> str:
+    """``seconds`` in the largest unit up to days that divides it (1800 -> ``30m``, 604800 -> ``7d``)."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
 
 
 class Duration(click.ParamType):

@@ -55,7 +55,7 @@ def demo(jobs: int | None, procs: int | None, outbox_dir: str, outage: bool, out
     started = time.monotonic()
     summary = Supervisor(config, app).run()
     elapsed = time.monotonic() - started
-    store = PgStore(StoreConfig(dsn))
+    store = PgStore(StoreConfig(dsn=dsn))
     try:
         counts = {status: n for queue, status, n in store.stats() if queue == "demo"}
     finally:

@@ -8,7 +8,6 @@ reuses an embedded PostgreSQL under ``.shardworker/`` and says so. Exit codes: 0
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 import click
@@ -16,17 +15,11 @@ import orjson
 
 from shardworker import logs
 from shardworker.cli.common import (
-    MAX_NETWORK_TIMEOUT_S,
-    MAX_PG_TIMEOUT_S,
     UTF8,
-    Duration,
-    Seconds,
     dsn_option,
-    is_loopback,
     json_option,
     note,
     one_line_errors,
-    outbox_dir_option,
     resolve_dsn,
 )
 
@@ -36,7 +29,7 @@ log = logging.getLogger("shardworker")
 def _store(dsn: str) -> Any:
     from shardworker.store.pg_store import PgStore, StoreConfig
 
-    return PgStore(StoreConfig(dsn))
+    return PgStore(StoreConfig(dsn=dsn))
 
 
 def _finite(value: float, name: str) -> float:
@@ -142,97 +135,6 @@ def enqueue(kind: str | None, payload_json: str | None, count: int, file_: Any, 
 
 
 @main.command()
-@click.option("--app", "app_ref", required=True, help="MODULE[:ATTR] holding the App (ATTR defaults to app).")
-@click.option("--procs", type=click.IntRange(min=1, max=512), default=2, show_default=True,
-              help="Child processes running handlers.")
-@outbox_dir_option
-@click.option("--queues", type=UTF8, default=None, help="Comma-separated queues to claim from (default: all).")
-@click.option("--worker-id", default=None, help="Worker id (default: stored in the outbox directory).")
-@click.option("--exit-when-idle", is_flag=True, help="Exit 0 once nothing is due or running and the outbox is empty.")
-@click.option("--shutdown-timeout", type=Seconds(0), default=30.0, show_default=True,
-              help="Seconds to finish jobs in hand at shutdown.")
-@click.option("--default-timeout", envvar="SHARDWORKER_DEFAULT_TIMEOUT", type=Duration(), default="30m",
-              show_default=True,
-              help="Timeout of every handler without its own timeout_s (90s, 30m, 2h; 0: none); a handler past "
-                   "it fails that attempt (env SHARDWORKER_DEFAULT_TIMEOUT).")
-@click.option("--rescue-after", type=Seconds(1), default=3600.0, show_default=True,
-              help="Seconds of watched heartbeat silence before a peer rescues a worker's jobs "
-                   "(must exceed --shutdown-timeout).")
-@click.option("--rescue-grace", type=Seconds(0), default=300.0, show_default=True,
-              help="Seconds a rescued job waits before it may run again; a late outcome of the rescued "
-                   "attempt lands meanwhile instead.")
-@click.option("--backoff-cap", type=Seconds(0.01), default=5.0, show_default=True,
-              help="Maximum seconds between database retries.")
-@click.option("--network-timeout", type=click.IntRange(min=2, max=MAX_NETWORK_TIMEOUT_S), default=20, show_default=True,
-              help="Seconds before an unresponsive database connection is declared dead.")
-@click.option("--statement-timeout", type=Seconds(0.1, MAX_PG_TIMEOUT_S), default=30.0, show_default=True,
-              help="Seconds a database statement may run.")
-@click.option("--min-free-mb", type=click.IntRange(min=0), default=64, show_default=True,
-              help="Stop claiming when the outbox disk has less free space than this.")
-@click.option("--concurrency", envvar="SHARDWORKER_CONCURRENCY", type=click.IntRange(min=1, max=10_000),
-              default=10, show_default=True,
-              help="Handlers in flight per child for async def and threads=True kinds "
-                   "(env SHARDWORKER_CONCURRENCY); plain sync handlers run one at a time per child.")
-@click.option("--prefetch", type=click.IntRange(min=1, max=100_000), default=64, show_default=True,
-              help="Jobs a child holds beyond those it runs at once.")
-@click.option("--retention", type=Duration(), default="7d", show_default=True,
-              help="Prune done, failed and cancelled jobs older than this (30m, 12h, 7d); 0 keeps them all.")
-@click.option("--segment-bytes", type=click.IntRange(min=4096), default=16 * 1024 * 1024, show_default=True,
-              help="Outbox segment size: a segment is deleted once every outcome in it is applied.")
-@click.option("--metrics-port", envvar="SHARDWORKER_METRICS_PORT", type=click.IntRange(min=0, max=65535),
-              default=None, help="Serve Prometheus text at /metrics on this port (env SHARDWORKER_METRICS_PORT).")
-@click.option("--metrics-host", envvar="SHARDWORKER_METRICS_HOST", default="127.0.0.1", show_default=True,
-              help="Address the metrics server binds; beyond loopback it needs --metrics-token.")
-@click.option("--metrics-token", envvar="SHARDWORKER_METRICS_TOKEN", default=None,
-              help="Bearer token scrapes must send (env SHARDWORKER_METRICS_TOKEN).")
-@click.option("--log-format", envvar="SHARDWORKER_LOG_FORMAT", type=click.Choice(logs.FORMATS), default="text",
-              show_default=True,
-              help="text for people, json for machines: one object a line (env SHARDWORKER_LOG_FORMAT).")
-@dsn_option
-@one_line_errors
-@click.pass_context
-def run(ctx: click.Context, app_ref: str, procs: int, outbox_dir: str, queues: str | None, worker_id: str | None,
-        exit_when_idle: bool, shutdown_timeout: float, default_timeout: float, rescue_after: float,
-        rescue_grace: float, backoff_cap: float,
-        network_timeout: int, statement_timeout: float, min_free_mb: int, concurrency: int, prefetch: int,
-        retention: float, segment_bytes: int, metrics_port: int | None, metrics_host: str,
-        metrics_token: str | None, log_format: str, dsn: str | None) -> None:
-    """Run the worker: a parent, N children and one flusher."""
-    from shardworker.app import load_app
-    from shardworker.config import WorkerConfig
-    from shardworker.worker.supervisor import Supervisor
-
-    if rescue_after <= shutdown_timeout:
-        raise click.BadParameter(f"{rescue_after:g}s must be longer than --shutdown-timeout ({shutdown_timeout:g}s): "
-                                 "a stopping worker must never look dead to its peers", param_hint="--rescue-after")
-    if metrics_port is not None and not metrics_token and not is_loopback(metrics_host):
-        raise click.BadParameter(f"{metrics_host} is reachable from other hosts: give --metrics-token "
-                                 "(or SHARDWORKER_METRICS_TOKEN) too, or bind 127.0.0.1", param_hint="--metrics-host")
-
-    logs.configure(logs.LogSetup(log_format, (ctx.obj or {}).get("level", logging.INFO)), "parent")
-    app = load_app(app_ref)
-    config = WorkerConfig(
-        dsn=resolve_dsn(dsn), embedded_db=dsn is None, app_ref=app_ref, procs=procs, outbox_dir=outbox_dir,
-        queues=tuple(q.strip() for q in queues.split(",")) if queues else None, worker_id=worker_id,
-        exit_when_idle=exit_when_idle, shutdown_timeout_s=shutdown_timeout, default_timeout_s=default_timeout,
-        rescue_after_s=rescue_after,
-        rescue_grace_s=rescue_grace,
-        backoff_cap_s=backoff_cap, backoff_base_s=min(0.05, backoff_cap), min_free_bytes=min_free_mb * 1024 * 1024,
-        network_timeout_s=network_timeout, statement_timeout_s=statement_timeout,
-        connect_timeout_s=min(5, network_timeout), concurrency=concurrency, prefetch_batch=prefetch,
-        segment_bytes=segment_bytes, retention_s=retention, metrics_port=metrics_port, metrics_host=metrics_host,
-        metrics_token=metrics_token or None)
-    started = time.monotonic()
-    summary = Supervisor(config, app).run()
-    elapsed = time.monotonic() - started
-    kinds = ", ".join(f"{n} {name}" for name, n in summary.outcomes.items() if n)
-    note(f"worker stopped after {elapsed:.1f}s: {summary.done} outcomes" + (f" ({kinds})" if kinds else "")
-         + f", {summary.released} jobs given back, {summary.pending_outcomes} outcomes pending in the outbox",
-         outcomes=summary.done, **summary.outcomes, released=summary.released,
-         pending_outcomes=summary.pending_outcomes, seconds=round(elapsed, 3))
-
-
-@main.command()
 @click.option("--exact", is_flag=True, help="Count every row, however big the table.")
 @json_option
 @dsn_option
@@ -270,8 +172,10 @@ from shardworker.cli.doctor import doctor  # noqa: E402
 from shardworker.cli.jobs import jobs  # noqa: E402
 from shardworker.cli.ops import embedded, periodic, prune, workers  # noqa: E402
 from shardworker.cli.outbox import outbox  # noqa: E402  (registers the outbox group)
+from shardworker.cli.run import run  # noqa: E402
 from shardworker.dashboard.command import dashboard  # noqa: E402
 
+main.add_command(run)
 main.add_command(outbox)
 main.add_command(demo)
 main.add_command(jobs)

@@ -16,7 +16,7 @@ from shardworker.cli.common import Duration, dsn_option, json_option, one_line_e
 def _store(dsn: str) -> Any:
     from shardworker.store.pg_store import PgStore, StoreConfig
 
-    store = PgStore(StoreConfig(dsn))
+    store = PgStore(StoreConfig(dsn=dsn))
     store.check_schema()
     return store
 

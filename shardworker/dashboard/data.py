@@ -60,7 +60,7 @@ class Overview:
 @contextlib.contextmanager
 def connection(dsn: str) -> Iterator[tuple[Any, Any]]:
     """(store, its connection), opened here and closed on the way out."""
-    store = PgStore(StoreConfig(dsn, connect_timeout_s=3, statement_timeout_s=10,
+    store = PgStore(StoreConfig(dsn=dsn, connect_timeout_s=3, statement_timeout_s=10,
                                                   application_name="shardworker-dashboard"))
     try:
         yield store, store.connection()

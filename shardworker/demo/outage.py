@@ -97,7 +97,7 @@ def run(jobs: int, procs: int, outage_s: float, stream: TextIO = sys.stderr,
     dsn = ensure_embedded(base)
     server = EmbeddedPostgres(base / "pgdata")
     apply_migrations(dsn)
-    store = PgStore(StoreConfig(dsn, connect_timeout_s=2))  # the demo's one connection, for counting
+    store = PgStore(StoreConfig(dsn=dsn, connect_timeout_s=2))  # the demo's one connection, for counting
     try:
         return _run(dsn, server, store, jobs, procs, outage_s, display, clock)
     finally:

@@ -21,11 +21,12 @@ from collections.abc import Callable
 from outbox import OutboxLocked
 from outbox import status as outbox_status
 from shardworker import binding, layout
+from shardworker.config import StoreConfig, WorkerConfig
 from shardworker.errors import DrainTimeout, OutboxBusy, StoreError
-from shardworker.flusher.loop import Flusher, FlusherConfig, FlushStats
+from shardworker.flusher.loop import Flusher, FlushStats
 from shardworker.flusher.process import open_reader
 from shardworker.retry import Backoff, retry_call
-from shardworker.store.pg_store import PgStore, StoreConfig
+from shardworker.store.pg_store import PgStore
 from shardworker.worker import giveback, identity
 from shardworker.worker.heartbeat import Heartbeat
 
@@ -45,7 +46,9 @@ def drain(outbox_dir: str, dsn: str, *, timeout_s: float, backoff_cap_s: float =
             reader = open_reader(outbox_dir, wait_s=0)
         except OutboxLocked as exc:
             raise OutboxBusy(f"a flusher holds the outbox {outbox_dir}") from exc
-        store = PgStore(StoreConfig(dsn))
+        # The worker's defaults, with the caller's backoff cap (a drain by hand may want a short one).
+        config = WorkerConfig(dsn=dsn, app_ref="", backoff_cap_s=backoff_cap_s, backoff_base_s=min(0.05, backoff_cap_s))
+        store = PgStore(config.store_config())
         deadline = time.monotonic() + timeout_s
         backoff = Backoff(min(0.05, backoff_cap_s), backoff_cap_s)
 
@@ -57,8 +60,7 @@ def drain(outbox_dir: str, dsn: str, *, timeout_s: float, backoff_cap_s: float =
             retry_call(lambda: binding.bind(outbox_dir, store), "checking which database the outbox belongs to",
                        backoff=backoff, log=log, deadline=deadline, sleep=sleep)
             heartbeat = _heartbeat_for_owner(outbox_dir, dsn, store, backoff, deadline, sleep)
-            flusher = Flusher(reader, store, FlusherConfig(backoff_cap_s=backoff_cap_s,
-                                                           backoff_base_s=min(0.05, backoff_cap_s)), sleep=sleep)
+            flusher = Flusher(reader, store, config.flusher_config(), sleep=sleep)
             stats = _drain_loop(flusher, outbox_dir, deadline, progress, heartbeat)
             _give_back(outbox_dir, store, backoff, deadline, sleep)
             return stats
@@ -107,7 +109,7 @@ def _heartbeat_for_owner(outbox_dir: str, dsn: str, store: PgStore, backoff: Bac
     retry_call(lambda: identity.check_worker_id(store, worker_id, HEARTBEAT_INTERVAL_S, sleep=sleep),
                "checking that no live worker uses this worker id", backoff=backoff, log=log, deadline=deadline,
                sleep=sleep)
-    heartbeat = Heartbeat(PgStore(StoreConfig(dsn)), worker_id, HEARTBEAT_INTERVAL_S, None, backoff)
+    heartbeat = Heartbeat(PgStore(StoreConfig(dsn=dsn)), worker_id, HEARTBEAT_INTERVAL_S, None, backoff)
     heartbeat.start()
     return heartbeat
 

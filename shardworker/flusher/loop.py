@@ -28,8 +28,8 @@ import orjson
 from outbox import OutboxReader, Record
 from outbox.fsutil import append_durably, atomic_write, ensure_dir
 from shardworker import layout, wire
+from shardworker.config import FlusherConfig
 from shardworker.errors import OutcomeRejected, StoreError
-from shardworker.limits import MiB
 from shardworker.model import ApplyResult, Outcome
 from shardworker.retry import Backoff, Outage
 
@@ -61,15 +61,6 @@ class FlushStats:
     def batch(self, size: int) -> None:
         self.batch_sum += size
         self.batch_buckets[bisect.bisect_left(BATCH_BUCKETS, size)] += 1
-
-
-@dataclass(frozen=True)
-class FlusherConfig:
-    flush_batch: int = 1000
-    flush_bytes: int = 16 * MiB
-    checkpoint_interval_s: float = 0.2
-    backoff_base_s: float = 0.05
-    backoff_cap_s: float = 5.0
 
 
 class Flusher:

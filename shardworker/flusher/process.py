@@ -23,9 +23,10 @@ from typing import Any
 
 from outbox import OutboxLocked, OutboxReader
 from shardworker import binding, logs, procs
-from shardworker.flusher.loop import BATCH_BUCKETS, Flusher, FlusherConfig, FlushStats
+from shardworker.config import FlusherConfig, StoreConfig
+from shardworker.flusher.loop import BATCH_BUCKETS, Flusher, FlushStats
 from shardworker.retry import Backoff, retry_call
-from shardworker.store.pg_store import PgStore, StoreConfig
+from shardworker.store.pg_store import PgStore
 
 EXIT_WRONG_DATABASE = 4  # the flusher's database is not the one its outbox belongs to
 

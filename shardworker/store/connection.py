@@ -23,6 +23,7 @@ from typing import Any
 import psycopg
 from psycopg import errors as pgerr
 
+from shardworker.config import StoreConfig
 from shardworker.dsn import redact_dsn
 from shardworker.errors import (
     DatabaseUnavailable,
@@ -32,7 +33,6 @@ from shardworker.errors import (
     StoreError,
     TransientConflict,
 )
-from shardworker.store.config import StoreConfig
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ import psycopg
 from psycopg import errors as pgerr
 from psycopg.pq import TransactionStatus
 
+from shardworker.config import StoreConfig
 from shardworker.errors import DatabaseUnavailable, EnqueueError
-from shardworker.store.config import StoreConfig
 from shardworker.store.connection import Session, first_line, translate_errors
 from shardworker.store.sql import query
 
@@ -45,7 +45,7 @@ def enqueue_one(conn_or_dsn: Any, kind: str, payload_json: str, **fields: Any) -
     if not isinstance(conn_or_dsn, str):
         with borrowed_cursor(conn_or_dsn, transaction=False) as cur:
             return insert_job(cur, kind, payload_json, **fields)
-    store = EnqueueQueries(StoreConfig(conn_or_dsn))
+    store = EnqueueQueries(StoreConfig(dsn=conn_or_dsn))
     try:
         return store.enqueue(kind, payload_json, **fields)
     finally:
@@ -57,7 +57,7 @@ def enqueue_rows(conn_or_dsn: Any, rows: Iterable[Sequence[Any]]) -> int:
     if not isinstance(conn_or_dsn, str):
         with borrowed_cursor(conn_or_dsn, transaction=True) as cur:
             return copy_jobs(cur, rows)
-    store = EnqueueQueries(StoreConfig(conn_or_dsn, statement_timeout_s=BULK_STATEMENT_TIMEOUT_S))
+    store = EnqueueQueries(StoreConfig(dsn=conn_or_dsn, statement_timeout_s=BULK_STATEMENT_TIMEOUT_S))
     try:
         return store.enqueue_many(rows)
     finally:

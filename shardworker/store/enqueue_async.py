@@ -10,8 +10,8 @@ from typing import Any
 
 import psycopg
 
+from shardworker.config import StoreConfig
 from shardworker.errors import EnqueueError
-from shardworker.store.config import StoreConfig
 from shardworker.store.connection import connect_options, first_line, translate_errors
 from shardworker.store.enqueue import BULK_STATEMENT_TIMEOUT_S, REFUSED, needs_own_transaction
 from shardworker.store.sql import query
@@ -30,7 +30,7 @@ async def enqueue_one_async(conn_or_dsn: Any, kind: str, payload_json: str, **fi
 
 async def enqueue_rows_async(conn_or_dsn: Any, rows: Iterable[Sequence[Any]]) -> int:
     """COPY rows through a staging table in one transaction; how many were inserted."""
-    config = StoreConfig(conn_or_dsn, statement_timeout_s=BULK_STATEMENT_TIMEOUT_S) \
+    config = StoreConfig(dsn=conn_or_dsn, statement_timeout_s=BULK_STATEMENT_TIMEOUT_S) \
         if isinstance(conn_or_dsn, str) else None
     async with async_cursor_for(conn_or_dsn, transaction=True, config=config) as cur:
         await cur.execute(query("job_stage_create"))
@@ -70,7 +70,7 @@ async def async_cursor_for(conn_or_dsn: Any, *, transaction: bool,
         async with borrowed_async_cursor(conn_or_dsn, transaction=transaction) as cur:
             yield cur
         return
-    config = config or StoreConfig(conn_or_dsn)
+    config = config or StoreConfig(dsn=conn_or_dsn)
     with translate_errors():
         aconn = await psycopg.AsyncConnection.connect(config.dsn, **connect_options(config))
     try:

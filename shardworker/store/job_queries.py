@@ -15,9 +15,9 @@ from typing import Any, NamedTuple
 import psycopg
 from psycopg.pq import TransactionStatus
 
+from shardworker.config import StoreConfig
 from shardworker.errors import DatabaseUnavailable, EnqueueError, JobsError
 from shardworker.model import JobInfo
-from shardworker.store.config import StoreConfig
 from shardworker.store.connection import Session, translate_errors
 from shardworker.store.enqueue import borrowed_cursor
 from shardworker.store.sql import query
@@ -46,7 +46,7 @@ def cursor_for(conn_or_dsn: Any, *, transaction: bool) -> Iterator[psycopg.Curso
         with borrowed_cursor(conn_or_dsn, transaction=transaction) as cur:
             yield cur
         return
-    session = Session(StoreConfig(conn_or_dsn))
+    session = Session(StoreConfig(dsn=conn_or_dsn))
     try:
         with session.cursor(transaction=transaction) as cur:
             yield cur
@@ -112,7 +112,7 @@ def wait_job_end(conn_or_dsn: Any, job_id: int, timeout_s: float) -> tuple[JobIn
         finally:
             with contextlib.suppress(psycopg.Error):
                 _run(conn, "unlisten_finished")
-    session = Session(StoreConfig(conn_or_dsn))
+    session = Session(StoreConfig(dsn=conn_or_dsn))
     try:
         with translate_errors():
             return _wait_on(session.connection(), job_id, timeout_s)

@@ -9,7 +9,7 @@ from shardworker.store.schema import available_migrations
 
 def apply_migrations(dsn: str) -> list[str]:
     """Apply pending ``migrations/*.sql`` in order; returns the file names applied."""
-    store = PgStore(StoreConfig(dsn))
+    store = PgStore(StoreConfig(dsn=dsn))
     try:
         return store.migrate(available_migrations())
     finally:

@@ -22,7 +22,8 @@ from typing import Any
 
 import outbox
 from shardworker import logs, procs, wire
-from shardworker.child.main import ChildConfig, Progress, child_main
+from shardworker.child.main import Progress, child_main
+from shardworker.config import ChildConfig
 from shardworker.jobstats import JobCounts
 from shardworker.model import ClaimedJob
 

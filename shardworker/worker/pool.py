@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from shardworker import logs, procs, wire
 from shardworker.app import HandlerSpec
-from shardworker.child.main import ChildConfig
+from shardworker.config import ChildConfig
 from shardworker.errors import CrashLoop
 from shardworker.jobstats import JobCounts
 from shardworker.model import ClaimedJob

@@ -34,14 +34,12 @@ from typing import Any
 from outbox import status as outbox_status
 from shardworker import binding, layout, logs, procs
 from shardworker.app import App
-from shardworker.child.main import ChildConfig
-from shardworker.config import WorkerConfig
+from shardworker.config import ChildConfig, WorkerConfig
 from shardworker.errors import CrashLoop, OutboxBusy, StoreError, WorkerIdInUse
-from shardworker.flusher.loop import FlusherConfig
 from shardworker.flusher.process import FlusherHandle
 from shardworker.jobstats import JobCounts
 from shardworker.retry import Backoff, retry_call
-from shardworker.store.pg_store import PgStore, StoreConfig
+from shardworker.store.pg_store import PgStore
 from shardworker.worker import giveback, identity
 from shardworker.worker.dispatcher import Dispatcher
 from shardworker.worker.heartbeat import Heartbeat
@@ -69,15 +67,11 @@ class Supervisor:
     def __init__(self, config: WorkerConfig, app: App) -> None:
         app = app.with_default_timeout(config.default_timeout_s)  # the children apply the same
         self.config, self.app = config, app
-        self.store_config = StoreConfig(config.dsn, connect_timeout_s=config.connect_timeout_s,
-                                        statement_timeout_s=config.statement_timeout_s,
-                                        network_timeout_s=config.network_timeout_s)
+        self.store_config = config.store_config()
         self.store = PgStore(self.store_config)
         self.stopping = False
         self.worker_id = ""
-        self.flusher = FlusherHandle(config.outbox_dir, self.store_config,
-                                     FlusherConfig(config.flush_batch, config.flush_bytes, config.checkpoint_interval_s,
-                                                   config.backoff_base_s, config.backoff_cap_s),
+        self.flusher = FlusherHandle(config.outbox_dir, self.store_config, config.flusher_config(),
                                      config.flush_idle_sleep_s)
         concurrent = any(spec.lane != "sync" for spec in app.handlers.values())
         self.min_jobs, self.max_jobs = config.prefetch_jobs(concurrent)
@@ -97,11 +91,8 @@ class Supervisor:
                                          config.metrics_token)
 
     def _child_configs(self) -> list[ChildConfig]:
-        c = self.config
-        return [ChildConfig(index, c.outbox_dir, c.app_ref, c.group_commit_max_delay_s, c.group_commit_max_records,
-                            c.segment_bytes, os.getpid(), c.concurrency, self.max_jobs, c.group_commit_max_bytes,
-                            c.default_timeout_s)
-                for index in range(c.procs)]
+        return [self.config.child_config(index, parent_pid=os.getpid(), slots=self.max_jobs)
+                for index in range(self.config.procs)]
 
     def _backoff(self) -> Backoff:
         return Backoff(self.config.backoff_base_s, self.config.backoff_cap_s)

@@ -14,8 +14,9 @@ from typing import Any
 from outbox import OutboxReader
 from shardworker import wire
 from shardworker.app import App
-from shardworker.child.main import ChildConfig, Progress, ShardRunner, open_writer
+from shardworker.child.main import Progress, ShardRunner, open_writer
 from shardworker.model import ClaimedJob, Job
+from tests.helpers import child_config
 
 
 class Clock:
@@ -82,7 +83,7 @@ def jobs_msg(*jobs: ClaimedJob) -> wire.Jobs:
 def start_runner(tmp_path: Path, app: App, clock: Callable[[], float], *, max_records: int = 512,
                  max_delay_s: float = 0.005) -> tuple[Parent, threading.Thread, Any, Progress]:
     """The loop on a thread, as in a child; returns (the parent's side, thread, writer, progress)."""
-    config = ChildConfig(0, str(tmp_path), "unused", max_delay_s, max_records, 1 << 20, 0, 4, 64)
+    config = child_config(0, str(tmp_path), delay_s=max_delay_s, records=max_records, concurrency=4, parent_pid=0)
     parent = Parent()
     progress = Progress([0] * Progress.width(64), 64)
     writer = open_writer(config)

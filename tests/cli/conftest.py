@@ -13,7 +13,7 @@ from shardworker.store.pg_store import PgStore, StoreConfig
 
 @pytest.fixture
 def store(pg_dsn: str) -> Iterator[PgStore]:
-    s = PgStore(StoreConfig(pg_dsn))
+    s = PgStore(StoreConfig(dsn=pg_dsn))
     yield s
     s.close()
 

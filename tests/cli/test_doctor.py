@@ -58,7 +58,7 @@ def test_doctor_with_the_server_stopped_still_reports_the_outbox(tmp_path: Path,
     """The server stopped: database FAIL within seconds, and the outbox still checked (its
     pending outcomes and the database it belongs to), no traceback."""
     dsn = private_pg.dsn
-    store = PgStore(StoreConfig(dsn))
+    store = PgStore(StoreConfig(dsn=dsn))
     outbox_dir = bound_outbox(tmp_path / "outbox", store)
     pending_outcomes(outbox_dir, store, dsn, 4)
     store.close()

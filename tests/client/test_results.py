@@ -40,7 +40,7 @@ def in_thread(fn: Any, *args: Any) -> tuple[threading.Thread, dict[str, Any]]:
 
 def finish(dsn: str, job_id: int, result: bytes = b'{"n": 1}') -> None:
     """Claim the job and apply its outcome with the worker's own statements."""
-    store = PgStore(StoreConfig(dsn))
+    store = PgStore(StoreConfig(dsn=dsn))
     try:
         claimed = store.claim(["k"], None, "w1", 1)
         job = next(j for j in claimed if j.id == job_id)
@@ -125,7 +125,7 @@ def test_many_ends_in_one_batch_wake_each_waiter(pg_dsn: str) -> None:
     watched = [ids[0], ids[299], ids[300], ids[650], ids[-1]]
     waits = [in_thread(shardworker.wait_for, pg_dsn, i, 30) for i in watched]
     time.sleep(0.5)
-    store = PgStore(StoreConfig(pg_dsn))
+    store = PgStore(StoreConfig(dsn=pg_dsn))
     try:
         claimed = store.claim(["k"], None, "w1", 1000)
         assert store.apply_outcomes([Outcome.done(j.id, j.attempt, b"1") for j in claimed]).applied \

@@ -162,7 +162,7 @@ def test_outbox_drain_heartbeats_for_the_worker_whose_outbox_it_drains(pg_dsn: s
     first = start_worker(pg_dsn, outbox_dir, counts, "--worker-id", "host-a", "--exit-when-idle", procs=1)
     assert first.wait(60) == 0, worker_log(counts)
     enqueue(pg_dsn, "count", 1)
-    store = PgStore(StoreConfig(pg_dsn))
+    store = PgStore(StoreConfig(dsn=pg_dsn))
     [job] = store.claim(["count"], None, "host-a", 1)
     store.close()
     with ShardWriter.open(str(outbox_dir), 7) as writer:

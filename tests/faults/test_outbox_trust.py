@@ -31,7 +31,7 @@ FORGED = b'{"forged": true}'
 
 @pytest.fixture
 def store(pg_dsn: str) -> Iterator[PgStore]:
-    s = PgStore(StoreConfig(pg_dsn))
+    s = PgStore(StoreConfig(dsn=pg_dsn))
     yield s
     s.close()
 

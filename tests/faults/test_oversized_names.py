@@ -198,7 +198,7 @@ def test_cli_run_refuses_an_oversized_queue_or_worker_id(pg_dsn: str, tmp_path: 
 
 
 def test_a_program_limit_or_data_error_is_a_non_retryable_refusal(pg_dsn: str) -> None:
-    store = PgStore(StoreConfig(pg_dsn))
+    store = PgStore(StoreConfig(dsn=pg_dsn))
     try:
         with pytest.raises((DataRejected, EnqueueError)) as caught:  # to the store, past the client's checks
             store.enqueue("k", "null", queue="default", priority=0, max_attempts=1, run_at=None, delay_s=0.0,

@@ -117,7 +117,7 @@ def test_outbox_drain_gives_back_the_jobs_a_stop_kept(pg_dsn: str, tmp_path: Pat
     outbox_dir = tmp_path / "outbox"
     outbox_dir.mkdir(mode=0o700)
     enqueue(pg_dsn, "count", 5)
-    store = PgStore(StoreConfig(pg_dsn))
+    store = PgStore(StoreConfig(dsn=pg_dsn))
     try:
         first = store.claim(["count"], None, "host-a", 2)
         second = store.claim(["count"], None, "host-a", 1, "token-2")

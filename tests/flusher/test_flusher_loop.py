@@ -13,11 +13,11 @@ import pytest
 from outbox import OutboxReader, ShardWriter
 from shardworker import layout, wire
 from shardworker.errors import OutcomeRejected, StoreError, TransientConflict
-from shardworker.flusher.loop import Flusher, FlusherConfig
+from shardworker.flusher.loop import Flusher
 from shardworker.model import Disposition, Outcome
 from shardworker.store.pg_store import PgStore, StoreConfig
 from tests.flaky_store import FlakyStore
-from tests.helpers import enqueue, query
+from tests.helpers import enqueue, query, worker_config
 
 
 class FakeClock:
@@ -35,7 +35,7 @@ class FakeClock:
 
 @pytest.fixture
 def store(pg_dsn: str) -> Any:
-    s = PgStore(StoreConfig(pg_dsn, connect_timeout_s=3, statement_timeout_s=5))
+    s = PgStore(StoreConfig(dsn=pg_dsn, connect_timeout_s=3, statement_timeout_s=5))
     yield FlakyStore(s)
     s.close()
 
@@ -57,7 +57,8 @@ def statuses(dsn: str) -> dict[str, int]:
 
 
 def make_flusher(directory: Path, store: FlakyStore, clock: FakeClock, **config: Any) -> Flusher:
-    return Flusher(OutboxReader.open(str(directory)), store, FlusherConfig(**config), clock=clock, sleep=clock.sleep)
+    return Flusher(OutboxReader.open(str(directory)), store, worker_config(**config).flusher_config(), clock=clock,
+                   sleep=clock.sleep)
 
 
 def test_run_once_applies_a_batch_then_is_idle(pg_dsn: str, store: FlakyStore, tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from shardworker.store.pg_store import PgStore, StoreConfig
 
 @pytest.fixture
 def store(pg_dsn: str) -> Iterator[PgStore]:
-    s = PgStore(StoreConfig(pg_dsn, connect_timeout_s=3, statement_timeout_s=5))
+    s = PgStore(StoreConfig(dsn=pg_dsn, connect_timeout_s=3, statement_timeout_s=5))
     yield s
     s.close()
 
@@ -19,6 +19,6 @@ def store(pg_dsn: str) -> Iterator[PgStore]:
 @pytest.fixture
 def other(pg_dsn: str) -> Iterator[PgStore]:
     """A second store on the same database: another worker's connection."""
-    s = PgStore(StoreConfig(pg_dsn, connect_timeout_s=3, statement_timeout_s=5))
+    s = PgStore(StoreConfig(dsn=pg_dsn, connect_timeout_s=3, statement_timeout_s=5))
     yield s
     s.close()

@@ -21,7 +21,7 @@ from tests.store.support import add_id, claim_one, connect, done, failure, row
 
 def test_migrate_applies_every_file_once_then_nothing(empty_dsn: str) -> None:
     """The first migrate applies every migration in order; the second applies none and changes nothing."""
-    store = PgStore(StoreConfig(empty_dsn))
+    store = PgStore(StoreConfig(dsn=empty_dsn))
     try:
         expected = [m.name for m in available_migrations()]
         assert expected[:2] == ["0001_create_jobs.sql", "0002_create_workers.sql"]
@@ -44,7 +44,7 @@ def test_migrate_on_migrated_database_applies_nothing(store: PgStore, pg_dsn: st
 
 def test_check_schema_raises_schema_missing_on_empty_database(empty_dsn: str) -> None:
     """check_schema (and any query) raises SchemaMissing when the schema was never created."""
-    store = PgStore(StoreConfig(empty_dsn))
+    store = PgStore(StoreConfig(dsn=empty_dsn))
     try:
         with pytest.raises(SchemaMissing):
             store.check_schema()
@@ -152,11 +152,11 @@ def test_claim_skips_rows_locked_by_another_transaction(store: PgStore, pg_dsn: 
 
 def test_concurrent_claims_never_return_the_same_job(pg_dsn: str) -> None:
     """Four stores claiming in threads at once split 400 jobs with no job claimed twice."""
-    seed = PgStore(StoreConfig(pg_dsn))
+    seed = PgStore(StoreConfig(dsn=pg_dsn))
     rows = [("k", "default", "null", 0, 25, None, None)] * 400
     assert seed.enqueue_many(rows) == 400
     seed.close()
-    stores = [PgStore(StoreConfig(pg_dsn)) for _ in range(4)]
+    stores = [PgStore(StoreConfig(dsn=pg_dsn)) for _ in range(4)]
     claimed: list[list[int]] = [[] for _ in stores]
     barrier = threading.Barrier(len(stores))
 

@@ -106,7 +106,7 @@ def test_wait_notify_subscribes_on_first_use(store: PgStore, other: PgStore) -> 
 
 def test_database_unavailable_while_stopped_then_reconnects(private_pg: EmbeddedPostgres) -> None:
     """With the server stopped every call raises retryable DatabaseUnavailable; after restart the store reconnects."""
-    store = PgStore(StoreConfig(private_pg.dsn, connect_timeout_s=2, statement_timeout_s=5))
+    store = PgStore(StoreConfig(dsn=private_pg.dsn, connect_timeout_s=2, statement_timeout_s=5))
     try:
         job_id = add_id(store)
         private_pg.stop("immediate")
@@ -196,7 +196,7 @@ def test_only_one_rescuer_holds_the_lock(store: PgStore, other: PgStore, pg_dsn:
 
 def test_rescuer_rescues_nobody_right_after_its_store_reconnected(private_pg: EmbeddedPostgres) -> None:
     """When the rescuer's store lost its session (server restart), earlier observations prove nothing."""
-    store = PgStore(StoreConfig(private_pg.dsn, connect_timeout_s=2))
+    store = PgStore(StoreConfig(dsn=private_pg.dsn, connect_timeout_s=2))
     try:
         add_id(store)
         store.claim(["k"], None, "w-dead", 10)
@@ -215,7 +215,7 @@ def test_rescuer_rescues_nobody_right_after_its_store_reconnected(private_pg: Em
 
 def test_a_name_that_does_not_resolve_is_an_outage() -> None:
     """A DNS name that (for now) does not resolve is waited out like any unreachable database."""
-    store = PgStore(StoreConfig("postgresql://app@db-that-does-not-resolve.invalid:5432/app", connect_timeout_s=2))
+    store = PgStore(StoreConfig(dsn="postgresql://app@db-that-does-not-resolve.invalid:5432/app", connect_timeout_s=2))
     try:
         with pytest.raises(DatabaseUnavailable) as failed:
             store.stats()

@@ -418,10 +418,10 @@ def test_redact_dsn_hides_passwords(dsn: str, expected: str | None) -> None:
 
 
 def _pool(clock: FakeClock, *, min_jobs: int = 65, max_jobs: int = 1001, horizon_s: float = 0.1):
-    from shardworker.child.main import ChildConfig
     from shardworker.worker.pool import ChildPool
+    from tests.helpers import child_config
 
-    configs = [ChildConfig(i, "/nonexistent", "app:app", 0.005, 64, 1 << 20, os.getpid()) for i in range(2)]
+    configs = [child_config(i, "/nonexistent") for i in range(2)]
     return ChildPool(configs, {}, min_jobs=min_jobs, max_jobs=max_jobs, max_bytes=1 << 20,
                      horizon_s=horizon_s, clock=clock)
 

@@ -19,11 +19,11 @@ from outbox import OutboxReader, ShardWriter
 from shardworker import wire
 from shardworker.child.committer import Committer
 from shardworker.child.handlers import run_sync
-from shardworker.flusher.loop import Flusher, FlusherConfig
+from shardworker.flusher.loop import Flusher
 from shardworker.limits import MAX_PAYLOAD_BYTES, MAX_RESULT_BYTES, MiB
 from shardworker.model import ApplyResult, ClaimedJob, Disposition, Outcome
 from shardworker.store.pg_store import PgStore, StoreConfig
-from tests.helpers import enqueue, execute, query, runs_per_job, start_worker, worker_log
+from tests.helpers import enqueue, execute, query, runs_per_job, start_worker, worker_config, worker_log
 
 
 def text_of(size: int, seed: int) -> str:
@@ -33,7 +33,7 @@ def text_of(size: int, seed: int) -> str:
 
 @pytest.fixture
 def store(pg_dsn: str) -> Any:
-    s = PgStore(StoreConfig(pg_dsn, connect_timeout_s=3, statement_timeout_s=30))
+    s = PgStore(StoreConfig(dsn=pg_dsn, connect_timeout_s=3, statement_timeout_s=30))
     yield s
     s.close()
 
@@ -87,7 +87,7 @@ def test_flusher_splits_batches_by_bytes_and_still_applies_them_fenced_and_in_or
             writer.append_bytes(wire.encode_outcome(outcome))
         writer.commit()
     counting = CountingStore(store)
-    flusher = Flusher(OutboxReader.open(str(tmp_path)), counting, FlusherConfig(flush_bytes=4 * MiB))
+    flusher = Flusher(OutboxReader.open(str(tmp_path)), counting, worker_config(flush_bytes=4 * MiB).flusher_config())
     while flusher.run_once():
         pass
     flusher.reader.close()

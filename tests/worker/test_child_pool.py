@@ -14,10 +14,11 @@ import pytest
 
 from shardworker import procs, wire
 from shardworker.app import App
-from shardworker.child.main import ChildConfig, Progress, ShardRunner, open_writer
+from shardworker.child.main import Progress, ShardRunner, open_writer
 from shardworker.model import ClaimedJob, Job
 from shardworker.worker.child_handle import ChildHandle, Sent
 from shardworker.worker.pool import ChildPool
+from tests.helpers import child_config
 
 SLOTS = 64
 
@@ -60,8 +61,7 @@ class Pool:
     def __init__(self, tmp_path: Path) -> None:
         self.release, self.release_hold = threading.Event(), threading.Event()
         self.ran: list[list[int]] = [[], []]
-        configs = [ChildConfig(i, str(tmp_path), "unused", 0.005, 64, 1 << 20, os.getpid(), 1, SLOTS)
-                   for i in range(2)]
+        configs = [child_config(i, str(tmp_path), slots=SLOTS) for i in range(2)]
         apps = [make_app(ran, self.release, self.release_hold) for ran in self.ran]
         self.pool = ChildPool(configs, apps[0].handlers, min_jobs=4, max_jobs=SLOTS, max_bytes=1 << 20,
                               horizon_s=0.1)
@@ -156,7 +156,7 @@ def test_a_child_whose_handlers_are_all_busy_gives_back_its_queue_though_no_chil
 def test_waiting_since_tells_a_job_behind_running_handlers_from_a_child_still_starting() -> None:
     """The oldest unstarted job's send time, and whether a job sent before it started: a child
     that started nothing is still starting, not busy."""
-    handle = ChildHandle(ChildConfig(0, "/nonexistent", "unused", 0.005, 64, 1 << 20, os.getpid(), 1, 4))
+    handle = ChildHandle(child_config(0, "/nonexistent", slots=4))
     handle.progress = Progress([0] * Progress.width(4), 4)
     handle.sent = {(1, 1): Sent(job(1), 0, 64, 10.0), (2, 1): Sent(job(2), 1, 64, 11.0)}
     assert handle.waiting_since() == (10.0, False)

@@ -95,7 +95,7 @@ class Flusher:
 
 @pytest.fixture
 def store(pg_dsn: str) -> Any:
-    s = PgStore(StoreConfig(pg_dsn, connect_timeout_s=3, statement_timeout_s=5))
+    s = PgStore(StoreConfig(dsn=pg_dsn, connect_timeout_s=3, statement_timeout_s=5))
     yield FlakyStore(s)
     s.close()
 

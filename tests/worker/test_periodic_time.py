@@ -107,7 +107,7 @@ def test_ticks_across_two_years_of_dst_changes_through_the_real_store(pg_dsn: st
     schedule = Schedule("30 2 * * *", "daily", name="paris", tz="Europe/Paris", catch_up=5000)
     execute(pg_dsn, "INSERT INTO shardworker.periodic (name, schedule, last_tick) VALUES (%s, %s, %s)",
             "paris", schedule.cron, datetime(2024, 10, 26, 0, 30, tzinfo=UTC))
-    store = PgStore(StoreConfig(pg_dsn, connect_timeout_s=3, statement_timeout_s=30))
+    store = PgStore(StoreConfig(dsn=pg_dsn, connect_timeout_s=3, statement_timeout_s=30))
     try:
         inserted = Scheduler(store, [schedule]).run_once()
     finally:

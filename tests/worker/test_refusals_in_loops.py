@@ -27,7 +27,7 @@ REFUSAL = "database refused: index row size 3056 exceeds btree version 4 maximum
 
 @pytest.fixture
 def store(pg_dsn: str) -> Iterator[FlakyStore]:
-    s = PgStore(StoreConfig(pg_dsn, connect_timeout_s=3, statement_timeout_s=5))
+    s = PgStore(StoreConfig(dsn=pg_dsn, connect_timeout_s=3, statement_timeout_s=5))
     yield FlakyStore(s)
     s.close()
 

@@ -44,7 +44,7 @@ def test_two_pruners_at_once_delete_everything_once(pg_dsn: str) -> None:
     totals: list[int] = []
 
     def run() -> None:
-        store = PgStore(StoreConfig(pg_dsn))
+        store = PgStore(StoreConfig(dsn=pg_dsn))
         try:
             totals.append(prune(store, 7 * 86400, batch=500))
         finally:
@@ -60,7 +60,7 @@ def test_two_pruners_at_once_delete_everything_once(pg_dsn: str) -> None:
 
 def test_retention_zero_keeps_everything_and_a_round_prunes_in_batches(pg_dsn: str) -> None:
     execute(pg_dsn, OLD, 1000)
-    store = PgStore(StoreConfig(pg_dsn))
+    store = PgStore(StoreConfig(dsn=pg_dsn))
     try:
         ticks = itertools.count(0, 10.0)  # a clock far past the first round's start
         keeper = Housekeeper(store, [], 0, Backoff(0.05, 1))
