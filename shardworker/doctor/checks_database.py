@@ -1,0 +1,138 @@
+"""The database's checks for ``shardworker doctor``: ``gather_database`` reads the facts (one
+bounded connection, nothing written) and the ``check_*`` functions judge them: reachable,
+writable, schema version, clock skew, silent workers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from shardworker import binding
+from shardworker.binding import Binding
+from shardworker.doctor.report import Check, Status, attempt
+from shardworker.dsn import redact_dsn
+from shardworker.errors import ShardworkerError
+from shardworker.model import WorkerInfo
+from shardworker.store.schema import available_migrations
+
+if TYPE_CHECKING:
+    from shardworker.store.schema_queries import ServerState
+
+CLOCK_SKEW_WARN_S = 5.0  # periodic ticks and heartbeats use the database's clock, outbox ages this host's
+SILENT_AFTER_S = 60.0  # as `shardworker workers --silent-after`: 30 missed heartbeats of 2 s
+CONNECT_TIMEOUT_S = 3  # a black-holed server is reported within ~3 s, not libpq's default of forever
+
+
+@dataclass(frozen=True)
+class DatabaseFacts:
+    """What the database said; ``error`` set when it could not be reached at all."""
+
+    where: str | None  # the DSN, password hidden; None when there is none to check
+    error: str | None = None
+    state: ServerState | None = None
+    versions: set[int] | None = None
+    schema_error: str | None = None
+    workers: list[WorkerInfo] | None = None  # None: not readable (no schema, or one too old)
+    identity: Binding | None = None
+
+
+def gather_database(dsn: str, *, embedded: bool = False, connect_timeout_s: int = CONNECT_TIMEOUT_S) -> DatabaseFacts:
+    """Connect once (bounded), read the server's state, schema, workers and identity; write nothing."""
+    from shardworker.store.pg_store import PgStore, StoreConfig
+
+    where = redact_dsn(dsn)
+    store = PgStore(StoreConfig(dsn=dsn, connect_timeout_s=connect_timeout_s, statement_timeout_s=10.0,
+                                network_timeout_s=connect_timeout_s * 2))
+    try:
+        try:
+            state = store.server_state()
+        except ShardworkerError as exc:
+            return DatabaseFacts(where, error=str(exc))
+        versions, schema_error = attempt(store.schema_versions)
+        workers, _ = attempt(store.workers)
+        identity, _ = attempt(lambda: binding.current(store, embedded=embedded))
+        return DatabaseFacts(where, None, state, versions, schema_error, workers, identity)
+    finally:
+        store.close()
+
+
+def check_database(facts: DatabaseFacts) -> Check:
+    if facts.where is None:
+        return Check("database", Status.FAIL, f"not checked: {facts.error}",
+                     "pass --dsn (or set SHARDWORKER_DSN)", {"reachable": None})
+    if facts.error is not None:
+        reason = facts.error.removeprefix("database unavailable: ")
+        return Check("database", Status.FAIL, f"unreachable at {facts.where}: {reason}",
+                     "start PostgreSQL or fix --dsn (SHARDWORKER_DSN); the worker keeps outcomes in the outbox "
+                     "meanwhile", {"reachable": False})
+    return Check("database", Status.OK, f"reachable at {facts.where}", None, {"reachable": True})
+
+
+def check_writable(state: ServerState) -> Check:
+    """A standby or a read-only server cannot take outcomes: the flusher would wait for ever."""
+    if state.in_recovery:
+        return Check("writable", Status.FAIL, "the server is a standby (in recovery)",
+                     "point --dsn at the primary", {"writable": False})
+    if state.read_only:
+        return Check("writable", Status.FAIL, "transactions are read-only (default_transaction_read_only)",
+                     "point --dsn at a writable primary, or reset default_transaction_read_only",
+                     {"writable": False})
+    return Check("writable", Status.OK, "primary, read-write", None, {"writable": True})
+
+
+def check_schema(versions: set[int] | None, error: str | None = None) -> Check:
+    known = {m.version for m in available_migrations()}
+    needed = max(known)
+    if versions is None:
+        why = error or "no shardworker schema in this database"
+        return Check("schema", Status.FAIL, why.removesuffix(": run `shardworker migrate`"),
+                     "run `shardworker migrate`", {"applied": None, "needed": needed})
+    current = max(versions, default=0)
+    data = {"applied": current, "needed": needed}
+    missing = sorted(known - versions)
+    if missing:
+        return Check("schema", Status.FAIL, f"at version {current}, this code needs {needed} (missing "
+                     f"{', '.join(map(str, missing))})", "run `shardworker migrate`", data)
+    unknown = sorted(versions - known)
+    if unknown:
+        return Check("schema", Status.WARN, f"the database has migrations this code does not know "
+                     f"({', '.join(map(str, unknown))})", "upgrade shardworker on this host", data)
+    return Check("schema", Status.OK, f"version {current} (every migration applied)", None, data)
+
+
+def check_clock(state: ServerState, warn_s: float = CLOCK_SKEW_WARN_S) -> Check:
+    """Skew = the server's clock minus this host's at the midpoint of the round trip, which
+    bounds the error to half the round trip."""
+    skew = state.server_time - (state.sent_at + state.received_at) / 2
+    margin = (state.received_at - state.sent_at) / 2
+    data = {"skew_s": round(skew, 3), "uncertainty_s": round(margin, 3)}
+    text = f"{abs(skew):.3f} s {'ahead of' if skew > 0 else 'behind'} this host (+-{margin:.3f} s)"
+    if abs(skew) - margin > warn_s:
+        return Check("clock", Status.WARN, f"the database's clock is {text}",
+                     "sync both clocks (NTP): periodic jobs and heartbeats follow the database's clock, "
+                     "outbox ages this host's", data)
+    return Check("clock", Status.OK, f"database {text}", None, data)
+
+
+def check_workers(rows: list[WorkerInfo], silent_after_s: float = SILENT_AFTER_S) -> Check:
+    silent = [r for r in rows if r.silent_s > silent_after_s]
+    data = {"workers": len(rows), "silent": [r.worker_id for r in silent]}
+    if not silent:
+        return Check("workers", Status.OK, f"{len(rows)} registered, none silent", None, data)
+    names = ", ".join(f"{r.worker_id} on {r.hostname} ({r.silent_s:.0f} s)" for r in silent[:5])
+    more = f" and {len(silent) - 5} more" if len(silent) > 5 else ""
+    return Check("workers", Status.WARN, f"{len(silent)} of {len(rows)} silent for over {silent_after_s:.0f} s: "
+                 f"{names}{more}", "check those hosts; restart a stopped worker there (its outbox is drained at "
+                 "start); a host gone for good has its running jobs rescued after --rescue-after", data)
+
+
+def database_checks(facts: DatabaseFacts) -> list[Check]:
+    """The database's checks; only the first when it is unreachable (the rest need it)."""
+    checks = [check_database(facts)]
+    if facts.state is None:
+        return checks
+    checks += [check_writable(facts.state), check_schema(facts.versions, facts.schema_error),
+               check_clock(facts.state)]
+    if facts.workers is not None:
+        checks.append(check_workers(facts.workers))
+    return checks
