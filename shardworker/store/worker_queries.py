@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import select
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import psycopg
 
@@ -13,6 +14,19 @@ from shardworker.errors import OutcomeRejected, SchemaMissing
 from shardworker.model import ApplyResult, ClaimedJob, Outcome
 from shardworker.store.connection import Session, first_line, is_refusal, translate_errors
 from shardworker.store.sql import query
+
+
+class KindBacklog(NamedTuple):
+    kind: str
+    queued: int
+
+
+class DatabaseIdentity(NamedTuple):
+    """What an outbox is bound to (``shardworker.binding``)."""
+
+    instance_id: str
+    database: str
+    server: str  # host:port
 
 
 class WorkerQueries(Session):
@@ -60,12 +74,12 @@ class WorkerQueries(Session):
                                                     "keep_ids": list(keep_ids)})
             return [r[0] for r in cur.fetchall()]
 
-    def unhandled_kinds(self, kinds: Sequence[str], queues: Sequence[str] | None) -> list[tuple[str, int]]:
+    def unhandled_kinds(self, kinds: Sequence[str], queues: Sequence[str] | None) -> list[KindBacklog]:
         """(kind, queued jobs) of the kinds not in ``kinds``, most first, up to ten."""
         with self.cursor() as cur:
             cur.execute(query("job_unhandled_kinds"), {"kinds": list(kinds),
                                                        "queues": list(queues) if queues else None})
-            return [(k, int(n)) for k, n in cur.fetchall()]
+            return [KindBacklog(k, int(n)) for k, n in cur.fetchall()]
 
     def count_active(self, kinds: Sequence[str], queues: Sequence[str] | None, worker_id: str,
                      retry_horizon_s: float = 0.0) -> int:
@@ -104,7 +118,7 @@ class WorkerQueries(Session):
             last_applied = dict(cur.fetchall())
         return classify(len(outcomes) - len(missed), missed, last_applied)
 
-    def identity(self) -> tuple[str, str, str]:
+    def identity(self) -> DatabaseIdentity:
         """(instance id, database name, server as host:port): what an outbox is bound to."""
         with self.cursor() as cur:
             cur.execute(query("db_identity"))
@@ -112,7 +126,7 @@ class WorkerQueries(Session):
             info = cur.connection.info
         if row is None:
             raise SchemaMissing("the shardworker.instance row is missing: run `shardworker migrate`")
-        return str(row[0]), str(row[1]), f"{info.host}:{info.port}"
+        return DatabaseIdentity(str(row[0]), str(row[1]), f"{info.host}:{info.port}")
 
     # notifications -----------------------------------------------------------
 

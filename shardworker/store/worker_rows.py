@@ -5,10 +5,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from typing import NamedTuple
 
 from shardworker.model import WorkerInfo
 from shardworker.store.connection import Session
 from shardworker.store.sql import query
+
+
+class HeartbeatRow(NamedTuple):
+    hostname: str
+    pid: int
+    heartbeat_at: datetime
 
 
 class WorkerRows(Session):
@@ -27,12 +34,12 @@ class WorkerRows(Session):
             return None
         return str(row[1] or "an unknown host"), int(row[2] or 0)  # a row committed after our snapshot
 
-    def worker_row(self, worker_id: str) -> tuple[str, int, datetime] | None:
+    def worker_row(self, worker_id: str) -> HeartbeatRow | None:
         """(hostname, pid, heartbeat_at) of ``worker_id``'s heartbeat row; None without one."""
         with self.cursor() as cur:
             cur.execute(query("worker_get"), {"worker_id": worker_id})
             row = cur.fetchone()
-        return None if row is None else (str(row[0]), int(row[1]), row[2])
+        return None if row is None else HeartbeatRow(str(row[0]), int(row[1]), row[2])
 
     def workers(self) -> list[WorkerInfo]:
         """Every worker's row: id, host, pid, started, last heartbeat, load, seconds silent."""
