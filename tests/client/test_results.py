@@ -72,7 +72,7 @@ def test_wait_for_returns_at_once_for_an_ended_job_and_times_out_on_a_queued_one
     started = time.monotonic()
     with pytest.raises(WaitTimeout, match=f"job {queued_id} is still queued after 0.5s"):
         shardworker.wait_for(pg_dsn, queued_id, 0.5)
-    assert 0.4 < time.monotonic() - started < 5
+    assert time.monotonic() - started > 0.4  # it waited its timeout (a slow machine only adds to it)
     with pytest.raises(TimeoutError):  # WaitTimeout is a TimeoutError too
         shardworker.wait_for(pg_dsn, queued_id, 0)
     with pytest.raises(JobsError, match="no job 999999"):
@@ -83,14 +83,15 @@ def test_wait_for_returns_at_once_for_an_ended_job_and_times_out_on_a_queued_one
 
 def test_cancel_and_delete_end_a_wait(pg_dsn: str) -> None:
     a, b = enqueue(pg_dsn, "k", 2)
-    ta, box_a = in_thread(shardworker.wait_for, pg_dsn, a, 30)
-    tb, box_b = in_thread(shardworker.wait_for, pg_dsn, b, 30)
+    # Waits of 10 minutes: only the cancel and the delete can end them within the joins.
+    ta, box_a = in_thread(shardworker.wait_for, pg_dsn, a, 600)
+    tb, box_b = in_thread(shardworker.wait_for, pg_dsn, b, 600)
     time.sleep(0.5)
     jobs.cancel(pg_dsn, [a])
     jobs.delete(pg_dsn, [b])
-    ta.join(5)
-    tb.join(5)
-    assert box_a["value"].status == "cancelled" and box_a["took"] < 5
+    ta.join(120)
+    tb.join(120)
+    assert box_a["value"].status == "cancelled" and box_a["took"] < 120
     assert isinstance(box_b["error"], JobsError) and f"no job {b}" in str(box_b["error"])
 
 
@@ -98,11 +99,11 @@ def test_cancel_and_delete_end_a_wait(pg_dsn: str) -> None:
 def test_wait_for_on_the_callers_connection_leaves_it_as_it_was(pg_dsn: str, autocommit: bool) -> None:
     (job_id,) = enqueue(pg_dsn, "k", 1)
     with psycopg.connect(pg_dsn, autocommit=autocommit) as conn:
-        thread, box = in_thread(shardworker.wait_for, conn, job_id, 30)
+        thread, box = in_thread(shardworker.wait_for, conn, job_id, 600)  # only the finish ends it in time
         time.sleep(0.5)
         finish(pg_dsn, job_id)
-        thread.join(5)
-        assert box["value"].status == "done" and box["took"] < 5
+        thread.join(120)
+        assert box["value"].status == "done" and box["took"] < 120
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
         assert conn.execute("SELECT count(*) FROM pg_listening_channels()").fetchone() == (0,)
         if not autocommit:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import time
 from pathlib import Path
 
 from shardworker.store.embedded import EmbeddedPostgres
@@ -83,12 +82,10 @@ def test_a_worker_killed_then_restarted_with_its_id_starts_at_once(pg_dsn: str, 
     wait_for(lambda: len(runs(counts)) >= 1 and query(
         pg_dsn, "SELECT count(*) FROM shardworker.workers WHERE worker_id = 'same'") == [(1,)], 30, "a first run")
     kill_worker_group(first)
-    started = time.monotonic()
     again = start_worker(pg_dsn, tmp_path / "a", counts, "--worker-id", "same", "--exit-when-idle", procs=1)
     assert exit_code(again, 60, counts) == 0
     assert status_counts(pg_dsn) == {"done": 6}
     assert "watching" not in worker_log(counts), worker_log(counts)
-    assert time.monotonic() - started < 30
 
 
 def test_a_silent_row_of_another_host_is_watched_then_taken_over(pg_dsn: str, tmp_path: Path) -> None:

@@ -5,7 +5,6 @@ Every test gets a fresh migrated database (``pg_dsn``)."""
 from __future__ import annotations
 
 import threading
-import time
 from datetime import UTC, datetime, timedelta
 
 import psycopg
@@ -80,9 +79,8 @@ def test_claim_skips_rows_locked_by_another_transaction(store: PgStore, pg_dsn: 
     ids = [add_id(store) for _ in range(3)]
     with psycopg.connect(pg_dsn) as holder:  # a transaction that keeps ids[0] locked
         holder.execute("SELECT id FROM shardworker.jobs WHERE id = %s FOR UPDATE", (ids[0],))
-        started = time.monotonic()
+        # Waiting for the lock would end in the store's 5 s statement timeout (an error), not jobs.
         claimed = store.claim(["k"], None, "w1", 10)
-        assert time.monotonic() - started < 2.0
         assert sorted(j.id for j in claimed) == ids[1:]
         holder.rollback()
     assert [j.id for j in store.claim(["k"], None, "w1", 10)] == [ids[0]]
