@@ -47,7 +47,7 @@ def bound_to(directory: str) -> Binding | None:
     """The binding recorded in ``directory``, or None before its first use."""
     try:
         doc = orjson.loads(read_small(os.path.join(directory, DATABASE_FILE)))
-        return Binding(str(doc["instance"]), str(doc["database"]), str(doc["server"]), bool(doc.get("embedded")))
+        return Binding(str(doc["instance"]), str(doc["database"]), str(doc["server"]), bool(doc["embedded"]))
     except FileNotFoundError:
         return None
     except (orjson.JSONDecodeError, KeyError, TypeError) as exc:

@@ -122,12 +122,12 @@ def read_giveback(directory: str) -> GiveBack:
     path = os.path.join(directory, GIVEBACK_FILE)
     try:
         data = orjson.loads(read_small(path))
-        return {str(w): {"jobs": [[int(j), int(a)] for j, a in entry.get("jobs", [])],
-                         "claims": [str(t) for t in entry.get("claims", [])]}
-                for w, entry in data.get("workers", {}).items()}
+        return {str(w): {"jobs": [[int(j), int(a)] for j, a in entry["jobs"]],
+                         "claims": [str(t) for t in entry["claims"]]}
+                for w, entry in data["workers"].items()}
     except FileNotFoundError:
         return {}
-    except (ValueError, TypeError, AttributeError) as exc:
+    except (ValueError, TypeError, AttributeError, KeyError) as exc:
         # Written atomically, so only a hand edit gets here; removing it charges those jobs.
         raise ShardworkerError(f"{path} is unreadable ({exc}); fix or remove it (its jobs are then "
                          "requeued as orphans, each charged an attempt)") from exc
