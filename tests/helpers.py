@@ -9,11 +9,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from shardworker.config import ChildConfig, WorkerConfig
 
@@ -131,3 +132,20 @@ def exit_code(proc: subprocess.Popen[bytes], timeout_s: float, count_dir: Path) 
         kill_worker_group(proc)
         tail = "\n".join(worker_log(count_dir).splitlines()[-40:])
         raise AssertionError(f"worker still running after {timeout_s}s; its log ends:\n{tail}") from None
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(mount: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` (``2m``, ``80m``) at ``mount`` (created), unmounted on the way out;
+    the test is skipped where mounting is not allowed (not root, no privilege)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)

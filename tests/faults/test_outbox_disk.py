@@ -15,7 +15,16 @@ from pathlib import Path
 import pytest
 
 from shardworker.store.embedded import EmbeddedPostgres
-from tests.helpers import enqueue, exit_code, runs_per_job, start_worker, status_counts, wait_for, worker_log
+from tests.helpers import (
+    enqueue,
+    exit_code,
+    mounted_tmpfs,
+    runs_per_job,
+    start_worker,
+    status_counts,
+    wait_for,
+    worker_log,
+)
 
 FAST = ("--backoff-cap", "1", "--network-timeout", "3", "--prefetch", "500")  # work in hand at a fault
 RESULT_BYTES = 8 * 1024  # the counting app echoes its payload: each outcome is ~8 KiB
@@ -24,18 +33,8 @@ RESULT_BYTES = 8 * 1024  # the counting app echoes its payload: each outcome is 
 @pytest.fixture
 def small_volume(tmp_path: Path) -> Iterator[Path]:
     """An 80 MiB tmpfs, unmounted after the test; skipped when mounting is not allowed."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mount = tmp_path / "volume"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=80m,mode=0700", "tmpfs", str(mount)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "volume", "80m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def _done(dsn: str) -> int:

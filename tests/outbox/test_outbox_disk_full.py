@@ -7,14 +7,15 @@ import contextlib
 import errno
 import os
 import shutil
-import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 import outbox
 from outbox import OutboxReader, ShardWriter, WriterConfig, fsutil
 from outbox.segment import list_segments, scan_file, segment_name
+from tests.helpers import mounted_tmpfs
 from tests.outbox.exactly_once import SMALL, Producer, assert_exactly_once, drain, read_ids
 
 # --- disk full on a small tmpfs --------------------------------------------------------------
@@ -23,18 +24,8 @@ from tests.outbox.exactly_once import SMALL, Producer, assert_exactly_once, drai
 @pytest.fixture
 def small_disk(tmp_path: os.PathLike[str]) -> Iterator[str]:
     """A 2 MiB tmpfs, mounted for the test and unmounted after it."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    mnt = os.path.join(str(tmp_path), "mnt")
-    os.mkdir(mnt)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", mnt],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", mnt], check=False)
+    with mounted_tmpfs(Path(tmp_path) / "mnt", "2m") as mnt:
+        yield str(mnt)
 
 
 def fill(path: str, leave_bytes: int) -> None:
