@@ -33,8 +33,9 @@ from shardworker.retry import Backoff, Outage, retry_call
 from shardworker.routing import shard_for
 from shardworker.wire import JobKey
 from shardworker.worker.dbwatch import DatabaseWatch
+from shardworker.worker.deaths import Death
 from shardworker.worker.parent_outcomes import ParentOutcomes
-from shardworker.worker.pool import ChildPool, Death
+from shardworker.worker.pool import ChildPool
 from shardworker.worker.quarantine_watch import QuarantineWatch
 
 log = logging.getLogger(__name__)
