@@ -48,7 +48,7 @@ class ChildPool:
                              horizon_s=horizon_s, steal_after_s=steal_after_s, clock=clock)
         self._finished = 0
         self._crash_loop: CrashLoop | None = None  # raised by the next ``check``
-        self.suspects = Suspects()  # ids of jobs to run alone when claimed again
+        self.suspect_ids = Suspects()  # ids of jobs to run alone when claimed again
 
     @property
     def by_kind(self) -> collections.Counter[str]:
@@ -89,9 +89,9 @@ class ChildPool:
         """Route jobs to their home child ``index``; what it has no room for waits here (for
         it, or for another child with room). A suspect waits for its turn to run alone."""
         handle = self.handles[index]
-        if self.suspects:
-            handle.suspects.extend(j for j in jobs if j.id in self.suspects)
-            jobs = [j for j in jobs if j.id not in self.suspects]
+        if self.suspect_ids:
+            handle.suspects.extend(j for j in jobs if j.id in self.suspect_ids)
+            jobs = [j for j in jobs if j.id not in self.suspect_ids]
         handle.held.extend(jobs)
         self.sender.pump(handle)
 
@@ -124,7 +124,7 @@ class ChildPool:
         for sent in taken:
             self.caps.taken(sent.job.kind)
         if finished:
-            self.suspects.cleared(taken)  # each ran alone to its end: innocent
+            self.suspect_ids.cleared(taken)  # each ran alone to its end: innocent
             self._finished += len(taken)
 
     def wait_fds(self) -> tuple[list[int], list[int]]:
@@ -175,7 +175,7 @@ class ChildPool:
             unstarted = [j for j in unstarted if (j.id, j.attempt) != handle.suspect]
             handle.suspects.extendleft(back)
             handle.suspect = None
-        self.suspects.add(verdict.suspects)
+        self.suspect_ids.add(verdict.suspects)
         handle.held.extendleft(reversed(unstarted))  # first, in their order
         log_death(handle.index, verdict, len(left.unstarted))
         if now is not None:
