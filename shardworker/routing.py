@@ -1,7 +1,7 @@
 """Stable routing of job ids to child processes: a job's home child.
 
 The hash picks the child a job is sent to first; a saturated child's jobs run elsewhere
-(``shardworker.worker.pool``: a child with room takes what its home child cannot start).
+(``shardworker.worker.sending``: a child with room takes what its home child cannot start).
 
 Python's ``hash()`` is salted per process for str and, while stable for ints, is the
 identity for small ints (so ids would stripe, not spread). We mix the id with the

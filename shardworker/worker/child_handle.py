@@ -2,9 +2,8 @@
 
 ``ChildHandle`` starts the child (with a large non-blocking pipe each way), queues frames
 for it without ever blocking, reads what it reports, tracks which sent jobs it started
-(one progress slot per job in flight) and, after a death, sorts what it held: started
-jobs whose outcome is durable in its shard count as finished; started ones without an
-outcome are left for ``shardworker.worker.blame`` to judge; unstarted ones go back to be resent.
+(one progress slot per job in flight) and, after a death, hands over what it held, for
+``shardworker.worker.deaths`` to sort by those slots and its shard.
 While it lives, the pool may ``recall`` the jobs it was sent and has not started (they come
 back to its ``held`` queue, for any child with room). ``Pace`` keeps its recent rate of
 finished jobs. The pool of children (``shardworker.worker.pool``) drives these handles.
@@ -20,7 +19,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import outbox
 from shardworker import logs, procs, wire
 from shardworker.child.main import Progress, child_main
 from shardworker.config import ChildConfig
@@ -32,41 +30,6 @@ log = logging.getLogger(__name__)
 _F_SETPIPE_SZ = 1031
 PIPE_BYTES = 1 << 20  # the most an unprivileged process may ask for by default
 ASYNC_TIMEOUT_GRACE_S = 10.0  # an async handler is cancelled in the child; this is the backstop
-
-
-@dataclass(frozen=True)
-class Death:
-    """What a dead child left: how many started jobs have a durable outcome, the started
-    jobs charged a failed attempt (``errors`` holds each one's error; when empty, ``reason``
-    is every one's), the jobs it never started (resent once it is restarted) and those to
-    snooze (their handler returned, the outcome was lost with the child)."""
-
-    index: int
-    reason: str
-    durable: int
-    lost: tuple[ClaimedJob, ...]
-    unstarted: tuple[ClaimedJob, ...]
-    errors: tuple[str, ...] = ()
-    snoozed: tuple[ClaimedJob, ...] = ()
-
-    def charges(self) -> dict[str, list[ClaimedJob]]:
-        """The charged jobs by their error."""
-        by_error: dict[str, list[ClaimedJob]] = {}
-        for job, error in zip(self.lost, self.errors or (self.reason,) * len(self.lost), strict=True):
-            by_error.setdefault(error, []).append(job)
-        return by_error
-
-
-@dataclass(frozen=True)
-class Leftovers:
-    """A dead child's unreported jobs, split by what its progress slots and shard tell."""
-
-    reported: list[Sent]  # reported finished before it died (read at last)
-    taken: list[Sent]  # every other job sent to it, now taken off it
-    durable: int  # started jobs whose outcome is durable in its shard
-    unfinished: list[ClaimedJob]  # started, handler still running, no durable outcome
-    unsaved: list[ClaimedJob]  # handler returned, outcome not durable
-    unstarted: list[ClaimedJob]
 
 
 PACE_WINDOW_S = 0.25
@@ -273,30 +236,11 @@ class ChildHandle:
             if since is not None:
                 yield sent.job, since
 
-    def settle(self) -> Leftovers:
-        """After the process died: split its unreported jobs by what its shard holds, and take
-        them all off it (the pool decides who is charged and what is resent)."""
-        reported = self.receive()
-        self.process.join(1)
-        progress = self.progress
+    def take_all(self) -> list[Sent]:
+        """After the process died: take every job sent to it off it (its progress slots go
+        with it); ``shardworker.worker.deaths`` sorts them."""
         sent = list(self.sent.values())
-        started = [s for s in sent if progress is not None and progress.started(s.slot, s.job.id)]
-        durable = durable_keys(self.config.outbox_dir, self.index, len(started)) if started else set()
-        left = [s for s in started if (s.job.id, s.job.attempt) not in durable]
-        running = [progress is not None and progress.running_since(s.slot, s.job.id) is not None for s in left]
-        unfinished = [s.job for s, r in zip(left, running, strict=True) if r]
-        unsaved = [s.job for s, r in zip(left, running, strict=True) if not r]
-        unstarted = [s.job for s in sent if s not in started]
         for s in sent:
             self._release((s.job.id, s.job.attempt))
         self.progress = None
-        return Leftovers(reported, sent, len(started) - len(left), unfinished, unsaved, unstarted)
-
-
-def durable_keys(directory: str, shard: int, count: int) -> set[wire.JobKey]:
-    """(id, attempt) of the outcomes among a dead child's last ``count`` records."""
-    keys = set()
-    for payload in outbox.tail_records(directory, shard, count):
-        with contextlib.suppress(ValueError, TypeError):
-            keys.add(wire.outcome_key(payload))
-    return keys
+        return sent

@@ -24,17 +24,19 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import outbox
-from shardworker import layout, procs
+from shardworker import procs
 from shardworker.config import WorkerConfig
 from shardworker.errors import NotConnected, SchemaMissing, StoreError
 from shardworker.flusher.process import FlusherHandle
 from shardworker.model import ClaimedJob
-from shardworker.retry import Backoff, Outage, retry_call
+from shardworker.retry import Backoff, Outage
 from shardworker.routing import shard_for
 from shardworker.wire import JobKey
 from shardworker.worker.dbwatch import DatabaseWatch
+from shardworker.worker.deaths import Death
+from shardworker.worker.giveback import GiveBack
 from shardworker.worker.parent_outcomes import ParentOutcomes
-from shardworker.worker.pool import ChildPool, Death
+from shardworker.worker.pool import ChildPool
 from shardworker.worker.quarantine_watch import QuarantineWatch
 
 log = logging.getLogger(__name__)
@@ -78,7 +80,8 @@ class Dispatcher:
         self._flushed_at_failure = 0  # flusher.flushed_total when the last claim failed
         self.db_errors = 0  # claims the database failed, in all
         self.watch = DatabaseWatch(self.backlog, clock)
-        self.lost_claims: list[str] = []
+        self.giving_back = GiveBack(store, worker_id, config.outbox_dir, clock=clock,
+                                    backoff=lambda: Backoff(config.backoff_base_s, min(1.0, config.backoff_cap_s)))
         self.quarantine = QuarantineWatch(config.outbox_dir, worker_id, store,
                                           lambda: [*pool.job_ids(), *parent_outcomes.waiting_ids()], clock=clock)
 
@@ -168,7 +171,7 @@ class Dispatcher:
         if self.pool.held_bytes() >= self.config.claim_bytes:
             return 0  # big payloads wait here for children to take them: claim no more bytes yet
         try:
-            self.settle_lost_claims()
+            self.giving_back.settle_lost_claims()
         except StoreError as exc:
             self._claim_failed(exc)
             return 0
@@ -186,15 +189,6 @@ class Dispatcher:
         self.claimed_total += len(jobs)
         self._route(jobs)
         return len(jobs)
-
-    def settle_lost_claims(self) -> None:
-        """Give back the jobs of claims whose replies were lost; raises ``StoreError`` (the
-        tokens are kept) when the database fails meanwhile."""
-        while self.lost_claims:
-            released = self.store.release_claim(self.lost_claims[0], self.worker_id)
-            if released:
-                log.warning("gave back %d jobs of a claim whose reply was lost", released)
-            self.lost_claims.pop(0)
 
     def _route(self, jobs: list[ClaimedJob]) -> None:
         by_child: dict[int, list[ClaimedJob]] = {}
@@ -276,37 +270,15 @@ class Dispatcher:
             log.info("claimed %d, done %d, in flight %d, outbox backlog %d", self.claimed_total,
                      self.done_total, self.pool.in_flight, self.backlog())
 
-    # giving back at shutdown -----------------------------------------------------------
+    # giving back (shardworker.worker.giveback) -----------------------------------------
+
+    @property
+    def lost_claims(self) -> list[str]:
+        """Tokens of claims whose reply was lost, given back before the next claim."""
+        return self.giving_back.lost_claims
 
     def give_back(self, unstarted: list[JobKey], deadline: float) -> int:
-        """Release jobs no child started and the jobs of lost claims, retrying until
-        ``deadline``; returns how many were released."""
-        released = [0]
-
-        def attempt() -> None:
-            if unstarted:
-                released[0] += self.store.release(unstarted, self.worker_id)
-                unstarted.clear()
-            self.settle_lost_claims()
-
-        try:
-            retry_call(attempt, "giving back unstarted jobs", log=log, deadline=deadline, clock=self.clock,
-                       backoff=Backoff(self.config.backoff_base_s, min(1.0, self.config.backoff_cap_s)))
-            return released[0]
-        except StoreError as exc:
-            self._keep_for_next_start(unstarted, exc)
-            return released[0]
-
-    def _keep_for_next_start(self, unstarted: list[JobKey], exc: StoreError) -> None:
-        """Keep what could not be given back in ``giveback.json``: the next start (or
-        ``outbox drain``) releases it uncharged (``shardworker.worker.giveback``)."""
-        try:
-            layout.save_giveback(self.config.outbox_dir, self.worker_id, unstarted, self.lost_claims)
-        except OSError as err:
-            log.warning("could not give back %d unstarted jobs and %d claims whose replies were lost (%s), nor "
-                        "keep them in the outbox (%s); they stay running under worker %s and its next start "
-                        "charges each an attempt", len(unstarted), len(self.lost_claims), exc, err, self.worker_id)
-            return
-        log.warning("could not give back %d unstarted jobs and %d claims whose replies were lost (%s); kept in "
-                    "%s: the next start or `shardworker outbox drain` gives them back, no attempt charged",
-                    len(unstarted), len(self.lost_claims), exc, layout.GIVEBACK_FILE)
+        """At a stop: release jobs no child started and the jobs of lost claims, retrying
+        until ``deadline`` (kept for the next start if the database stays away); returns how
+        many were released."""
+        return self.giving_back.at_stop(unstarted, deadline)

@@ -6,54 +6,32 @@ blocks the caller, and a ``CrashLoop`` verdict for a child that keeps dying at o
 returns plain results and never touches the database: the dispatcher writes the
 failures of lost jobs and counts what was settled.
 
-What a child holds is bounded: at most its ``target`` of jobs and about ``max_bytes`` of
-payload sent and not yet reported (one job over the byte budget goes alone), and, across
-the pool, at most ``concurrency=K`` jobs of a kind that caps it. The target follows the
-child's pace: ``min_jobs``, plus what it finishes in ``horizon_s`` at its recent rate, up
-to ``max_jobs``; a child stuck on a slow handler soon holds no more than ``min_jobs``.
-Sends never block: frames queue on a non-blocking pipe and go out as the child reads.
+Which child gets which job and how many each holds (targets at its pace, held queues,
+sharing, recalls) is ``shardworker.worker.sending``'s; the pool drives it.
 
-Routing: the hash, ``shard_for(id, N)``, picks a job's home child, and a saturated
-child's jobs run elsewhere. Jobs beyond what their home child can take wait here, in its
-``held`` queue, and a child with room takes, after its own, the held jobs of the others.
-A child with a job sent ``steal_after_s`` ago and not started, while another child is
-idle or behind its running handlers while it finished nothing for as long (they are all
-busy), is
-``recall``ed: its main thread, which always reads the pipe, takes its unstarted jobs off
-its lanes and names them (``Returned``; one that started meanwhile is simply not
-returned), and they wait here again for a child with room. It is then *saturated*
-(target 0: sent nothing, claimed for by no one) until it reports a job finished after
-that, or has nothing left to run. The fast path pays no syscall and no scan per job.
-
-Each sent job gets a progress slot; the child marks it when the handler starts and when
-it finishes. After a death, a started job whose outcome is durable in the child's shard
-counts as finished, the unstarted ones wait here again, and ``shardworker.worker.blame`` judges
-the started ones without an outcome: the job that caused the death is charged, the others
-are snoozed (a new attempt, none used up); when the cause is unknown they become
-*suspects*, which this worker runs one at a time, alone, when it claims them again. A
-death a job caused restarts the child at once; only one with no job running, or a
-``Fatal`` report, counts toward the crash-loop verdict.
+After a death, ``shardworker.worker.deaths`` sorts and judges what the child held (a job
+whose cause is unknown becomes a *suspect*, run alone when claimed again). A death a job
+caused restarts the child at once; only one with no job running, or a ``Fatal`` report,
+counts toward the crash-loop verdict. The per-kind caps live in ``shardworker.worker.kindcaps``.
 """
 
 from __future__ import annotations
 
 import collections
-import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-from shardworker import logs, procs, wire
+from shardworker import procs, wire
 from shardworker.app import HandlerSpec
 from shardworker.config import ChildConfig
 from shardworker.errors import CrashLoop
 from shardworker.jobstats import JobCounts
 from shardworker.model import ClaimedJob
 from shardworker.worker import blame
-from shardworker.worker.child_handle import ASYNC_TIMEOUT_GRACE_S, ChildHandle, Death, Sent
-
-log = logging.getLogger(__name__)
-
-MAX_SUSPECTS = 10_000  # ids remembered to run alone; each a few dozen bytes
+from shardworker.worker.child_handle import ChildHandle, Sent
+from shardworker.worker.deaths import Death, Suspects, leftovers, log_death, shutdown_cause, timed_out
+from shardworker.worker.kindcaps import KindCaps
+from shardworker.worker.sending import Sender
 
 
 class ChildPool:
@@ -64,17 +42,18 @@ class ChildPool:
                  steal_after_s: float = 0.5, clock: Callable[[], float] = time.monotonic) -> None:
         self.job_counts = JobCounts()  # finished jobs by kind and outcome, as the children report them
         self.handles = [ChildHandle(config, job_counts=self.job_counts) for config in configs]
-        self.specs, self.max_jobs, self.max_bytes, self.clock = specs, max_jobs, max_bytes, clock
-        self.min_jobs, self.horizon_s = min(max_jobs, min_jobs or max_jobs), horizon_s
-        self.steal_after_s = steal_after_s
-        self._next_recall_check = 0.0
-        self.limits = {kind: spec.concurrency for kind, spec in specs.items() if spec.concurrency}
-        self.by_kind: collections.Counter[str] = collections.Counter()  # sent and unreported, per capped kind
+        self.specs, self.clock = specs, clock
+        self.caps = KindCaps(specs)
+        self.sender = Sender(self.handles, self.caps, max_jobs=max_jobs, max_bytes=max_bytes, min_jobs=min_jobs,
+                             horizon_s=horizon_s, steal_after_s=steal_after_s, clock=clock)
         self._finished = 0
         self._crash_loop: CrashLoop | None = None  # raised by the next ``check``
-        # Ids of jobs snoozed after a death whose cause is unknown: when claimed again, each
-        # runs alone, so a second death names it. Bounded: the oldest are forgotten first.
-        self.suspect_ids: dict[int, None] = {}
+        self.suspect_ids = Suspects()  # ids of jobs to run alone when claimed again
+
+    @property
+    def by_kind(self) -> collections.Counter[str]:
+        """Jobs sent and unreported, per capped kind."""
+        return self.caps.by_kind
 
     def __len__(self) -> int:
         return len(self.handles)
@@ -90,13 +69,8 @@ class ChildPool:
 
     def target(self, index: int) -> int:
         """Jobs worth holding for child ``index`` at its recent pace; 0 while it is saturated
-        (see the module docstring)."""
-        return self._target(self.handles[index], self.clock())
-
-    def _target(self, handle: ChildHandle, now: float) -> int:
-        if handle.saturated:
-            return 0
-        return min(self.max_jobs, self.min_jobs + int(handle.pace.roll(now) * self.horizon_s))
+        (``shardworker.worker.sending``)."""
+        return self.sender.target(self.handles[index], self.clock())
 
     @property
     def in_flight(self) -> int:
@@ -119,89 +93,18 @@ class ChildPool:
             handle.suspects.extend(j for j in jobs if j.id in self.suspect_ids)
             jobs = [j for j in jobs if j.id not in self.suspect_ids]
         handle.held.extend(jobs)
-        self._pump(handle)
-
-    def _pump(self, handle: ChildHandle, held: collections.deque[ClaimedJob] | None = None) -> int:
-        """Send jobs from ``held`` (the child's own by default) while the child has room and
-        their kinds are under their caps; returns how many more it could take (0: full, or
-        nothing to send)."""
-        held = handle.held if held is None else held
-        if not held or handle.recalling:
-            return 0
-        now = self.clock()
-        jobs_left = min(self._target(handle, now) - len(handle.sent), handle.free_slots)
-        if jobs_left <= 0 or not handle.ready:  # ready (a waitpid) last: this runs every pass
-            return 0
-        batch: list[ClaimedJob] = []
-        sizes: list[int] = []
-        skipped: list[ClaimedJob] = []
-        bytes_left = self.max_bytes - handle.sent_bytes
-        while held and len(batch) < jobs_left:
-            job = held[0]
-            limit = self.limits.get(job.kind)
-            if limit is not None and self.by_kind[job.kind] >= limit:
-                skipped.append(held.popleft())  # its kind is at its cap: later jobs may go first
-                continue
-            size = len(job.payload_json) + 64
-            if size > bytes_left and (handle.sent or batch):
-                jobs_left = len(batch)  # over the byte budget; a job bigger than the budget goes alone
-                break
-            batch.append(held.popleft())
-            sizes.append(size)
-            bytes_left -= size
-            if limit is not None:
-                self.by_kind[job.kind] += 1
-        held.extendleft(reversed(skipped))
-        if batch:
-            handle.send_now(batch, sizes, now)
-        return max(0, jobs_left - len(batch))
+        self.sender.pump(handle)
 
     def collect(self) -> int:
         """Jobs reported finished (their outcomes durable) since the last call; sends what
         children have room for, sharing held jobs and recalling unstarted ones for idle children."""
         self._receive_all()
         for handle in self.handles:
-            self._pump(handle)
-        self._share()
-        self._recall_stuck()
+            self.sender.pump(handle)
+        self.sender.share()
+        self.sender.recall_stuck()
         finished, self._finished = self._finished, 0
         return finished
-
-    def _share(self) -> None:
-        """Children with room take the jobs held for children that have none."""
-        donors = [h for h in self.handles if h.held]
-        if not donors:
-            return
-        for handle in self.handles:
-            for donor in donors:
-                if donor is not handle and donor.held and self._pump(handle, donor.held) == 0:
-                    break
-
-    def _recall_stuck(self) -> None:
-        """Recall the unstarted jobs of a child whose oldest unstarted job waited
-        ``steal_after_s`` while another child is idle, or behind its own running handlers
-        while it finished nothing (they are all busy: its jobs wait here instead, for any
-        child with room).
-
-        Looks every ``steal_after_s / 4``; reads a child's slots only when it qualifies."""
-        now = self.clock()
-        if now < self._next_recall_check:
-            return
-        self._next_recall_check = now + self.steal_after_s / 4
-        idle = any(not h.sent and not h.saturated and h.ready for h in self.handles)
-        for handle in self.handles:
-            if handle.recalling or not handle.sent:
-                continue
-            quiet = now - handle.reported_at >= self.steal_after_s
-            waiting = handle.waiting_since() if idle or quiet else None
-            if waiting is None:
-                continue
-            since, behind_running = waiting
-            # Not behind a running handler: the child is still starting (spawn, app import).
-            if now - since >= self.steal_after_s and (idle or behind_running) and handle.ready:
-                log.debug("child %d has not started a job in %.1fs: recalling its unstarted jobs", handle.index,
-                          now - since)
-                handle.recall()
 
     def _receive_all(self) -> None:
         now = self.clock()
@@ -219,12 +122,9 @@ class ChildPool:
     def _forget(self, taken: list[Sent], *, finished: bool = True) -> None:
         """Jobs taken off a child: their kind caps free up; ``finished`` ones count as done."""
         for sent in taken:
-            if sent.job.kind in self.limits:
-                self.by_kind[sent.job.kind] -= 1
-        if finished and self.suspect_ids:
-            for sent in taken:
-                self.suspect_ids.pop(sent.job.id, None)  # it ran alone to its end: innocent
+            self.caps.taken(sent.job.kind)
         if finished:
+            self.suspect_ids.cleared(taken)  # each ran alone to its end: innocent
             self._finished += len(taken)
 
     def wait_fds(self) -> tuple[list[int], list[int]]:
@@ -246,26 +146,26 @@ class ChildPool:
             if handle.restart_at is not None:
                 if now >= handle.restart_at:
                     handle.start(now)
-                    self._send_suspect(handle)
-                    self._pump(handle)
+                    self.sender.send_suspect(handle)
+                    self.sender.pump(handle)
                 continue
             if handle.alive:
-                timed_out = self._timed_out(handle, now)
-                if not timed_out:
-                    self._send_suspect(handle)
+                late = timed_out(handle, self.specs, now)
+                if not late:
+                    self.sender.send_suspect(handle)
                     continue
                 procs.kill_quietly(handle.process.pid)
-                deaths.append(self._settle(handle, blame.Cause(killed=True, timed_out=timed_out), now))
+                deaths.append(self._settle(handle, blame.Cause(killed=True, timed_out=late), now))
                 continue
             deaths.append(self._settle(handle, blame.Cause(fatal=handle.fatal, exitcode=handle.process.exitcode),
                                        now))
         return deaths
 
     def _settle(self, handle: ChildHandle, cause: blame.Cause, now: float | None = None) -> Death:
-        """Judge a dead child's jobs (``shardworker.worker.blame``), hold what runs again for its
+        """Judge a dead child's jobs (``shardworker.worker.deaths``), hold what runs again for its
         successor and, with ``now``, schedule the restart: at once after a death a job
         caused, paced by its crash counter otherwise."""
-        left = handle.settle()
+        left = leftovers(handle)
         self._forget(left.reported)
         self._forget(left.taken, finished=False)  # the dispatcher counts the death's own
         verdict = blame.judge(cause, left.unfinished, left.unsaved)
@@ -275,9 +175,9 @@ class ChildPool:
             unstarted = [j for j in unstarted if (j.id, j.attempt) != handle.suspect]
             handle.suspects.extendleft(back)
             handle.suspect = None
-        self._suspect(verdict.suspects)
+        self.suspect_ids.add(verdict.suspects)
         handle.held.extendleft(reversed(unstarted))  # first, in their order
-        self._log_death(handle, verdict, len(left.unstarted))
+        log_death(handle.index, verdict, len(left.unstarted))
         if now is not None:
             handle.restart_at = now
             if verdict.crash:
@@ -291,48 +191,6 @@ class ChildPool:
         except CrashLoop as exc:
             handle.restart_at = float("inf")
             self._crash_loop = exc
-
-    @staticmethod
-    def _log_death(handle: ChildHandle, verdict: blame.Verdict, unstarted: int) -> None:
-        if verdict.charged or verdict.snooze:
-            log.error("child %d: %s; %d jobs charged a failed attempt (%s), %d queued again uncharged (of them %d "
-                      "suspects, to run alone), %d not started", handle.index, verdict.reason,
-                      len(verdict.charged), ", ".join(str(j.id) for j, _ in verdict.charged) or "none",
-                      len(verdict.snooze), len(verdict.suspects), unstarted)
-
-    def _suspect(self, jobs: Iterable[ClaimedJob]) -> None:
-        for job in jobs:
-            self.suspect_ids[job.id] = None
-        while len(self.suspect_ids) > MAX_SUSPECTS:
-            del self.suspect_ids[next(iter(self.suspect_ids))]
-
-    def _send_suspect(self, handle: ChildHandle) -> None:
-        """Send the next suspect when the child holds nothing else (and its kind is under its cap)."""
-        if not handle.suspects or handle.sent or handle.restart_at is not None or not handle.alive:
-            return
-        job = handle.suspects[0]
-        limit = self.limits.get(job.kind)
-        if limit is not None and self.by_kind[job.kind] >= limit:
-            return
-        handle.suspects.popleft()
-        if limit is not None:
-            self.by_kind[job.kind] += 1
-        handle.suspect = (job.id, job.attempt)
-        handle.send_now([job], [len(job.payload_json) + 64])
-
-    def _timed_out(self, handle: ChildHandle, now: float) -> dict[wire.JobKey, str]:
-        """The running jobs past their timeout (async ones past it and the grace), with their error."""
-        late = {}
-        for job, started in handle.running():
-            spec = self.specs.get(job.kind)
-            if spec is None or spec.timeout_s is None:
-                continue
-            allowed = spec.timeout_s + (ASYNC_TIMEOUT_GRACE_S if spec.is_async else 0.0)
-            if now - started > allowed:
-                log.error("job %d (%s) exceeded its %gs timeout; killing child %d", job.id, job.kind,
-                          spec.timeout_s, handle.index, extra=logs.job_fields(job))
-                late[(job.id, job.attempt)] = f"timed out after {spec.timeout_s:g}s"
-        return late
 
     def request_stop(self) -> None:
         for handle in self.handles:
@@ -357,7 +215,7 @@ class ChildPool:
                 handle.process.join(5)
             elif handle.process is not None:
                 # Out of time, or it died: settle what it held without restarting it.
-                deaths.append(self._settle(handle, self._shutdown_cause(handle)))
+                deaths.append(self._settle(handle, shutdown_cause(handle)))
                 on_finished(self._finished)
                 self._finished = 0
             # What never started (held, suspects waiting their turn) goes back to the queue uncharged.
@@ -365,17 +223,6 @@ class ChildPool:
             handle.held.clear()
             handle.suspects.clear()
         return deaths, unstarted
-
-    @staticmethod
-    def _shutdown_cause(handle: ChildHandle) -> blame.Cause:
-        """Why a child did not stop in time: it died (judged as any death), or it is killed now
-        and its running jobs are charged, as a timeout."""
-        if not handle.alive:
-            return blame.Cause(fatal=handle.fatal, exitcode=handle.process.exitcode)
-        procs.kill_quietly(handle.process.pid)
-        handle.process.join(5)
-        running = handle.running()
-        return blame.Cause(killed=True, timed_out={(job.id, job.attempt): "shutdown timeout" for job, _ in running})
 
     def _collect_only(self) -> int:
         """``collect`` without sending more (shutting down)."""

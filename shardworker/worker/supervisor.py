@@ -32,21 +32,21 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from outbox import status as outbox_status
-from shardworker import binding, layout, logs, procs
+from shardworker import layout, logs
 from shardworker.app import App
 from shardworker.config import ChildConfig, WorkerConfig
-from shardworker.errors import CrashLoop, OutboxBusy, StoreError, WorkerIdInUse
+from shardworker.errors import CrashLoop, StoreError, WorkerIdInUse
 from shardworker.flusher.process import FlusherHandle
 from shardworker.jobstats import JobCounts
-from shardworker.retry import Backoff, retry_call
+from shardworker.retry import Backoff
 from shardworker.store.pg_store import PgStore
-from shardworker.worker import giveback, identity
 from shardworker.worker.dispatcher import Dispatcher
 from shardworker.worker.heartbeat import Heartbeat
 from shardworker.worker.housekeeping import Housekeeper
 from shardworker.worker.metrics import MetricsServer, WorkerCollector
 from shardworker.worker.parent_outcomes import ParentOutcomes
 from shardworker.worker.pool import ChildPool
+from shardworker.worker.startup import Startup
 
 log = logging.getLogger(__name__)
 
@@ -135,20 +135,7 @@ class Supervisor:
             if self.metrics is not None:
                 self.metrics.start()
             self._install_signals()
-            retry_call(self.store.check_schema, "checking the schema", backoff=self._backoff(), log=log,
-                       should_stop=lambda: self.stopping)
-            self.schema_checked = True
-            retry_call(lambda: binding.bind(self.config.outbox_dir, self.store, embedded=self.config.embedded_db),
-                       "checking which database the outbox belongs to", backoff=self._backoff(), log=log,
-                       should_stop=lambda: self.stopping)
-            self._wait_for_writers_gone()
-            retry_call(lambda: identity.check_worker_id(self.store, self.worker_id, self.config.heartbeat_interval_s,
-                                                        should_stop=lambda: self.stopping),
-                       "checking that no live worker uses this worker id", backoff=self._backoff(), log=log,
-                       should_stop=lambda: self.stopping)
-            self._start_heartbeat()
-            self.flusher.start()
-            if not self._startup_recovery():
+            if not self._start():
                 self._raise_if_id_lost()
                 return RunSummary()
             self.pool.start()
@@ -180,6 +167,18 @@ class Supervisor:
             self.store.close()
             os.close(lock_fd)
 
+    def _start(self) -> bool:
+        """Steps 1 to 4 (``shardworker.worker.startup``); False when a signal came first."""
+        startup = Startup(self.config, self.store, self.flusher, self._backoff, lambda: self.stopping)
+        startup.check_schema()
+        self.schema_checked = True
+        startup.bind()
+        startup.wait_for_writers_gone()
+        startup.check_worker_id(self.worker_id)
+        self._start_heartbeat()
+        self.flusher.start()
+        return startup.recover(self.worker_id)
+
     def _warn_unhandled(self) -> None:
         """Say so when queued jobs have kinds no handler here runs (they would wait unseen)."""
         # Its own short-lived connection with a short statement timeout: on millions of queued
@@ -209,22 +208,6 @@ class Supervisor:
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
 
-    def _wait_for_writers_gone(self, timeout_s: float = 60.0) -> None:
-        """Wait until no process still writes a shard of this outbox (children of a worker
-        that died a moment ago), so recovery sees every outcome they acknowledged."""
-        from outbox.fsutil import try_lock
-
-        def held() -> int:
-            for path in layout.shard_lock_names(self.config.outbox_dir):
-                fd = try_lock(path)
-                if fd is None:
-                    raise OutboxBusy(f"{os.path.basename(path)} in {self.config.outbox_dir} is still held "
-                                     "by another process")
-                os.close(fd)
-            return 0
-
-        procs.wait_for_lock(held, OutboxBusy, timeout_s)
-
     def _start_heartbeat(self) -> None:
         self.heartbeat = Heartbeat(PgStore(self.store_config), self.worker_id, self.config.heartbeat_interval_s,
                                    self.config.rescue_after_s, self._backoff(),
@@ -252,31 +235,6 @@ class Supervisor:
             return self.pool.in_flight, max(0, dispatcher.backlog())
         except Exception:  # a count caught mid-change is not worth a missed heartbeat
             return None, None
-
-    def _startup_recovery(self) -> bool:
-        """Apply pending outcomes, then requeue our running jobs that have none; False when
-        a signal came first."""
-        waited_since = time.monotonic()
-        while not self.flusher.drained:
-            self.flusher.check()
-            if self.stopping:
-                return False
-            if time.monotonic() - waited_since > 5:
-                log.info("waiting for the flusher to apply pending outcomes before claiming")
-                waited_since = time.monotonic()
-            time.sleep(0.02)
-        # Before the orphans: jobs a stop in an outage never started are given back, uncharged.
-        retry_call(lambda: giveback.release_saved(self.config.outbox_dir, self.store),
-                   "giving back jobs left unstarted at the last stop", backoff=self._backoff(), log=log,
-                   should_stop=lambda: self.stopping)
-        if self.stopping:
-            return False  # a signal, or another live worker under our id: its running jobs are not orphans
-        requeued = retry_call(lambda: self.store.requeue_orphans(
-            self.worker_id, "worker restarted while the job was running"), "requeueing unfinished jobs",
-            backoff=self._backoff(), log=log, should_stop=lambda: self.stopping)
-        if requeued:
-            log.info("requeued %d jobs this worker was running when it last stopped", len(requeued))
-        return True
 
     # shutdown ---------------------------------------------------------------------------
 

@@ -18,9 +18,9 @@ from shardworker.layout import PARENT_SHARD
 from shardworker.model import ClaimedJob, Disposition
 from shardworker.routing import shard_for
 from shardworker.store.pg_store import PgStore, StoreConfig
+from shardworker.worker.deaths import Death
 from shardworker.worker.dispatcher import Dispatcher
 from shardworker.worker.parent_outcomes import ParentOutcomes
-from shardworker.worker.pool import Death
 from tests.flaky_store import FlakyStore
 from tests.helpers import enqueue, query
 

@@ -1,0 +1,94 @@
+"""A worker's start, before it claims: the checks, then the recovery.
+
+The checks (steps 1 and 2 of ``shardworker.worker.supervisor``): the schema is there, the
+outbox belongs to this database (bound at first use), no process of a previous run still
+writes a shard of this outbox, and no other live worker uses this worker id
+(``shardworker.worker.identity``). The recovery (step 4), once the flusher runs: wait until
+it has applied every pending outcome, give back uncharged the jobs a stop in an outage left
+in ``giveback.json`` (``shardworker.worker.giveback``), then requeue this worker's running
+jobs that have none (their handlers never finished). Each waits out an outage, retrying,
+until a signal; the supervisor decides when each runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from outbox.fsutil import try_lock
+from shardworker import binding, layout, procs
+from shardworker.config import WorkerConfig
+from shardworker.errors import OutboxBusy
+from shardworker.flusher.process import FlusherHandle
+from shardworker.retry import Backoff, retry_call
+from shardworker.store.pg_store import PgStore
+from shardworker.worker import giveback, identity
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class Startup:
+    """The checks and the recovery of one worker's start."""
+
+    def __init__(self, config: WorkerConfig, store: PgStore, flusher: FlusherHandle, backoff: Callable[[], Backoff],
+                 stopping: Callable[[], bool]) -> None:
+        self.config, self.store, self.flusher = config, store, flusher
+        self.backoff, self.stopping = backoff, stopping
+
+    def _retry(self, call: Callable[[], T], what: str) -> T:
+        return retry_call(call, what, backoff=self.backoff(), log=log, should_stop=self.stopping)
+
+    def check_schema(self) -> None:
+        self._retry(self.store.check_schema, "checking the schema")
+
+    def bind(self) -> None:
+        self._retry(lambda: binding.bind(self.config.outbox_dir, self.store, embedded=self.config.embedded_db),
+                    "checking which database the outbox belongs to")
+
+    def check_worker_id(self, worker_id: str) -> None:
+        self._retry(lambda: identity.check_worker_id(self.store, worker_id, self.config.heartbeat_interval_s,
+                                                     should_stop=self.stopping),
+                    "checking that no live worker uses this worker id")
+
+    def wait_for_writers_gone(self, timeout_s: float = 60.0) -> None:
+        """Wait until no process still writes a shard of this outbox (children of a worker
+        that died a moment ago), so recovery sees every outcome they acknowledged."""
+        outbox_dir = self.config.outbox_dir
+
+        def held() -> int:
+            for path in layout.shard_lock_names(outbox_dir):
+                fd = try_lock(path)
+                if fd is None:
+                    raise OutboxBusy(f"{os.path.basename(path)} in {outbox_dir} is still held by another process")
+                os.close(fd)
+            return 0
+
+        procs.wait_for_lock(held, OutboxBusy, timeout_s)
+
+    def recover(self, worker_id: str) -> bool:
+        """Apply pending outcomes, then requeue our running jobs that have none; False when
+        a signal came first."""
+        waited_since = time.monotonic()
+        while not self.flusher.drained:
+            self.flusher.check()
+            if self.stopping():
+                return False
+            if time.monotonic() - waited_since > 5:
+                log.info("waiting for the flusher to apply pending outcomes before claiming")
+                waited_since = time.monotonic()
+            time.sleep(0.02)
+        # Before the orphans: jobs a stop in an outage never started are given back, uncharged.
+        self._retry(lambda: giveback.release_saved(self.config.outbox_dir, self.store),
+                    "giving back jobs left unstarted at the last stop")
+        if self.stopping():
+            return False  # a signal, or another live worker under our id: its running jobs are not orphans
+        requeued = self._retry(lambda: self.store.requeue_orphans(
+            worker_id, "worker restarted while the job was running"), "requeueing unfinished jobs")
+        if requeued:
+            log.info("requeued %d jobs this worker was running when it last stopped", len(requeued))
+        return True
