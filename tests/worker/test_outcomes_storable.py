@@ -66,9 +66,11 @@ def test_an_infinite_retry_delay_means_do_not_retry(pg_dsn: str, dirs: tuple[Pat
 
 
 def test_a_nan_retry_delay_falls_back_to_the_default_backoff(pg_dsn: str, dirs: tuple[Path, Path]) -> None:
-    """retry_delay returning NaN requeues the job after the default backoff (1 s +-25% for attempt 1)."""
+    """retry_delay returning NaN requeues the job after the default backoff (1 s +-25% for attempt 1).
+    The shutdown timeout is shorter than that backoff, so ``--exit-when-idle`` leaves the retry queued
+    instead of waiting for it (a retry due within the shutdown timeout would be waited for)."""
     [bad] = enqueue(pg_dsn, "nan_delay", 1)
-    run_until_idle(pg_dsn, dirs)
+    run_until_idle(pg_dsn, dirs, "--shutdown-timeout", "0.5")
     sql = "SELECT status, attempt, extract(epoch FROM run_at - updated_at)::float8 FROM shardworker.jobs WHERE id = %s"
     [(status, attempt, delay)] = query(pg_dsn, sql, bad)
     assert (status, attempt) == ("queued", 1)
