@@ -1,0 +1,52 @@
+"""Flow control's shared vocabulary: rates (``"10/s"``) and the burst a rate allows.
+
+A rate limit is a token bucket kept in the database row of its kind or queue
+(``shardworker.kinds``, ``shardworker.queues``): it refills at ``n`` per ``period_s`` and
+holds at most ``burst`` tokens, so in any window of one period at most ``n + burst``
+jobs start (``burst`` is a twentieth of ``n``, at least one). Claims of a limited kind or
+queue are serialized by that row's lock and take at most the whole tokens it holds.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import NamedTuple
+
+from shardworker.errors import ConfigError
+
+PERIODS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+_RATE = re.compile(r"\s*(\d+)\s*/\s*([smh])\s*")
+MAX_RATE = 1_000_000
+
+
+class Rate(NamedTuple):
+    """At most ``n`` starts per ``period_s`` seconds."""
+
+    n: int
+    period_s: float
+
+    @property
+    def burst(self) -> int:
+        """The most tokens the bucket holds: what may start at once after a quiet spell
+        (the SQL of ``job_claim`` computes the same)."""
+        return max(1, math.ceil(self.n / 20))
+
+    @property
+    def tick_s(self) -> float:
+        """How long the bucket takes to refill a burst: how often a paced claim comes back."""
+        return self.burst * self.period_s / self.n
+
+    def __str__(self) -> str:
+        unit = next(u for u, s in PERIODS.items() if s == self.period_s) if self.period_s in PERIODS.values() else None
+        return f"{self.n}/{unit}" if unit else f"{self.n}/{self.period_s:g}s"
+
+
+def parse_rate(text: str) -> Rate:
+    """``"N/s"``, ``"N/m"`` or ``"N/h"`` (N a whole number from 1) as a ``Rate``; anything
+    else raises ``ConfigError`` saying what is accepted."""
+    match = _RATE.fullmatch(text) if isinstance(text, str) else None
+    if match is None or not 1 <= int(match.group(1)) <= MAX_RATE:
+        raise ConfigError(f"rate must look like 10/s, 600/m or 1000/h (a whole number from 1 to {MAX_RATE:,} "
+                          f"per second, minute or hour); got {text!r}")
+    return Rate(int(match.group(1)), PERIODS[match.group(2)])
