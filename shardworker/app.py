@@ -16,6 +16,10 @@
     def upload(job: Job) -> None:               # blocking I/O: a thread pool; at most 4 per worker
         ...
 
+    @app.handler("call_api", global_concurrency=50, rate="10/s")
+    async def call_api(job: Job) -> None:       # at most 50 at once and 10 starts a second, across workers
+        ...
+
     @app.periodic("*/5 * * * *", kind="report", payload={"scope": "all"})
     def report(job: Job) -> None:               # enqueued every 5 minutes, once across workers
         ...
@@ -38,6 +42,7 @@ from typing import Any
 
 from shardworker.control import MAX_DELAY_S
 from shardworker.errors import AppLoadError, ConfigError
+from shardworker.flow import Rate, parse_rate
 from shardworker.limits import MAX_KIND_BYTES, MAX_PERIODIC_NAME_BYTES, MAX_QUEUE_BYTES, not_storable_text, too_long
 from shardworker.model import Job
 from shardworker.retry import job_retry_delay
@@ -57,6 +62,13 @@ class HandlerSpec:
     retry_delay: Callable[[int], float] = job_retry_delay
     threads: bool = False  # a sync handler run on the child's thread pool
     concurrency: int | None = None  # at most this many in flight per worker
+    global_concurrency: int | None = None  # at most this many running across every worker
+    rate: Rate | None = None  # at most rate.n starting per rate.period_s across every worker
+
+    @property
+    def limited_across_workers(self) -> bool:
+        """Whether the database serializes this kind's claims (``shardworker.kinds``)."""
+        return self.global_concurrency is not None or self.rate is not None
 
     @property
     def is_async(self) -> bool:
@@ -108,8 +120,13 @@ class App:
 
     def handler(self, kind: str, *, max_attempts: int | None = None, timeout_s: float | None = None,
                 retry_delay: Callable[[int], float] | None = None, threads: bool = False,
-                concurrency: int | None = None) -> Callable[[Handler], Handler]:
-        """Register the decorated function (sync or ``async def``) as the handler of ``kind``."""
+                concurrency: int | None = None, global_concurrency: int | None = None,
+                rate: str | None = None) -> Callable[[Handler], Handler]:
+        """Register the decorated function (sync or ``async def``) as the handler of ``kind``.
+
+        ``concurrency`` caps the kind within one worker; ``global_concurrency`` and ``rate``
+        (``"N/s"``, ``"N/m"``, ``"N/h"``) across every worker on the database
+        (``shardworker.flow``)."""
         if not isinstance(kind, str) or not kind:
             raise ConfigError("a handler's kind must be a non-empty string")
         _check_sizes("a handler's", (("kind", kind, MAX_KIND_BYTES),))
@@ -119,6 +136,12 @@ class App:
             raise ConfigError(f"handler {kind!r}: timeout_s must be a positive number of seconds")
         if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
             raise ConfigError(f"handler {kind!r}: concurrency must be an integer >= 1")
+        if global_concurrency is not None and (not isinstance(global_concurrency, int) or global_concurrency < 1):
+            raise ConfigError(f"handler {kind!r}: global_concurrency must be an integer >= 1")
+        try:
+            parsed_rate = parse_rate(rate) if rate is not None else None
+        except ConfigError as exc:
+            raise ConfigError(f"handler {kind!r}: {exc}") from None
 
         def register(fn: Handler) -> Handler:
             if kind in self.handlers:
@@ -127,7 +150,7 @@ class App:
                 raise ConfigError(f"handler {kind!r}: threads=True is for sync functions; an async def "
                                   "already runs concurrently on the event loop")
             self.handlers[kind] = HandlerSpec(kind, fn, max_attempts, timeout_s, retry_delay or job_retry_delay,
-                                              threads, concurrency)
+                                              threads, concurrency, global_concurrency, parsed_rate)
             return fn
 
         return register

@@ -189,11 +189,15 @@ class WorkerConfig:
             if refusal:
                 raise ConfigError(refusal)
 
+    def at_once(self, concurrent: bool) -> int:
+        """Handlers a child runs at once: ``concurrency`` when the app has async or threaded
+        kinds, else one."""
+        return self.concurrency if concurrent else 1
+
     def prefetch_jobs(self, concurrent: bool) -> tuple[int, int]:
-        """(least, most) jobs a child holds: what it runs at once (``concurrency`` when the
-        app has async or threaded kinds, else one) plus ``prefetch_batch``, or plus
-        ``prefetch_max_jobs`` when it is faster."""
-        at_once = self.concurrency if concurrent else 1
+        """(least, most) jobs a child holds: what it runs at once (``at_once``) plus
+        ``prefetch_batch``, or plus ``prefetch_max_jobs`` when it is faster."""
+        at_once = self.at_once(concurrent)
         return at_once + self.prefetch_batch, at_once + max(self.prefetch_batch, self.prefetch_max_jobs)
 
     @classmethod

@@ -12,7 +12,7 @@ import json
 import re
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -71,6 +71,14 @@ class ClaimedJob:
     def to_job(self) -> Job:
         return Job(self.id, self.kind, self.queue, loads_exact(self.payload_json), self.attempt,
                    self.max_attempts)
+
+
+class Claim(NamedTuple):
+    """What a claim took, and ``pace_s``: when it took jobs of a rate-limited kind or queue,
+    how soon its bucket holds a burst again (the next claim is worth making then)."""
+
+    jobs: list[ClaimedJob]
+    pace_s: float | None
 
 
 class Disposition(enum.Enum):

@@ -42,7 +42,9 @@ class Progress:
     Per slot: the job id whose handler started in it (0: none), when it started
     (``time.monotonic()`` in ms, one clock for every process of the host), and 1 once that
     handler finished. The child writes ``begin``/``finish``; the parent ``clear``s a slot
-    before giving it to the next job.
+    before giving it to the next job. After the slots, one flag: 1 once the child has
+    loaded the app and reads jobs (``up``), so the parent counts no room in a child still
+    starting.
     """
 
     FIELDS = 3
@@ -52,7 +54,14 @@ class Progress:
 
     @classmethod
     def width(cls, slots: int) -> int:
-        return cls.FIELDS * slots
+        return cls.FIELDS * slots + 1
+
+    def mark_up(self) -> None:
+        self.array[self.FIELDS * self.slots] = 1
+
+    @property
+    def up(self) -> bool:
+        return bool(self.array[self.FIELDS * self.slots])
 
     def begin(self, slot: int, job_id: int) -> None:
         base = slot * self.FIELDS
@@ -99,6 +108,7 @@ class ShardRunner:
     def run(self) -> None:
         """Run jobs until the parent says stop (or goes away), then report what never started."""
         self.committer.start()
+        self.progress.mark_up()
         while (msg := wire.read_frame(self.inbox_fd)) is not None and not isinstance(msg, wire.Stop):
             if isinstance(msg, wire.Jobs):
                 self.committer.expect(len(msg.jobs))

@@ -5,15 +5,18 @@ batch did; everything here runs on the worker's own ``Session``."""
 from __future__ import annotations
 
 import select
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, NamedTuple
 
 import psycopg
 
 from shardworker.errors import OutcomeRejected, SchemaMissing
-from shardworker.model import ApplyResult, ClaimedJob, Outcome
+from shardworker.model import ApplyResult, Claim, ClaimedJob, Outcome
 from shardworker.store.connection import Session, first_line, is_refusal, translate_errors
 from shardworker.store.sql import query
+
+if TYPE_CHECKING:
+    from shardworker.app import HandlerSpec
 
 
 class KindBacklog(NamedTuple):
@@ -34,17 +37,43 @@ class WorkerQueries(Session):
 
     def claim(self, kinds: Sequence[str], queues: Sequence[str] | None, worker_id: str,
               limit: int, claim_token: str | None = None, max_bytes: int = 1 << 62) -> list[ClaimedJob]:
-        """Claim up to ``limit`` due jobs and ``max_bytes`` of payload (at least one job when
-        any is due): status running, attempt + 1, locked_by worker_id.
+        """``claim_within`` with no caps of this worker's own: the jobs only."""
+        return self.claim_within(kinds, queues, worker_id, limit, claim_token, max_bytes).jobs
 
-        ``claim_token`` tags the claimed rows; if the reply is lost, ``release_claim`` with
-        the same token gives back whatever the server did commit.
+    def claim_within(self, kinds: Sequence[str], queues: Sequence[str] | None, worker_id: str, limit: int,
+                     claim_token: str | None = None, max_bytes: int = 1 << 62, *,
+                     caps: Mapping[str, int] | None = None, run_room: int | None = None) -> Claim:
+        """Claim up to ``limit`` due jobs and ``max_bytes`` of payload (at least one job when
+        any is due): status running, attempt + 1, locked_by worker_id. Within every limit:
+        ``caps`` (kind: jobs this worker may still take of it), and for kinds and queues
+        limited across workers, ``run_room`` (jobs it can start now; ``limit`` when None),
+        their global concurrency and their rates; paused queues are skipped.
+
+        One transaction, sent at once (a pipeline): lock the limited kinds' and queues'
+        rows, then claim. ``claim_token`` tags the claimed rows; if the reply is lost,
+        ``release_claim`` with the same token gives back whatever the server did commit.
         """
         params = {"kinds": list(kinds), "queues": list(queues) if queues else None,
-                  "worker_id": worker_id, "limit": limit, "claim_token": claim_token, "max_bytes": max_bytes}
-        with self.cursor() as cur:
+                  "worker_id": worker_id, "limit": limit, "claim_token": claim_token, "max_bytes": max_bytes,
+                  "cap_kinds": list(caps or ()), "cap_rooms": [max(0, n) for n in (caps or {}).values()],
+                  "run_room": limit if run_room is None else max(0, run_room)}
+        with self.cursor(transaction=True) as cur, cur.connection.pipeline():
+            cur.execute(query("flow_lock_kinds"), params)
+            cur.execute(query("flow_lock_queues"), params)
             cur.execute(query("job_claim"), params)
-            return [ClaimedJob(*row) for row in cur.fetchall()]
+            rows = cur.fetchall()
+        paces = [row[6] for row in rows if row[6] is not None]
+        return Claim([ClaimedJob(*row[:6]) for row in rows], min(paces) if paces else None)
+
+    def register_kinds(self, specs: Sequence[HandlerSpec]) -> None:
+        """Make this worker's handlers' limits across workers the kinds' (``shardworker.kinds``)."""
+        ordered = sorted(specs, key=lambda spec: spec.kind)
+        with self.cursor() as cur:
+            cur.execute(query("flow_register_kinds"), {
+                "names": [spec.kind for spec in ordered],
+                "global_concurrency": [spec.global_concurrency for spec in ordered],
+                "rate_limit": [spec.rate.n if spec.rate else None for spec in ordered],
+                "rate_period_s": [spec.rate.period_s if spec.rate else None for spec in ordered]})
 
     def release(self, jobs: Sequence[tuple[int, int]], worker_id: str) -> int:
         """Give back (id, attempt) claims whose handler never started."""

@@ -113,6 +113,11 @@ class ChildHandle:
         return self.restart_at is None and self.alive and not self.isolating
 
     @property
+    def up(self) -> bool:
+        """Its app is loaded and it reads jobs: what it is sent can start at once."""
+        return self.progress is not None and self.progress.up and self.ready
+
+    @property
     def isolating(self) -> bool:
         """Suspects wait, or one runs alone: nothing else may be sent."""
         return bool(self.suspects) or self.suspect in self.sent

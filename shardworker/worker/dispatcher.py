@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 import outbox
@@ -28,7 +28,7 @@ from shardworker import procs
 from shardworker.config import WorkerConfig
 from shardworker.errors import NotConnected, SchemaMissing, StoreError
 from shardworker.flusher.process import FlusherHandle
-from shardworker.model import ClaimedJob
+from shardworker.model import Claim, ClaimedJob
 from shardworker.retry import Backoff, Outage
 from shardworker.routing import shard_for
 from shardworker.wire import JobKey
@@ -45,8 +45,9 @@ log = logging.getLogger(__name__)
 class DispatchStore(Protocol):
     """What the dispatcher needs from a store (``PgStore`` provides it)."""
 
-    def claim(self, kinds: Sequence[str], queues: Sequence[str] | None, worker_id: str, limit: int,
-              claim_token: str | None = None, max_bytes: int = ...) -> list[ClaimedJob]: ...
+    def claim_within(self, kinds: Sequence[str], queues: Sequence[str] | None, worker_id: str, limit: int,
+                     claim_token: str | None = None, max_bytes: int = ..., *, caps: Mapping[str, int] | None = None,
+                     run_room: int | None = None) -> Claim: ...
     def release(self, jobs: Sequence[tuple[int, int]], worker_id: str) -> int: ...
     def release_claim(self, claim_token: str, worker_id: str) -> int: ...
     def count_active(self, kinds: Sequence[str], queues: Sequence[str] | None, worker_id: str,
@@ -69,6 +70,8 @@ class Dispatcher:
         self.outage = Outage("claim", log, Backoff(config.backoff_base_s, config.backoff_cap_s),
                              started="claim failed ({error}); retrying in {delay:.2f}s", ended=None, clock=clock)
         self.next_claim_at = 0.0
+        # While claims take jobs of a rate-limited kind or queue: come back every pace_s.
+        self.paced_until, self.pace_s = 0.0, 0.0
         self.flushed_base = flusher.flushed_total
         self.acked_total = 0  # outcomes made durable since this dispatcher started
         self.done_total = 0
@@ -177,14 +180,18 @@ class Dispatcher:
             return 0
         token = uuid.uuid4().hex
         try:
-            jobs = self.store.claim(self.kinds, self.config.queues, self.worker_id, limit, token,
-                                    max_bytes=self.config.claim_bytes)
+            claim = self.store.claim_within(self.kinds, self.config.queues, self.worker_id, limit, token,
+                                            max_bytes=self.config.claim_bytes, caps=self.pool.cap_rooms(),
+                                            run_room=self.pool.run_room())
         except StoreError as exc:
             if not isinstance(exc, NotConnected):
                 self.lost_claims.append(token)  # the server may have committed it before the connection broke
             self._claim_failed(exc)
             return 0
         self._claim_ok()
+        jobs = claim.jobs
+        if claim.pace_s is not None:  # a rate-limited backlog: come back as its bucket refills
+            self.paced_until, self.pace_s = self.clock() + 1.0, max(0.005, claim.pace_s)
         self.more_due = len(jobs) == limit or sum(len(j.payload_json) for j in jobs) * 2 >= self.config.claim_bytes
         self.claimed_total += len(jobs)
         self._route(jobs)
@@ -224,6 +231,8 @@ class Dispatcher:
 
     def _wait(self) -> None:
         timeout = self.config.poll_interval_s
+        if self.clock() < self.paced_until:
+            timeout = min(timeout, self.pace_s)
         if self.next_claim_at:
             timeout = max(0.0, min(timeout, self.next_claim_at - self.clock()))
         notify_fd = self._notify_fd()

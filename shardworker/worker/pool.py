@@ -39,10 +39,11 @@ class ChildPool:
 
     def __init__(self, configs: Iterable[ChildConfig], specs: Mapping[str, HandlerSpec], *, max_jobs: int,
                  max_bytes: int, min_jobs: int | None = None, horizon_s: float = 0.0,
-                 steal_after_s: float = 0.5, clock: Callable[[], float] = time.monotonic) -> None:
+                 steal_after_s: float = 0.5, at_once: int = 1, clock: Callable[[], float] = time.monotonic) -> None:
         self.job_counts = JobCounts()  # finished jobs by kind and outcome, as the children report them
         self.handles = [ChildHandle(config, job_counts=self.job_counts) for config in configs]
         self.specs, self.clock = specs, clock
+        self.at_once = at_once  # handlers one child runs at once
         self.caps = KindCaps(specs)
         self.sender = Sender(self.handles, self.caps, max_jobs=max_jobs, max_bytes=max_bytes, min_jobs=min_jobs,
                              horizon_s=horizon_s, steal_after_s=steal_after_s, clock=clock)
@@ -80,6 +81,22 @@ class ChildPool:
         """Ids of every job routed to a child and not yet reported."""
         return ([s.job.id for h in self.handles for s in h.sent.values()] + [j.id for h in self.handles for j in h.held]
                 + [j.id for h in self.handles for j in h.suspects])
+
+    def cap_rooms(self) -> dict[str, int]:
+        """For each kind this worker caps (``concurrency=K``), how many more of its jobs it
+        may claim: K less those claimed and not yet reported (sent, held here, suspects)."""
+        if not self.caps.limits:
+            return {}
+        claimed = collections.Counter(j.kind for h in self.handles for j in (*h.held, *h.suspects))
+        return {kind: limit - claimed[kind] - self.caps.by_kind[kind] for kind, limit in self.caps.limits.items()}
+
+    def run_room(self) -> int:
+        """Handlers this worker could start now: each child that is up (not starting, not
+        restarting, not running a suspect alone) runs ``at_once``, less the jobs it holds
+        or that wait here for it. What a claim may take of a kind or queue limited across
+        workers: claimed jobs count as running there, and start as soon as they arrive."""
+        return sum(max(0, self.at_once - len(h.sent) - len(h.held) - len(h.suspects))
+                   for h in self.handles if h.up)
 
     def held_bytes(self) -> int:
         """Payload bytes claimed and waiting here, not yet sent to a child."""

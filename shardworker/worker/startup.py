@@ -1,6 +1,7 @@
 """A worker's start, before it claims: the checks, then the recovery.
 
-The checks (steps 1 and 2 of ``shardworker.worker.supervisor``): the schema is there, the
+The checks (steps 1 and 2 of ``shardworker.worker.supervisor``): the schema is there (and
+the handlers' limits across workers are written to ``shardworker.kinds``), the
 outbox belongs to this database (bound at first use), no process of a previous run still
 writes a shard of this outbox, and no other live worker uses this worker id
 (``shardworker.worker.identity``). The recovery (step 4), once the flusher runs: wait until
@@ -20,6 +21,7 @@ from typing import TypeVar
 
 from outbox.fsutil import try_lock
 from shardworker import binding, layout, procs
+from shardworker.app import HandlerSpec
 from shardworker.config import WorkerConfig
 from shardworker.errors import OutboxBusy
 from shardworker.flusher.process import FlusherHandle
@@ -45,6 +47,10 @@ class Startup:
 
     def check_schema(self) -> None:
         self._retry(self.store.check_schema, "checking the schema")
+
+    def register_kinds(self, specs: list[HandlerSpec]) -> None:
+        """Make this worker's limits across workers (global_concurrency, rate) the kinds'."""
+        self._retry(lambda: self.store.register_kinds(specs), "registering the kinds' limits")
 
     def bind(self) -> None:
         self._retry(lambda: binding.bind(self.config.outbox_dir, self.store, embedded=self.config.embedded_db),

@@ -77,7 +77,7 @@ class Supervisor:
         self.min_jobs, self.max_jobs = config.prefetch_jobs(concurrent)
         self.pool = ChildPool(self._child_configs(), app.handlers, min_jobs=self.min_jobs, max_jobs=self.max_jobs,
                               max_bytes=config.prefetch_bytes, horizon_s=config.prefetch_horizon_s,
-                              steal_after_s=config.steal_after_s)
+                              steal_after_s=config.steal_after_s, at_once=config.at_once(concurrent))
         self.parent_outcomes = ParentOutcomes(config.outbox_dir, config.segment_bytes, app.handlers,
                                               self.pool.job_counts)
         self.heartbeat: Heartbeat | None = None
@@ -172,6 +172,7 @@ class Supervisor:
         startup = Startup(self.config, self.store, self.flusher, self._backoff, lambda: self.stopping)
         startup.check_schema()
         self.schema_checked = True
+        startup.register_kinds(list(self.app.handlers.values()))
         startup.bind()
         startup.wait_for_writers_gone()
         startup.check_worker_id(self.worker_id)

@@ -54,6 +54,12 @@ class Children:
     def held_bytes(self) -> int:
         return 0
 
+    def cap_rooms(self) -> dict[str, int]:
+        return {}
+
+    def run_room(self) -> int:
+        return sum(max(0, self.max_jobs - len(s)) for s in self.sent)
+
     @property
     def in_flight(self) -> int:
         return sum(len(s) for s in self.sent)
@@ -156,7 +162,7 @@ def test_a_claim_whose_reply_was_lost_is_given_back(pg_dsn: str, store: FlakySto
     undone) before the next claim, so no job is held by nobody or claimed at attempt 2."""
     enqueue(pg_dsn, "k", 10)
     dispatcher, children, _, clock = make(store, tmp_path)
-    store.fail("claim", times=1, after=True)
+    store.fail("claim_within", times=1, after=True)
     dispatcher.run_once()
     assert children.in_flight == 0
     assert {r[1] for r in job_rows(pg_dsn)} == {"running"}  # claimed on the server, unknown here
@@ -172,13 +178,13 @@ def test_a_failed_claim_waits_out_its_backoff_on_the_injected_clock(
     """After a failed claim no claim is tried until the backoff has passed on the clock."""
     enqueue(pg_dsn, "k", 5)
     dispatcher, children, _, clock = make(store, tmp_path)
-    store.fail("claim", times=1)
+    store.fail("claim_within", times=1)
     dispatcher.run_once()
     dispatcher.run_once()
-    assert store.calls["claim"] == 1 and not dispatcher.db_ok
+    assert store.calls["claim_within"] == 1 and not dispatcher.db_ok
     clock.now += 60
     dispatcher.run_once()
-    assert store.calls["claim"] == 2 and dispatcher.db_ok
+    assert store.calls["claim_within"] == 2 and dispatcher.db_ok
     assert children.in_flight == 5
 
 
@@ -248,26 +254,26 @@ def test_the_database_is_back_once_the_flusher_applies_even_while_claims_wait(
     still waiting out their backoff, or paused for a backlog) say it is back."""
     enqueue(pg_dsn, "k", 5)
     dispatcher, _, flusher, _ = make(store, tmp_path)
-    store.fail("claim", times=1)
+    store.fail("claim_within", times=1)
     dispatcher.run_once()
     assert not dispatcher.watch.up and dispatcher.watch.outages == 1
     dispatcher.run_once()
     assert not dispatcher.watch.up  # nothing applied since: still down
     flusher.flushed_total += 3
     dispatcher.run_once()
-    assert dispatcher.watch.up and store.calls["claim"] == 1
+    assert dispatcher.watch.up and store.calls["claim_within"] == 1
 
 
 def test_a_conflict_is_not_an_outage_and_a_refused_connect_is_not_a_lost_claim(
         pg_dsn: str, store: FlakyStore, tmp_path: Path) -> None:
     enqueue(pg_dsn, "k", 5)
     dispatcher, _, _, clock = make(store, tmp_path)
-    store.fail("claim", times=1, make=lambda: TransientConflict("transient conflict: deadlock detected"))
+    store.fail("claim_within", times=1, make=lambda: TransientConflict("transient conflict: deadlock detected"))
     dispatcher.run_once()
     assert dispatcher.watch.up and dispatcher.db_errors == 1
     assert len(dispatcher.lost_claims) == 1  # it may have been sent: given back before the next claim
     clock.now += 60
-    store.fail("claim", times=1, make=lambda: NotConnected("database unavailable: connection refused"))
+    store.fail("claim_within", times=1, make=lambda: NotConnected("database unavailable: connection refused"))
     dispatcher.run_once()
     assert not dispatcher.watch.up
     assert dispatcher.lost_claims == []  # the earlier one released; the refused one never reached the server

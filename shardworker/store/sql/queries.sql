@@ -18,31 +18,160 @@ SELECT version FROM shardworker.migrations;
 -- Record one applied migration, in the transaction that applied it.
 INSERT INTO shardworker.migrations (version, name) VALUES (%(version)s, %(name)s);
 
+-- flow_lock_kinds --
+-- The first statement of a claim's transaction: lock the rows of this worker's kinds
+-- limited across workers (shardworker.kinds), in name order, so the claim that follows
+-- counts what runs and spends tokens alone. Then flow_lock_queues, then job_claim: every
+-- claimer takes the locks in the same order.
+SELECT name FROM shardworker.kinds
+WHERE name = ANY(%(kinds)s::text[]) AND (global_concurrency IS NOT NULL OR rate_limit IS NOT NULL)
+ORDER BY name
+FOR UPDATE;
+
+-- flow_lock_queues --
+-- The second statement of a claim's transaction: lock the rows of limited queues.
+SELECT name FROM shardworker.queues
+WHERE (concurrency IS NOT NULL OR rate_limit IS NOT NULL)
+  AND (%(queues)s::text[] IS NULL OR name = ANY(%(queues)s::text[]))
+ORDER BY name
+FOR UPDATE;
+
 -- job_claim --
--- Claim due queued jobs of the given kinds (and queues), oldest first, for one worker: up
--- to `limit` jobs and `max_bytes` of payload (the first one whatever its size; then while
--- the running total stays within the budget). The candidates' rows stay locked only for
--- this statement. The ids go through ARRAY(...) so even a generic (prepared) plan updates
--- them by primary key; a join on the subquery was planned as a hash join over the table.
-WITH candidate AS (
-    SELECT id, priority, run_at, coalesce(payload_bytes, pg_column_size(payload)) AS bytes
+-- Claim due queued jobs for one worker, best first (priority, then run_at, then id), within
+-- every limit: up to `limit` jobs and `max_bytes` of payload (the first job whatever its
+-- size); per kind, what this worker's caps leave (cap_kinds, cap_rooms); for kinds and
+-- queues limited across workers (shardworker.kinds, shardworker.queues, their rows locked
+-- by flow_lock_kinds and flow_lock_queues earlier in this transaction), no more than
+-- `run_room` (what this worker can start now), what their global concurrency leaves of
+-- their running jobs, and the whole tokens of their rate bucket (refilled at rate_limit
+-- per rate_period_s, holding at most a twentieth of rate_limit, at least one:
+-- shardworker.flow.Rate.burst). Paused queues are skipped. A limited kind or queue is
+-- read apart from the rest, so jobs that cannot start never crowd out jobs that can.
+-- The candidates stay locked only for this statement; the ids go through ARRAY(...) so
+-- the update is by primary key. Each row returned carries pace_s: for a job of a
+-- rate-limited kind or queue, how long its bucket takes to refill a burst.
+WITH limited_kind AS (
+    SELECT k.name, k.global_concurrency, k.rate_limit,
+           greatest(1, ceil(k.rate_limit / 20.0)) * k.rate_period_s / k.rate_limit AS pace_s,
+           CASE WHEN k.rate_limit IS NOT NULL THEN
+               least(greatest(1, ceil(k.rate_limit / 20.0)),
+                     k.rate_tokens + extract(epoch FROM statement_timestamp() - k.rate_at)
+                                     * k.rate_limit / k.rate_period_s) END AS tokens
+    FROM shardworker.kinds k
+    WHERE k.name = ANY(%(kinds)s::text[]) AND (k.global_concurrency IS NOT NULL OR k.rate_limit IS NOT NULL)
+), kind_room AS (
+    SELECT coalesce(l.name, c.kind) AS kind, l.pace_s,
+           least(coalesce(c.room, %(limit)s),
+                 CASE WHEN l.name IS NULL THEN %(limit)s ELSE %(run_room)s END,
+                 coalesce(l.global_concurrency - (SELECT count(*) FROM shardworker.jobs r
+                                                  WHERE r.status = 'running' AND left(r.kind, 255) = left(l.name, 255)
+                                                    AND r.kind = l.name), %(limit)s),
+                 coalesce(floor(l.tokens)::int, %(limit)s)) AS room
+    FROM limited_kind l
+    FULL JOIN unnest(%(cap_kinds)s::text[], %(cap_rooms)s::int[]) AS c(kind, room) ON c.kind = l.name
+), limited_queue AS (
+    SELECT q.name, q.paused, q.concurrency, q.rate_limit,
+           greatest(1, ceil(q.rate_limit / 20.0)) * q.rate_period_s / q.rate_limit AS pace_s,
+           CASE WHEN q.rate_limit IS NOT NULL THEN
+               least(greatest(1, ceil(q.rate_limit / 20.0)),
+                     q.rate_tokens + extract(epoch FROM statement_timestamp() - q.rate_at)
+                                     * q.rate_limit / q.rate_period_s) END AS tokens
+    FROM shardworker.queues q
+    WHERE (q.paused OR q.concurrency IS NOT NULL OR q.rate_limit IS NOT NULL)
+      AND (%(queues)s::text[] IS NULL OR q.name = ANY(%(queues)s::text[]))
+), queue_room AS (
+    SELECT q.name AS queue, q.pace_s,
+           CASE WHEN q.paused THEN 0 ELSE
+               least(%(run_room)s,
+                     coalesce(q.concurrency - (SELECT count(*) FROM shardworker.jobs r
+                                               WHERE r.status = 'running' AND left(r.queue, 255) = left(q.name, 255)
+                                                 AND r.queue = q.name), %(limit)s),
+                     coalesce(floor(q.tokens)::int, %(limit)s)) END AS room
+    FROM limited_queue q
+), plain AS (
+    -- Jobs of kinds and queues without limits.
+    SELECT id, kind, queue, priority, run_at, coalesce(payload_bytes, pg_column_size(payload)) AS bytes
     FROM shardworker.jobs
     WHERE status = 'queued' AND run_at <= now()
-      AND kind = ANY(%(kinds)s::text[])
+      AND kind = ANY(%(kinds)s::text[]) AND kind <> ALL(ARRAY(SELECT kind FROM kind_room))
       AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+      AND queue <> ALL(ARRAY(SELECT queue FROM queue_room))
     ORDER BY priority, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), by_kind AS (
+    -- Each limited kind, in queues without limits: no more than its room.
+    SELECT j.* FROM kind_room k CROSS JOIN LATERAL (
+        SELECT id, kind, queue, priority, run_at, coalesce(payload_bytes, pg_column_size(payload)) AS bytes
+        FROM shardworker.jobs
+        WHERE status = 'queued' AND run_at <= now() AND kind = k.kind
+          AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+          AND queue <> ALL(ARRAY(SELECT queue FROM queue_room))
+        ORDER BY priority, run_at, id
+        LIMIT k.room
+        FOR UPDATE SKIP LOCKED) j
+    WHERE k.room > 0
+), by_queue AS (
+    -- Each limited queue: no more than its room, of kinds with room (ranked again below).
+    SELECT j.* FROM queue_room q CROSS JOIN LATERAL (
+        SELECT id, kind, queue, priority, run_at, coalesce(payload_bytes, pg_column_size(payload)) AS bytes
+        FROM shardworker.jobs
+        WHERE status = 'queued' AND run_at <= now() AND queue = q.queue
+          AND kind = ANY(%(kinds)s::text[]) AND kind <> ALL(ARRAY(SELECT kind FROM kind_room WHERE room <= 0))
+        ORDER BY priority, run_at, id
+        LIMIT q.room
+        FOR UPDATE SKIP LOCKED) j
+    WHERE q.room > 0
+), candidate AS (
+    SELECT * FROM plain UNION ALL SELECT * FROM by_kind UNION ALL SELECT * FROM by_queue
+), within_kind AS (
+    SELECT c.*, row_number() OVER (PARTITION BY c.kind ORDER BY c.priority, c.run_at, c.id) AS nth, k.room
+    FROM candidate c LEFT JOIN kind_room k ON k.kind = c.kind
 ), running_total AS (
     SELECT id, row_number() OVER w AS n, sum(bytes) OVER w AS upto
-    FROM candidate
+    FROM within_kind
+    WHERE room IS NULL OR nth <= room
     WINDOW w AS (ORDER BY priority, run_at, id)
+), claimed AS (
+    UPDATE shardworker.jobs j
+    SET status = 'running', attempt = j.attempt + 1, locked_by = %(worker_id)s, rescued_attempt = NULL,
+        claim_token = %(claim_token)s, attempted_at = now(), updated_at = now()
+    WHERE j.id = ANY(ARRAY(SELECT id FROM running_total WHERE n <= %(limit)s AND (n = 1 OR upto <= %(max_bytes)s)))
+    RETURNING j.id, j.kind, j.queue, j.payload::text AS payload, j.attempt, j.max_attempts
+), spent_kind AS (
+    UPDATE shardworker.kinds k
+    SET rate_tokens = l.tokens - (SELECT count(*) FROM claimed c WHERE c.kind = l.name),
+        rate_at = statement_timestamp()
+    FROM limited_kind l
+    WHERE k.name = l.name AND l.rate_limit IS NOT NULL
+), spent_queue AS (
+    UPDATE shardworker.queues q
+    SET rate_tokens = l.tokens - (SELECT count(*) FROM claimed c WHERE c.queue = l.name),
+        rate_at = statement_timestamp()
+    FROM limited_queue l
+    WHERE q.name = l.name AND l.rate_limit IS NOT NULL AND NOT l.paused
 )
-UPDATE shardworker.jobs j
-SET status = 'running', attempt = j.attempt + 1, locked_by = %(worker_id)s, rescued_attempt = NULL,
-    claim_token = %(claim_token)s, attempted_at = now(), updated_at = now()
-WHERE j.id = ANY(ARRAY(SELECT id FROM running_total WHERE n = 1 OR upto <= %(max_bytes)s))
-RETURNING j.id, j.kind, j.queue, j.payload::text, j.attempt, j.max_attempts;
+SELECT c.id, c.kind, c.queue, c.payload, c.attempt, c.max_attempts,
+       least((SELECT k.pace_s FROM kind_room k WHERE k.kind = c.kind),
+             (SELECT q.pace_s FROM queue_room q WHERE q.queue = c.queue)) AS pace_s
+FROM claimed c;
+
+-- flow_register_kinds --
+-- At a worker's start: its handlers' limits across workers become the kinds' rows (the
+-- last worker to start sets them); kinds it handles without such limits lose theirs.
+INSERT INTO shardworker.kinds AS k (name, global_concurrency, rate_limit, rate_period_s)
+SELECT name, gc, rl, rp
+FROM unnest(%(names)s::text[], %(global_concurrency)s::int[], %(rate_limit)s::int[], %(rate_period_s)s::float8[])
+     AS r(name, gc, rl, rp)
+ORDER BY name
+ON CONFLICT (name) DO UPDATE
+SET global_concurrency = EXCLUDED.global_concurrency, rate_limit = EXCLUDED.rate_limit,
+    rate_period_s = EXCLUDED.rate_period_s, updated_at = now(),
+    rate_tokens = CASE WHEN k.rate_limit IS NOT DISTINCT FROM EXCLUDED.rate_limit
+                        AND k.rate_period_s IS NOT DISTINCT FROM EXCLUDED.rate_period_s
+                       THEN k.rate_tokens ELSE 0 END
+WHERE (k.global_concurrency, k.rate_limit, k.rate_period_s)
+      IS DISTINCT FROM (EXCLUDED.global_concurrency, EXCLUDED.rate_limit, EXCLUDED.rate_period_s);
 
 -- job_apply_outcomes --
 -- Apply a batch of outcomes, fenced: only the attempt that produced an outcome, while it is
