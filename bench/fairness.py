@@ -41,6 +41,10 @@ from latency import percentile, wait_done
 from shardworker import JobSpec, enqueue, enqueue_many
 
 TARGET_P99_MS = 250.0
+# --slow-lane: the capped slow kind; async (the issue's API calls, concurrency=20), sync
+# (a plain def holding its child's sync lane for 1 s, concurrency=1, so one child stays free)
+# or threads (threads=True, concurrency=20).
+SLOW_KINDS = {"async": "call_api", "sync": "crunch", "threads": "crunch_threads"}
 APP = '''
 import asyncio, time
 from shardworker import App
@@ -51,6 +55,16 @@ app = App()
 @app.handler("call_api", concurrency=20)
 async def call_api(job):
     await asyncio.sleep(1.0)
+
+
+@app.handler("crunch", concurrency=1)
+def crunch(job):
+    time.sleep(1.0)
+
+
+@app.handler("crunch_threads", threads=True, concurrency=20)
+def crunch_threads(job):
+    time.sleep(1.0)
 
 
 @app.handler("thumbnail")
@@ -70,11 +84,11 @@ def start_worker(dsn: str, work_dir: str, pythonpath: str | None) -> subprocess.
                                 env=env, stdout=log, stderr=log, cwd=work_dir)
 
 
-def wait_slow_started(conn: psycopg.Connection, count: int, timeout_s: float = 60) -> None:
+def wait_slow_started(conn: psycopg.Connection, kind: str, count: int, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        row = conn.execute("SELECT count(*) FROM shardworker.jobs WHERE kind = 'call_api' "
-                           "AND status = 'done'").fetchone()
+        row = conn.execute("SELECT count(*) FROM shardworker.jobs WHERE kind = %s AND status = 'done'",
+                           (kind,)).fetchone()
         if row is not None and row[0] >= count:
             return
         time.sleep(0.05)
@@ -85,10 +99,10 @@ def measure(dsn: str, args: argparse.Namespace, work_dir: str) -> list[float]:
     """Enqueue -> done of each fast job, in ms, sorted."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("TRUNCATE shardworker.jobs")
-        enqueue_many(conn, (JobSpec("call_api") for _ in range(args.slow)))
+        enqueue_many(conn, (JobSpec(SLOW_KINDS[args.slow_lane]) for _ in range(args.slow)))
         proc = start_worker(dsn, work_dir, args.pythonpath)
         try:
-            wait_slow_started(conn, 40)  # two rounds of the capped kind: the worker is in its stride
+            wait_slow_started(conn, SLOW_KINDS[args.slow_lane], 2)  # the worker is in its stride
             ids, interval, start = [], 1.0 / args.fast_rate, time.monotonic()
             for n in range(args.fast):
                 time.sleep(max(0.0, start + n * interval - time.monotonic()))
@@ -109,12 +123,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slow", type=int, default=1000, help="capped 1 s jobs enqueued first (default 1000)")
     parser.add_argument("--fast", type=int, default=300, help="1 ms jobs of another queue (default 300)")
     parser.add_argument("--fast-rate", type=float, default=100.0, help="fast jobs enqueued per second (default 100)")
+    parser.add_argument("--slow-lane", choices=sorted(SLOW_KINDS), default="async",
+                        help="how the slow kind runs (default async: the issue's workload)")
     parser.add_argument("--repeat", type=int, default=1, help="rounds; the verdict is on the median p99")
     parser.add_argument("--pythonpath", default=None, help="run the worker from this checkout instead")
     args = parser.parse_args(argv)
-    if args.slow < 40 or args.fast < 1 or args.fast_rate <= 0:
-        parser.error("--slow must be >= 40, --fast >= 1 and --fast-rate > 0")
-    print(f"{args.slow} capped 1 s jobs, then {args.fast} 1 ms jobs at {args.fast_rate:g}/s; --procs 2 "
+    if args.slow < 2 or args.fast < 1 or args.fast_rate <= 0:
+        parser.error("--slow must be >= 2, --fast >= 1 and --fast-rate > 0")
+    print(f"{args.slow} capped 1 s jobs ({args.slow_lane}), then {args.fast} 1 ms jobs at {args.fast_rate:g}/s; --procs 2 "
           f"--concurrency 20; code {args.pythonpath or 'this checkout'}", flush=True)
     p99s: list[float] = []
     with database(args.dsn) as dsn:
