@@ -141,3 +141,17 @@ def test_a_killed_worker_gives_its_global_slots_back_through_the_rescue(pg_dsn: 
         assert {s for (s,) in rescued} <= {"queued", "running"}
     finally:
         kill_worker_group(peer)
+
+
+def test_exit_when_idle_leaves_a_paused_queue_for_later(pg_dsn: str, tmp_path: Path) -> None:
+    """A paused queue's jobs wait for an operator: --exit-when-idle runs the rest and exits,
+    leaving them queued."""
+    execute(pg_dsn, "INSERT INTO shardworker.queues (name, paused) VALUES ('uploads', true)")
+    held = enqueue(pg_dsn, "thumb", 5, queue="uploads")
+    free = enqueue(pg_dsn, "limited", 5, {"sleep": 0.01})
+    worker = flow_worker(pg_dsn, tmp_path, "w1", "--exit-when-idle")
+    assert exit_code(worker, 60, tmp_path / "counts") == 0
+    assert query(pg_dsn, "SELECT status, count(*) FROM shardworker.jobs WHERE id = ANY(%s) GROUP BY 1",
+                 held) == [("queued", 5)]
+    assert query(pg_dsn, "SELECT status, count(*) FROM shardworker.jobs WHERE id = ANY(%s) GROUP BY 1",
+                 free) == [("done", 5)]

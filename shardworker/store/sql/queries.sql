@@ -316,10 +316,12 @@ GROUP BY kind ORDER BY count(*) DESC, kind LIMIT 10;
 -- job_count_active --
 -- What --exit-when-idle waits on: jobs due now, jobs already attempted (a retry, a snooze,
 -- a rescued job) that fall due within retry_horizon_s, and jobs running for this worker.
+-- Jobs of a paused queue wait for an operator, not for this worker: they do not count.
 SELECT
   (SELECT count(*) FROM shardworker.jobs
     WHERE status = 'queued' AND kind = ANY(%(kinds)s::text[])
       AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+      AND queue <> ALL(ARRAY(SELECT name FROM shardworker.queues WHERE paused))
       AND (run_at <= now()
            OR (attempt > 0 AND run_at <= now() + make_interval(secs => %(retry_horizon_s)s::float8)))) +
   (SELECT count(*) FROM shardworker.jobs WHERE status = 'running' AND locked_by = %(worker_id)s);
