@@ -47,6 +47,8 @@ FOR UPDATE;
 -- per rate_period_s, holding at most a twentieth of rate_limit, at least one:
 -- shardworker.flow.Rate.burst). Paused queues are skipped. A limited kind or queue is
 -- read apart from the rest, so jobs that cannot start never crowd out jobs that can.
+-- (NOT IN over a subquery, never <> ALL(ARRAY(...)): the planner reads the array as a
+-- filter that keeps one row, and sorts the whole queue instead of walking jobs_claim_idx.)
 -- The candidates stay locked only for this statement; the ids go through ARRAY(...) so
 -- the update is by primary key. Each row returned carries pace_s: for a job of a
 -- rate-limited kind or queue, how long its bucket takes to refill a burst.
@@ -93,9 +95,9 @@ WITH limited_kind AS (
     SELECT id, kind, queue, priority, run_at, coalesce(payload_bytes, pg_column_size(payload)) AS bytes
     FROM shardworker.jobs
     WHERE status = 'queued' AND run_at <= now()
-      AND kind = ANY(%(kinds)s::text[]) AND kind <> ALL(ARRAY(SELECT kind FROM kind_room))
+      AND kind = ANY(%(kinds)s::text[]) AND kind NOT IN (SELECT kind FROM kind_room)
       AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
-      AND queue <> ALL(ARRAY(SELECT queue FROM queue_room))
+      AND queue NOT IN (SELECT queue FROM queue_room)
     ORDER BY priority, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -106,7 +108,7 @@ WITH limited_kind AS (
         FROM shardworker.jobs
         WHERE status = 'queued' AND run_at <= now() AND kind = k.kind
           AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
-          AND queue <> ALL(ARRAY(SELECT queue FROM queue_room))
+          AND queue NOT IN (SELECT queue FROM queue_room)
         ORDER BY priority, run_at, id
         LIMIT k.room
         FOR UPDATE SKIP LOCKED) j
@@ -117,7 +119,7 @@ WITH limited_kind AS (
         SELECT id, kind, queue, priority, run_at, coalesce(payload_bytes, pg_column_size(payload)) AS bytes
         FROM shardworker.jobs
         WHERE status = 'queued' AND run_at <= now() AND queue = q.queue
-          AND kind = ANY(%(kinds)s::text[]) AND kind <> ALL(ARRAY(SELECT kind FROM kind_room WHERE room <= 0))
+          AND kind = ANY(%(kinds)s::text[]) AND kind NOT IN (SELECT kind FROM kind_room WHERE room <= 0)
         ORDER BY priority, run_at, id
         LIMIT q.room
         FOR UPDATE SKIP LOCKED) j
