@@ -31,9 +31,15 @@ CREATE TABLE shardworker.queues (
     CHECK ((rate_limit IS NULL) = (rate_period_s IS NULL))
 );
 
--- The backlog by queue and kind (available, scheduled, oldest due) from queued rows only;
--- names bounded as in 0007 so that no row can overflow the index.
-CREATE INDEX jobs_backlog_idx ON shardworker.jobs (left(queue, 255), left(kind, 255), run_at)
+-- A claim reads a limited queue's or a limited kind's due jobs apart, best first: these
+-- walk them in claim order (priority, run_at, id) without passing other jobs. The queue's
+-- also carries the kind, so the backlog by queue and kind (available, scheduled, oldest
+-- due) is an index-only scan of queued rows. Names bounded as in 0007 so that no row can
+-- overflow an index.
+CREATE INDEX jobs_queued_by_queue_idx
+    ON shardworker.jobs (left(queue, 255), priority, run_at, id, left(kind, 255))
+    WHERE status = 'queued';
+CREATE INDEX jobs_queued_by_kind_idx ON shardworker.jobs (left(kind, 255), priority, run_at, id)
     WHERE status = 'queued';
 
 -- Limited claims count the running jobs of a kind or a queue; so do the running gauges.

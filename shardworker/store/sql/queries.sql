@@ -91,10 +91,11 @@ WITH limited_kind AS (
                      coalesce(floor(q.tokens)::int, %(limit)s)) END AS room
     FROM limited_queue q
 ), plain AS (
-    -- Jobs of kinds and queues without limits.
+    -- Jobs of kinds and queues without limits (none to look for when every kind has one).
     SELECT id, kind, queue, priority, run_at, coalesce(payload_bytes, pg_column_size(payload)) AS bytes
     FROM shardworker.jobs
-    WHERE status = 'queued' AND run_at <= now()
+    WHERE (SELECT count(*) FROM kind_room) < cardinality(%(kinds)s::text[])
+      AND status = 'queued' AND run_at <= now()
       AND kind = ANY(%(kinds)s::text[]) AND kind NOT IN (SELECT kind FROM kind_room)
       AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
       AND queue NOT IN (SELECT queue FROM queue_room)
@@ -106,7 +107,7 @@ WITH limited_kind AS (
     SELECT j.* FROM kind_room k CROSS JOIN LATERAL (
         SELECT id, kind, queue, priority, run_at, coalesce(payload_bytes, pg_column_size(payload)) AS bytes
         FROM shardworker.jobs
-        WHERE status = 'queued' AND run_at <= now() AND kind = k.kind
+        WHERE status = 'queued' AND run_at <= now() AND left(kind, 255) = left(k.kind, 255) AND kind = k.kind
           AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
           AND queue NOT IN (SELECT queue FROM queue_room)
         ORDER BY priority, run_at, id
@@ -118,7 +119,7 @@ WITH limited_kind AS (
     SELECT j.* FROM queue_room q CROSS JOIN LATERAL (
         SELECT id, kind, queue, priority, run_at, coalesce(payload_bytes, pg_column_size(payload)) AS bytes
         FROM shardworker.jobs
-        WHERE status = 'queued' AND run_at <= now() AND queue = q.queue
+        WHERE status = 'queued' AND run_at <= now() AND left(queue, 255) = left(q.queue, 255) AND queue = q.queue
           AND kind = ANY(%(kinds)s::text[]) AND kind NOT IN (SELECT kind FROM kind_room WHERE room <= 0)
         ORDER BY priority, run_at, id
         LIMIT q.room
