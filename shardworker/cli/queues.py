@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 import orjson
+from click.core import ParameterSource
 
 from shardworker import queues as queues_api
 from shardworker.cli.common import dsn_option, json_option, one_line_errors, resolve_dsn
@@ -47,9 +48,15 @@ class RateType(click.ParamType):
 
 
 def _from_group(ctx: click.Context, dsn: str | None, as_json: bool) -> tuple[str, bool]:
-    """The DSN and --json given to this command, or else to the group (``queues --dsn X pause q``)."""
-    group = ctx.parent.params if ctx.parent is not None else {}
-    return resolve_dsn(dsn or group.get("dsn")), as_json or bool(group.get("as_json"))
+    """The DSN and --json of this command, where a ``--dsn`` typed on the group (``queues --dsn X
+    pause q``) wins over ``SHARDWORKER_DSN``, as the command's own would."""
+    group = ctx.parent
+    if group is not None:
+        typed = group.get_parameter_source("dsn") == ParameterSource.COMMANDLINE
+        if typed and ctx.get_parameter_source("dsn") != ParameterSource.COMMANDLINE:
+            dsn = group.params["dsn"]
+        as_json = as_json or bool(group.params.get("as_json"))
+    return resolve_dsn(dsn), as_json
 
 
 @click.group(invoke_without_command=True)

@@ -74,11 +74,14 @@ def test_pause_limit_clear_and_resume_change_only_what_they_name(pg_dsn: str) ->
 
 
 def test_the_groups_own_dsn_option_reaches_its_commands(pg_dsn: str) -> None:
-    """`queues --dsn X pause q` acts on X, not on the embedded server."""
+    """`queues --dsn X pause q` acts on X, not on the embedded server nor on SHARDWORKER_DSN."""
     done = shardworker("queues", "--dsn", pg_dsn, "pause", "mail")
     assert done.returncode == 0, done.stderr
     assert "embedded" not in done.stderr
-    assert states(pg_dsn) == [("mail", True, None, None, None)]
+    done = shardworker("queues", "--dsn", pg_dsn, "limit", "mail", "--concurrency", "2",
+                       dsn="postgresql://nobody@127.0.0.1:1/elsewhere")
+    assert done.returncode == 0, done.stderr
+    assert states(pg_dsn) == [("mail", True, 2, None, None)]
 
 
 @pytest.mark.parametrize(("args", "fragment"), [
