@@ -130,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.slow < 2 or args.fast < 1 or args.fast_rate <= 0:
         parser.error("--slow must be >= 2, --fast >= 1 and --fast-rate > 0")
-    print(f"{args.slow} capped 1 s jobs ({args.slow_lane}), then {args.fast} 1 ms jobs at {args.fast_rate:g}/s; --procs 2 "
-          f"--concurrency 20; code {args.pythonpath or 'this checkout'}", flush=True)
+    print(f"{args.slow} capped 1 s jobs ({args.slow_lane}), then {args.fast} 1 ms jobs at {args.fast_rate:g}/s; "
+          f"--procs 2 --concurrency 20; code {args.pythonpath or 'this checkout'}", flush=True)
     p99s: list[float] = []
     with database(args.dsn) as dsn:
         work_dir = tempfile.mkdtemp(prefix="sw-bench-fairness-")

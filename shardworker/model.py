@@ -2,7 +2,9 @@
 
 ``Job`` is what a handler receives. ``Outcome`` is what a child writes to its outbox and
 the flusher applies (its record form lives in ``shardworker.wire``). ``JobInfo`` and
-``WorkerInfo`` are what the store reads back for operators.
+``WorkerInfo`` are what the store reads back for operators; ``FlowCount`` is what a worker's
+heartbeat reports of the jobs it holds, ``BacklogRow``, ``QueueState`` and ``QueueInfo`` what
+``shardworker queues`` shows.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 import orjson
+
+from shardworker.flow import Rate
 
 # orjson reads an integer beyond 64 bits as a float. |i| < 10**18 fits whatever reads it, so
 # only JSON text with a run of 19 digits is read again, exactly, by the standard library.
@@ -190,3 +194,60 @@ class WorkerInfo:
 
     def to_json(self) -> dict[str, Any]:
         return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in self.__dict__.items()}
+
+
+class FlowCount(NamedTuple):
+    """A worker's jobs of one queue and kind, as its heartbeat reports them (``workers.flow``):
+    ``prefetched`` claimed and not started (held by the parent, sent to a child and not
+    started, suspects waiting their turn), ``running`` started and not yet reported."""
+
+    queue: str
+    kind: str
+    prefetched: int
+    running: int
+
+
+class BacklogRow(NamedTuple):
+    """One queue and kind's backlog (``kind`` None: a queue with a state row and no jobs).
+
+    ``available``: queued and due; ``scheduled``: queued for later; ``prefetched``: claimed by a
+    live worker whose handler has not started; ``running``: claimed and started (the rest of the
+    claimed jobs); ``oldest_available_s``: how long the oldest available job has been due (None
+    when none is)."""
+
+    queue: str
+    kind: str | None
+    available: int
+    scheduled: int
+    prefetched: int
+    running: int
+    oldest_available_s: float | None
+
+
+class QueueState(NamedTuple):
+    """A queue's operator settings (``shardworker.queues``): paused, and limits across every
+    worker (None: no limit). A queue without a row is unpaused and unlimited."""
+
+    name: str
+    paused: bool
+    concurrency: int | None
+    rate: Rate | None
+
+
+@dataclass(frozen=True)
+class QueueInfo:
+    """One queue as ``shardworker queues`` shows it: its state and its backlog summed over kinds
+    (``BacklogRow`` says what each count means)."""
+
+    name: str
+    paused: bool
+    concurrency: int | None
+    rate: Rate | None
+    available: int
+    scheduled: int
+    prefetched: int
+    running: int
+    oldest_available_s: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.__dict__, "rate": None if self.rate is None else str(self.rate)}

@@ -172,6 +172,7 @@ from shardworker.cli.doctor import doctor  # noqa: E402
 from shardworker.cli.jobs import jobs  # noqa: E402
 from shardworker.cli.ops import embedded, periodic, prune, workers  # noqa: E402
 from shardworker.cli.outbox import outbox  # noqa: E402  (registers the outbox group)
+from shardworker.cli.queues import queues  # noqa: E402
 from shardworker.cli.run import run  # noqa: E402
 from shardworker.dashboard.command import dashboard  # noqa: E402
 
@@ -179,6 +180,7 @@ main.add_command(run)
 main.add_command(outbox)
 main.add_command(demo)
 main.add_command(jobs)
+main.add_command(queues)
 main.add_command(prune)
 main.add_command(workers)
 main.add_command(periodic)

@@ -9,7 +9,8 @@ Everything outside ``shardworker.store`` talks to it in domain values (``Claimed
 * ``housekeeping``: counts for metrics, retention, periodic ticks;
 * ``schema_queries``: migrations and doctor's probes;
 * ``enqueue``: enqueue on the store's connection (``enqueue_async``: on an asyncio one);
-* ``job_queries``: operators' reads and changes on the caller's connection or a DSN.
+* ``job_queries``: operators' reads and changes on the caller's connection or a DSN;
+* ``queue_queries``: the backlog by queue and kind, and the queues' state (paused, limits).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 from shardworker.config import StoreConfig
 from shardworker.store.enqueue import EnqueueQueries
 from shardworker.store.housekeeping import HousekeepingQueries
+from shardworker.store.queue_queries import QueueQueries
 from shardworker.store.schema_queries import SchemaQueries, ServerState
 from shardworker.store.worker_queries import WorkerQueries
 from shardworker.store.worker_rows import WorkerRows
@@ -24,5 +26,5 @@ from shardworker.store.worker_rows import WorkerRows
 __all__ = ["PgStore", "ServerState", "StoreConfig"]
 
 
-class PgStore(WorkerQueries, WorkerRows, HousekeepingQueries, SchemaQueries, EnqueueQueries):
+class PgStore(WorkerQueries, WorkerRows, HousekeepingQueries, SchemaQueries, EnqueueQueries, QueueQueries):
     """Job storage on one PostgreSQL connection."""

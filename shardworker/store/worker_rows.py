@@ -7,7 +7,9 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import NamedTuple
 
-from shardworker.model import WorkerInfo
+import orjson
+
+from shardworker.model import FlowCount, WorkerInfo
 from shardworker.store.connection import Session
 from shardworker.store.sql import query
 
@@ -22,12 +24,15 @@ class WorkerRows(Session):
     """Heartbeat rows and rescue, on one session."""
 
     def heartbeat(self, worker_id: str, hostname: str, pid: int, running: int | None = None,
-                  pending: int | None = None, *, take_over: bool = True) -> tuple[str, int] | None:
-        """Beat for ``worker_id`` as (hostname, pid); None when written, else the (hostname,
-        pid) of the other process whose row it left alone (only without ``take_over``)."""
+                  pending: int | None = None, flow: Sequence[FlowCount] | None = None, *,
+                  take_over: bool = True) -> tuple[str, int] | None:
+        """Beat for ``worker_id`` as (hostname, pid), with its load and its ``flow`` report (None:
+        not known); None when written, else the (hostname, pid) of the other process whose
+        row it left alone (only without ``take_over``)."""
+        report = None if flow is None else orjson.dumps([list(f) for f in flow]).decode()
         with self.cursor() as cur:
             cur.execute(query("worker_heartbeat"), {"worker_id": worker_id, "hostname": hostname, "pid": pid,
-                                                    "running": running, "pending": pending,
+                                                    "running": running, "pending": pending, "flow": report,
                                                     "take_over": take_over})
             row = cur.fetchone()
         if row is None or row[0]:

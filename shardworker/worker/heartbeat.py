@@ -18,20 +18,24 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from shardworker.errors import StoreError, WorkerIdInUse
+from shardworker.model import FlowCount
 from shardworker.retry import Backoff, Outage, is_retryable
 from shardworker.worker.identity import in_use
 from shardworker.worker.rescuer import Rescuer, RescueStore
 
 log = logging.getLogger(__name__)
 
+Load = tuple[int | None, int | None, Sequence[FlowCount] | None]  # None: not known
+
 
 class HeartbeatStore(RescueStore, Protocol):
     def heartbeat(self, worker_id: str, hostname: str, pid: int, running: int | None = None,
-                  pending: int | None = None, *, take_over: bool = True) -> tuple[str, int] | None: ...
+                  pending: int | None = None, flow: Sequence[FlowCount] | None = None, *,
+                  take_over: bool = True) -> tuple[str, int] | None: ...
     def close(self) -> None: ...
 
 
@@ -40,10 +44,12 @@ class Heartbeat:
 
     def __init__(self, store: HeartbeatStore, worker_id: str, interval_s: float, rescue_after_s: float | None,
                  backoff: Backoff, *, rescue_grace_s: float = 0.0, clock: Callable[[], float] = time.monotonic,
-                 load: Callable[[], tuple[int | None, int | None]] = lambda: (None, None),
+                 load: Callable[[], Load] = lambda: (None, None, None),
                  on_conflict: Callable[[WorkerIdInUse], None] = lambda exc: None) -> None:
         self.store, self.worker_id, self.interval_s = store, worker_id, interval_s
-        self.load = load  # (jobs running, outcomes pending in the outbox), shown by `shardworker workers`
+        # (jobs running, outcomes pending in the outbox), shown by `shardworker workers`, and the
+        # flow report (prefetched and running by queue and kind), summed by `shardworker queues`
+        self.load = load
         self.clock = clock
         # An unreachable database is told once for the whole worker (shardworker.worker.dbwatch).
         self.outage = Outage("heartbeat", log, backoff, floor_s=interval_s, clock=clock, ended=None,

@@ -41,7 +41,7 @@ from shardworker.jobstats import JobCounts
 from shardworker.retry import Backoff
 from shardworker.store.pg_store import PgStore
 from shardworker.worker.dispatcher import Dispatcher
-from shardworker.worker.heartbeat import Heartbeat
+from shardworker.worker.heartbeat import Heartbeat, Load
 from shardworker.worker.housekeeping import Housekeeper
 from shardworker.worker.metrics import MetricsServer, WorkerCollector
 from shardworker.worker.parent_outcomes import ParentOutcomes
@@ -226,16 +226,16 @@ class Supervisor:
         if self.heartbeat is not None and self.heartbeat.conflict is not None:
             raise self.heartbeat.conflict
 
-    def _load(self) -> tuple[int | None, int | None]:
-        """(jobs running, outcomes not yet applied) for the heartbeat row; read from the
-        heartbeat's thread, so only plain reads of the dispatcher's counters."""
+    def _load(self) -> Load:
+        """(jobs running, outcomes not yet applied, flow report) for the heartbeat row; read
+        from the heartbeat's thread, so only plain reads of the dispatcher's and pool's state."""
         dispatcher = self.dispatcher
         if dispatcher is None:
-            return None, None
+            return None, None, None
         try:
-            return self.pool.in_flight, max(0, dispatcher.backlog())
+            return self.pool.in_flight, max(0, dispatcher.backlog()), self.pool.flow_counts()
         except Exception:  # a count caught mid-change is not worth a missed heartbeat
-            return None, None
+            return None, None, None
 
     # shutdown ---------------------------------------------------------------------------
 

@@ -330,18 +330,19 @@ SELECT
   (SELECT count(*) FROM shardworker.jobs WHERE status = 'running' AND locked_by = %(worker_id)s);
 
 -- worker_heartbeat --
--- Record that this worker is alive, with its load (NULL: not known). A new process under
--- the same worker id starts a new started_at. Unless take_over (a process's first beat), a
--- row another (hostname, pid) wrote meanwhile is left alone: that is a second live worker
--- under this id. Returns whether the row was written, and who holds it.
+-- Record that this worker is alive, with its load (NULL: not known): jobs it holds, outcomes
+-- not yet applied, and its flow report ([[queue, kind, prefetched, running], ...], JSON text).
+-- A new process under the same worker id starts a new started_at. Unless take_over (a
+-- process's first beat), a row another (hostname, pid) wrote meanwhile is left alone: that is
+-- a second live worker under this id. Returns whether the row was written, and who holds it.
 WITH beat AS (
-    INSERT INTO shardworker.workers AS w (worker_id, hostname, pid, heartbeat_at, jobs_running, outbox_pending)
-    VALUES (%(worker_id)s, %(hostname)s, %(pid)s, now(), %(running)s, %(pending)s)
+    INSERT INTO shardworker.workers AS w (worker_id, hostname, pid, heartbeat_at, jobs_running, outbox_pending, flow)
+    VALUES (%(worker_id)s, %(hostname)s, %(pid)s, now(), %(running)s, %(pending)s, %(flow)s::text::jsonb)
     ON CONFLICT (worker_id) DO UPDATE
     SET hostname = excluded.hostname, pid = excluded.pid, heartbeat_at = now(),
         started_at = CASE WHEN (w.hostname, w.pid) IS DISTINCT FROM (excluded.hostname, excluded.pid)
                           THEN now() ELSE w.started_at END,
-        jobs_running = excluded.jobs_running, outbox_pending = excluded.outbox_pending
+        jobs_running = excluded.jobs_running, outbox_pending = excluded.outbox_pending, flow = excluded.flow
     WHERE %(take_over)s OR (w.hostname, w.pid) = (excluded.hostname, excluded.pid)
     RETURNING 1
 )
@@ -554,6 +555,74 @@ UPDATE shardworker.periodic SET last_tick = %(last_tick)s, updated_at = now() WH
 -- periodic_list --
 -- Every schedule's state.
 SELECT name, schedule, last_tick, updated_at FROM shardworker.periodic ORDER BY name;
+
+-- queue_backlog --
+-- The backlog by queue and kind, from queued and running rows only: each status through its
+-- partial index (jobs_queued_by_queue_idx, jobs_running_names_idx; grouped by the indexed left(.., 255)
+-- names, equal to the names for every row enqueue accepts), never a finished row. available:
+-- queued and due; scheduled: queued for later; oldest_s: seconds since the oldest available
+-- job fell due. Of the claimed (running) jobs, prefetched is what workers that beat within
+-- live_within_s report claimed and not started (never more than are claimed), running the
+-- rest. A queue with a row in shardworker.queues and no such jobs gets a row of its own
+-- with a NULL kind.
+WITH queued AS (
+    SELECT left(queue, 255) AS queue, left(kind, 255) AS kind,
+           count(*) FILTER (WHERE run_at <= now()) AS available,
+           count(*) FILTER (WHERE run_at > now()) AS scheduled,
+           min(run_at) FILTER (WHERE run_at <= now()) AS oldest
+    FROM shardworker.jobs WHERE status = 'queued'
+    GROUP BY left(queue, 255), left(kind, 255)
+), claimed AS (
+    SELECT left(queue, 255) AS queue, left(kind, 255) AS kind, count(*) AS claimed
+    FROM shardworker.jobs WHERE status = 'running'
+    GROUP BY left(kind, 255), left(queue, 255)
+), reported AS (
+    SELECT left(f.item->>0, 255) AS queue, left(f.item->>1, 255) AS kind, sum((f.item->>2)::bigint) AS prefetched
+    FROM shardworker.workers w, jsonb_array_elements(w.flow) AS f(item)
+    WHERE w.heartbeat_at >= now() - make_interval(secs => %(live_within_s)s) AND jsonb_typeof(w.flow) = 'array'
+    GROUP BY 1, 2
+), names AS (
+    SELECT queue, kind FROM queued UNION SELECT queue, kind FROM claimed
+)
+SELECT n.queue, n.kind, coalesce(q.available, 0), coalesce(q.scheduled, 0),
+       least(coalesce(r.prefetched, 0), coalesce(c.claimed, 0)),
+       greatest(coalesce(c.claimed, 0) - coalesce(r.prefetched, 0), 0),
+       extract(epoch FROM now() - q.oldest)::float8
+FROM names n
+LEFT JOIN queued q USING (queue, kind) LEFT JOIN claimed c USING (queue, kind) LEFT JOIN reported r USING (queue, kind)
+UNION ALL
+SELECT s.name, NULL, 0, 0, 0, 0, NULL FROM shardworker.queues s
+WHERE NOT EXISTS (SELECT 1 FROM names n WHERE n.queue = left(s.name, 255))
+ORDER BY 1, 2 NULLS FIRST;
+
+-- queue_states --
+-- Every queue's operator state: paused, and its limits across workers (NULL: none).
+SELECT name, paused, concurrency, rate_limit, rate_period_s FROM shardworker.queues ORDER BY name;
+
+-- queue_set_paused --
+-- Pause or resume a queue (its row created on first use); its limits stay. Returns its state.
+INSERT INTO shardworker.queues AS q (name, paused) VALUES (%(name)s, %(paused)s)
+ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = now()
+RETURNING name, paused, concurrency, rate_limit, rate_period_s;
+
+-- queue_set_limits --
+-- Set a queue's limits (its row created on first use): a concurrency or a rate given is set,
+-- one not given (NULL) is kept, and clear removes both. A rate that changes starts an empty
+-- bucket now; the same rate again keeps its tokens. Returns its state.
+INSERT INTO shardworker.queues AS q (name, concurrency, rate_limit, rate_period_s)
+VALUES (%(name)s, %(concurrency)s, %(rate_limit)s, %(rate_period_s)s)
+ON CONFLICT (name) DO UPDATE
+SET concurrency = CASE WHEN %(clear)s::boolean THEN NULL ELSE coalesce(excluded.concurrency, q.concurrency) END,
+    rate_limit = CASE WHEN %(clear)s::boolean THEN NULL ELSE coalesce(excluded.rate_limit, q.rate_limit) END,
+    rate_period_s = CASE WHEN %(clear)s::boolean THEN NULL ELSE coalesce(excluded.rate_period_s, q.rate_period_s) END,
+    rate_tokens = CASE WHEN excluded.rate_limit IS NOT NULL
+                            AND (excluded.rate_limit, excluded.rate_period_s) IS DISTINCT FROM (q.rate_limit, q.rate_period_s)
+                       THEN 0 ELSE q.rate_tokens END,
+    rate_at = CASE WHEN excluded.rate_limit IS NOT NULL
+                        AND (excluded.rate_limit, excluded.rate_period_s) IS DISTINCT FROM (q.rate_limit, q.rate_period_s)
+                   THEN now() ELSE q.rate_at END,
+    updated_at = now()
+RETURNING name, paused, concurrency, rate_limit, rate_period_s;
 
 -- doctor_server_state --
 -- The server's clock as the statement runs, and whether it accepts writes (a standby, or
