@@ -49,3 +49,13 @@ CREATE INDEX jobs_running_names_idx ON shardworker.jobs (left(kind, 255), left(q
 -- Each worker's jobs claimed and not started, and started, by queue and kind, as of its
 -- last heartbeat: [[queue, kind, prefetched, running], ...]. `queues` and `stats` add them up.
 ALTER TABLE shardworker.workers ADD COLUMN flow jsonb;
+
+-- The backlog gauges of `run --metrics-port`: one worker at a time (the one that takes this
+-- row's lock) computes the backlog by queue and kind, at most every few seconds; every
+-- worker's /metrics shows the last one computed, with its age.
+CREATE TABLE shardworker.backlog_report (
+    id           int         PRIMARY KEY CHECK (id = 1),
+    computed_at  timestamptz NOT NULL DEFAULT 'epoch',
+    rows         jsonb       NOT NULL DEFAULT '[]'
+);
+INSERT INTO shardworker.backlog_report (id) VALUES (1);

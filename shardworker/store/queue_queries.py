@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import orjson
 import psycopg
 
 from shardworker.flow import Rate
@@ -35,6 +36,23 @@ class QueueQueries(Session):
         ``live_within_s``. Sorted by queue, then kind."""
         with self.cursor() as cur:
             return read_backlog(cur, live_within_s)
+
+    def backlog_report(self, interval_s: float) -> tuple[float, list[BacklogRow]]:
+        """The backlog as the metrics show it: (its age in seconds, its rows). Computed here
+        when the last report is older than ``interval_s`` and no other worker is computing
+        one (the report row's lock decides), else read from the last one: across every
+        worker, at most one backlog query per ``interval_s``."""
+        with self.cursor(transaction=True) as cur:
+            cur.execute(query("backlog_report_claim"), {"interval_s": interval_s})
+            if cur.fetchone() is not None:
+                rows = read_backlog(cur, LIVE_WITHIN_S)
+                cur.execute(query("backlog_report_store"), {"rows": orjson.dumps([list(row) for row in rows]).decode()})
+                return 0.0, rows
+            cur.execute(query("backlog_report_read"))
+            found = cur.fetchone()
+        if found is None:
+            return float("inf"), []
+        return float(found[0]), [BacklogRow(*row) for row in found[1]]
 
     def queue_states(self) -> list[QueueState]:
         """Every queue with a state row, by name."""

@@ -1,11 +1,14 @@
-"""The parent's housekeeping thread: periodic jobs and retention, on a connection of its own.
+"""The parent's housekeeping thread: periodic jobs, retention and (with metrics) the backlog
+report, on a connection of its own.
 
 Both are work no job depends on finishing quickly, so they stay off the dispatcher's
 connection and off the heartbeat's (a long prune must never make a live worker look
 silent). Each loop checks the schedules (``Scheduler.run_once``: no query unless a tick
 is due) and, during a prune round, deletes one batch, so a big prune never delays a tick
 by more than a batch. A prune round starts every ``prune_interval_s`` and runs until a
-batch comes back short. With the database away it backs off and says so once, and once
+batch comes back short. With ``backlog_interval_s``, every that often it fetches the backlog
+report (``PgStore.backlog_report``: computed by one worker at a time across workers) for
+the metrics to show. With the database away it backs off and says so once, and once
 again when it is back.
 """
 
@@ -15,9 +18,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from shardworker.errors import StoreError
+from shardworker.model import BacklogRow
 from shardworker.retry import Backoff, Outage, is_retryable
 from shardworker.schedule import Schedule
 from shardworker.worker.periodic import PeriodicStore, Scheduler
@@ -29,6 +33,7 @@ PRUNE_BATCH = 1000
 
 class HousekeepingStore(PeriodicStore, Protocol):
     def prune_batch(self, older_than_s: float, limit: int) -> int | None: ...
+    def backlog_report(self, interval_s: float) -> tuple[float, list[BacklogRow]]: ...
     def close(self) -> None: ...
 
 
@@ -50,12 +55,19 @@ def prune(store: HousekeepingStore, older_than_s: float, *, batch: int = PRUNE_B
     return total
 
 
+class Backlog(NamedTuple):
+    """A backlog report: its rows, and when it was computed (this process's monotonic clock)."""
+
+    computed_at: float
+    rows: list[BacklogRow]
+
+
 class Housekeeper:
     """``run_once()`` is one turn of the loop; ``start()`` runs it on a daemon thread."""
 
     def __init__(self, store: HousekeepingStore, schedules: Sequence[Schedule], retention_s: float,
                  backoff: Backoff, *, prune_interval_s: float = 60.0, tick_s: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 backlog_interval_s: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.store, self.retention_s = store, retention_s
         # An unreachable database is told once for the whole worker (shardworker.worker.dbwatch).
         self.outage = Outage("housekeeping (periodic jobs, retention)", log, backoff, floor_s=tick_s, clock=clock,
@@ -67,17 +79,21 @@ class Housekeeper:
         self._round_total = 0
         self._next_round = clock() + min(5.0, prune_interval_s)  # let startup settle first
         self._pruning = False
+        self.backlog_interval_s = backlog_interval_s
+        self.backlog: Backlog | None = None  # the last report read, for the metrics
+        self._next_backlog = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     @property
     def needed(self) -> bool:
-        return bool(self.scheduler.schedules) or self.retention_s > 0
+        return bool(self.scheduler.schedules) or self.retention_s > 0 or self.backlog_interval_s is not None
 
     def run_once(self) -> float:
         """Check schedules, prune one batch if a round is on; seconds until the next turn."""
         try:
             self.scheduler.run_once()
+            self._backlog_step()
             if self.retention_s > 0:
                 self._prune_step()
         except StoreError as exc:
@@ -95,6 +111,14 @@ class Housekeeper:
         log.error("housekeeping (periodic jobs, retention) refused by the database: %s; next try in %gs",
                   exc, self.prune_interval_s)
         return self.prune_interval_s
+
+    def _backlog_step(self) -> None:
+        now = self.clock()
+        if self.backlog_interval_s is None or now < self._next_backlog:
+            return
+        self._next_backlog = now + self.backlog_interval_s
+        age_s, rows = self.store.backlog_report(self.backlog_interval_s)
+        self.backlog = Backlog(now - age_s, rows)
 
     def _prune_step(self) -> None:
         now = self.clock()

@@ -9,7 +9,13 @@ path takes no lock of its own and no process shares a registry:
   dispatcher adds it to ``JobCounts``;
 * the flusher writes its counters into the shared-memory struct it already shares with
   the parent (one writer per field), which the parent's handle sums across restarts;
-* the rest (claims, backlog, the database's state) are the parent's own fields.
+* the rest (claims, backlog, the database's state) are the parent's own fields;
+* the backlog by queue and kind (available, scheduled, prefetched, running, oldest available
+  age) is the whole database's, not this worker's: one worker at a time computes it, at
+  most every ``BACKLOG_INTERVAL_S``, and every worker's housekeeping thread reads the last
+  report (``shardworker.worker.housekeeping``); ``shardworker_backlog_report_age_seconds``
+  says how old the numbers are. Every worker shows the same values: aggregate them across
+  workers with ``max``, not ``sum``.
 
 Nothing is a ``prometheus_client`` metric object: ``WorkerCollector.collect`` reads those
 values when Prometheus scrapes and builds the metric families then, on the server's
@@ -27,7 +33,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from socketserver import ThreadingMixIn
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -40,9 +46,17 @@ from shardworker.flusher.loop import BATCH_BUCKETS
 from shardworker.jobstats import DURATION_BUCKETS, OUTCOMES, JobCounts
 from shardworker.layout import PARENT_SHARD
 
+if TYPE_CHECKING:
+    from shardworker.worker.housekeeping import Backlog
+
 log = logging.getLogger(__name__)
 
 OUTBOX_REFRESH_S = 1.0
+BACKLOG_INTERVAL_S = 5.0
+BACKLOG_GAUGES = (("available", "Jobs queued and due, by queue and kind (every worker's view of the database)."),
+                  ("scheduled", "Jobs queued for later (run_at ahead), by queue and kind."),
+                  ("prefetched", "Jobs claimed by a live worker whose handler has not started, by queue and kind."),
+                  ("running", "Jobs whose handler started and whose outcome has not been applied, by queue and kind."))
 
 
 class WorkerView(Protocol):
@@ -57,6 +71,7 @@ class WorkerView(Protocol):
     def in_flight(self) -> int: ...
     def database_up(self) -> bool: ...
     def flusher_counters(self) -> dict[str, Any]: ...
+    def backlog(self) -> Backlog | None: ...
 
 
 class WorkerCollector(Collector):
@@ -84,6 +99,27 @@ class WorkerCollector(Collector):
                      1 if v.database_up() else 0)
         yield from self._flusher_metrics(v.flusher_counters())
         yield from self._outbox_metrics()
+        yield from self._backlog_metrics(v.backlog())
+
+    def _backlog_metrics(self, backlog: Backlog | None) -> Iterator[Metric]:
+        if backlog is None:
+            return  # no report read yet
+        gauges = [GaugeMetricFamily(f"shardworker_jobs_{name}", doc, labels=["queue", "kind"])
+                  for name, doc in BACKLOG_GAUGES]
+        oldest = GaugeMetricFamily("shardworker_oldest_available_age_seconds",
+                                   "How long the oldest available job has waited since it fell due "
+                                   "(0 when none), by queue and kind.", labels=["queue", "kind"])
+        for row in backlog.rows:
+            if row.kind is None:
+                continue  # a queue with a state row and no jobs: nothing to count
+            labels = [row.queue, row.kind]
+            for gauge, value in zip(gauges, (row.available, row.scheduled, row.prefetched, row.running), strict=True):
+                gauge.add_metric(labels, value)
+            oldest.add_metric(labels, row.oldest_available_s or 0.0)
+        yield from gauges
+        yield oldest
+        yield _gauge("shardworker_backlog_report_age_seconds",
+                     "Age of the backlog report the gauges above show.", max(0.0, self.clock() - backlog.computed_at))
 
     def _job_metrics(self, by_kind: dict[str, list[float]]) -> Iterator[Metric]:
         outcomes = CounterMetricFamily("shardworker_jobs_finished",

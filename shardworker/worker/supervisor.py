@@ -42,8 +42,8 @@ from shardworker.retry import Backoff
 from shardworker.store.pg_store import PgStore
 from shardworker.worker.dispatcher import Dispatcher
 from shardworker.worker.heartbeat import Heartbeat, Load
-from shardworker.worker.housekeeping import Housekeeper
-from shardworker.worker.metrics import MetricsServer, WorkerCollector
+from shardworker.worker.housekeeping import Backlog, Housekeeper
+from shardworker.worker.metrics import BACKLOG_INTERVAL_S, MetricsServer, WorkerCollector
 from shardworker.worker.parent_outcomes import ParentOutcomes
 from shardworker.worker.pool import ChildPool
 from shardworker.worker.startup import Startup
@@ -82,7 +82,8 @@ class Supervisor:
                                               self.pool.job_counts)
         self.heartbeat: Heartbeat | None = None
         self.housekeeper = Housekeeper(PgStore(self.store_config), list(app.schedules.values()), config.retention_s,
-                                       self._backoff(), prune_interval_s=config.prune_interval_s)
+                                       self._backoff(), prune_interval_s=config.prune_interval_s,
+                                       backlog_interval_s=None if config.metrics_port is None else BACKLOG_INTERVAL_S)
         self.dispatcher: Dispatcher | None = None
         self.schema_checked = False  # the database answered at startup (what database_up says until claims)
         self.metrics: MetricsServer | None = None
@@ -118,6 +119,9 @@ class Supervisor:
 
     def database_up(self) -> bool:
         return self.dispatcher.watch.up if self.dispatcher else self.schema_checked
+
+    def backlog(self) -> Backlog | None:
+        return self.housekeeper.backlog
 
     def flusher_counters(self) -> dict[str, Any]:
         counters = self.flusher.counters()

@@ -595,6 +595,22 @@ SELECT s.name, NULL, 0, 0, 0, 0, NULL FROM shardworker.queues s
 WHERE NOT EXISTS (SELECT 1 FROM names n WHERE n.queue = left(s.name, 255))
 ORDER BY 1, 2 NULLS FIRST;
 
+-- backlog_report_claim --
+-- The backlog report's row, if no other worker holds it and it is older than interval_s:
+-- locked until this transaction ends, while this worker computes the next report.
+SELECT 1 FROM shardworker.backlog_report
+WHERE id = 1 AND computed_at < now() - make_interval(secs => %(interval_s)s)
+FOR UPDATE SKIP LOCKED;
+
+-- backlog_report_store --
+-- The report just computed (rows: [[queue, kind, available, scheduled, prefetched, running,
+-- oldest_available_s], ...]).
+UPDATE shardworker.backlog_report SET computed_at = now(), rows = %(rows)s::jsonb WHERE id = 1;
+
+-- backlog_report_read --
+-- The last report and its age in seconds.
+SELECT extract(epoch FROM now() - computed_at)::float8, rows FROM shardworker.backlog_report WHERE id = 1;
+
 -- queue_states --
 -- Every queue's operator state: paused, and its limits across workers (NULL: none).
 SELECT name, paused, concurrency, rate_limit, rate_period_s FROM shardworker.queues ORDER BY name;
