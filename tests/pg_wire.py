@@ -33,6 +33,7 @@ class FrontendParser:
         self.single_byte_replies = 0  # SSL/GSS requests: the server answers each with one byte
         self.statements: dict[bytes, bytes] = {}
         self.portals: dict[bytes, bytes] = {}
+        self.unsynced = False
 
     def feed(self, chunk: bytes) -> list[tuple[int, int, bytes]]:
         if self.opaque:
@@ -64,6 +65,7 @@ class FrontendParser:
                 pending.clear()
             else:
                 self._track(kind, body)
+        self.unsynced = bool(pending)  # executes whose Sync is still to come (a pipeline sent in parts)
         found.extend(pending)
         return [(s - chunk_start, e - chunk_start, q) for s, e, q in found]
 
@@ -180,6 +182,7 @@ class Conn:
         self.backend = BackendParser(self.parser)
         self.in_flight = b""  # the statement sent to the server and not yet answered by ReadyForQuery
         self.awaiting_reply: str = ""  # an "after" cut: swallow the reply, then reset
+        self.until_sync = False  # after an "after" cut: the rest of the pipeline, up to its Sync, still goes
         self.reply_kinds = bytearray()
         self.to_server: asyncio.Queue[tuple[float, Any]] = asyncio.Queue()
         self.to_client: asyncio.Queue[tuple[float, Any]] = asyncio.Queue()

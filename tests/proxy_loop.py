@@ -160,9 +160,12 @@ class ProxyLoop:
                 data = await conn.client_reader.read(READ_SIZE)
                 if not data:
                     break
-                if self._blackholed(conn, len(data)) or conn.awaiting_reply:
+                if self._blackholed(conn, len(data)):
                     continue
                 due = time.monotonic() + self._latency_s
+                if conn.awaiting_reply:
+                    self._finish_pipeline(conn, data, due)
+                    continue
                 statements = conn.parser.feed(data)
                 conn.c2s_bytes += len(data)
                 cut = self._cut_point(conn, data, statements)
@@ -177,6 +180,7 @@ class ProxyLoop:
                 if when == "after":
                     conn.in_flight = b""
                     conn.awaiting_reply = why
+                    conn.until_sync = conn.parser.unsynced  # the rest of its pipeline still goes through
                     conn.reply_kinds.clear()
                     asyncio.get_running_loop().call_later(REPLY_WAIT_S + self._latency_s, self._reply_timeout, conn)
                 else:
@@ -186,6 +190,19 @@ class ProxyLoop:
         # The client closed (or failed): close the server side once what was sent is written.
         if not conn.closed:
             conn.to_server.put_nowait((time.monotonic() + self._latency_s, None))
+
+    def _finish_pipeline(self, conn: Conn, data: bytes, due: float) -> None:
+        """While a cut waits for the server's reply: a pipeline sent in parts (BEGIN, the
+        statement, COMMIT, then Sync) still reaches the server up to its Sync, so "after"
+        means after the server ran the whole pipeline; anything later is dropped."""
+        if not conn.until_sync:
+            return
+        statements = conn.parser.feed(data)
+        if conn.parser.unsynced or not statements:
+            conn.to_server.put_nowait((due, data))
+            return
+        conn.until_sync = False
+        conn.to_server.put_nowait((due, data[:max(end for _, end, _ in statements)]))
 
     def _cut_point(self, conn: Conn, data: bytes, statements: list[tuple[int, int, bytes]]
                    ) -> tuple[int, str, str] | None:

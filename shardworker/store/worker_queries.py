@@ -4,11 +4,13 @@ batch did; everything here runs on the worker's own ``Session``."""
 
 from __future__ import annotations
 
+import contextlib
 import select
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 import psycopg
+from psycopg.pq import TransactionStatus
 
 from shardworker.errors import OutcomeRejected, SchemaMissing
 from shardworker.model import ApplyResult, Claim, ClaimedJob, Outcome
@@ -57,11 +59,23 @@ class WorkerQueries(Session):
                   "worker_id": worker_id, "limit": limit, "claim_token": claim_token, "max_bytes": max_bytes,
                   "cap_kinds": list(caps or ()), "cap_rooms": [max(0, n) for n in (caps or {}).values()],
                   "run_room": limit if run_room is None else max(0, run_room)}
-        with self.cursor(transaction=True) as cur, cur.connection.pipeline():
-            cur.execute(query("flow_lock_kinds"), params)
-            cur.execute(query("flow_lock_queues"), params)
-            cur.execute(query("job_claim"), params)
-            rows = cur.fetchall()
+        with self.cursor() as cur, cur.connection.cursor() as claiming:
+            conn = cur.connection
+            try:
+                # BEGIN ... COMMIT spelled out in one pipeline: one Sync, one round trip, and a
+                # reply lost after it means committed (psycopg's transaction() syncs before COMMIT).
+                with conn.pipeline():
+                    cur.execute("BEGIN")
+                    cur.execute(query("flow_lock_kinds"), params)
+                    cur.execute(query("flow_lock_queues"), params)
+                    claiming.execute(query("job_claim"), params)
+                    cur.execute("COMMIT")
+            except psycopg.Error:
+                if conn.info.transaction_status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
+                    with contextlib.suppress(psycopg.Error):
+                        conn.execute("ROLLBACK")
+                raise
+            rows = claiming.fetchall()
         paces = [row[6] for row in rows if row[6] is not None]
         return Claim([ClaimedJob(*row[:6]) for row in rows], min(paces) if paces else None)
 

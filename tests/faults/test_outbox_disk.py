@@ -5,6 +5,7 @@ volume filled by someone else stops claiming, loses nothing and resumes when spa
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import subprocess
@@ -109,12 +110,13 @@ def _fill(path: Path, leave_bytes: int) -> None:
     """Fill ``path``'s file system until at most ``leave_bytes`` are free."""
     st = os.statvfs(path.parent)
     free = st.f_bavail * st.f_frsize
-    with open(path, "wb") as f:
-        try:
+    try:
+        with open(path, "wb") as f:  # the outbox may have filled it already: ENOSPC at the open
             f.write(b"\1" * max(0, free - leave_bytes))
             f.flush()
-        except OSError:
-            pass  # full: exactly what we wanted
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise  # full: exactly what we wanted; anything else is not
 
 
 def test_outbox_disk_full_stops_claiming_loses_nothing_and_resumes(
@@ -141,7 +143,7 @@ def test_outbox_disk_full_stops_claiming_loses_nothing_and_resumes(
         assert "not claiming: the outbox disk is nearly full" in log, log
         assert "until space returns" in log, log
         assert proc.poll() is None, log
-        filler.unlink()
+        filler.unlink(missing_ok=True)
         wait_for(lambda: status_counts(dsn) == {"done": 300}, 60, "everything done once space returned")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0, worker_log(counts)

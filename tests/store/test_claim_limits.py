@@ -144,3 +144,26 @@ def test_registering_again_without_limits_clears_them(pg_dsn: str, store: PgStor
     for _ in range(3):
         add_id(store, "api")
     assert len(store.claim(["api"], None, "w1", 10)) == 3
+
+
+def test_a_claim_that_fails_inside_its_transaction_leaves_the_session_usable(pg_dsn: str) -> None:
+    """A claim that times out waiting for a limited kind's lock (another session holds it)
+    fails as a transient conflict; the next claim on the same store works."""
+    from shardworker.errors import TransientConflict
+
+    store = PgStore(StoreConfig(dsn=pg_dsn, connect_timeout_s=3, statement_timeout_s=0.5))
+    try:
+        register(store, "api", global_concurrency=5)
+        job = add_id(store, "api")
+        with connect(pg_dsn) as holder:
+            holder.execute("BEGIN")
+            holder.execute("SELECT * FROM shardworker.kinds WHERE name = 'api' FOR UPDATE")
+            try:
+                store.claim(["api"], None, "w1", 10)
+                raise AssertionError("the claim did not wait for the lock")
+            except TransientConflict:
+                pass
+            holder.execute("ROLLBACK")
+        assert [j.id for j in store.claim(["api"], None, "w1", 10)] == [job]
+    finally:
+        store.close()
