@@ -1,4 +1,4 @@
-"""The dashboard's Starlette app: pages, the fragments they refresh, and the two buttons.
+"""The dashboard's Starlette app: pages, the fragments they refresh, and the buttons.
 
 Routes: ``/`` (queues with their counts and state, kinds, throughput, workers, failed and
 recent jobs), ``/jobs/{id}`` (one job), ``/live/...`` (the same bodies alone, which
@@ -40,6 +40,7 @@ from shardworker.jobs import dumps_json
 HERE = Path(__file__).parent
 REFRESH_MS = 2000
 DONE = {"retry": "queued again", "cancel": "cancelled"}
+QUEUE_DONE = {"pause": "paused", "resume": "resumed"}  # limit and clear: the limits the queue has now
 MAX_JOB_ID = 2**63 - 1  # ids are bigint
 MAX_FORM_BYTES = 4096  # a queue's name (255 bytes, thrice that escaped) and its limits fit
 
@@ -171,8 +172,8 @@ def queue_notice(request: Request, found: data.Overview | None) -> str | None:
     row = next((q.info for q in found.queues if q.info.name == name), None) if found else None
     if row is None or action not in data.QUEUE_ACTIONS:
         return None
-    if action in ("pause", "resume"):
-        return f"queue {row.name} {action}d"
+    if action in QUEUE_DONE:
+        return f"queue {row.name} {QUEUE_DONE[action]}"
     limits = [f"{label} {value}" for label, value in (("concurrency", row.concurrency), ("rate", row.rate))
               if value is not None]
     return f"queue {row.name}: {', '.join(limits) or 'no limits'}"
