@@ -140,31 +140,41 @@ def enqueue(kind: str | None, payload_json: str | None, count: int, file_: Any, 
 @dsn_option
 @one_line_errors
 def stats(exact: bool, as_json: bool, dsn: str | None) -> None:
-    """Job counts by status (and queue). Above a million rows, done is estimated (~)."""
+    """Job counts, in total and by queue: available (queued, due), scheduled (queued for later),
+    prefetched (claimed, not started), running (started), done, failed, cancelled. Above a
+    million rows, done is estimated (~)."""
+    from shardworker import counts
+
     store = _store(resolve_dsn(dsn))
     try:
         store.check_schema()
         rows, estimated = store.job_counts(exact_up_to=2**62 if exact else 1_000_000)
+        queues = counts.split_by_queue(rows, store.backlog())
     finally:
         store.close()
-    totals: dict[str, int] = {s: 0 for s in ("queued", "running", "done", "failed", "cancelled")}
-    queues: dict[str, dict[str, int]] = {}
-    for queue, status, n in rows:
-        totals[status] = totals.get(status, 0) + n
-        queues.setdefault(queue, {})[status] = n
+    totals = counts.totals(queues)
     if as_json:
-        click.echo(orjson.dumps({"total": totals, "queues": queues,
+        click.echo(orjson.dumps({"total": _stats_json(totals),
+                                 "queues": {q: _stats_json(c) for q, c in queues.items()},
                                  "estimated": ["done"] if estimated else []}).decode())
         return
 
-    def show(status: str, n: int) -> str:
-        return f"{status}={'~' if estimated and status == 'done' else ''}{n}"
+    def show(name: str, n: int) -> str:
+        return f"{name}={'~' if estimated and name == 'done' else ''}{n}"
 
-    click.echo("  ".join(show(s, n) for s, n in totals.items()))
-    for queue, counts in sorted(queues.items()):
-        click.echo(f"  {queue}: " + "  ".join(show(s, n) for s, n in sorted(counts.items())))
+    click.echo("  ".join(show(name, n) for name, n in totals.items()))
+    for queue, by_name in queues.items():
+        click.echo(f"  {queue}: " + "  ".join(show(name, n) for name, n in by_name.items() if n))
     if estimated:
         click.echo("(~ estimated from the planner's statistics; --exact counts every row)", err=True)
+
+
+def _stats_json(split: dict[str, int]) -> dict[str, int]:
+    """The JSON of one row of ``stats``: the status column's counts as before (``queued``,
+    ``running`` as claimed), then the split, with the handler-started jobs as ``started``."""
+    return {"queued": split["available"] + split["scheduled"], "running": split["prefetched"] + split["running"],
+            **{name: split[name] for name in ("done", "failed", "cancelled", "available", "scheduled", "prefetched")},
+            "started": split["running"]}
 
 
 from shardworker.cli.demo import demo  # noqa: E402

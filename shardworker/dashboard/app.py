@@ -1,8 +1,10 @@
-"""The dashboard's Starlette app: pages, the fragments they refresh, and the two buttons.
+"""The dashboard's Starlette app: pages, the fragments they refresh, and the buttons.
 
-Routes: ``/`` (counts, throughput, workers, failed and recent jobs), ``/jobs/{id}`` (one
-job), ``/live/...`` (the same bodies alone, which ``static/dashboard.js`` swaps in every
-few seconds), ``POST /jobs/{id}/retry`` and ``/cancel``. Database calls block, so each runs
+Routes: ``/`` (queues with their counts and state, kinds, throughput, workers, failed and
+recent jobs), ``/jobs/{id}`` (one job), ``/live/...`` (the same bodies alone, which
+``static/dashboard.js`` swaps in every few seconds), ``POST /jobs/{id}/retry`` and
+``/cancel``, and ``POST /queues/pause``, ``/resume``, ``/limit`` and ``/clear`` (the queue,
+and a limit's concurrency and rate, in the form's fields). Database calls block, so each runs
 in Starlette's thread pool with a connection of its own (``data``); a database that is
 away, or a schema that is missing, becomes a banner on the page (503), never a traceback.
 """
@@ -13,6 +15,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlencode
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -26,6 +29,8 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
+from shardworker import counts
+from shardworker.cli.queues import age_text
 from shardworker.dashboard import data
 from shardworker.dashboard.chart import HEIGHT, WIDTH, chart
 from shardworker.dashboard.security import SameOriginPosts, TokenAuth, unauthorized
@@ -35,7 +40,9 @@ from shardworker.jobs import dumps_json
 HERE = Path(__file__).parent
 REFRESH_MS = 2000
 DONE = {"retry": "queued again", "cancel": "cancelled"}
+QUEUE_DONE = {"pause": "paused", "resume": "resumed"}  # limit and clear: the limits the queue has now
 MAX_JOB_ID = 2**63 - 1  # ids are bigint
+MAX_FORM_BYTES = 4096  # a queue's name (255 bytes, thrice that escaped) and its limits fit
 
 
 def when(value: datetime | None) -> str:
@@ -46,15 +53,20 @@ def ago(seconds: float) -> str:
     return f"{seconds:.0f}s ago" if seconds < 120 else f"{seconds / 60:.0f}m ago"
 
 
+def age(seconds: float | None) -> str:
+    return "-" if seconds is None else age_text(seconds)
+
+
 def pretty(value: Any) -> str:
     return dumps_json(value, indent=True)
 
 
 def _templates() -> Jinja2Templates:
     templates = Jinja2Templates(directory=str(HERE / "templates"))
-    templates.env.filters.update(when=when, ago=ago, pretty=pretty,
+    templates.env.filters.update(when=when, ago=ago, age=age, pretty=pretty,
                                  first_line=lambda text: (text or "").splitlines()[0] if text else "")
-    templates.env.globals.update(refresh_ms=REFRESH_MS, chart_width=WIDTH, chart_height=HEIGHT)
+    templates.env.globals.update(refresh_ms=REFRESH_MS, chart_width=WIDTH, chart_height=HEIGHT, split=counts.SPLIT,
+                                 kind_counts=data.KIND_COUNTS)
     return templates
 
 
@@ -77,12 +89,15 @@ class Dashboard:
     def _render(self, request: Request, name: str, status: int = 200, **context: Any) -> Response:
         return self.templates.TemplateResponse(request, name, context, status_code=status)
 
-    async def overview(self, request: Request) -> Response:
+    async def overview(self, request: Request, refused: str | None = None) -> Response:
+        """The front page (or its live fragment); with ``refused``, the page a queue button
+        whose input was refused answers with (400), saying why."""
         found, db_error = await self._load(data.overview)
         page = "_overview.html" if request.url.path.startswith("/live/") else "overview.html"
-        return self._render(request, page, 503 if db_error else 200, o=found,
-                            chart=chart(found.minutes) if found else None, db_error=db_error,
-                            notice=self._notice(request))
+        status = 503 if db_error else 400 if refused else 200
+        notice = None if refused else self._notice(request) or queue_notice(request, found)
+        return self._render(request, page, status, o=found, chart=chart(found.minutes) if found else None,
+                            db_error=db_error, notice=notice, refused=refused)
 
     async def job(self, request: Request) -> Response:
         job_id = path_job_id(request)
@@ -111,6 +126,23 @@ class Dashboard:
             return self._render(request, "error.html", 503, db_error=db_error, notice=None)
         return RedirectResponse(f"{back}?done={action}&job={job_id}", status_code=303)
 
+    async def change_queue(self, request: Request) -> Response:
+        """A queue's Pause, Resume, Set (limits) or Clear button: back to the overview, which
+        says what changed, or the overview with why not (400), nothing written."""
+        action = request.path_params["action"]
+        if action not in data.QUEUE_ACTIONS:
+            raise HTTPException(404, f"no such button: {action}")
+        form = await read_form(request)
+        name = form.get("queue", "")
+        try:
+            _, db_error = await self._load(data.change_queue, action, name, form.get("concurrency", ""),
+                                           form.get("rate", ""))
+        except JobsError as exc:
+            return await self.overview(request, refused=f"nothing changed: {exc}")
+        if db_error:
+            return self._render(request, "error.html", 503, db_error=db_error, notice=None)
+        return RedirectResponse("/?" + urlencode({"done": action, "queue": name}), status_code=303)
+
     @staticmethod
     def _notice(request: Request) -> str | None:
         """The line a redirect after a button asks for (fixed text: nothing of the query is
@@ -131,6 +163,34 @@ class Dashboard:
         detail = exc.detail if isinstance(exc, HTTPException) else "bad request"
         return self._render(request, "not_found.html", 400, detail=detail, heading="Bad request",
                             db_error=None, notice=None)
+
+
+def queue_notice(request: Request, found: data.Overview | None) -> str | None:
+    """The line a redirect after a queue button asks for, naming the queue only when it is one
+    the page lists (a crafted link cannot make the page say anything else), with its state."""
+    action, name = request.query_params.get("done"), request.query_params.get("queue")
+    row = next((q.info for q in found.queues if q.info.name == name), None) if found else None
+    if row is None or action not in data.QUEUE_ACTIONS:
+        return None
+    if action in QUEUE_DONE:
+        return f"queue {row.name} {QUEUE_DONE[action]}"
+    limits = [f"{label} {value}" for label, value in (("concurrency", row.concurrency), ("rate", row.rate))
+              if value is not None]
+    return f"queue {row.name}: {', '.join(limits) or 'no limits'}"
+
+
+async def read_form(request: Request) -> dict[str, str]:
+    """The fields of a URL-encoded form (the last of a repeated name); 400 when it is over
+    ``MAX_FORM_BYTES`` or not URL-encoded UTF-8."""
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM_BYTES:
+            raise HTTPException(400, f"the form is over {MAX_FORM_BYTES} bytes")
+    try:
+        return dict(parse_qsl(body.decode("ascii"), keep_blank_values=True, errors="strict"))
+    except (UnicodeDecodeError, ValueError):
+        raise HTTPException(400, "the form is not URL-encoded UTF-8") from None
 
 
 def job_id_or_none(text: str) -> int | None:
@@ -160,6 +220,7 @@ def create_app(dsn: str, *, token: str | None = None, allowed_hosts: Sequence[st
         Route("/jobs/{job_id}", board.job),  # ids checked by path_job_id: 404, not a 500
         Route("/live/jobs/{job_id}", board.job),
         Route("/jobs/{job_id}/{action}", board.change, methods=["POST"]),
+        Route("/queues/{action}", board.change_queue, methods=["POST"]),
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
     middleware = [

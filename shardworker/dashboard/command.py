@@ -1,7 +1,8 @@
 """``shardworker dashboard``: serve the web dashboard with uvicorn.
 
 It binds 127.0.0.1 unless told otherwise, and refuses (one line, exit 2) to bind anything
-that is not loopback without a token: the page can retry and cancel jobs.
+that is not loopback without a token: the page can retry and cancel jobs, and pause, resume
+and limit queues.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ def _usage_error(message: str) -> None:
 @dsn_option
 @one_line_errors
 def dashboard(host: str, port: int, token: str | None, dsn: str | None) -> None:
-    """Web dashboard: counts, throughput, workers, failed jobs with retry and cancel."""
+    """Web dashboard: queues (counts, pause, resume, limits), throughput, workers, failed jobs
+    with retry and cancel."""
     if token is not None and not token.strip():
         _usage_error("--token is empty")
     loopback = is_loopback(host)

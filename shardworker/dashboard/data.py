@@ -14,16 +14,18 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from shardworker import jobs
-from shardworker.jobs import STATUSES, JobInfo
-from shardworker.model import WorkerInfo
-from shardworker.store import job_queries
+from shardworker import counts, jobs, queues
+from shardworker.errors import ConfigError, JobsError
+from shardworker.jobs import JobInfo
+from shardworker.model import QueueInfo, QueueState, WorkerInfo
+from shardworker.store import job_queries, queue_queries
 from shardworker.store.pg_store import PgStore, StoreConfig
 
 FAILED_SHOWN = 20
 RECENT_SHOWN = 15
 LIVE_AFTER_S = 60.0  # as `shardworker workers --silent-after`: a heartbeat older than this is not live
-KIND_STATUSES = ("queued", "running", "failed", "cancelled", "done_1h")
+KIND_COUNTS = (*counts.UNFINISHED, "failed", "cancelled", "done_1h")
+QUEUE_ACTIONS = ("pause", "resume", "limit", "clear")
 # Up to this many rows (the planner's estimate) done is counted exactly, a scan of ~20 ms;
 # above it, estimated as `stats` does past a million: an open page asks every 2 s.
 EXACT_UP_TO = 100_000
@@ -39,6 +41,15 @@ class Counts:
 
 
 @dataclass(frozen=True)
+class QueueRow:
+    """One queue on the overview: its state and backlog as ``shardworker queues`` lists it, and
+    its counts as ``shardworker stats`` shows them (``counts.SPLIT``)."""
+
+    info: QueueInfo
+    counts: dict[str, int]
+
+
+@dataclass(frozen=True)
 class Minute:
     start: datetime
     done: int
@@ -47,7 +58,7 @@ class Minute:
 
 @dataclass(frozen=True)
 class Overview:
-    queues: list[Counts]
+    queues: list[QueueRow]
     totals: dict[str, int]
     done_estimated: bool
     kinds: list[Counts]
@@ -72,14 +83,23 @@ def overview(dsn: str) -> Overview:
     """Everything the front page shows, read on one connection."""
     with connection(dsn) as (store, conn):
         rows, estimated = store.job_counts(exact_up_to=EXACT_UP_TO)
+        backlog = store.backlog()
+        states = store.queue_states()
         kind_rows = job_queries.dashboard_kind_counts(conn)
         minutes = [Minute(*m) for m in job_queries.dashboard_finished_per_minute(conn)]
         failed = jobs.list_jobs(conn, status="failed", limit=FAILED_SHOWN)
         recent = jobs.list_jobs(conn, limit=RECENT_SHOWN)
         workers = [w for w in store.workers() if w.silent_s <= LIVE_AFTER_S]
-    queues = _group(((q, None, s, n) for q, s, n in rows), STATUSES)
-    totals = {s: sum(c.by_status[s] for c in queues) for s in STATUSES}
-    return Overview(queues, totals, estimated, _group(kind_rows, KIND_STATUSES), minutes, failed, recent, workers)
+    split = counts.split_by_queue(rows, backlog)
+    infos = {info.name: info for info in queue_queries.summarize(states, backlog)}
+    queue_rows = [QueueRow(infos.get(name) or QueueInfo(name, False, None, None, 0, 0, 0, 0, None),
+                           split.get(name) or dict.fromkeys(counts.SPLIT, 0))
+                  for name in sorted(split.keys() | infos.keys())]
+    kind_backlog = ((b.queue, b.kind, name, n) for b in backlog if b.kind is not None
+                    for name, n in zip(counts.UNFINISHED, (b.available, b.scheduled, b.prefetched, b.running),
+                                       strict=True))
+    kinds = _group([*kind_backlog, *kind_rows], KIND_COUNTS)
+    return Overview(queue_rows, counts.totals(split), estimated, kinds, minutes, failed, recent, workers)
 
 
 def job(dsn: str, job_id: int) -> JobInfo | None:
@@ -91,6 +111,30 @@ def change(dsn: str, action: str, job_id: int) -> int:
     """``retry`` or ``cancel`` one job (``JobsError`` says why not); how many changed."""
     with connection(dsn) as (_, conn):
         return int(jobs.retry(conn, [job_id]) if action == "retry" else jobs.cancel(conn, [job_id]))
+
+
+def change_queue(dsn: str, action: str, name: str, concurrency: str, rate: str) -> QueueState:
+    """A queue's button, through ``shardworker.queues``: ``pause``, ``resume``, ``limit`` (the
+    concurrency and rate typed; an empty one stays as it is) or ``clear``. Bad input is a
+    ``JobsError`` saying why, and nothing is written."""
+    with connection(dsn) as (_, conn):
+        try:
+            if action == "limit":
+                return queues.limit(conn, name, concurrency=_concurrency(concurrency.strip()),
+                                    rate=rate.strip() or None)
+            if action == "clear":
+                return queues.limit(conn, name, clear=True)
+            return queues.pause(conn, name) if action == "pause" else queues.resume(conn, name)
+        except ConfigError as exc:
+            raise JobsError(str(exc)) from exc
+
+
+def _concurrency(text: str) -> int | None:
+    """The concurrency typed: None when nothing is; a ``ConfigError`` in ``shardworker.queues``'
+    own words when it is no whole number in range."""
+    if not text:
+        return None
+    return queues.check_concurrency(int(text) if text.isascii() and text.isdigit() and len(text) <= 12 else text)
 
 
 def _group(rows: Any, statuses: tuple[str, ...]) -> list[Counts]:

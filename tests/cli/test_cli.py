@@ -9,15 +9,19 @@ import os
 import socket
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from shardworker.cli.main import main
+from shardworker.model import FlowCount
 from shardworker.store.pg_store import PgStore
 from tests.cli.cli_runner import REPO, assert_one_line_error, invoke, rows
-from tests.helpers import execute
+from tests.helpers import enqueue, execute
+
+CONSOLE = Path(sys.executable).parent / "shardworker"
 
 # --- migrate ------------------------------------------------------------------------------
 
@@ -77,20 +81,36 @@ def test_usage_errors_exit_2(pg_dsn: str, args: list[str]) -> None:
 # --- stats ----------------------------------------------------------------------------------
 
 
-def test_stats_counts_jobs_by_status_and_queue(pg_dsn: str, store: PgStore) -> None:
-    """stats prints totals per status and per queue; --json prints the same as JSON."""
-    assert invoke("enqueue", "k", "--count", "3", "--dsn", pg_dsn).exit_code == 0
-    assert invoke("enqueue", "k", "--count", "2", "--queue", "mail", "--dsn", pg_dsn).exit_code == 0
-    store.claim(["k"], ["mail"], "w1", 1)
-    text = invoke("stats", "--dsn", pg_dsn)
-    assert text.exit_code == 0, text.output
-    assert text.stdout.splitlines() == ["queued=4  running=1  done=0  failed=0  cancelled=0",
-                                        "  default: queued=3", "  mail: queued=1  running=1"]
-    as_json = invoke("stats", "--json", "--dsn", pg_dsn)
-    assert as_json.exit_code == 0, as_json.output
-    assert json.loads(as_json.stdout) == {
-        "total": {"queued": 4, "running": 1, "done": 0, "failed": 0, "cancelled": 0},
-        "queues": {"default": {"queued": 3}, "mail": {"queued": 1, "running": 1}}, "estimated": []}
+def stats_command(*args: str, dsn: str) -> str:
+    """``shardworker stats ...`` through the console script, as an operator runs it; its stdout."""
+    env = {k: v for k, v in os.environ.items() if k != "SHARDWORKER_DSN"}
+    done = subprocess.run([str(CONSOLE), "stats", *args, "--dsn", dsn], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_stats_splits_unfinished_jobs_as_the_backlog_does(pg_dsn: str, store: PgStore) -> None:
+    """Queued jobs due now (available) apart from those due later (scheduled); claimed jobs a
+    live worker reports not started (prefetched) apart from started ones (running); then done,
+    failed, cancelled; per total and per queue. --json keeps queued (available + scheduled) and
+    running (claimed) and adds the split, the started count as ``started``."""
+    enqueue(pg_dsn, "k", 3)
+    enqueue(pg_dsn, "k", 2, queue="mail")
+    enqueue(pg_dsn, "k", 1, queue="mail", run_at=datetime.now(UTC) + timedelta(hours=1))
+    [finished] = enqueue(pg_dsn, "report", 1, queue="old")
+    execute(pg_dsn, "UPDATE shardworker.jobs SET status = 'done', finished_at = now() WHERE id = %s", finished)
+    assert len(store.claim(["k"], ["mail"], "w1", 2)) == 2
+    store.heartbeat("w1", "host", 1, 2, 0, [FlowCount("mail", "k", 1, 1)])
+    lines = stats_command(dsn=pg_dsn).splitlines()
+    assert lines == ["available=3  scheduled=1  prefetched=1  running=1  done=1  failed=0  cancelled=0",
+                     "  default: available=3", "  mail: scheduled=1  prefetched=1  running=1", "  old: done=1"]
+    as_json = json.loads(stats_command("--json", dsn=pg_dsn))
+    assert as_json["total"] == {"queued": 4, "running": 2, "done": 1, "failed": 0, "cancelled": 0,
+                                "available": 3, "scheduled": 1, "prefetched": 1, "started": 1}
+    assert as_json["queues"]["mail"] == {"queued": 1, "running": 2, "done": 0, "failed": 0, "cancelled": 0,
+                                         "available": 0, "scheduled": 1, "prefetched": 1, "started": 1}
+    assert sorted(as_json["queues"]) == ["default", "mail", "old"] and as_json["estimated"] == []
 
 
 def test_stats_on_a_big_table_counts_all_but_done_exactly(pg_dsn: str, store: PgStore) -> None:
@@ -132,7 +152,7 @@ def test_python_m_shardworker_enqueue_then_stats(tmp_path: Path, pg_dsn: str) ->
     assert enqueued.stdout == "3\n"
     stats = run("stats", "--json")
     assert stats.returncode == 0, stats.stderr
-    assert json.loads(stats.stdout)["queues"] == {"subq": {"queued": 3}}
+    assert json.loads(stats.stdout)["queues"]["subq"]["queued"] == 3
     assert json.loads(stats.stdout)["total"]["queued"] == 3
     bad = run("enqueue", "sub.kind", "{nope")
     assert bad.returncode == 1

@@ -37,14 +37,14 @@ def test_overview_shows_counts_failed_jobs_and_workers(pg_dsn: str, dashboard: D
     page = httpx.get(dashboard.url)
     assert page.status_code == 200
     html = page.text
-    assert 'data-count="default/queued">2<' in html and 'data-count="default/failed">1<' in html
-    assert 'data-count="emails/mail/queued">2<' in html and 'data-count="default/thumbnail/failed">1<' in html
+    assert 'data-count="default/available">2<' in html and 'data-count="default/failed">1<' in html
+    assert 'data-count="emails/mail/available">2<' in html and 'data-count="default/thumbnail/failed">1<' in html
     assert "OSError: &lt;disk&gt; full" in html  # escaped, never markup
     assert f'data-action="retry" data-job="{ids[0]}"' in html
     assert 'data-worker="w-1"' in html and "host-a" in html and "<td class=\"num\" data-pending>17</td>" in html
     assert page.headers["x-frame-options"] == "DENY" and "default-src 'self'" in page.headers["content-security-policy"]
     fragment = httpx.get(f"{dashboard.url}/live/overview").text
-    assert 'data-count="default/queued">2<' in fragment and "<html" not in fragment
+    assert 'data-count="default/available">2<' in fragment and "<html" not in fragment
 
 
 def test_retry_button_queues_a_failed_job_again(pg_dsn: str, dashboard: Dashboard) -> None:
@@ -174,5 +174,6 @@ def test_counts_and_throughput_read_the_last_hour(pg_dsn: str) -> None:
     assert sum(m.done for m in seen.minutes) == 3 and seen.minutes[-1].failed == 1
     two_ago = next(m for m in seen.minutes if m.start <= now - timedelta(minutes=2) < m.start + timedelta(minutes=1))
     assert two_ago.done == 2
-    assert seen.totals == {"queued": 0, "running": 0, "done": 4, "failed": 1, "cancelled": 0}
+    assert seen.totals == {"available": 0, "scheduled": 0, "prefetched": 0, "running": 0, "done": 4, "failed": 1,
+                           "cancelled": 0}
     assert datetime.now(UTC) - seen.minutes[0].start < timedelta(minutes=61)

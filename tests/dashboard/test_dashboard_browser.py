@@ -92,8 +92,8 @@ def test_counts_follow_new_jobs_without_a_reload(pg_dsn: str, page: Any) -> None
     expect(page.locator("#live")).to_contain_text("no jobs yet")
     page.evaluate("window.notReloaded = true")
     enqueue(pg_dsn, "thumbnail", 3, queue="media")
-    expect(page.locator('[data-count="media/queued"]')).to_have_text("3", timeout=LIVE_TIMEOUT_MS)
-    expect(page.locator('[data-count="media/thumbnail/queued"]')).to_have_text("3")
+    expect(page.locator('[data-count="media/available"]')).to_have_text("3", timeout=LIVE_TIMEOUT_MS)
+    expect(page.locator('[data-count="media/thumbnail/available"]')).to_have_text("3")
     assert page.evaluate("window.notReloaded") is True
     expect(page.locator("#live-status")).to_contain_text("live ·")
 
@@ -123,7 +123,8 @@ def test_screenshot_of_a_busy_dashboard(pg_dsn: str, page: Any, tmp_path: Path) 
 
 def seed_an_hour(dsn: str) -> None:
     """Jobs of three kinds finished over the last hour at a varying pace, a few failed with
-    errors, some queued and running, and two live workers."""
+    errors, some queued (due or for later) and running, two live workers (one reporting
+    prefetched jobs), a paused queue and a limited one."""
     for kind, queue, n in (("thumbnail", "media", 900), ("send_email", "mail", 500), ("charge", "payments", 160)):
         enqueue(dsn, kind, n, {"demo": True}, queue=queue)
     now = query(dsn, "SELECT now()")[0][0]
@@ -135,6 +136,43 @@ def seed_an_hour(dsn: str) -> None:
                  "WHERE id %% 97 = 0", now - timedelta(seconds=5))
     execute(dsn, "UPDATE shardworker.jobs SET status = 'running', attempt = 1, locked_by = 'web-1' "
                  "WHERE status = 'queued' AND id % 3 = 0")
+    execute(dsn, "UPDATE shardworker.jobs SET run_at = now() + interval '1 hour' "
+                 "WHERE status = 'queued' AND id % 3 = 1")
+    execute(dsn, "UPDATE shardworker.jobs SET run_at = now() - interval '95 seconds' WHERE status = 'queued' "
+                 "AND run_at <= now()")
     execute(dsn, "INSERT INTO shardworker.workers (worker_id, hostname, pid, heartbeat_at, jobs_running, "
-                 "outbox_pending) VALUES ('web-1', 'app-host-1', 4242, now(), 18, 3), "
-                 "('web-2', 'app-host-2', 5151, now(), 11, 0)")
+                 "outbox_pending, flow) VALUES ('web-1', 'app-host-1', 4242, now(), 18, 3, "
+                 "'[[\"media\", \"thumbnail\", 12, 6]]'), ('web-2', 'app-host-2', 5151, now(), 11, 0, NULL)")
+    execute(dsn, "INSERT INTO shardworker.queues (name, paused, concurrency, rate_limit, rate_period_s) "
+                 "VALUES ('payments', true, NULL, NULL, NULL), ('mail', false, 5, 10, 1)")
+
+
+def test_pause_a_queue_and_set_its_limits_in_the_browser(pg_dsn: str, page: Any) -> None:
+    """Pause, then Resume; limits typed survive the page's refreshes until Set; a bad rate is
+    refused on the page saying why; Clear removes the limits."""
+    enqueue(pg_dsn, "thumbnail", 2, queue="media")
+    page.goto("/")
+    row = page.locator('[data-queue="media"]')
+    row.locator('button[data-queue-action="pause"]').click()
+    expect(page.locator(".notice")).to_have_text("queue media paused")
+    expect(page.locator('[data-paused="media"]')).to_be_visible()
+    page.locator('button[data-queue-action="resume"][data-for="media"]').click()
+    expect(page.locator(".notice")).to_have_text("queue media resumed")
+    row.locator('input[name="concurrency"]').fill("4")
+    page.locator("body").click()  # the field loses focus: only its typed value holds the refresh back
+    expect(page.locator("#live")).to_have_attribute("data-held", "true", timeout=LIVE_TIMEOUT_MS)
+    expect(page.locator("#live-status")).to_contain_text("held while you edit")
+    expect(row.locator('input[name="concurrency"]')).to_have_value("4")
+    row.locator('input[name="rate"]').fill("5/fortnight")
+    row.locator('button[data-queue-action="limit"]').click()
+    expect(page.locator("[data-refused]")).to_contain_text("rate must look like 10/s")
+    assert query(pg_dsn, "SELECT count(*) FROM shardworker.queues WHERE concurrency IS NOT NULL") == [(0,)]
+    row.locator('input[name="concurrency"]').fill("4")
+    row.locator('input[name="rate"]').fill("10/s")
+    row.locator('button[data-queue-action="limit"]').click()
+    expect(page.locator(".notice")).to_have_text("queue media: concurrency 4, rate 10/s")
+    expect(page.locator('[data-concurrency="media"]')).to_have_text("4")
+    page.locator('button[data-queue-action="clear"][data-for="media"]').click()
+    expect(page.locator(".notice")).to_have_text("queue media: no limits")
+    assert query(pg_dsn, "SELECT paused, concurrency, rate_limit FROM shardworker.queues WHERE name = 'media'") == [
+        (False, None, None)]

@@ -1,7 +1,9 @@
 // Keeps the page current without reloading it: every few seconds, each element with a
 // data-live URL gets that URL's HTML (the same fragment the server rendered it with).
 // A fetch that fails leaves the last content and says so; a 404 (the job was deleted)
-// or 401 (the credentials went stale) reloads the page so the server can say why.
+// or 401 (the credentials went stale) reloads the page so the server can say why. An
+// element whose form someone is typing in (a queue's limits) is left alone until they
+// submit it or empty it, so a refresh never wipes what they typed.
 (function () {
   "use strict";
   const period = Number(document.body.dataset.refreshMs) || 2000;
@@ -12,7 +14,17 @@
     status.classList.toggle("stale", stale);
   }
 
+  function editing(el) {
+    const fields = Array.from(el.querySelectorAll("input:not([type=hidden])"));
+    return fields.some((f) => f === document.activeElement || f.value !== f.defaultValue);
+  }
+
   async function refresh(el) {
+    if (editing(el)) {
+      el.dataset.held = "true";
+      return;
+    }
+    delete el.dataset.held;
     const response = await fetch(el.dataset.live, {cache: "no-store", credentials: "same-origin"});
     if (response.status === 404 || response.status === 401) {
       window.location.reload();
@@ -25,7 +37,8 @@
   async function tick() {
     try {
       await Promise.all(Array.from(document.querySelectorAll("[data-live]"), refresh));
-      say("live · " + new Date().toLocaleTimeString(), false);
+      const held = document.querySelector("[data-live][data-held]");
+      say((held ? "held while you edit a form · " : "live · ") + new Date().toLocaleTimeString(), false);
     } catch (err) {
       say("dashboard unreachable; retrying", true);
     }

@@ -646,13 +646,10 @@ RETURNING name, paused, concurrency, rate_limit, rate_period_s;
 SELECT clock_timestamp(), pg_is_in_recovery(), current_setting('transaction_read_only') = 'on';
 
 -- dashboard_kind_counts --
--- The dashboard's counts by queue, kind and status, cheap however big the table: queued,
--- running, failed and cancelled counted exactly, each status through its partial index, and
--- done only over the last hour through jobs_finished_idx (reported as status 'done_1h').
-SELECT queue, kind, 'queued', count(*) FROM shardworker.jobs WHERE status = 'queued' GROUP BY queue, kind
-UNION ALL
-SELECT queue, kind, 'running', count(*) FROM shardworker.jobs WHERE status = 'running' GROUP BY queue, kind
-UNION ALL
+-- The dashboard's counts of finished jobs by queue and kind, cheap however big the table
+-- (the unfinished ones come from queue_backlog): failed and cancelled counted exactly, each
+-- through its partial index, and done only over the last hour through jobs_finished_idx
+-- (reported as status 'done_1h').
 SELECT queue, kind, 'failed', count(*) FROM shardworker.jobs WHERE status = 'failed' GROUP BY queue, kind
 UNION ALL
 SELECT queue, kind, 'cancelled', count(*) FROM shardworker.jobs WHERE status = 'cancelled' GROUP BY queue, kind
