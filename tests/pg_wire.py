@@ -188,3 +188,15 @@ class Conn:
         self.to_client: asyncio.Queue[tuple[float, Any]] = asyncio.Queue()
         self.tasks: list[asyncio.Task[None]] = []
         self.closed = False
+
+    def rest_of_pipeline(self, data: bytes) -> bytes:
+        """After an "after" cut: what of ``data`` still goes to the server. A pipeline sent in
+        parts (BEGIN, the statement, COMMIT, then Sync) goes on up to its Sync, so "after"
+        means after the server ran the whole pipeline; anything later is dropped."""
+        if not self.until_sync:
+            return b""
+        statements = self.parser.feed(data)
+        if self.parser.unsynced or not statements:
+            return data
+        self.until_sync = False
+        return data[:max(end for _, end, _ in statements)]

@@ -163,8 +163,9 @@ class ProxyLoop:
                 if self._blackholed(conn, len(data)):
                     continue
                 due = time.monotonic() + self._latency_s
-                if conn.awaiting_reply:
-                    self._finish_pipeline(conn, data, due)
+                if conn.awaiting_reply:  # an "after" cut: only the rest of its pipeline still goes
+                    if rest := conn.rest_of_pipeline(data):
+                        conn.to_server.put_nowait((due, rest))
                     continue
                 statements = conn.parser.feed(data)
                 conn.c2s_bytes += len(data)
@@ -190,19 +191,6 @@ class ProxyLoop:
         # The client closed (or failed): close the server side once what was sent is written.
         if not conn.closed:
             conn.to_server.put_nowait((time.monotonic() + self._latency_s, None))
-
-    def _finish_pipeline(self, conn: Conn, data: bytes, due: float) -> None:
-        """While a cut waits for the server's reply: a pipeline sent in parts (BEGIN, the
-        statement, COMMIT, then Sync) still reaches the server up to its Sync, so "after"
-        means after the server ran the whole pipeline; anything later is dropped."""
-        if not conn.until_sync:
-            return
-        statements = conn.parser.feed(data)
-        if conn.parser.unsynced or not statements:
-            conn.to_server.put_nowait((due, data))
-            return
-        conn.until_sync = False
-        conn.to_server.put_nowait((due, data[:max(end for _, end, _ in statements)]))
 
     def _cut_point(self, conn: Conn, data: bytes, statements: list[tuple[int, int, bytes]]
                    ) -> tuple[int, str, str] | None:
