@@ -38,3 +38,11 @@ def split_by_queue(status_counts: Iterable[tuple[str, str, int]],
 def totals(queues: dict[str, dict[str, int]]) -> dict[str, int]:
     """Every queue's counts added up, for every name in ``SPLIT``."""
     return {name: sum(counts[name] for counts in queues.values()) for name in SPLIT}
+
+
+def age_text(seconds: float) -> str:
+    """An age in its largest whole unit up to days: 45s, 3m, 2h, 4d."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size * (2 if unit == "m" else 1):
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"

@@ -14,6 +14,7 @@ import click
 import orjson
 from click.core import ParameterSource
 
+from shardworker import counts
 from shardworker import queues as queues_api
 from shardworker.cli.common import dsn_option, json_option, one_line_errors, resolve_dsn
 from shardworker.errors import ConfigError
@@ -87,19 +88,11 @@ def queues(ctx: click.Context, as_json: bool, dsn: str | None) -> None:
 def _row(q: QueueInfo) -> tuple[str, ...]:
     return (q.name, "yes" if q.paused else "no", _or_dash(q.concurrency), _or_dash(q.rate), str(q.available),
             str(q.scheduled), str(q.prefetched), str(q.running),
-            "-" if q.oldest_available_s is None else age_text(q.oldest_available_s))
+            "-" if q.oldest_available_s is None else counts.age_text(q.oldest_available_s))
 
 
 def _or_dash(value: object) -> str:
     return "-" if value is None else str(value)
-
-
-def age_text(seconds: float) -> str:
-    """An age in its largest whole unit up to days: 45s, 3m, 2h, 4d."""
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size * (2 if unit == "m" else 1):
-            return f"{int(seconds // size)}{unit}"
-    return f"{int(seconds)}s"
 
 
 def _info_json(q: QueueInfo) -> dict[str, Any]:

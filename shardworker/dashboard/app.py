@@ -30,7 +30,6 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from shardworker import counts
-from shardworker.cli.queues import age_text
 from shardworker.dashboard import data
 from shardworker.dashboard.chart import HEIGHT, WIDTH, chart
 from shardworker.dashboard.security import SameOriginPosts, TokenAuth, unauthorized
@@ -54,7 +53,7 @@ def ago(seconds: float) -> str:
 
 
 def age(seconds: float | None) -> str:
-    return "-" if seconds is None else age_text(seconds)
+    return "-" if seconds is None else counts.age_text(seconds)
 
 
 def pretty(value: Any) -> str:
