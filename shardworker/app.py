@@ -66,11 +66,6 @@ class HandlerSpec:
     rate: Rate | None = None  # at most rate.n starting per rate.period_s across every worker
 
     @property
-    def limited_across_workers(self) -> bool:
-        """Whether the database serializes this kind's claims (``shardworker.kinds``)."""
-        return self.global_concurrency is not None or self.rate is not None
-
-    @property
     def is_async(self) -> bool:
         return inspect.iscoroutinefunction(self.fn)
 

@@ -1,15 +1,15 @@
-"""Flow control's shared vocabulary: rates (``"10/s"``) and the burst a rate allows.
+"""Flow control's shared vocabulary: rates (``"10/s"``), parsed once for handlers and queues.
 
 A rate limit is a token bucket kept in the database row of its kind or queue
 (``shardworker.kinds``, ``shardworker.queues``): it refills at ``n`` per ``period_s`` and
-holds at most ``burst`` tokens, so in any window of one period at most ``n + burst``
-jobs start (``burst`` is a twentieth of ``n``, at least one). Claims of a limited kind or
-queue are serialized by that row's lock and take at most the whole tokens it holds.
+holds at most a burst of tokens, so in any window of one period at most ``n`` plus the burst
+jobs start (the burst is a twentieth of ``n``, at least one: the SQL of ``job_claim``
+computes it). Claims of a limited kind or queue are serialized by that row's lock and take
+at most the whole tokens it holds.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from typing import NamedTuple
 
@@ -25,17 +25,6 @@ class Rate(NamedTuple):
 
     n: int
     period_s: float
-
-    @property
-    def burst(self) -> int:
-        """The most tokens the bucket holds: what may start at once after a quiet spell
-        (the SQL of ``job_claim`` computes the same)."""
-        return max(1, math.ceil(self.n / 20))
-
-    @property
-    def tick_s(self) -> float:
-        """How long the bucket takes to refill a burst: how often a paced claim comes back."""
-        return self.burst * self.period_s / self.n
 
     def __str__(self) -> str:
         unit = next(u for u, s in PERIODS.items() if s == self.period_s) if self.period_s in PERIODS.values() else None

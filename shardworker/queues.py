@@ -62,7 +62,7 @@ def limit(conn_or_dsn: Any, name: str, *, concurrency: int | None = None, rate: 
         raise ConfigError("give a concurrency, a rate, or clear")
     if concurrency is not None:
         concurrency = check_concurrency(concurrency)
-    parsed = None if rate is None else parse_rate(str(rate) if isinstance(rate, Rate) else rate)
+    parsed = rate if rate is None or isinstance(rate, Rate) else parse_rate(rate)
     from shardworker.store import queue_queries
 
     return queue_queries.set_limits(conn_or_dsn, name, concurrency, parsed, clear)

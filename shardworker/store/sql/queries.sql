@@ -44,52 +44,51 @@ FOR UPDATE;
 -- by flow_lock_kinds and flow_lock_queues earlier in this transaction), no more than
 -- `run_room` (what this worker can start now), what their global concurrency leaves of
 -- their running jobs, and the whole tokens of their rate bucket (refilled at rate_limit
--- per rate_period_s, holding at most a twentieth of rate_limit, at least one:
--- shardworker.flow.Rate.burst). Paused queues are skipped. A limited kind or queue is
+-- per rate_period_s, holding at most a twentieth of rate_limit, at least one: see
+-- shardworker.flow). Paused queues are skipped. A limited kind or queue is
 -- read apart from the rest, so jobs that cannot start never crowd out jobs that can.
 -- (NOT IN over a subquery, never <> ALL(ARRAY(...)): the planner reads the array as a
 -- filter that keeps one row, and sorts the whole queue instead of walking jobs_claim_idx.)
 -- The candidates stay locked only for this statement; the ids go through ARRAY(...) so
 -- the update is by primary key. Each row returned carries pace_s: for a job of a
 -- rate-limited kind or queue, how long its bucket takes to refill a burst.
-WITH limited_kind AS (
-    SELECT k.name, k.global_concurrency, k.rate_limit,
-           greatest(1, ceil(k.rate_limit / 20.0)) * k.rate_period_s / k.rate_limit AS pace_s,
-           CASE WHEN k.rate_limit IS NOT NULL THEN
-               least(greatest(1, ceil(k.rate_limit / 20.0)),
-                     k.rate_tokens + extract(epoch FROM statement_timestamp() - k.rate_at)
-                                     * k.rate_limit / k.rate_period_s) END AS tokens
-    FROM shardworker.kinds k
-    WHERE k.name = ANY(%(kinds)s::text[]) AND (k.global_concurrency IS NOT NULL OR k.rate_limit IS NOT NULL)
-), kind_room AS (
-    SELECT coalesce(l.name, c.kind) AS kind, l.pace_s,
-           least(coalesce(c.room, %(limit)s),
-                 CASE WHEN l.name IS NULL THEN %(limit)s ELSE %(run_room)s END,
-                 coalesce(l.global_concurrency - (SELECT count(*) FROM shardworker.jobs r
-                                                  WHERE r.status = 'running' AND left(r.kind, 255) = left(l.name, 255)
-                                                    AND r.kind = l.name), %(limit)s),
-                 coalesce(floor(l.tokens)::int, %(limit)s)) AS room
-    FROM limited_kind l
-    FULL JOIN unnest(%(cap_kinds)s::text[], %(cap_rooms)s::int[]) AS c(kind, room) ON c.kind = l.name
-), limited_queue AS (
-    SELECT q.name, q.paused, q.concurrency, q.rate_limit,
-           greatest(1, ceil(q.rate_limit / 20.0)) * q.rate_period_s / q.rate_limit AS pace_s,
-           CASE WHEN q.rate_limit IS NOT NULL THEN
-               least(greatest(1, ceil(q.rate_limit / 20.0)),
-                     q.rate_tokens + extract(epoch FROM statement_timestamp() - q.rate_at)
-                                     * q.rate_limit / q.rate_period_s) END AS tokens
-    FROM shardworker.queues q
-    WHERE (q.paused OR q.concurrency IS NOT NULL OR q.rate_limit IS NOT NULL)
-      AND (%(queues)s::text[] IS NULL OR q.name = ANY(%(queues)s::text[]))
-), queue_room AS (
-    SELECT q.name AS queue, q.pace_s,
-           CASE WHEN q.paused THEN 0 ELSE
+WITH limited AS (
+    -- The kinds and queues with limits across workers, and what their rate buckets hold now.
+    SELECT l.*, greatest(1, ceil(l.rate_limit / 20.0)) * l.rate_period_s / l.rate_limit AS pace_s,
+           CASE WHEN l.rate_limit IS NOT NULL THEN  -- (greatest and least skip NULLs)
+               least(greatest(1, ceil(l.rate_limit / 20.0)),
+                     l.rate_tokens + extract(epoch FROM statement_timestamp() - l.rate_at)
+                                     * l.rate_limit / l.rate_period_s) END AS tokens
+    FROM (SELECT 'kind' AS scope, name, false AS paused, global_concurrency AS concurrency,
+                 rate_limit, rate_period_s, rate_tokens, rate_at
+          FROM shardworker.kinds
+          WHERE name = ANY(%(kinds)s::text[]) AND (global_concurrency IS NOT NULL OR rate_limit IS NOT NULL)
+          UNION ALL
+          SELECT 'queue', name, paused, concurrency, rate_limit, rate_period_s, rate_tokens, rate_at
+          FROM shardworker.queues
+          WHERE (paused OR concurrency IS NOT NULL OR rate_limit IS NOT NULL)
+            AND (%(queues)s::text[] IS NULL OR name = ANY(%(queues)s::text[]))) l
+), limited_room AS (
+    -- What each may start now: no more than run_room, its concurrency less its running jobs,
+    -- and its bucket's whole tokens; none while paused.
+    SELECT l.scope, l.name, l.pace_s,
+           CASE WHEN l.paused THEN 0 ELSE
                least(%(run_room)s,
-                     coalesce(q.concurrency - (SELECT count(*) FROM shardworker.jobs r
-                                               WHERE r.status = 'running' AND left(r.queue, 255) = left(q.name, 255)
-                                                 AND r.queue = q.name), %(limit)s),
-                     coalesce(floor(q.tokens)::int, %(limit)s)) END AS room
-    FROM limited_queue q
+                     coalesce(l.concurrency - CASE l.scope
+                         WHEN 'kind' THEN (SELECT count(*) FROM shardworker.jobs r WHERE r.status = 'running'
+                                           AND left(r.kind, 255) = left(l.name, 255) AND r.kind = l.name)
+                         ELSE (SELECT count(*) FROM shardworker.jobs r WHERE r.status = 'running'
+                               AND left(r.queue, 255) = left(l.name, 255) AND r.queue = l.name) END, %(limit)s),
+                     coalesce(floor(l.tokens)::int, %(limit)s)) END AS room
+    FROM limited l
+), kind_room AS (
+    -- Limited kinds, and the kinds this worker caps: what each may start now.
+    SELECT coalesce(l.name, c.kind) AS kind, l.pace_s,
+           least(coalesce(c.room, %(limit)s), coalesce(l.room, %(limit)s)) AS room
+    FROM (SELECT * FROM limited_room WHERE scope = 'kind') l
+    FULL JOIN unnest(%(cap_kinds)s::text[], %(cap_rooms)s::int[]) AS c(kind, room) ON c.kind = l.name
+), queue_room AS (
+    SELECT name AS queue, pace_s, room FROM limited_room WHERE scope = 'queue'
 ), plain AS (
     -- Jobs of kinds and queues without limits (none to look for when every kind has one).
     SELECT id, kind, queue, priority, run_at, coalesce(payload_bytes, pg_column_size(payload)) AS bytes
@@ -145,14 +144,14 @@ WITH limited_kind AS (
     UPDATE shardworker.kinds k
     SET rate_tokens = l.tokens - (SELECT count(*) FROM claimed c WHERE c.kind = l.name),
         rate_at = statement_timestamp()
-    FROM limited_kind l
-    WHERE k.name = l.name AND l.rate_limit IS NOT NULL
+    FROM limited l
+    WHERE l.scope = 'kind' AND k.name = l.name AND l.rate_limit IS NOT NULL
 ), spent_queue AS (
     UPDATE shardworker.queues q
     SET rate_tokens = l.tokens - (SELECT count(*) FROM claimed c WHERE c.queue = l.name),
         rate_at = statement_timestamp()
-    FROM limited_queue l
-    WHERE q.name = l.name AND l.rate_limit IS NOT NULL AND NOT l.paused
+    FROM limited l
+    WHERE l.scope = 'queue' AND q.name = l.name AND l.rate_limit IS NOT NULL AND NOT l.paused
 )
 SELECT c.id, c.kind, c.queue, c.payload, c.attempt, c.max_attempts,
        least((SELECT k.pace_s FROM kind_room k WHERE k.kind = c.kind),
