@@ -8,6 +8,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -80,15 +81,21 @@ def test_the_outage_demo_refuses_a_dsn(tmp_path: Path) -> None:
     assert not (tmp_path / ".shardworker").exists()
 
 
+# Ctrl-C as a terminal delivers it: a test run in a shell's background job (`pytest &`, as CI
+# scripts may do) inherits SIGINT ignored, and so would the demo, which then never sees it.
+AS_IN_A_TERMINAL = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                                          "os.execv(sys.argv[1], sys.argv[1:])"]
+
+
 def test_an_interrupted_outage_demo_brings_postgresql_back_and_runs_again(tmp_path: Path) -> None:
     """Ctrl-C while PostgreSQL is down: the demo starts it again so the worker's outcomes land,
     stops the worker, and exits; the next run starts afresh (draining anything left)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SHARDWORKER_DSN")}
     try:
         # An outage of ten minutes (the most it takes): only the interrupt ends this demo in the wait below.
-        demo = subprocess.Popen([*shardworker_script(), "demo", "--outage", "--jobs", "2000", "--outage-seconds",
-                                 "600"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
+        demo = subprocess.Popen([*AS_IN_A_TERMINAL, *shardworker_script(), "demo", "--outage", "--jobs", "2000",
+                                 "--outage-seconds", "600"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
         assert demo.stderr is not None
         for line in demo.stderr:
             if "stopping PostgreSQL mid-run" in line:
