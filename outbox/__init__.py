@@ -7,7 +7,7 @@ It imports nothing from ``shardworker`` and never touches a database.
   returns.
 * ``OutboxReader.open(dir)``: the one flusher of a directory; ``poll``, then
   ``mark_flushed`` once the records are committed elsewhere, then ``checkpoint``.
-* ``status(dir)``, ``verify(dir)``, ``tail_records(dir, shard, n)`` and
+* ``status(dir)``, ``verify(dir)``, ``records_since(dir, shard, t)`` and
   ``pending_records(dir)``: read-only inspection, no lock needed.
 * ``free_bytes(dir)``: for a free-space watermark checked before taking on work that will
   need the outbox. ``MAX_RECORD_BYTES``: the largest record a writer accepts.
@@ -37,7 +37,7 @@ from outbox.errors import (
 )
 from outbox.frame import MAX_PAYLOAD_BYTES as MAX_RECORD_BYTES
 from outbox.fsutil import free_bytes
-from outbox.inspect import OutboxStatus, ShardStatus, VerifyReport, pending_records, status, tail_records, verify
+from outbox.inspect import OutboxStatus, ShardStatus, VerifyReport, pending_records, records_since, status, verify
 from outbox.reader import OutboxReader, Record
 from outbox.recovery import RecoveryEvent
 from outbox.writer import ShardWriter, WriterConfig
@@ -45,6 +45,6 @@ from outbox.writer import ShardWriter, WriterConfig
 __all__ = [
     "MAX_RECORD_BYTES", "OutboxCorrupt", "OutboxError", "OutboxFull", "OutboxLocked", "OutboxReader",
     "OutboxStatus", "OutboxSyncError", "OutboxUnserializable", "OutboxUntrusted", "Record", "RecoveryEvent",
-    "ShardStatus", "ShardWriter", "VerifyReport", "WriterConfig", "free_bytes", "pending_records", "status",
-    "tail_records", "verify",
+    "ShardStatus", "ShardWriter", "VerifyReport", "WriterConfig", "free_bytes", "pending_records", "records_since",
+    "status", "verify",
 ]

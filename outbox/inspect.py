@@ -116,24 +116,25 @@ def pending_records(directory: str) -> list[bytes]:
     return found
 
 
-def tail_records(directory: str, shard: int, count: int) -> list[bytes]:
-    """Payloads of up to the last ``count`` durable records of ``shard``, oldest first.
+def records_since(directory: str, shard: int, since: float) -> list[bytes]:
+    """Payloads of the durable records of ``shard`` in the segments modified at or after
+    ``since`` (a ``time.time()``), oldest first: every record written since then, and some
+    before. A torn tail is not durable and is left out.
 
-    Reads the newest segments first and stops once it has ``count``; a torn tail is not
-    durable and is left out. For a dead writer's last acknowledged records: nothing it
-    acknowledged after them can exist, since it wrote nothing after dying.
+    For a dead writer's records since a moment: those are all it could have acknowledged
+    since then, and segments older than that moment need not be read.
     """
-    found: list[bytes] = []
+    found: list[list[bytes]] = []
     for segno in reversed(list_segments(directory).get(shard, [])):
-        if len(found) >= count:
-            break
+        path = os.path.join(directory, segment_name(shard, segno))
         try:
-            buf = read_file(os.path.join(directory, segment_name(shard, segno)))
+            if os.stat(path).st_mtime < since:
+                break
+            buf = read_file(path)
         except FileNotFoundError:
             continue  # applied and deleted by the flusher meanwhile
-        payloads = [f.payload for f in parse(buf, shard, segno).data]
-        found[:0] = payloads[-(count - len(found)):]
-    return found
+        found.append([f.payload for f in parse(buf, shard, segno).data])
+    return [payload for segment in reversed(found) for payload in segment]
 
 
 def _listing(directory: str, sub: str) -> list[str]:

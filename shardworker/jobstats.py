@@ -14,19 +14,28 @@ OUTCOMES = ("done", "failed", "retried", "snoozed", "cancelled")
 # Handler seconds: Prometheus' default buckets, and two more for slow jobs.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 30.0, 60.0)
 
-Stat = tuple[str, int, float]  # (kind, index into OUTCOMES, handler seconds; < 0 for none)
+# Steps (job.step) recorded in the outbox and replayed from earlier attempts: counted in the
+# same rows, after the durations, and named in a Stat by these indices past OUTCOMES.
+STEP_EVENTS = ("recorded", "replayed")
+STEP_RECORDED, STEP_REPLAYED = len(OUTCOMES), len(OUTCOMES) + 1
+WIDTH = len(OUTCOMES) + 1 + len(DURATION_BUCKETS) + 1 + len(STEP_EVENTS)
+STEPS_AT = WIDTH - len(STEP_EVENTS)  # where a row's step counts start
+
+Stat = tuple[str, int, float]  # (kind, index into OUTCOMES or a STEP_ index, handler seconds; < 0 for none)
 
 
 def summarize(stats: Iterable[Stat]) -> dict[str, list[float]]:
     """One commit's outcomes, by kind: ``[count per outcome..., seconds sum, count per
-    duration bucket (the last: over the largest)...]`` (only runs with a duration count in
-    the buckets and the sum)."""
-    width = len(OUTCOMES) + 1 + len(DURATION_BUCKETS) + 1
+    duration bucket (the last: over the largest)..., steps recorded, steps replayed]``
+    (only runs with a duration count in the buckets and the sum)."""
     summary: dict[str, list[float]] = {}
     for kind, outcome, seconds in stats:
         row = summary.get(kind)
         if row is None:
-            row = summary[kind] = [0] * width
+            row = summary[kind] = [0] * WIDTH
+        if outcome >= len(OUTCOMES):
+            row[STEPS_AT + outcome - len(OUTCOMES)] += 1
+            continue
         row[outcome] += 1
         if seconds >= 0:
             row[len(OUTCOMES)] += seconds

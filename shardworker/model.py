@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -51,7 +51,14 @@ def dumps_exact(value: Any) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class Job:
-    """A claimed job, as the handler sees it."""
+    """A claimed job, as the handler sees it.
+
+    ``job.step(name, fn, *args, **kwargs)`` runs ``fn(*args, **kwargs)`` once for this job,
+    ever: its result is recorded in the outbox (and later in ``shardworker.job_steps``)
+    before the call returns, and any later attempt gets the recorded result back without
+    calling ``fn``. In an ``async def`` handler, await it (``fn`` may be a coroutine
+    function). See ``shardworker.child.steps``.
+    """
 
     id: int
     kind: str
@@ -59,11 +66,21 @@ class Job:
     payload: Any
     attempt: int
     max_attempts: int
+    _steps: Any = field(default=None, repr=False, compare=False)
+
+    def step(self, name: str, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)``'s result, computed once for this job whatever attempt asks."""
+        if self._steps is None:
+            raise RuntimeError("job.step works inside a worker's handler only (this Job was made by hand)")
+        return self._steps.run(name, fn, args, kwargs)
 
 
 @dataclass(frozen=True, slots=True)
 class ClaimedJob:
-    """A claimed job on its way to a child: the payload stays JSON text until the child."""
+    """A claimed job on its way to a child: the payload stays JSON text until the child, and
+    so do the results of the steps earlier attempts recorded (``steps_json``, a JSON object
+    of step name to result; None when the job has none: read only for an attempt after the
+    first)."""
 
     id: int
     kind: str
@@ -71,10 +88,12 @@ class ClaimedJob:
     payload_json: str
     attempt: int
     max_attempts: int
+    steps_json: str | None = None
 
-    def to_job(self) -> Job:
+    def to_job(self, steps: Any = None) -> Job:
+        """The handler's view; ``steps`` runs its ``job.step`` calls (``shardworker.child.steps``)."""
         return Job(self.id, self.kind, self.queue, loads_exact(self.payload_json), self.attempt,
-                   self.max_attempts)
+                   self.max_attempts, steps)
 
 
 class Claim(NamedTuple):
@@ -140,19 +159,35 @@ class Outcome:
 
 
 @dataclass(frozen=True, slots=True)
+class StepRecord:
+    """A step's result as a child recorded it: the result's JSON text in UTF-8 bytes, as
+    encoded, and when it was recorded (Unix seconds, the child's clock). Its outbox form is
+    in ``shardworker.wire``."""
+
+    job_id: int
+    attempt: int
+    name: str
+    result_json: bytes
+    recorded_at: float
+
+
+@dataclass(frozen=True, slots=True)
 class ApplyResult:
     """What one batch of outcomes did: applied, replayed (already applied), stale (its
-    attempt lost its lease), missing (its job does not exist in this database)."""
+    attempt lost its lease), missing (its job does not exist in this database); and how
+    many step results it inserted."""
 
     applied: int = 0
     replayed: int = 0
     stale: int = 0
     stale_ids: tuple[int, ...] = ()
     missing_ids: tuple[int, ...] = ()
+    steps: int = 0  # step results inserted (not those already recorded, or of jobs not here)
 
     def __add__(self, other: ApplyResult) -> ApplyResult:
         return ApplyResult(self.applied + other.applied, self.replayed + other.replayed, self.stale + other.stale,
-                           self.stale_ids + other.stale_ids, self.missing_ids + other.missing_ids)
+                           self.stale_ids + other.stale_ids, self.missing_ids + other.missing_ids,
+                           self.steps + other.steps)
 
 
 @dataclass(frozen=True)

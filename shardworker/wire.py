@@ -10,9 +10,8 @@ Pipe messages between the parent and a child are frozen dataclasses; ``encode`` 
 names jobs whose outcomes are durable, by (id, attempt), with their counts for the
 metrics (``shardworker.worker.metrics.summarize``); ``Recall`` asks a child for the jobs it was
 sent and has not started, and ``Returned`` names them (the child will never start them, so
-the parent may send them elsewhere); ``Stopped`` lists the jobs a
-stopping child never started; ``Fatal`` is the last error of a child that cannot go on
-(its app does not load, its outbox fails).
+the parent may send them elsewhere); ``Stopped`` lists the jobs a stopping child never
+started; ``Fatal`` is the last error of a child that cannot go on (its app does not load).
 
 On the pipe each message is a frame: a 4-byte big-endian length, then the bytes.
 ``OutFrames`` queues frames on a non-blocking descriptor (the parent never waits on a
@@ -30,6 +29,12 @@ where code is the disposition (``_CODES``: 0 a failed attempt, retried after the
 for good when the delay is -1; 1 done; 2 snoozed; 3 cancelled), so a result is never
 escaped, decoded or re-encoded on its way to PostgreSQL. A record is never over
 ``outbox.MAX_RECORD_BYTES``: an outcome that would be is replaced by a failure that says so.
+
+The step record (``encode_step``) is what ``job.step`` appends, in the same shard and the
+same group commit as outcomes, for the same flusher (``decode_record`` tells them apart)::
+
+    u8 version (3) | i64 job id | i32 attempt | f64 recorded at (Unix s)
+    | i32 name length | i32 result length | name (UTF-8) | result (JSON, UTF-8)
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from dataclasses import dataclass
 import orjson
 
 from outbox import MAX_RECORD_BYTES
-from shardworker.model import ClaimedJob, Disposition, Outcome
+from shardworker.model import ClaimedJob, Disposition, Outcome, StepRecord
 
 JobKey = tuple[int, int]  # (job id, attempt)
 
@@ -89,8 +94,8 @@ Message = Jobs | Recall | Stop | Done | Returned | Stopped | Fatal
 def encode(msg: Message) -> bytes:
     """The bytes of one pipe message."""
     if isinstance(msg, Jobs):
-        return orjson.dumps(["jobs", [[j.id, j.kind, j.queue, j.payload_json, j.attempt, j.max_attempts, slot]
-                                      for j, slot in zip(msg.jobs, msg.slots, strict=True)]])
+        return orjson.dumps(["jobs", [[j.id, j.kind, j.queue, j.payload_json, j.attempt, j.max_attempts, slot,
+                                       j.steps_json] for j, slot in zip(msg.jobs, msg.slots, strict=True)]])
     if isinstance(msg, Done):
         return orjson.dumps(["done", msg.finished, msg.stats])
     if isinstance(msg, Returned):
@@ -109,7 +114,8 @@ def decode(data: bytes) -> Message:
     value = orjson.loads(data)
     tag, body = value[0], value[1] if len(value) > 1 else ()
     if tag == "jobs":
-        return Jobs(tuple(ClaimedJob(*j[:6]) for j in body), tuple(int(j[6]) for j in body))
+        jobs = tuple(ClaimedJob(j[0], j[1], j[2], j[3], j[4], j[5], j[7]) for j in body)
+        return Jobs(jobs, tuple(int(j[6]) for j in body))
     if tag == "done":
         return Done(tuple((int(i), int(a)) for i, a in body), value[2] if len(value) > 2 else None)
     if tag == "stopped":
@@ -134,7 +140,8 @@ _FOR_GOOD = -1.0  # the delay of a code-0 record that is not to be retried
 
 def encode_outcome(outcome: Outcome) -> bytes:
     """The outbox record of ``outcome``; a too-large one becomes a final failure saying so."""
-    result, error = outcome.result_json, _utf8(outcome.error)
+    result = outcome.result_json
+    error = None if outcome.error is None else outcome.error.encode("utf-8", "backslashreplace")
     size = _RECORD.size + len(result or b"") + len(error or b"")
     if size > MAX_RECORD_BYTES:
         message = f"handler result too large: {size} bytes > {MAX_RECORD_BYTES}"
@@ -168,14 +175,34 @@ def outcome_key(record: bytes) -> JobKey:
     return job_id, attempt
 
 
+_STEP = struct.Struct("<Bqidii")
+_STEP_V3 = 3
+
+
+def encode_step(step: StepRecord) -> bytes:
+    """The outbox record of a step's result (the caller keeps it within the result limit)."""
+    name = step.name.encode("utf-8")
+    return b"".join((_STEP.pack(_STEP_V3, step.job_id, step.attempt, step.recorded_at, len(name),
+                                len(step.result_json)), name, step.result_json))
+
+
+def decode_record(record: bytes) -> Outcome | StepRecord:
+    """The outcome or the step in an outbox record; ``ValueError`` when it is neither."""
+    if record[:1] != bytes((_STEP_V3,)):
+        return decode_outcome(record)
+    if len(record) < _STEP.size:
+        raise ValueError(f"not a step record: {bytes(record[:16])!r}")
+    _, job_id, attempt, recorded_at, name_len, result_len = _STEP.unpack_from(record)
+    if name_len < 1 or result_len < 1 or _STEP.size + name_len + result_len != len(record):
+        raise ValueError("not a step record: inconsistent header")
+    at = _STEP.size + name_len
+    return StepRecord(job_id, attempt, bytes(record[_STEP.size:at]).decode(), bytes(record[at:]), recorded_at)
+
+
 def _header(record: bytes) -> tuple[int, int, int, int, float, int, int]:
     if len(record) < _RECORD.size or record[0] != _RECORD_V2:
         raise ValueError(f"not an outcome record: {bytes(record[:16])!r}")
     return _RECORD.unpack_from(record)
-
-
-def _utf8(text: str | None) -> bytes | None:
-    return None if text is None else text.encode("utf-8", "backslashreplace")
 
 
 # --- frames on a pipe ---------------------------------------------------------------------

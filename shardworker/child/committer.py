@@ -1,9 +1,11 @@
 """The child's group commit, on a thread of its own.
 
-Handlers (whichever lane runs them) hand finished outcomes to ``add``; the committer
-writes the waiting ones with one write and one fdatasync (``ShardWriter.commit``) and only
-then reports them to the parent (``Done``). It commits as soon as
+Handlers (whichever lane runs them) hand finished outcomes to ``add``, and the step records
+of ``job.step`` to ``add_step``; the committer writes the waiting ones with one write and one
+fdatasync (``ShardWriter.commit``) and only then wakes the steps' callers and reports the
+outcomes to the parent (``Done``). It commits as soon as
 
+* a step waits (its handler is blocked until the record is durable), or
 * ``max_records`` outcomes, or ``max_bytes`` of them, wait, or
 * the oldest waiting outcome's handler started ``max_delay_s`` ago (so a slow handler's
   outcome goes out at once, and a fast one never waits on a slow one still running), or
@@ -23,13 +25,24 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from outbox import OutboxError, OutboxFull, ShardWriter
 from shardworker.jobstats import Stat
 from shardworker.wire import JobKey
 
 log = logging.getLogger(__name__)
+
+
+class Entry(NamedTuple):
+    """A record waiting for the next commit: an outcome's (with its job's key) or a step's
+    (``key`` None, ``on_durable`` to call once it is fsync'd)."""
+
+    key: JobKey | None
+    record: bytes
+    stats: Sequence[Stat]
+    on_durable: Callable[[], None] | None = None
 
 FULL_DISK_RETRY_S = 1.0
 IDLE_RECLAIM_S = 1.0  # how often an idle committer offers the writer to rotate an applied segment
@@ -46,11 +59,12 @@ class Committer:
         self.writer, self.report, self.on_fatal = writer, report, on_fatal
         self.max_records, self.max_bytes, self.max_delay_s, self.clock = max_records, max_bytes, max_delay_s, clock
         self._cond = threading.Condition()
-        self._waiting: list[tuple[JobKey, bytes, Stat | None]] = []
+        self._waiting: list[Entry] = []
         self._waiting_bytes = 0
         self._oldest_start = 0.0  # handler start of the oldest waiting outcome
         self._unfinished = 0  # jobs received and not yet finished
         self._stopping = False
+        self._step_waits = False  # a handler waits for a step record among those waiting
         self.error: OutboxError | None = None  # set when a commit failed for good
         self._thread = threading.Thread(target=self._run, name="shardworker-commit", daemon=True)
 
@@ -68,22 +82,38 @@ class Committer:
             self._unfinished -= jobs
             self._cond.notify_all()
 
-    def add(self, key: JobKey, record: bytes, started_at: float, stat: Stat | None = None) -> None:
+    def add(self, key: JobKey, record: bytes, started_at: float, stats: Sequence[Stat] = ()) -> None:
         """A finished job's outcome record; ``started_at`` is when its handler started."""
         with self._cond:
-            while self._waiting_bytes >= self.max_bytes and self.error is None and self._thread.is_alive():
-                self._cond.wait(0.5)
+            self._wait_for_room()
             earlier = not self._waiting or started_at < self._oldest_start
             if earlier:
                 self._oldest_start = started_at  # the deadline moved: the committer must look again
-            self._waiting.append((key, record, stat))
+            self._waiting.append(Entry(key, record, stats))
             self._waiting_bytes += len(record)
             self._unfinished -= 1
             if earlier or self._due():
                 self._cond.notify_all()
 
+    def add_step(self, record: bytes, on_durable: Callable[[], None], stats: Sequence[Stat] = ()) -> None:
+        """A step's record, committed at once (with whatever else waits); ``on_durable`` is
+        called on the committer's thread once it is fsync'd."""
+        with self._cond:
+            self._wait_for_room()
+            if not self._waiting:
+                self._oldest_start = self.clock()
+            self._waiting.append(Entry(None, record, stats, on_durable))
+            self._waiting_bytes += len(record)
+            self._step_waits = True
+            self._cond.notify_all()
+
+    def _wait_for_room(self) -> None:
+        while self._waiting_bytes >= self.max_bytes and self.error is None and self._thread.is_alive():
+            self._cond.wait(0.5)
+
     def _due(self) -> bool:
-        return bool(self._waiting) and (len(self._waiting) >= self.max_records or self._unfinished <= 0
+        return bool(self._waiting) and (self._step_waits or len(self._waiting) >= self.max_records
+                                        or self._unfinished <= 0
                                         or self._waiting_bytes >= self.max_bytes
                                         or self._stopping
                                         or self.clock() - self._oldest_start >= self.max_delay_s)
@@ -113,7 +143,7 @@ class Committer:
             if self.on_fatal is not None:
                 self.on_fatal(exc)
 
-    def _next_batch(self) -> list[tuple[JobKey, bytes, Stat | None]] | None:
+    def _next_batch(self) -> list[Entry] | None:
         """Wait until a commit is due; the batch to commit, None once stopped and empty, or
         an empty batch after ``IDLE_RECLAIM_S`` with nothing waiting."""
         with self._cond:
@@ -126,31 +156,36 @@ class Committer:
                     continue
                 self._cond.wait(max(0.0, self._oldest_start + self.max_delay_s - self.clock()))
             batch, self._waiting = self._take()
+            self._step_waits = any(e.on_durable is not None for e in self._waiting)
             self._cond.notify_all()  # room for handlers waiting in add
             if self._waiting:
                 self._oldest_start = 0.0  # unknown for the rest: commit them next, without waiting
             return batch
 
-    def _take(self) -> tuple[list[tuple[JobKey, bytes, Stat | None]], list[tuple[JobKey, bytes, Stat | None]]]:
+    def _take(self) -> tuple[list[Entry], list[Entry]]:
         """The next batch (up to ``max_records`` and ``max_bytes``, at least one) and the rest."""
         size = count = 0
         while count < min(self.max_records, len(self._waiting)) and size < self.max_bytes:
-            size += len(self._waiting[count][1])
+            size += len(self._waiting[count].record)
             count += 1
         self._waiting_bytes -= size
         return self._waiting[:count], self._waiting[count:]
 
-    def _commit(self, batch: list[tuple[JobKey, bytes, Stat | None]]) -> None:
+    def _commit(self, batch: list[Entry]) -> None:
         warned = False
         while True:
-            for _, record, _ in batch:
-                self.writer.append_bytes(record)
+            for entry in batch:
+                self.writer.append_bytes(entry.record)
             try:
                 self.writer.commit()
                 break
             except OutboxFull as exc:
                 if not warned:
-                    log.error("%s; holding %d outcomes until space returns", exc, len(batch))
+                    log.error("%s; holding %d records until space returns", exc, len(batch))
                     warned = True
                 time.sleep(FULL_DISK_RETRY_S)
-        self.report([key for key, _, _ in batch], [stat for _, _, stat in batch if stat is not None])
+        for entry in batch:
+            if entry.on_durable is not None:
+                entry.on_durable()
+        self.report([entry.key for entry in batch if entry.key is not None],
+                    [stat for entry in batch for stat in entry.stats])

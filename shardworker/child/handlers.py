@@ -14,16 +14,17 @@ from __future__ import annotations
 import asyncio
 import traceback
 
-import orjson
-
 from shardworker.app import App, HandlerSpec
+from shardworker.child.results import Unstorable, storable_json
+from shardworker.child.steps import AsyncSteps, StepLog, SyncSteps
 from shardworker.control import Cancel, Fail, JobControl, Retry, Snooze
-from shardworker.limits import MAX_PAYLOAD_BYTES, MAX_RESULT_BYTES
-from shardworker.model import ClaimedJob, Outcome, dumps_exact
+from shardworker.limits import MAX_PAYLOAD_BYTES
+from shardworker.model import ClaimedJob, Outcome
 
 
-def run_sync(app: App, job: ClaimedJob) -> Outcome:
-    """Run a sync handler to its end (timeouts of sync handlers are the parent's to enforce)."""
+def run_sync(app: App, job: ClaimedJob, steps: StepLog | None = None) -> Outcome:
+    """Run a sync handler to its end (timeouts of sync handlers are the parent's to enforce);
+    ``steps`` runs its ``job.step`` calls."""
     spec = app.handlers.get(job.kind)
     if spec is None:
         return unknown_kind(job)
@@ -31,15 +32,15 @@ def run_sync(app: App, job: ClaimedJob) -> Outcome:
     if refused is not None:
         return refused
     try:
-        result = spec.fn(job.to_job())
+        result = spec.fn(job.to_job(None if steps is None else SyncSteps(steps)))
     except JobControl as control:
-        return controlled(spec, job, control)
+        return step_misuse(spec, job, steps) or controlled(spec, job, control)
     except Exception as exc:
-        return failure(spec, job, exc)
-    return success(job, result)
+        return step_misuse(spec, job, steps) or failure(spec, job, exc)
+    return step_misuse(spec, job, steps) or success(job, result)
 
 
-async def run_async(app: App, job: ClaimedJob) -> Outcome:
+async def run_async(app: App, job: ClaimedJob, steps: StepLog | None = None) -> Outcome:
     """Await an ``async def`` handler; past its ``timeout_s`` it is cancelled and the attempt fails."""
     spec = app.handlers.get(job.kind)
     if spec is None:
@@ -50,15 +51,23 @@ async def run_async(app: App, job: ClaimedJob) -> Outcome:
     deadline = asyncio.timeout(spec.timeout_s)
     try:
         async with deadline:
-            result = await spec.fn(job.to_job())
+            result = await spec.fn(job.to_job(None if steps is None else AsyncSteps(steps)))
     except TimeoutError as exc:
         expired = f"timed out after {spec.timeout_s:g}s" if deadline.expired() else None
         return failure(spec, job, exc, error=expired)  # else the handler's own TimeoutError
     except JobControl as control:
-        return controlled(spec, job, control)
+        return step_misuse(spec, job, steps) or controlled(spec, job, control)
     except Exception as exc:
-        return failure(spec, job, exc)
-    return success(job, result)
+        return step_misuse(spec, job, steps) or failure(spec, job, exc)
+    return step_misuse(spec, job, steps) or success(job, result)
+
+
+def step_misuse(spec: HandlerSpec, job: ClaimedJob, steps: StepLog | None) -> Outcome | None:
+    """The failed attempt of a handler that misused a step, whatever it did after (caught
+    the ``StepError``, returned, raised something else); None when it did not."""
+    if steps is None or steps.error is None:
+        return None
+    return failure(spec, job, steps.error)
 
 
 def unknown_kind(job: ClaimedJob) -> Outcome:
@@ -70,16 +79,9 @@ def success(job: ClaimedJob, result: object) -> Outcome:
 
     The result stays the bytes orjson produced, all the way to PostgreSQL."""
     try:
-        result_json = dumps_exact(result)
-    except orjson.JSONEncodeError as exc:
-        # Running it again would compute the same unstorable value: fail for good.
-        return never_again(job, f"handler result is not JSON-serializable: {exc}")
-    if len(result_json) > MAX_RESULT_BYTES:
-        return never_again(job, f"handler result too large: {len(result_json)} bytes of JSON, "
-                                f"the limit is {MAX_RESULT_BYTES} (shardworker.limits.MAX_RESULT_BYTES)")
-    if b"\\u0000" in result_json:
-        return never_again(job, "handler result holds a NUL character (\\u0000), which PostgreSQL jsonb cannot store")
-    return Outcome.done(job.id, job.attempt, result_json)
+        return Outcome.done(job.id, job.attempt, storable_json(result))
+    except Unstorable as exc:
+        return never_again(job, f"handler {exc}")  # running it again would compute the same value
 
 
 def controlled(spec: HandlerSpec, job: ClaimedJob, control: JobControl) -> Outcome:

@@ -7,7 +7,8 @@
   ``C`` at once; a handler over its ``timeout_s`` is cancelled and fails that attempt.
 
 A lane calls ``on_start(slot, job)`` when a handler starts and ``on_done(slot, job,
-outcome, started_at)`` when it has an outcome; both run on the lane's thread. ``withdraw()``
+outcome, started_at, steps)`` when it has an outcome (``steps``: the run's ``StepLog``, made
+by ``steps_for(job)``); both run on the lane's thread. ``withdraw()``
 takes back the jobs submitted and not started (the lane goes on with the next it is
 given): a job is either returned or started, never both, since a job leaves the queue
 under the same lock (or on the same loop) that ``withdraw`` takes it under. ``stop()``
@@ -27,10 +28,12 @@ from typing import Protocol
 
 from shardworker.app import App
 from shardworker.child.handlers import run_async, run_sync
+from shardworker.child.steps import StepLog
 from shardworker.model import ClaimedJob, Outcome
 
 OnStart = Callable[[int, ClaimedJob], None]
-OnDone = Callable[[int, ClaimedJob, Outcome, float], None]
+OnDone = Callable[[int, ClaimedJob, Outcome, float, StepLog], None]
+StepsFor = Callable[[ClaimedJob], StepLog]
 
 
 class Lane(Protocol):
@@ -43,8 +46,9 @@ class Lane(Protocol):
 class ThreadLane:
     """``threads`` threads taking jobs from one queue, in arrival order."""
 
-    def __init__(self, app: App, threads: int, on_start: OnStart, on_done: OnDone, name: str) -> None:
-        self.app, self.on_start, self.on_done = app, on_start, on_done
+    def __init__(self, app: App, threads: int, on_start: OnStart, on_done: OnDone, steps_for: StepsFor,
+                 name: str) -> None:
+        self.app, self.on_start, self.on_done, self.steps_for = app, on_start, on_done, steps_for
         self._queue: deque[tuple[int, ClaimedJob]] = deque()
         self._cond = threading.Condition()
         self._stopping = False
@@ -67,7 +71,8 @@ class ThreadLane:
                 slot, job = self._queue.popleft()
             self.on_start(slot, job)
             started_at = time.monotonic()
-            self.on_done(slot, job, run_sync(self.app, job), started_at)
+            steps = self.steps_for(job)
+            self.on_done(slot, job, run_sync(self.app, job, steps), started_at, steps)
 
     def withdraw(self) -> list[tuple[int, ClaimedJob]]:
         """The jobs still queued, in order; they will not start here."""
@@ -100,8 +105,8 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 class AsyncLane:
     """One event loop on its own thread running up to ``concurrency`` handlers at once."""
 
-    def __init__(self, app: App, concurrency: int, on_start: OnStart, on_done: OnDone) -> None:
-        self.app, self.on_start, self.on_done = app, on_start, on_done
+    def __init__(self, app: App, concurrency: int, on_start: OnStart, on_done: OnDone, steps_for: StepsFor) -> None:
+        self.app, self.on_start, self.on_done, self.steps_for = app, on_start, on_done, steps_for
         self.loop = new_event_loop()
         self._slots = asyncio.Semaphore(concurrency)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -130,8 +135,9 @@ class AsyncLane:
             del self._waiting[slot]
             self.on_start(slot, job)
             started_at = time.monotonic()
-            outcome = await run_async(self.app, job)
-            self.on_done(slot, job, outcome, started_at)
+            steps = self.steps_for(job)
+            outcome = await run_async(self.app, job, steps)
+            self.on_done(slot, job, outcome, started_at, steps)
 
     def withdraw(self) -> list[tuple[int, ClaimedJob]]:
         """The jobs still waiting for a free slot; they will not start here."""

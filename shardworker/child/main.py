@@ -27,8 +27,9 @@ from shardworker import logs, procs, wire
 from shardworker.app import App, load_app
 from shardworker.child.committer import Committer
 from shardworker.child.lanes import AsyncLane, Lane, ThreadLane
+from shardworker.child.steps import StepLog
 from shardworker.config import ChildConfig
-from shardworker.jobstats import OUTCOMES, outcome_label, summarize
+from shardworker.jobstats import OUTCOMES, STEP_RECORDED, STEP_REPLAYED, outcome_label, summarize
 from shardworker.model import ClaimedJob, Disposition, Outcome
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,10 @@ class Progress:
 
     def started(self, slot: int, job_id: int) -> bool:
         return bool(self.array[slot * self.FIELDS] == job_id)
+
+    def began_at(self, slot: int) -> float:
+        """When the handler in ``slot`` started (monotonic s), running or finished."""
+        return float(self.array[slot * self.FIELDS + 1]) / 1000
 
     def running_since(self, slot: int, job_id: int) -> float | None:
         """When the handler of ``job_id`` started (monotonic s), if it runs now in ``slot``."""
@@ -136,24 +141,31 @@ class ShardRunner:
         lane = self.lanes.get(name)
         if lane is None:
             if name == "async":
-                lane = AsyncLane(self.app, self.config.concurrency, self._started, self._finished)
+                lane = AsyncLane(self.app, self.config.concurrency, self._started, self._finished, self._steps_for)
             else:
                 threads = self.config.concurrency if name == "threads" else 1
-                lane = ThreadLane(self.app, threads, self._started, self._finished, f"shardworker-{name}")
+                lane = ThreadLane(self.app, threads, self._started, self._finished, self._steps_for,
+                                  f"shardworker-{name}")
             self.lanes[name] = lane
         return lane
 
     def _started(self, slot: int, job: ClaimedJob) -> None:
         self.progress.begin(slot, job.id)
 
-    def _finished(self, slot: int, job: ClaimedJob, outcome: Outcome, started_at: float) -> None:
+    def _steps_for(self, job: ClaimedJob) -> StepLog:
+        """The step log of a run of ``job``: its records go to the committer, at once."""
+        stat = ((job.kind, STEP_RECORDED, -1.0),)
+        return StepLog(job, lambda record, on_durable: self.committer.add_step(record, on_durable, stat))
+
+    def _finished(self, slot: int, job: ClaimedJob, outcome: Outcome, started_at: float, steps: StepLog) -> None:
         seconds = time.monotonic() - started_at
         self.progress.finish(slot)
         spec = self.app.handlers.get(job.kind)
         limit = min(job.max_attempts, spec.max_attempts or job.max_attempts) if spec else job.max_attempts
         label = outcome_label(job, outcome, limit)
+        replays = ((job.kind, STEP_REPLAYED, -1.0),) * steps.replayed
         self.committer.add((job.id, job.attempt), wire.encode_outcome(outcome), started_at,
-                           (job.kind, OUTCOMES.index(label), seconds))
+                           ((job.kind, OUTCOMES.index(label), seconds), *replays))
         if outcome.disposition in (Disposition.SNOOZED, Disposition.CANCELLED):
             log_control(job, outcome)
         elif outcome.disposition is not Disposition.DONE:

@@ -30,7 +30,7 @@ from outbox.fsutil import append_durably, atomic_write, ensure_dir
 from shardworker import layout, wire
 from shardworker.config import FlusherConfig
 from shardworker.errors import OutcomeRejected, StoreError
-from shardworker.model import ApplyResult, Outcome
+from shardworker.model import ApplyResult, Outcome, StepRecord
 from shardworker.retry import Backoff, Outage
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ BATCH_BUCKETS = (1, 5, 10, 50, 100, 250, 500, 1000, 5000)  # outcomes per flushe
 class OutcomeStore(Protocol):
     """What the flusher needs from a store (``PgStore`` provides it)."""
 
-    def apply_outcomes(self, outcomes: Sequence[Outcome]) -> ApplyResult: ...
+    def apply_outcomes(self, outcomes: Sequence[Outcome], steps: Sequence[StepRecord] = ()) -> ApplyResult: ...
 
 
 @dataclass
@@ -80,7 +80,8 @@ class Flusher:
                              tell_unreachable=report_outages)
         self.stats = FlushStats()
         self._held: list[Record] = []  # read but not yet applied (kept across failures)
-        self._outcomes: list[Outcome] = []  # _held decoded, once
+        self._outcomes: list[Outcome] = []  # _held decoded, once: its outcomes
+        self._steps: list[StepRecord] = []  # and its step records
         self._last_checkpoint = clock()
         self._dirty = False
 
@@ -97,14 +98,16 @@ class Flusher:
         """Apply one batch; returns the records flushed (0 when idle or the database failed)."""
         if not self._held:
             self._held = self.reader.poll(self.config.flush_batch, self.config.flush_bytes)
-            self._outcomes = [o for o in map(self._decode, self._held) if o is not None]
+            decoded = [d for d in map(self._decode, self._held) if d is not None]
+            self._outcomes = [d for d in decoded if isinstance(d, Outcome)]
+            self._steps = [d for d in decoded if isinstance(d, StepRecord)]
         if not self._held:
             # A passed seal or empty segment frees space only once a checkpoint deletes it.
             self._dirty = self._dirty or self.reader.wants_checkpoint
             self._maybe_checkpoint(force=True)
             return 0
         try:
-            result = self._apply(self._outcomes)
+            result = self._apply(self._outcomes, self._steps)
         except StoreError as exc:
             delay = self.outage.failed(exc)  # raises what is not retryable
             self.stats.db_errors += 1
@@ -131,15 +134,15 @@ class Flusher:
         self._maybe_checkpoint()
         return len(flushed)
 
-    def _apply(self, outcomes: list[Outcome]) -> ApplyResult:
+    def _apply(self, outcomes: list[Outcome], steps: list[StepRecord]) -> ApplyResult:
         try:
-            return self.store.apply_outcomes(outcomes)
+            return self.store.apply_outcomes(outcomes, steps)
         except OutcomeRejected:
-            return self._apply_one_by_one(outcomes)
+            return self._steps_one_by_one(steps) + self._apply_one_by_one(outcomes)
 
-    def _decode(self, record: Record) -> Outcome | None:
+    def _decode(self, record: Record) -> Outcome | StepRecord | None:
         try:
-            return wire.decode_outcome(record.payload)
+            return wire.decode_record(record.payload)
         except (ValueError, TypeError) as exc:
             # CRC-valid but not ours: keep the bytes, apply nothing for it.
             name = self._deadletter(record.payload, f"undecodable record: {exc}")
@@ -154,6 +157,19 @@ class Flusher:
                 total += self.store.apply_outcomes([outcome])
             except OutcomeRejected as exc:
                 total += self._apply_as_failure(outcome, exc)
+        return total
+
+    def _steps_one_by_one(self, steps: list[StepRecord]) -> ApplyResult:
+        """Isolate the step results the database refuses: each goes to ``deadletter/`` (its
+        step will run again on a later attempt; the job's outcome is not touched)."""
+        total = ApplyResult()
+        for step in steps:
+            try:
+                total += self.store.apply_outcomes([], [step])
+            except OutcomeRejected as exc:
+                name = self._deadletter(wire.encode_step(step), str(exc))
+                log.error("step %r of job %d dead-lettered to %s/%s: %s", step.name, step.job_id,
+                          layout.DEADLETTER_DIR, name, exc)
         return total
 
     def _apply_as_failure(self, outcome: Outcome, refusal: OutcomeRejected) -> ApplyResult:

@@ -7,13 +7,13 @@ from __future__ import annotations
 import contextlib
 import select
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import psycopg
 from psycopg.pq import TransactionStatus
 
 from shardworker.errors import OutcomeRejected, SchemaMissing
-from shardworker.model import ApplyResult, Claim, ClaimedJob, Outcome
+from shardworker.model import ApplyResult, Claim, ClaimedJob, Outcome, StepRecord
 from shardworker.store.connection import Session, first_line, is_refusal, translate_errors
 from shardworker.store.sql import query
 
@@ -71,13 +71,12 @@ class WorkerQueries(Session):
                     claiming.execute(query("job_claim"), params)
                     cur.execute("COMMIT")
             except psycopg.Error:
-                if conn.info.transaction_status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
-                    with contextlib.suppress(psycopg.Error):
-                        conn.execute("ROLLBACK")
+                rollback(conn)
                 raise
             rows = claiming.fetchall()
         paces = [row[6] for row in rows if row[6] is not None]
-        return Claim([ClaimedJob(*row[:6]) for row in rows], min(paces) if paces else None)
+        jobs = [ClaimedJob(row[0], row[1], row[2], row[3], row[4], row[5], row[7]) for row in rows]
+        return Claim(jobs, min(paces) if paces else None)
 
     def register_kinds(self, specs: Sequence[HandlerSpec]) -> None:
         """Make this worker's handlers' limits across workers the kinds' (``shardworker.kinds``)."""
@@ -135,31 +134,40 @@ class WorkerQueries(Session):
             row = cur.fetchone()
         return int(row[0]) if row else 0
 
-    def apply_outcomes(self, outcomes: Sequence[Outcome]) -> ApplyResult:
-        """Apply a batch in one fenced statement. Zero-row outcomes are replays or stale."""
-        if not outcomes:
+    def apply_outcomes(self, outcomes: Sequence[Outcome], steps: Sequence[StepRecord] = ()) -> ApplyResult:
+        """Apply a batch of outcomes in one fenced statement and its steps' results with them,
+        in one transaction sent at once (a pipeline, as ``claim_within``): a job's steps are
+        in PostgreSQL no later than the outcome that queues it again. Zero-row outcomes are
+        replays or stale."""
+        if not outcomes and not steps:
             return ApplyResult()
-        # Every array goes in binary: results as bytea, the child's JSON bytes unescaped
-        # (the statement turns them into jsonb), the rest without text formatting.
-        params = {"ids": [o.job_id for o in outcomes], "attempts": [o.attempt for o in outcomes],
-                  "dispositions": [o.disposition.value for o in outcomes], "results": [o.result_json for o in outcomes],
-                  "errors": [o.error for o in outcomes], "delays": [float(o.delay_s) for o in outcomes]}
-        with self.cursor() as cur:
+        with self.cursor() as cur, cur.connection.cursor() as stepping:
+            conn = cur.connection
             try:
-                cur.execute(query("job_apply_outcomes"), params)
+                with conn.pipeline():
+                    if steps and outcomes:
+                        conn.execute("BEGIN")
+                    if steps:
+                        stepping.execute(query("job_steps_insert"), step_params(steps))
+                    if outcomes:
+                        cur.execute(query("job_apply_outcomes"), outcome_params(outcomes))
+                    if steps and outcomes:
+                        conn.execute("COMMIT")
             except psycopg.Error as exc:
+                rollback(conn)
                 if not is_refusal(exc):
                     raise
                 raise OutcomeRejected(f"outcome rejected: {first_line(exc)}") from exc
-            applied = set(cur.fetchall())
+            landed = max(0, stepping.rowcount) if steps else 0
+            applied = set(cur.fetchall()) if outcomes else set()
             missed = [o for o in outcomes if (o.job_id, o.attempt) not in applied]
             if not missed:
-                return ApplyResult(applied=len(outcomes))
+                return ApplyResult(applied=len(outcomes), steps=landed)
             # Rare: a replay after a lost checkpoint, or a stale attempt. The update above is
             # committed, so this reads the state it left.
             cur.execute(query("job_classify"), {"ids": [o.job_id for o in missed]})
             last_applied = dict(cur.fetchall())
-        return classify(len(outcomes) - len(missed), missed, last_applied)
+        return classify(len(outcomes) - len(missed), missed, last_applied, landed)
 
     def identity(self) -> DatabaseIdentity:
         """(instance id, database name, server as host:port): what an outbox is bound to."""
@@ -205,7 +213,31 @@ class WorkerQueries(Session):
             return bool(ready) and any(True for _ in conn.notifies(timeout=0, stop_after=1000))
 
 
-def classify(applied: int, missed: Sequence[Outcome], last_applied: dict[int, int | None]) -> ApplyResult:
+def outcome_params(outcomes: Sequence[Outcome]) -> dict[str, list[Any]]:
+    """``job_apply_outcomes``' arrays. Every one goes in binary: results as bytea, the
+    child's JSON bytes unescaped (the statement turns them into jsonb), the rest without
+    text formatting."""
+    return {"ids": [o.job_id for o in outcomes], "attempts": [o.attempt for o in outcomes],
+            "dispositions": [o.disposition.value for o in outcomes], "results": [o.result_json for o in outcomes],
+            "errors": [o.error for o in outcomes], "delays": [float(o.delay_s) for o in outcomes]}
+
+
+def step_params(steps: Sequence[StepRecord]) -> dict[str, list[Any]]:
+    """``job_steps_insert``'s arrays, in binary as ``outcome_params``'."""
+    return {"job_ids": [s.job_id for s in steps], "names": [s.name for s in steps],
+            "attempts": [s.attempt for s in steps], "results": [s.result_json for s in steps],
+            "recorded_at": [s.recorded_at for s in steps]}
+
+
+def rollback(conn: psycopg.Connection[Any]) -> None:
+    """End a transaction a failed statement left open (nothing to do in autocommit)."""
+    if conn.info.transaction_status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
+        with contextlib.suppress(psycopg.Error):
+            conn.execute("ROLLBACK")
+
+
+def classify(applied: int, missed: Sequence[Outcome], last_applied: dict[int, int | None],
+             steps: int = 0) -> ApplyResult:
     """What became of the outcomes the fenced update did not apply."""
     replayed = 0
     stale: list[int] = []
@@ -217,4 +249,4 @@ def classify(applied: int, missed: Sequence[Outcome], last_applied: dict[int, in
             replayed += 1  # this attempt's outcome was applied before: a replay after a lost checkpoint
         else:
             stale.append(outcome.job_id)  # its attempt was rescued and claimed again
-    return ApplyResult(applied, replayed, len(stale), tuple(stale), tuple(missing))
+    return ApplyResult(applied, replayed, len(stale), tuple(stale), tuple(missing), steps)

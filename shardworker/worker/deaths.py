@@ -3,7 +3,9 @@
 Each sent job gets a progress slot; the child marks it when the handler starts and when
 it finishes. After a death, ``leftovers`` sorts what the child held: a started job whose
 outcome is durable in the child's shard counts as finished, the unstarted ones wait in
-the pool again, and ``shardworker.worker.blame`` judges the started ones without an
+the pool again, the step records of the started ones without an outcome are carried over
+to the parent's shard ahead of the outcome it writes for them (so they land in PostgreSQL
+first, wherever the job runs next), and ``shardworker.worker.blame`` judges the started ones without an
 outcome: the job that caused the death is charged, the others are snoozed (a new attempt,
 none used up); when the cause is unknown they become ``Suspects``, which this worker runs
 one at a time, alone, when it claims them again. A child is also killed, and its death
@@ -16,19 +18,21 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import outbox
 from shardworker import logs, procs, wire
 from shardworker.app import HandlerSpec
-from shardworker.model import ClaimedJob
+from shardworker.model import ClaimedJob, Outcome, StepRecord
 from shardworker.worker import blame
 from shardworker.worker.child_handle import ASYNC_TIMEOUT_GRACE_S, ChildHandle, Sent
 
 log = logging.getLogger(__name__)
 
 MAX_SUSPECTS = 10_000  # ids remembered to run alone; each a few dozen bytes
+CLOCK_SLACK_S = 300.0  # segments last written this long before a dead child's first job began are not read
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,7 @@ class Death:
     unstarted: tuple[ClaimedJob, ...]
     errors: tuple[str, ...] = ()
     snoozed: tuple[ClaimedJob, ...] = ()
+    steps: tuple[bytes, ...] = ()  # step records of the charged and snoozed jobs, carried over first
 
     def charges(self) -> dict[str, list[ClaimedJob]]:
         """The charged jobs by their error."""
@@ -64,6 +69,7 @@ class Leftovers:
     unfinished: list[ClaimedJob]  # started, handler still running, no durable outcome
     unsaved: list[ClaimedJob]  # handler returned, outcome not durable
     unstarted: list[ClaimedJob]
+    steps: list[bytes]  # the step records of the unfinished and unsaved jobs' attempts
 
 
 def leftovers(handle: ChildHandle) -> Leftovers:
@@ -74,22 +80,29 @@ def leftovers(handle: ChildHandle) -> Leftovers:
     progress = handle.progress
     sent = handle.take_all()
     started = [s for s in sent if progress is not None and progress.started(s.slot, s.job.id)]
-    durable = durable_keys(handle.config.outbox_dir, handle.index, len(started)) if started else set()
+    records: list[Outcome | StepRecord] = []
+    if started and progress is not None:
+        first = min(progress.began_at(s.slot) for s in started)
+        records = written_since(handle.config.outbox_dir, handle.index, time.time() - (time.monotonic() - first))
+    durable = {(r.job_id, r.attempt) for r in records if isinstance(r, Outcome)}
     left = [s for s in started if (s.job.id, s.job.attempt) not in durable]
     running = [progress is not None and progress.running_since(s.slot, s.job.id) is not None for s in left]
     unfinished = [s.job for s, r in zip(left, running, strict=True) if r]
     unsaved = [s.job for s, r in zip(left, running, strict=True) if not r]
     unstarted = [s.job for s in sent if s not in started]
-    return Leftovers(reported, sent, len(started) - len(left), unfinished, unsaved, unstarted)
+    lost = {(s.job.id, s.job.attempt) for s in left}
+    steps = [wire.encode_step(r) for r in records if isinstance(r, StepRecord) and (r.job_id, r.attempt) in lost]
+    return Leftovers(reported, sent, len(started) - len(left), unfinished, unsaved, unstarted, steps)
 
 
-def durable_keys(directory: str, shard: int, count: int) -> set[wire.JobKey]:
-    """(id, attempt) of the outcomes among a dead child's last ``count`` records."""
-    keys = set()
-    for payload in outbox.tail_records(directory, shard, count):
+def written_since(directory: str, shard: int, since: float) -> list[Outcome | StepRecord]:
+    """The outcomes and steps a dead child wrote to its shard since ``since`` (Unix s, when
+    its first job still held started; ``CLOCK_SLACK_S`` earlier, for the clock's steps)."""
+    found: list[Outcome | StepRecord] = []
+    for payload in outbox.records_since(directory, shard, since - CLOCK_SLACK_S):
         with contextlib.suppress(ValueError, TypeError):
-            keys.add(wire.outcome_key(payload))
-    return keys
+            found.append(wire.decode_record(payload))
+    return found
 
 
 def timed_out(handle: ChildHandle, specs: Mapping[str, HandlerSpec], now: float) -> dict[wire.JobKey, str]:

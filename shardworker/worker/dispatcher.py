@@ -114,6 +114,7 @@ class Dispatcher:
         """Count a dead child's durable outcomes and fail the started jobs charged for its death
         (``shardworker.worker.blame``: the job that caused it, never a neighbour)."""
         for death in deaths:
+            self.parent_outcomes.carry(death.steps)  # ahead of the outcomes below, in the same shard
             charged = sum(self.parent_outcomes.fail(jobs, error) for error, jobs in death.charges().items())
             self.count_finished(death.durable + charged + self.parent_outcomes.snooze(death.snoozed))
 

@@ -43,7 +43,7 @@ from prometheus_client.registry import Collector
 import outbox
 from shardworker.errors import ConfigError
 from shardworker.flusher.loop import BATCH_BUCKETS
-from shardworker.jobstats import DURATION_BUCKETS, OUTCOMES, JobCounts
+from shardworker.jobstats import DURATION_BUCKETS, OUTCOMES, STEPS_AT, JobCounts
 from shardworker.layout import PARENT_SHARD
 
 if TYPE_CHECKING:
@@ -127,17 +127,23 @@ class WorkerCollector(Collector):
                                        "(retried: a failed attempt with attempts left).", labels=["kind", "outcome"])
         durations = HistogramMetricFamily("shardworker_handler_duration_seconds",
                                           "Seconds from a handler's start to its outcome.", labels=["kind"])
+        steps = [CounterMetricFamily(f"shardworker_steps_{event}", doc, labels=["kind"]) for event, doc in (
+            ("recorded", "Steps (job.step) whose result was made durable in the outbox, by kind."),
+            ("replayed", "Steps given back their result from an earlier attempt, by kind (fn not called)."))]
         n = len(OUTCOMES)
         for kind, row in sorted(by_kind.items()):
             for i, name in enumerate(OUTCOMES):
                 outcomes.add_metric([kind, name], row[i])
             cumulative, buckets = 0.0, []
-            for bound, count in zip((*DURATION_BUCKETS, float("inf")), row[n + 1:], strict=True):
+            for bound, count in zip((*DURATION_BUCKETS, float("inf")), row[n + 1:STEPS_AT], strict=True):
                 cumulative += count
                 buckets.append((_bound(bound), cumulative))
             durations.add_metric([kind], buckets, row[n])
+            for i, family in enumerate(steps):
+                family.add_metric([kind], row[STEPS_AT + i])
         yield outcomes
         yield durations
+        yield from steps
 
     def _flusher_metrics(self, c: dict[str, Any]) -> Iterator[Metric]:
         yield _counter("shardworker_outcomes_applied", "Outcomes the flusher applied to PostgreSQL.", c["applied"])

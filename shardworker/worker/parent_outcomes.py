@@ -3,9 +3,11 @@
 When a child dies or a handler times out, the started jobs charged for it get a failure
 ("the handler's process died: exit code 1", "timed out after 30s"), and those whose
 handler returned but whose outcome died with the child a snooze (``shardworker.worker.blame``),
-that the flusher applies like any other. The parent writes them to shard ``layout.PARENT_SHARD``. When the outbox cannot
-take them (a full disk), they wait in memory and ``flush`` retries; the dispatcher does
-not claim meanwhile.
+that the flusher applies like any other. The parent writes them to shard ``layout.PARENT_SHARD``,
+after the step records of those jobs' attempts it ``carry``-s over from the dead child's shard:
+in one shard, the flusher lands the steps no later than the outcome that queues the job again,
+whichever shard it reaches first. When the outbox cannot take them (a full disk), they wait in
+memory and ``flush`` retries; the dispatcher does not claim meanwhile.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class ParentOutcomes:
         self.job_counts = job_counts
         self._writer: ShardWriter | None = None
         self._pending: list[Outcome] = []
+        self._carried: list[bytes] = []  # step records, written ahead of the outcomes
 
     def fail(self, jobs: Iterable[ClaimedJob], reason: str) -> int:
         """Record a failed attempt for each job (retried per its handler's policy); returns how many."""
@@ -56,6 +59,10 @@ class ParentOutcomes:
         self.flush()
         return len(jobs)
 
+    def carry(self, step_records: Iterable[bytes]) -> None:
+        """Step records of a dead child's jobs, written before the outcomes that follow."""
+        self._carried.extend(step_records)
+
     def _delay(self, job: ClaimedJob) -> float | None:
         spec = self.specs.get(job.kind)
         return spec.delay_after_failure(job.attempt) if spec else job_retry_delay(job.attempt)
@@ -70,7 +77,7 @@ class ParentOutcomes:
 
     def flush(self) -> bool:
         """Try to make the waiting outcomes durable; True when none waits."""
-        if not self._pending:
+        if not self._pending and not self._carried:
             if self._writer is not None:
                 self._writer.reclaim()  # an applied segment goes once sealed (rate-limited in the writer)
             return True
@@ -78,6 +85,8 @@ class ParentOutcomes:
             if self._writer is None:
                 self._writer = ShardWriter.open(self.outbox_dir, PARENT_SHARD,
                                                 WriterConfig(segment_bytes=self.segment_bytes))
+            for record in self._carried:
+                self._writer.append_bytes(record)
             for outcome in self._pending:
                 self._writer.append_bytes(wire.encode_outcome(outcome))
             self._writer.commit()
@@ -86,7 +95,7 @@ class ParentOutcomes:
             if isinstance(exc, OutboxSyncError):
                 self.close()  # fsync failed: that segment is abandoned, the next open starts another
             return False
-        self._pending = []
+        self._pending, self._carried = [], []
         return True
 
     def close(self) -> None:

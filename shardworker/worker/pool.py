@@ -215,7 +215,7 @@ class ChildPool:
             if verdict.crash:
                 self._count_crash(handle, now, verdict.reason)
         return Death(handle.index, verdict.reason, left.durable, tuple(j for j, _ in verdict.charged),
-                     tuple(left.unstarted), tuple(e for _, e in verdict.charged), verdict.snooze)
+                     tuple(left.unstarted), tuple(e for _, e in verdict.charged), verdict.snooze, tuple(left.steps))
 
     def _count_crash(self, handle: ChildHandle, now: float, reason: str) -> None:
         try:

@@ -14,7 +14,7 @@ import pytest
 
 from shardworker import wire
 from shardworker.child.main import Progress
-from shardworker.jobstats import DURATION_BUCKETS, OUTCOMES, JobCounts
+from shardworker.jobstats import DURATION_BUCKETS, OUTCOMES, STEPS_AT, JobCounts
 from shardworker.model import Disposition, Job
 from tests.child.loop_harness import Clock, job, jobs_msg, make_app, outcomes, receive_until, run_child, start_runner
 
@@ -81,7 +81,7 @@ def test_each_report_carries_its_outcomes_by_kind_for_the_metrics(tmp_path: Path
     assert by_outcome["ok"] == {"done": 2, "failed": 0, "retried": 0, "snoozed": 0, "cancelled": 0}
     assert by_outcome["boom"] == {"done": 0, "failed": 1, "retried": 1, "snoozed": 0, "cancelled": 0}
     # Every run lands in exactly one duration bucket; the seconds are real and small.
-    buckets = rows["ok"][len(OUTCOMES) + 1:]
+    buckets = rows["ok"][len(OUTCOMES) + 1:STEPS_AT]
     assert len(buckets) == len(DURATION_BUCKETS) + 1 and sum(buckets) == 2
     assert 0 <= rows["ok"][len(OUTCOMES)] < 1.0
 

@@ -1,8 +1,9 @@
-"""Read-only inspection of an outbox: status, verify, tail_records and free_bytes."""
+"""Read-only inspection of an outbox: status, verify, records_since and free_bytes."""
 
 from __future__ import annotations
 
 import os
+import time
 
 import orjson
 import pytest
@@ -65,8 +66,9 @@ def test_status_counts_sealed_segments(tmp_path) -> None:
     assert closed.sealed_segments == closed.segments
 
 
-def test_tail_records_returns_the_newest_durable_records_across_segments(tmp_path):
-    """tail_records gives the last n records of one shard in order, across rotated segments, without a torn tail."""
+def test_records_since_reads_the_segments_written_since_a_moment(tmp_path):
+    """records_since gives a shard's records in order, across rotated segments, from the
+    segments modified since the moment on, without a torn tail."""
     d = str(tmp_path)
     with ShardWriter.open(d, 1, SMALL) as w:
         for n in range(60):  # 60 x ~200 bytes: several 4 KiB segments
@@ -79,10 +81,14 @@ def test_tail_records_returns_the_newest_durable_records_across_segments(tmp_pat
     assert len(segs) >= 3
     with open(os.path.join(d, segment_name(1, segs[-1])), "ab") as f:
         f.write(b"\x07torn")
-    tail = [orjson.loads(p)["n"] for p in outbox.tail_records(d, 1, 25)]
-    assert tail == list(range(35, 60))
-    assert [orjson.loads(p)["n"] for p in outbox.tail_records(d, 1, 1000)] == list(range(60))
-    assert outbox.tail_records(d, 7, 10) == []
+    assert [orjson.loads(p)["n"] for p in outbox.records_since(d, 1, 0.0)] == list(range(60))
+    # Segments last written before the moment are not read.
+    old = time.time() - 3600
+    for segno in segs[:-2]:
+        os.utime(os.path.join(d, segment_name(1, segno)), (old, old))
+    recent = [orjson.loads(p)["n"] for p in outbox.records_since(d, 1, time.time() - 60)]
+    assert recent and recent == list(range(60 - len(recent), 60)) and len(recent) < 60
+    assert outbox.records_since(d, 7, 0.0) == []
 
 
 def test_free_bytes_reports_the_file_systems_free_space(tmp_path):

@@ -139,7 +139,11 @@ WITH limited AS (
     SET status = 'running', attempt = j.attempt + 1, locked_by = %(worker_id)s, rescued_attempt = NULL,
         claim_token = %(claim_token)s, attempted_at = now(), updated_at = now()
     WHERE j.id = ANY(ARRAY(SELECT id FROM running_total WHERE n <= %(limit)s AND (n = 1 OR upto <= %(max_bytes)s)))
-    RETURNING j.id, j.kind, j.queue, j.payload::text AS payload, j.attempt, j.max_attempts
+    -- The steps earlier attempts recorded (job.step): only a retried job can have any, so
+    -- a first attempt costs nothing here.
+    RETURNING j.id, j.kind, j.queue, j.payload::text AS payload, j.attempt, j.max_attempts,
+              CASE WHEN j.attempt > 1 THEN (SELECT jsonb_object_agg(s.name, s.result)::text
+                                            FROM shardworker.job_steps s WHERE s.job_id = j.id) END AS steps
 ), spent_kind AS (
     UPDATE shardworker.kinds k
     SET rate_tokens = l.tokens - (SELECT count(*) FROM claimed c WHERE c.kind = l.name),
@@ -155,7 +159,8 @@ WITH limited AS (
 )
 SELECT c.id, c.kind, c.queue, c.payload, c.attempt, c.max_attempts,
        least((SELECT k.pace_s FROM kind_room k WHERE k.kind = c.kind),
-             (SELECT q.pace_s FROM queue_room q WHERE q.queue = c.queue)) AS pace_s
+             (SELECT q.pace_s FROM queue_room q WHERE q.queue = c.queue)) AS pace_s,
+       c.steps
 FROM claimed c;
 
 -- flow_register_kinds --
@@ -225,6 +230,25 @@ WITH o AS (
     GROUP BY chunk
 )
 SELECT id, attempt FROM applied WHERE (SELECT count(*) FROM announced) >= 0;
+
+-- job_steps_insert --
+-- Record steps' results (job.step), in the transaction that applies the outcomes of the same
+-- batch. The first result recorded under a name wins: a step result is a fact, whichever
+-- attempt wrote it, even one rescued since. Steps of jobs that do not exist here are
+-- ignored, and so are those of attempts up to the job's steps_reset_attempt (an operator
+-- forgot them: jobs retry --reset-steps). The jobs' rows are locked (KEY SHARE, as the
+-- foreign key would) first, so a job deleted meanwhile is skipped instead of failing the batch.
+-- Parameters come in binary; results as bytea holding UTF-8 JSON text.
+WITH s AS (
+    SELECT * FROM unnest(%(job_ids)b::bigint[], %(names)b::text[], %(attempts)b::int[], %(results)b::bytea[],
+                         %(recorded_at)b::float8[]) AS s(job_id, name, attempt, result_utf8, recorded_at)
+), live AS (
+    SELECT id, steps_reset_attempt FROM shardworker.jobs WHERE id = ANY(%(job_ids)b::bigint[]) FOR KEY SHARE
+)
+INSERT INTO shardworker.job_steps (job_id, name, attempt, result, recorded_at)
+SELECT s.job_id, s.name, s.attempt, convert_from(s.result_utf8, 'UTF8')::jsonb, to_timestamp(s.recorded_at)
+FROM s JOIN live ON live.id = s.job_id AND s.attempt > live.steps_reset_attempt
+ON CONFLICT (job_id, name) DO NOTHING;
 
 -- job_classify --
 -- For outcomes that matched no running attempt: which attempt's outcome each job last
