@@ -3,7 +3,9 @@
 before it returns, so a test counts exactly how often each step of each job ran, kills
 included; each handler run is counted as the other test apps count theirs (runs-PID.log).
 
-The payload steers a run: {"sleep": s} inside each step, and on the first attempt only
+Each step's return is noted too, so a test can tell a step that ran again after it had
+returned (a broken promise) from one cut short by a kill before its record was durable (run
+again, as promised). The payload steers a run: {"sleep": s} inside each step, and on the first attempt only
 {"fail_after": name} (raise once that step returned), {"die_after": name} (SIGKILL the child
 once that step returned), {"wait_after": name} (sleep 60 s once that step returned: the test
 kills or stops something meanwhile).
@@ -26,11 +28,13 @@ app = App()
 STEPS = ("fetch", "ocr", "chunk")
 
 
-def note_step(job_id: int, name: str) -> None:
+def note_step(job_id: int, name: str, event: str = "run") -> None:
+    """Append "job_id name event nanoseconds" to this process's step ledger, durably: event
+    ``run`` when a step function starts, ``returned`` once ``job.step`` gave its result back."""
     fd = os.open(os.path.join(os.environ["SW_TEST_COUNT_DIR"], f"steps-{os.getpid()}.log"),
                  os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
-        os.write(fd, f"{job_id} {name}\n".encode())
+        os.write(fd, f"{job_id} {name} {event} {time.time_ns()}\n".encode())
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -50,6 +54,7 @@ async def work_async(job_id: int, name: str, sleep_s: float) -> str:
 
 def after_step(job: Job, name: str) -> None:
     """What the payload asks for once step ``name`` returned, on the first attempt."""
+    note_step(job.id, name, "returned")
     plan: dict[str, Any] = job.payload or {}
     if job.attempt != 1:
         return
