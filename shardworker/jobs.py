@@ -1,4 +1,5 @@
-"""Operating on jobs without SQL: list, show, wait for, retry, cancel, delete.
+"""Operating on jobs without SQL: list, show (with their recorded steps), wait for, retry,
+cancel, delete.
 
 Each function takes an open psycopg connection (the caller's; used as ``enqueue`` uses it)
 or a DSN string. Changes are all or nothing: every id is checked, under a row lock that
@@ -22,7 +23,7 @@ from typing import Any
 import orjson
 
 from shardworker.errors import JobsError, WaitTimeout
-from shardworker.model import JobInfo
+from shardworker.model import JobInfo, StepInfo
 
 STATUSES = ("queued", "running", "done", "failed", "cancelled")
 _WHO = {"retry": "only failed or cancelled jobs can be retried", "cancel": "only queued jobs can be cancelled",
@@ -62,6 +63,22 @@ def get_job(conn_or_dsn: Any, job_id: int) -> JobInfo | None:
     from shardworker.store import job_queries
 
     return job_queries.get_job(conn_or_dsn, _id(job_id))
+
+
+def get_steps(conn_or_dsn: Any, job_id: int) -> list[StepInfo]:
+    """A job's recorded steps (``job.step``), in the order they were recorded, then by name;
+    empty for a job without steps, or without a row."""
+    return first_steps(conn_or_dsn, job_id, None)[0]
+
+
+def first_steps(conn_or_dsn: Any, job_id: int, limit: int | None) -> tuple[list[StepInfo], int]:
+    """The first ``limit`` (None: all) of ``get_steps``, and how many steps the job holds in
+    all: what a page shows of a job that may hold 10,000 (sizes are read only for those)."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise JobsError(f"limit must be a positive integer, got {limit!r}")
+    from shardworker.store import job_queries
+
+    return job_queries.get_steps(conn_or_dsn, _id(job_id), limit)
 
 
 def wait_for(conn_or_dsn: Any, job_id: int, timeout_s: float = 60.0) -> JobInfo:

@@ -251,3 +251,18 @@ class QueueInfo:
 
     def to_json(self) -> dict[str, Any]:
         return {**self.__dict__, "rate": None if self.rate is None else str(self.rate)}
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """One recorded step of a job as operators see it (``shardworker.jobs.get_steps``, ``jobs
+    show``): its name, the attempt that recorded it, when (the child's clock), and ``bytes``,
+    the size of its result's JSON text. The result itself is left out: it may be 64 MiB."""
+
+    name: str
+    attempt: int
+    recorded_at: datetime
+    bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in self.__dict__.items()}

@@ -26,6 +26,8 @@ from shardworker.cli.common import (
     resolve_dsn,
 )
 
+STEPS_SHOWN = 50  # steps listed by `jobs show` without --json (a job may hold 10,000)
+
 
 def parse_since(text: str | None) -> datetime | None:
     """``30m``, ``2h``, ``7d`` ago, or an ISO 8601 time (naive: UTC)."""
@@ -83,11 +85,18 @@ def list_command(status: tuple[str, ...], kind: str | None, queue: str | None, s
 @dsn_option
 @one_line_errors
 def show_command(job_id: int, as_json: bool, dsn: str | None) -> None:
-    """One job: payload, result, last error, attempts, timings, worker."""
-    job = jobs_api.get_job(resolve_dsn(dsn), job_id)
+    """One job: payload, result, last error, attempts, timings, worker, and its recorded steps
+    (name, attempt, when, size; the first 50 unless --json)."""
+    dsn = resolve_dsn(dsn)
+    job = jobs_api.get_job(dsn, job_id)
     if job is None:
         raise jobs_api.JobsError(f"no job {job_id}")
+    if as_json:
+        steps = jobs_api.get_steps(dsn, job_id)
+        click.echo(jobs_api.dumps_json({**job.to_json(), "steps": [s.to_json() for s in steps]}))
+        return
     _echo_job(job, as_json)
+    _echo_steps(*jobs_api.first_steps(dsn, job_id, STEPS_SHOWN))
 
 
 @jobs.command("wait")
@@ -110,6 +119,16 @@ def _echo_job(job: jobs_api.JobInfo, as_json: bool) -> None:
         if key in ("payload", "result"):
             value = jobs_api.dumps_json(value)
         click.echo(f"{key:>13}: {value}")
+
+
+def _echo_steps(steps: list[jobs_api.StepInfo], total: int) -> None:
+    """The steps after the job's fields: a count, then a line each, then how many are left out."""
+    click.echo(f"{'steps':>13}: {total or 'none'}")
+    width = max((len(s.name) for s in steps), default=0)
+    for s in steps:
+        click.echo(f"  {s.name:<{width}}  attempt {s.attempt:<3}  {s.recorded_at.isoformat()}  {s.bytes} bytes")
+    if total > len(steps):
+        click.echo(f"  … and {total - len(steps)} more (--json lists them all)")
 
 
 def _change_command(action: str, ids: tuple[int, ...], as_json: bool, dsn: str | None) -> None:

@@ -442,6 +442,16 @@ SELECT id, kind, queue, status, attempt, max_attempts, priority, payload, result
        created_at, run_at, attempted_at, finished_at, locked_by
 FROM shardworker.jobs WHERE id = %(id)s;
 
+-- job_steps_list --
+-- A job's recorded steps, in recorded order (then name), the first `limit` of them (NULL:
+-- all), each with the size of its result's JSON text, and how many the job holds in all.
+-- Sizes are computed for the rows returned only (the LIMIT is inside): a result may be 64 MiB.
+SELECT name, attempt, recorded_at, octet_length(result::text), total
+FROM (SELECT name, attempt, recorded_at, result, count(*) OVER () AS total
+      FROM shardworker.job_steps WHERE job_id = %(id)s
+      ORDER BY recorded_at, name LIMIT %(limit)s) listed
+ORDER BY recorded_at, name;
+
 -- job_lock_for_change --
 -- Lock the jobs an operator command changes, so a worker cannot claim or finish them
 -- between the check and the change.
