@@ -7,7 +7,9 @@ keeps workers from claiming or finishing the jobs meanwhile, and one unknown id 
 in the wrong state refuses the whole call with ``JobsError`` naming it.
 
 * ``retry``: a ``failed`` or ``cancelled`` job is queued again, due now, with at least one
-  attempt left (``max_attempts`` grows if it was used up); its history stays.
+  attempt left (``max_attempts`` grows if it was used up); its history stays, and so do its
+  recorded steps (the next attempt replays them) unless ``reset_steps``: then they are
+  forgotten, and their code runs again.
 * ``cancel``: a ``queued`` job becomes ``cancelled`` and is never claimed. A running job is
   refused: its handler cannot be told to stop, and its outcome will land.
 * ``delete``: any job that is not ``running``.
@@ -103,16 +105,19 @@ def wait_for(conn_or_dsn: Any, job_id: int, timeout_s: float = 60.0) -> JobInfo:
     return job
 
 
-def retry(conn_or_dsn: Any, job_ids: Sequence[int]) -> int:
-    """Queue failed or cancelled jobs again; how many."""
-    return _change(conn_or_dsn, "retry", job_ids)
+def retry(conn_or_dsn: Any, job_ids: Sequence[int], reset_steps: bool = False) -> int:
+    """Queue failed or cancelled jobs again, keeping their recorded steps, or forgetting them
+    when ``reset_steps`` (in the same transaction); how many."""
+    return _change(conn_or_dsn, "retry", job_ids, reset_steps=reset_steps)
 
 
-def retry_failed(conn_or_dsn: Any, *, kind: str | None = None, queue: str | None = None) -> int:
-    """Queue every failed job (of ``kind``, in ``queue``) again; how many."""
+def retry_failed(conn_or_dsn: Any, *, kind: str | None = None, queue: str | None = None,
+                 reset_steps: bool = False) -> int:
+    """Queue every failed job (of ``kind``, in ``queue``) again, keeping their recorded steps
+    unless ``reset_steps``; how many."""
     from shardworker.store import job_queries
 
-    return job_queries.retry_failed(conn_or_dsn, kind, queue)
+    return job_queries.retry_failed(conn_or_dsn, kind, queue, reset_steps=bool(reset_steps))
 
 
 def cancel(conn_or_dsn: Any, job_ids: Sequence[int]) -> int:
@@ -125,7 +130,7 @@ def delete(conn_or_dsn: Any, job_ids: Sequence[int]) -> int:
     return _change(conn_or_dsn, "delete", job_ids)
 
 
-def _change(conn_or_dsn: Any, action: str, job_ids: Sequence[int]) -> int:
+def _change(conn_or_dsn: Any, action: str, job_ids: Sequence[int], *, reset_steps: bool = False) -> int:
     ids = sorted({_id(i) for i in job_ids})
     if not ids:
         raise JobsError(f"{action}: no job ids given")
@@ -142,7 +147,7 @@ def _change(conn_or_dsn: Any, action: str, job_ids: Sequence[int]) -> int:
             why = " (its handler is running; its outcome will land)" if status == "running" else ""
             raise JobsError(f"cannot {action} job {job_id}: it is {status}{why}; {_WHO[action]}; nothing changed")
 
-    return job_queries.change_jobs(conn_or_dsn, action, ids, check)
+    return job_queries.change_jobs(conn_or_dsn, action, ids, check, reset_steps=bool(reset_steps))
 
 
 def _id(value: Any) -> int:

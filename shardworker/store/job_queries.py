@@ -82,25 +82,27 @@ def get_steps(conn_or_dsn: Any, job_id: int, limit: int | None) -> tuple[list[St
 
 
 def change_jobs(conn_or_dsn: Any, action: str, job_ids: Sequence[int],
-                check: Callable[[dict[int, str]], None]) -> int:
+                check: Callable[[dict[int, str]], None], *, reset_steps: bool = False) -> int:
     """Lock ``job_ids``, hand their statuses (the ones that exist) to ``check``, which
-    raises to refuse, then run ``job_retry``, ``job_cancel`` or ``job_delete`` on them, in
-    one transaction; rows changed."""
+    raises to refuse, then run ``job_retry`` (forgetting the steps of the jobs it queues
+    again when ``reset_steps``), ``job_cancel`` or ``job_delete`` on them, in one
+    transaction; rows changed."""
     with cursor_for(conn_or_dsn, transaction=True) as cur:
         cur.execute(query("job_lock_for_change"), {"ids": list(job_ids)})
         check({int(i): str(s) for i, s in cur.fetchall()})
-        cur.execute(query(f"job_{action}"), {"ids": list(job_ids)})
+        cur.execute(query(f"job_{action}"), {"ids": list(job_ids), "reset_steps": reset_steps})
         return cur.rowcount
 
 
-def retry_failed(conn_or_dsn: Any, kind: str | None, queue: str | None) -> int:
-    """Queue every failed job (of ``kind``, in ``queue``) again, in one transaction; how many."""
+def retry_failed(conn_or_dsn: Any, kind: str | None, queue: str | None, *, reset_steps: bool = False) -> int:
+    """Queue every failed job (of ``kind``, in ``queue``) again, in one transaction, forgetting
+    their steps when ``reset_steps``; how many."""
     with cursor_for(conn_or_dsn, transaction=True) as cur:
         cur.execute(query("job_failed_ids"), {"kind": kind, "queue": queue})
         ids = [int(r[0]) for r in cur.fetchall()]
         if not ids:
             return 0
-        cur.execute(query("job_retry"), {"ids": ids})
+        cur.execute(query("job_retry"), {"ids": ids, "reset_steps": reset_steps})
         return cur.rowcount
 
 

@@ -459,11 +459,21 @@ SELECT id, status FROM shardworker.jobs WHERE id = ANY(%(ids)s::bigint[]) ORDER 
 
 -- job_retry --
 -- Queue failed or cancelled jobs again, due now, with at least one attempt left. A rescued
--- attempt's late outcome no longer applies (it would be stale).
-UPDATE shardworker.jobs
-SET status = 'queued', run_at = now(), max_attempts = greatest(max_attempts, attempt + 1),
-    finished_at = NULL, rescued_attempt = NULL, updated_at = now()
-WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('failed', 'cancelled');
+-- attempt's late outcome no longer applies (it would be stale). The jobs' recorded steps stay
+-- unless reset_steps: then the steps of the jobs queued again are deleted, and records of
+-- their attempts so far that still wait in an outbox are ignored when they land
+-- (steps_reset_attempt), so their code runs again. Returns the ids queued again.
+WITH retried AS (
+    UPDATE shardworker.jobs
+    SET status = 'queued', run_at = now(), max_attempts = greatest(max_attempts, attempt + 1),
+        finished_at = NULL, rescued_attempt = NULL, updated_at = now(),
+        steps_reset_attempt = CASE WHEN %(reset_steps)s THEN attempt ELSE steps_reset_attempt END
+    WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('failed', 'cancelled')
+    RETURNING id
+), forgotten AS (
+    DELETE FROM shardworker.job_steps WHERE %(reset_steps)s AND job_id IN (SELECT id FROM retried)
+)
+SELECT id FROM retried;
 
 -- job_failed_ids --
 -- Failed jobs, optionally of one kind and queue, locked for a bulk retry. The left(..., 255)
