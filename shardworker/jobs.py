@@ -28,6 +28,7 @@ from shardworker.errors import JobsError, WaitTimeout
 from shardworker.model import JobInfo, StepInfo
 
 STATUSES = ("queued", "running", "done", "failed", "cancelled")
+STEPS_SHOWN = 50  # steps listed on a job's page (`jobs show` without --json, the dashboard); a job may hold 10,000
 _WHO = {"retry": "only failed or cancelled jobs can be retried", "cancel": "only queued jobs can be cancelled",
         "delete": "any job but a running one can be deleted"}
 _ALLOWED = {"retry": ("failed", "cancelled"), "cancel": ("queued",),

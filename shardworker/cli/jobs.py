@@ -26,8 +26,6 @@ from shardworker.cli.common import (
     resolve_dsn,
 )
 
-STEPS_SHOWN = 50  # steps listed by `jobs show` without --json (a job may hold 10,000)
-
 
 def parse_since(text: str | None) -> datetime | None:
     """``30m``, ``2h``, ``7d`` ago, or an ISO 8601 time (naive: UTC)."""
@@ -96,7 +94,7 @@ def show_command(job_id: int, as_json: bool, dsn: str | None) -> None:
         click.echo(jobs_api.dumps_json({**job.to_json(), "steps": [s.to_json() for s in steps]}))
         return
     _echo_job(job, as_json)
-    _echo_steps(*jobs_api.first_steps(dsn, job_id, STEPS_SHOWN))
+    _echo_steps(*jobs_api.first_steps(dsn, job_id, jobs_api.STEPS_SHOWN))
 
 
 @jobs.command("wait")
