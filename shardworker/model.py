@@ -255,14 +255,11 @@ class QueueInfo:
 
 @dataclass(frozen=True)
 class StepInfo:
-    """One recorded step of a job as operators see it (``shardworker.jobs.get_steps``, ``jobs
-    show``): its name, the attempt that recorded it, when (the child's clock), and ``bytes``,
-    the size of its result's JSON text. The result itself is left out: it may be 64 MiB."""
+    """A job's recorded step (``jobs.get_steps``); ``bytes``: its result's JSON text size (never the result)."""
 
     name: str
     attempt: int
     recorded_at: datetime
     bytes: int
-
     def to_json(self) -> dict[str, Any]:
-        return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in self.__dict__.items()}
+        return {**self.__dict__, "recorded_at": self.recorded_at.isoformat()}
