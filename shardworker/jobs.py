@@ -1,4 +1,5 @@
-"""Operating on jobs without SQL: list, show, wait for, retry, cancel, delete.
+"""Operating on jobs without SQL: list, show (with their recorded steps), wait for, retry,
+cancel, delete.
 
 Each function takes an open psycopg connection (the caller's; used as ``enqueue`` uses it)
 or a DSN string. Changes are all or nothing: every id is checked, under a row lock that
@@ -6,7 +7,9 @@ keeps workers from claiming or finishing the jobs meanwhile, and one unknown id 
 in the wrong state refuses the whole call with ``JobsError`` naming it.
 
 * ``retry``: a ``failed`` or ``cancelled`` job is queued again, due now, with at least one
-  attempt left (``max_attempts`` grows if it was used up); its history stays.
+  attempt left (``max_attempts`` grows if it was used up); its history stays, and so do its
+  recorded steps (the next attempt replays them) unless ``reset_steps``: then they are
+  forgotten, and their code runs again.
 * ``cancel``: a ``queued`` job becomes ``cancelled`` and is never claimed. A running job is
   refused: its handler cannot be told to stop, and its outcome will land.
 * ``delete``: any job that is not ``running``.
@@ -22,9 +25,10 @@ from typing import Any
 import orjson
 
 from shardworker.errors import JobsError, WaitTimeout
-from shardworker.model import JobInfo
+from shardworker.model import JobInfo, StepInfo
 
 STATUSES = ("queued", "running", "done", "failed", "cancelled")
+STEPS_SHOWN = 50  # steps listed on a job's page (`jobs show` without --json, the dashboard); a job may hold 10,000
 _WHO = {"retry": "only failed or cancelled jobs can be retried", "cancel": "only queued jobs can be cancelled",
         "delete": "any job but a running one can be deleted"}
 _ALLOWED = {"retry": ("failed", "cancelled"), "cancel": ("queued",),
@@ -64,6 +68,22 @@ def get_job(conn_or_dsn: Any, job_id: int) -> JobInfo | None:
     return job_queries.get_job(conn_or_dsn, _id(job_id))
 
 
+def get_steps(conn_or_dsn: Any, job_id: int) -> list[StepInfo]:
+    """A job's recorded steps (``job.step``), in the order they were recorded, then by name;
+    empty for a job without steps, or without a row."""
+    return first_steps(conn_or_dsn, job_id, None)[0]
+
+
+def first_steps(conn_or_dsn: Any, job_id: int, limit: int | None) -> tuple[list[StepInfo], int]:
+    """The first ``limit`` (None: all) of ``get_steps``, and how many steps the job holds in
+    all: what a page shows of a job that may hold 10,000 (sizes are read only for those)."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise JobsError(f"limit must be a positive integer, got {limit!r}")
+    from shardworker.store import job_queries
+
+    return job_queries.get_steps(conn_or_dsn, _id(job_id), limit)
+
+
 def wait_for(conn_or_dsn: Any, job_id: int, timeout_s: float = 60.0) -> JobInfo:
     """The job once it is ``done``, ``failed`` or ``cancelled``: it LISTENs for the end
     (no polling). ``WaitTimeout`` (a ``TimeoutError``) when ``timeout_s`` runs out first,
@@ -86,16 +106,19 @@ def wait_for(conn_or_dsn: Any, job_id: int, timeout_s: float = 60.0) -> JobInfo:
     return job
 
 
-def retry(conn_or_dsn: Any, job_ids: Sequence[int]) -> int:
-    """Queue failed or cancelled jobs again; how many."""
-    return _change(conn_or_dsn, "retry", job_ids)
+def retry(conn_or_dsn: Any, job_ids: Sequence[int], reset_steps: bool = False) -> int:
+    """Queue failed or cancelled jobs again, keeping their recorded steps, or forgetting them
+    when ``reset_steps`` (in the same transaction); how many."""
+    return _change(conn_or_dsn, "retry", job_ids, reset_steps=reset_steps)
 
 
-def retry_failed(conn_or_dsn: Any, *, kind: str | None = None, queue: str | None = None) -> int:
-    """Queue every failed job (of ``kind``, in ``queue``) again; how many."""
+def retry_failed(conn_or_dsn: Any, *, kind: str | None = None, queue: str | None = None,
+                 reset_steps: bool = False) -> int:
+    """Queue every failed job (of ``kind``, in ``queue``) again, keeping their recorded steps
+    unless ``reset_steps``; how many."""
     from shardworker.store import job_queries
 
-    return job_queries.retry_failed(conn_or_dsn, kind, queue)
+    return job_queries.retry_failed(conn_or_dsn, kind, queue, reset_steps=bool(reset_steps))
 
 
 def cancel(conn_or_dsn: Any, job_ids: Sequence[int]) -> int:
@@ -108,7 +131,7 @@ def delete(conn_or_dsn: Any, job_ids: Sequence[int]) -> int:
     return _change(conn_or_dsn, "delete", job_ids)
 
 
-def _change(conn_or_dsn: Any, action: str, job_ids: Sequence[int]) -> int:
+def _change(conn_or_dsn: Any, action: str, job_ids: Sequence[int], *, reset_steps: bool = False) -> int:
     ids = sorted({_id(i) for i in job_ids})
     if not ids:
         raise JobsError(f"{action}: no job ids given")
@@ -125,7 +148,7 @@ def _change(conn_or_dsn: Any, action: str, job_ids: Sequence[int]) -> int:
             why = " (its handler is running; its outcome will land)" if status == "running" else ""
             raise JobsError(f"cannot {action} job {job_id}: it is {status}{why}; {_WHO[action]}; nothing changed")
 
-    return job_queries.change_jobs(conn_or_dsn, action, ids, check)
+    return job_queries.change_jobs(conn_or_dsn, action, ids, check, reset_steps=bool(reset_steps))
 
 
 def _id(value: Any) -> int:

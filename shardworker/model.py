@@ -286,3 +286,15 @@ class QueueInfo:
 
     def to_json(self) -> dict[str, Any]:
         return {**self.__dict__, "rate": None if self.rate is None else str(self.rate)}
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """A job's recorded step (``jobs.get_steps``); ``bytes``: its result's JSON text size (never the result)."""
+
+    name: str
+    attempt: int
+    recorded_at: datetime
+    bytes: int
+    def to_json(self) -> dict[str, Any]:
+        return {**self.__dict__, "recorded_at": self.recorded_at.isoformat()}

@@ -83,11 +83,18 @@ def list_command(status: tuple[str, ...], kind: str | None, queue: str | None, s
 @dsn_option
 @one_line_errors
 def show_command(job_id: int, as_json: bool, dsn: str | None) -> None:
-    """One job: payload, result, last error, attempts, timings, worker."""
-    job = jobs_api.get_job(resolve_dsn(dsn), job_id)
+    """One job: payload, result, last error, attempts, timings, worker, and its recorded steps
+    (name, attempt, when, size; the first 50 unless --json)."""
+    dsn = resolve_dsn(dsn)
+    job = jobs_api.get_job(dsn, job_id)
     if job is None:
         raise jobs_api.JobsError(f"no job {job_id}")
+    if as_json:
+        steps = jobs_api.get_steps(dsn, job_id)
+        click.echo(jobs_api.dumps_json({**job.to_json(), "steps": [s.to_json() for s in steps]}))
+        return
     _echo_job(job, as_json)
+    _echo_steps(*jobs_api.first_steps(dsn, job_id, jobs_api.STEPS_SHOWN))
 
 
 @jobs.command("wait")
@@ -112,6 +119,16 @@ def _echo_job(job: jobs_api.JobInfo, as_json: bool) -> None:
         click.echo(f"{key:>13}: {value}")
 
 
+def _echo_steps(steps: list[jobs_api.StepInfo], total: int) -> None:
+    """The steps after the job's fields: a count, then a line each, then how many are left out."""
+    click.echo(f"{'steps':>13}: {total or 'none'}")
+    width = max((len(s.name) for s in steps), default=0)
+    for s in steps:
+        click.echo(f"  {s.name:<{width}}  attempt {s.attempt:<3}  {s.recorded_at.isoformat()}  {s.bytes} bytes")
+    if total > len(steps):
+        click.echo(f"  … and {total - len(steps)} more (--json lists them all)")
+
+
 def _change_command(action: str, ids: tuple[int, ...], as_json: bool, dsn: str | None) -> None:
     _echo_changed(action, getattr(jobs_api, action)(resolve_dsn(dsn), list(ids)), as_json)
 
@@ -119,9 +136,10 @@ def _change_command(action: str, ids: tuple[int, ...], as_json: bool, dsn: str |
 _DONE = {"retry": "queued again", "cancel": "cancelled", "delete": "deleted"}
 
 
-def _echo_changed(action: str, changed: int, as_json: bool) -> None:
+def _echo_changed(action: str, changed: int, as_json: bool, *, steps_reset: bool = False) -> None:
+    forgotten = f", {'its' if changed == 1 else 'their'} steps forgotten" if steps_reset and changed else ""
     click.echo(orjson.dumps({action: changed}).decode() if as_json
-               else f"{changed} job{'' if changed == 1 else 's'} {_DONE[action]}")
+               else f"{changed} job{'' if changed == 1 else 's'} {_DONE[action]}{forgotten}")
 
 
 @jobs.command("retry")
@@ -129,27 +147,30 @@ def _echo_changed(action: str, changed: int, as_json: bool) -> None:
 @click.option("--failed", is_flag=True, help="Retry every failed job (with --kind / --queue).")
 @click.option("--kind", type=UTF8, default=None, help="With --failed: only this kind.")
 @click.option("--queue", type=UTF8, default=None, help="With --failed: only this queue.")
+@click.option("--reset-steps", is_flag=True,
+              help="Forget the jobs' recorded steps: their code runs again (by default they are kept and replayed).")
 @json_option
 @dsn_option
 @one_line_errors
-def retry_command(job_ids: tuple[int, ...], failed: bool, kind: str | None, queue: str | None, as_json: bool,
-                  dsn: str | None) -> None:
-    """Queue failed or cancelled jobs again."""
+def retry_command(job_ids: tuple[int, ...], failed: bool, kind: str | None, queue: str | None, reset_steps: bool,
+                  as_json: bool, dsn: str | None) -> None:
+    """Queue failed or cancelled jobs again, keeping their recorded steps unless --reset-steps."""
     if failed == bool(job_ids):
         raise jobs_api.JobsError("give job ids or --failed, not both and not neither")
     if not failed and (kind or queue):
         raise jobs_api.JobsError("--kind and --queue go with --failed")
-    if failed:
-        dsn = resolve_dsn(dsn)
-        tty = sys.stderr.isatty()
-        if tty:  # one all-or-nothing statement: no count until it commits
-            click.echo("queueing failed jobs again…", nl=False, err=True)
-        changed = jobs_api.retry_failed(dsn, kind=kind, queue=queue)
-        if tty:
-            click.echo("\r\033[K", nl=False, err=True)
-        _echo_changed("retry", changed, as_json)
+    dsn = resolve_dsn(dsn)
+    if not failed:
+        changed = jobs_api.retry(dsn, list(job_ids), reset_steps=reset_steps)
+        _echo_changed("retry", changed, as_json, steps_reset=reset_steps)
         return
-    _change_command("retry", job_ids, as_json, dsn)
+    tty = sys.stderr.isatty()
+    if tty:  # one all-or-nothing statement: no count until it commits
+        click.echo("queueing failed jobs again…", nl=False, err=True)
+    changed = jobs_api.retry_failed(dsn, kind=kind, queue=queue, reset_steps=reset_steps)
+    if tty:
+        click.echo("\r\033[K", nl=False, err=True)
+    _echo_changed("retry", changed, as_json, steps_reset=reset_steps)
 
 
 @jobs.command("cancel")

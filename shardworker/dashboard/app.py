@@ -1,10 +1,10 @@
 """The dashboard's Starlette app: pages, the fragments they refresh, and the buttons.
 
 Routes: ``/`` (queues with their counts and state, kinds, throughput, workers, failed and
-recent jobs), ``/jobs/{id}`` (one job), ``/live/...`` (the same bodies alone, which
-``static/dashboard.js`` swaps in every few seconds), ``POST /jobs/{id}/retry`` and
-``/cancel``, and ``POST /queues/pause``, ``/resume``, ``/limit`` and ``/clear`` (the queue,
-and a limit's concurrency and rate, in the form's fields). Database calls block, so each runs
+recent jobs), ``/jobs/{id}`` (one job and its recorded steps), ``/live/...`` (the same
+bodies alone, which ``static/dashboard.js`` swaps in every few seconds), ``POST
+/jobs/{id}/retry`` and ``/cancel``, and ``POST /queues/pause``, ``/resume``, ``/limit`` and
+``/clear`` (the queue, and a limit's concurrency and rate, in the form's fields). Database calls block, so each runs
 in Starlette's thread pool with a connection of its own (``data``); a database that is
 away, or a schema that is missing, becomes a banner on the page (503), never a traceback.
 """
@@ -104,7 +104,7 @@ class Dashboard:
         if found is None and db_error is None:
             raise HTTPException(404, f"no job {job_id}")
         page = "_job.html" if request.url.path.startswith("/live/") else "job.html"
-        return self._render(request, page, 503 if db_error else 200, job=found, job_id=job_id,
+        return self._render(request, page, 503 if db_error else 200, page=found, job_id=job_id,
                             db_error=db_error, notice=self._notice(request))
 
     async def change(self, request: Request) -> Response:
@@ -119,7 +119,7 @@ class Dashboard:
             found, db_error = await self._load(data.job, job_id)
             if found is None and db_error is None:
                 raise HTTPException(404, f"no job {job_id}") from None
-            return self._render(request, "job.html", 409, job=found, job_id=job_id, db_error=db_error,
+            return self._render(request, "job.html", 409, page=found, job_id=job_id, db_error=db_error,
                                 notice=None, refused=str(exc))
         if db_error:
             return self._render(request, "error.html", 503, db_error=db_error, notice=None)

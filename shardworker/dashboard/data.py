@@ -17,7 +17,7 @@ from typing import Any
 from shardworker import counts, jobs, queues
 from shardworker.errors import ConfigError, JobsError
 from shardworker.jobs import JobInfo
-from shardworker.model import QueueInfo, QueueState, WorkerInfo
+from shardworker.model import QueueInfo, QueueState, StepInfo, WorkerInfo
 from shardworker.store import job_queries, queue_queries
 from shardworker.store.pg_store import PgStore, StoreConfig
 
@@ -68,6 +68,16 @@ class Overview:
     workers: list[WorkerInfo]
 
 
+@dataclass(frozen=True)
+class JobPage:
+    """One job's page: the job, the first ``jobs.STEPS_SHOWN`` of its recorded steps, and how
+    many steps it holds in all."""
+
+    job: JobInfo
+    steps: list[StepInfo]
+    steps_total: int
+
+
 @contextlib.contextmanager
 def connection(dsn: str) -> Iterator[tuple[Any, Any]]:
     """(store, its connection), opened here and closed on the way out."""
@@ -102,9 +112,14 @@ def overview(dsn: str) -> Overview:
     return Overview(queue_rows, counts.totals(split), estimated, kinds, minutes, failed, recent, workers)
 
 
-def job(dsn: str, job_id: int) -> JobInfo | None:
+def job(dsn: str, job_id: int) -> JobPage | None:
+    """What a job's page shows, read on one connection; None when no job has that id."""
     with connection(dsn) as (_, conn):
-        return jobs.get_job(conn, job_id)
+        found = jobs.get_job(conn, job_id)
+        if found is None:
+            return None
+        steps, total = jobs.first_steps(conn, job_id, jobs.STEPS_SHOWN)
+    return JobPage(found, steps, total)
 
 
 def change(dsn: str, action: str, job_id: int) -> int:

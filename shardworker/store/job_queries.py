@@ -1,6 +1,7 @@
 """Operators' reads and changes on jobs (``shardworker.jobs``, the dashboard): list, get,
-wait for the end, retry, cancel, delete. Each takes the caller's psycopg connection or a
-DSN (then opens a connection of its own and closes it) and returns ``JobInfo`` values.
+their steps, wait for the end, retry, cancel, delete. Each takes the caller's psycopg
+connection or a DSN (then opens a connection of its own and closes it) and returns
+``JobInfo`` and ``StepInfo`` values.
 The rules on which job may change how live in ``shardworker.jobs``; this module runs them
 in one transaction under row locks."""
 
@@ -17,7 +18,7 @@ from psycopg.pq import TransactionStatus
 
 from shardworker.config import StoreConfig
 from shardworker.errors import DatabaseUnavailable, EnqueueError, JobsError
-from shardworker.model import JobInfo
+from shardworker.model import JobInfo, StepInfo
 from shardworker.store.connection import Session, translate_errors
 from shardworker.store.enqueue import borrowed_cursor
 from shardworker.store.sql import query
@@ -71,26 +72,37 @@ def get_job(conn_or_dsn: Any, job_id: int) -> JobInfo | None:
     return None if row is None else JobInfo(*row)
 
 
+def get_steps(conn_or_dsn: Any, job_id: int, limit: int | None) -> tuple[list[StepInfo], int]:
+    """The first ``limit`` (None: all) of a job's recorded steps in recorded order, then name,
+    and how many it holds in all."""
+    with cursor_for(conn_or_dsn, transaction=False) as cur:
+        cur.execute(query("job_steps_list"), {"id": job_id, "limit": limit})
+        rows = cur.fetchall()
+    return [StepInfo(name, attempt, at, size) for name, attempt, at, size, _ in rows], int(rows[0][4]) if rows else 0
+
+
 def change_jobs(conn_or_dsn: Any, action: str, job_ids: Sequence[int],
-                check: Callable[[dict[int, str]], None]) -> int:
+                check: Callable[[dict[int, str]], None], *, reset_steps: bool = False) -> int:
     """Lock ``job_ids``, hand their statuses (the ones that exist) to ``check``, which
-    raises to refuse, then run ``job_retry``, ``job_cancel`` or ``job_delete`` on them, in
-    one transaction; rows changed."""
+    raises to refuse, then run ``job_retry`` (forgetting the steps of the jobs it queues
+    again when ``reset_steps``), ``job_cancel`` or ``job_delete`` on them, in one
+    transaction; rows changed."""
     with cursor_for(conn_or_dsn, transaction=True) as cur:
         cur.execute(query("job_lock_for_change"), {"ids": list(job_ids)})
         check({int(i): str(s) for i, s in cur.fetchall()})
-        cur.execute(query(f"job_{action}"), {"ids": list(job_ids)})
+        cur.execute(query(f"job_{action}"), {"ids": list(job_ids), "reset_steps": reset_steps})
         return cur.rowcount
 
 
-def retry_failed(conn_or_dsn: Any, kind: str | None, queue: str | None) -> int:
-    """Queue every failed job (of ``kind``, in ``queue``) again, in one transaction; how many."""
+def retry_failed(conn_or_dsn: Any, kind: str | None, queue: str | None, *, reset_steps: bool = False) -> int:
+    """Queue every failed job (of ``kind``, in ``queue``) again, in one transaction, forgetting
+    their steps when ``reset_steps``; how many."""
     with cursor_for(conn_or_dsn, transaction=True) as cur:
         cur.execute(query("job_failed_ids"), {"kind": kind, "queue": queue})
         ids = [int(r[0]) for r in cur.fetchall()]
         if not ids:
             return 0
-        cur.execute(query("job_retry"), {"ids": ids})
+        cur.execute(query("job_retry"), {"ids": ids, "reset_steps": reset_steps})
         return cur.rowcount
 
 

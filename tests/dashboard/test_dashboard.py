@@ -108,6 +108,22 @@ def test_job_page_shows_the_whole_job(pg_dsn: str, dashboard: Dashboard) -> None
     assert 'data-job-status>failed<' in html and f'data-action="retry" data-job="{job_id}"' in html
 
 
+def test_job_page_lists_the_first_50_steps_then_how_many_more(pg_dsn: str, dashboard: Dashboard) -> None:
+    """Name, attempt, when and size of each recorded step, in recorded order; past 50, a count
+    of the rest. A job without steps has no steps table."""
+    steps, plain = enqueue(pg_dsn, "count", 2)
+    execute(pg_dsn, "INSERT INTO shardworker.job_steps (job_id, name, attempt, result, recorded_at) "
+                    "SELECT %s, 'call <' || lpad(i::text, 2, '0') || '>', 1 + i / 50, to_jsonb(repeat('x', i)), "
+                    "timestamptz '2030-01-02 03:04:05+00' + i * interval '1 s' FROM generate_series(1, 52) i", steps)
+    for path in (f"/jobs/{steps}", f"/live/jobs/{steps}"):
+        html = httpx.get(dashboard.url + path).text
+        assert html.count("<tr data-step>") == 50 and "and 2 more" in html and "52 recorded" in html
+        assert ("<td>call &lt;01&gt;</td><td class=\"num\">1</td><td>2030-01-02 03:04:06 UTC</td>"
+                "<td class=\"num\">3 bytes</td>") in html  # the name escaped; the size of "x" in JSON
+        assert html.index("call &lt;49&gt;") < html.index("call &lt;50&gt;") and "call &lt;51&gt;" not in html
+    assert "data-steps" not in httpx.get(f"{dashboard.url}/jobs/{plain}").text
+
+
 def test_non_loopback_bind_without_a_token_is_refused(pg_dsn: str) -> None:
     """--host 0.0.0.0 with no token: one error line, exit 2, nothing served."""
     done = subprocess.run(command(pg_dsn, free_port(), "--host", "0.0.0.0"), env=dashboard_env(),

@@ -466,6 +466,16 @@ SELECT id, kind, queue, status, attempt, max_attempts, priority, payload, result
        created_at, run_at, attempted_at, finished_at, locked_by
 FROM shardworker.jobs WHERE id = %(id)s;
 
+-- job_steps_list --
+-- A job's recorded steps, in recorded order (then name), the first `limit` of them (NULL:
+-- all), each with the size of its result's JSON text, and how many the job holds in all.
+-- Sizes are computed for the rows returned only (the LIMIT is inside): a result may be 64 MiB.
+SELECT name, attempt, recorded_at, octet_length(result::text), total
+FROM (SELECT name, attempt, recorded_at, result, count(*) OVER () AS total
+      FROM shardworker.job_steps WHERE job_id = %(id)s
+      ORDER BY recorded_at, name LIMIT %(limit)s) listed
+ORDER BY recorded_at, name;
+
 -- job_lock_for_change --
 -- Lock the jobs an operator command changes, so a worker cannot claim or finish them
 -- between the check and the change.
@@ -473,11 +483,21 @@ SELECT id, status FROM shardworker.jobs WHERE id = ANY(%(ids)s::bigint[]) ORDER 
 
 -- job_retry --
 -- Queue failed or cancelled jobs again, due now, with at least one attempt left. A rescued
--- attempt's late outcome no longer applies (it would be stale).
-UPDATE shardworker.jobs
-SET status = 'queued', run_at = now(), max_attempts = greatest(max_attempts, attempt + 1),
-    finished_at = NULL, rescued_attempt = NULL, updated_at = now()
-WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('failed', 'cancelled');
+-- attempt's late outcome no longer applies (it would be stale). The jobs' recorded steps stay
+-- unless reset_steps: then the steps of the jobs queued again are deleted, and records of
+-- their attempts so far that still wait in an outbox are ignored when they land
+-- (steps_reset_attempt), so their code runs again. Returns the ids queued again.
+WITH retried AS (
+    UPDATE shardworker.jobs
+    SET status = 'queued', run_at = now(), max_attempts = greatest(max_attempts, attempt + 1),
+        finished_at = NULL, rescued_attempt = NULL, updated_at = now(),
+        steps_reset_attempt = CASE WHEN %(reset_steps)s THEN attempt ELSE steps_reset_attempt END
+    WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('failed', 'cancelled')
+    RETURNING id
+), forgotten AS (
+    DELETE FROM shardworker.job_steps WHERE %(reset_steps)s AND job_id IN (SELECT id FROM retried)
+)
+SELECT id FROM retried;
 
 -- job_failed_ids --
 -- Failed jobs, optionally of one kind and queue, locked for a bulk retry. The left(..., 255)
