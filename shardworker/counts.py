@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from shardworker.model import BacklogRow
+from shardworker.views import BacklogRow
 
 UNFINISHED = ("available", "scheduled", "prefetched", "running")
 FINISHED = ("done", "failed", "cancelled")

@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from shardworker.errors import JobsError, WaitTimeout
-from shardworker.model import JobInfo, StepInfo
+from shardworker.views import JobInfo, StepInfo
 
 STATUSES = ("queued", "running", "done", "failed", "cancelled")
 STEPS_SHOWN = 50  # steps listed on a job's page (`jobs show` without --json, the dashboard); a job may hold 10,000

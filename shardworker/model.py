@@ -1,10 +1,8 @@
 """Domain values that cross process boundaries: plain, frozen, picklable.
 
 ``Job`` is what a handler receives. ``Outcome`` is what a child writes to its outbox and
-the flusher applies (its record form lives in ``shardworker.wire``). ``JobInfo`` and
-``WorkerInfo`` are what the store reads back for operators; ``FlowCount`` is what a worker's
-heartbeat reports of the jobs it holds, ``BacklogRow``, ``QueueState`` and ``QueueInfo`` what
-``shardworker queues`` shows.
+the flusher applies (its record form lives in ``shardworker.wire``), ``StepRecord`` what
+``job.step`` records. What the store reads back for operators is in ``shardworker.views``.
 """
 
 from __future__ import annotations
@@ -13,12 +11,9 @@ import enum
 import json
 import re
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, NamedTuple
 
 import orjson
-
-from shardworker.flow import Rate
 
 # orjson reads an integer beyond 64 bits as a float. |i| < 10**18 fits whatever reads it, so
 # only JSON text with a run of 19 digits is read again, exactly, by the standard library.
@@ -188,113 +183,3 @@ class ApplyResult:
         return ApplyResult(self.applied + other.applied, self.replayed + other.replayed, self.stale + other.stale,
                            self.stale_ids + other.stale_ids, self.missing_ids + other.missing_ids,
                            self.steps + other.steps)
-
-
-@dataclass(frozen=True)
-class JobInfo:
-    """One job's row as operators see it (``shardworker.get_job``, ``jobs show``)."""
-
-    id: int
-    kind: str
-    queue: str
-    status: str
-    attempt: int
-    max_attempts: int
-    priority: int
-    payload: Any
-    result: Any
-    last_error: str | None
-    created_at: datetime
-    run_at: datetime
-    attempted_at: datetime | None
-    finished_at: datetime | None
-    locked_by: str | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in self.__dict__.items()}
-
-
-@dataclass(frozen=True)
-class WorkerInfo:
-    """One worker's heartbeat row, with how long it has been silent by the database's clock."""
-
-    worker_id: str
-    hostname: str
-    pid: int
-    started_at: datetime
-    heartbeat_at: datetime
-    jobs_running: int | None
-    outbox_pending: int | None
-    silent_s: float
-
-    def to_json(self) -> dict[str, Any]:
-        return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in self.__dict__.items()}
-
-
-class FlowCount(NamedTuple):
-    """A worker's jobs of one queue and kind, as its heartbeat reports them (``workers.flow``):
-    ``prefetched`` claimed and not started (held by the parent, sent to a child and not
-    started, suspects waiting their turn), ``running`` started and not yet reported."""
-
-    queue: str
-    kind: str
-    prefetched: int
-    running: int
-
-
-class BacklogRow(NamedTuple):
-    """One queue and kind's backlog (``kind`` None: a queue with a state row and no jobs).
-
-    ``available``: queued and due; ``scheduled``: queued for later; ``prefetched``: claimed by a
-    live worker whose handler has not started; ``running``: claimed and started (the rest of the
-    claimed jobs); ``oldest_available_s``: how long the oldest available job has been due (None
-    when none is)."""
-
-    queue: str
-    kind: str | None
-    available: int
-    scheduled: int
-    prefetched: int
-    running: int
-    oldest_available_s: float | None
-
-
-class QueueState(NamedTuple):
-    """A queue's operator settings (``shardworker.queues``): paused, and limits across every
-    worker (None: no limit). A queue without a row is unpaused and unlimited."""
-
-    name: str
-    paused: bool
-    concurrency: int | None
-    rate: Rate | None
-
-
-@dataclass(frozen=True)
-class QueueInfo:
-    """One queue as ``shardworker queues`` shows it: its state and its backlog summed over kinds
-    (``BacklogRow`` says what each count means)."""
-
-    name: str
-    paused: bool
-    concurrency: int | None
-    rate: Rate | None
-    available: int
-    scheduled: int
-    prefetched: int
-    running: int
-    oldest_available_s: float | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {**self.__dict__, "rate": None if self.rate is None else str(self.rate)}
-
-
-@dataclass(frozen=True)
-class StepInfo:
-    """A job's recorded step (``jobs.get_steps``); ``bytes``: its result's JSON text size (never the result)."""
-
-    name: str
-    attempt: int
-    recorded_at: datetime
-    bytes: int
-    def to_json(self) -> dict[str, Any]:
-        return {**self.__dict__, "recorded_at": self.recorded_at.isoformat()}

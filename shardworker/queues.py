@@ -23,7 +23,7 @@ from typing import Any
 from shardworker.errors import ConfigError
 from shardworker.flow import Rate, parse_rate
 from shardworker.limits import MAX_QUEUE_BYTES, not_storable_text, too_long
-from shardworker.model import QueueInfo, QueueState
+from shardworker.views import QueueInfo, QueueState
 
 __all__ = ["QueueInfo", "QueueState", "check_concurrency", "check_name", "limit", "list_queues", "pause", "resume"]
 

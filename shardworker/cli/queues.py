@@ -19,7 +19,7 @@ from shardworker import queues as queues_api
 from shardworker.cli.common import dsn_option, json_option, one_line_errors, resolve_dsn
 from shardworker.errors import ConfigError
 from shardworker.flow import Rate, parse_rate
-from shardworker.model import QueueInfo, QueueState
+from shardworker.views import QueueInfo, QueueState
 
 COLUMNS = ("queue", "paused", "concurrency", "rate", "available", "scheduled", "prefetched", "running", "oldest")
 

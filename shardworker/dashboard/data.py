@@ -17,9 +17,9 @@ from typing import Any
 from shardworker import counts, jobs, queues
 from shardworker.errors import ConfigError, JobsError
 from shardworker.jobs import JobInfo
-from shardworker.model import QueueInfo, QueueState, StepInfo, WorkerInfo
 from shardworker.store import job_queries, queue_queries
 from shardworker.store.pg_store import PgStore, StoreConfig
+from shardworker.views import QueueInfo, QueueState, StepInfo, WorkerInfo
 
 FAILED_SHOWN = 20
 RECENT_SHOWN = 15

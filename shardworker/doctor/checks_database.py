@@ -12,8 +12,8 @@ from shardworker.binding import Binding
 from shardworker.doctor.report import Check, Status, attempt
 from shardworker.dsn import redact_dsn
 from shardworker.errors import ShardworkerError
-from shardworker.model import WorkerInfo
 from shardworker.store.schema import available_migrations
+from shardworker.views import WorkerInfo
 
 if TYPE_CHECKING:
     from shardworker.store.schema_queries import ServerState

@@ -18,10 +18,10 @@ from psycopg.pq import TransactionStatus
 
 from shardworker.config import StoreConfig
 from shardworker.errors import DatabaseUnavailable, EnqueueError, JobsError
-from shardworker.model import JobInfo, StepInfo
 from shardworker.store.connection import Session, translate_errors
 from shardworker.store.enqueue import borrowed_cursor
 from shardworker.store.sql import query
+from shardworker.views import JobInfo, StepInfo
 
 FINAL_STATUSES = ("done", "failed", "cancelled")
 

@@ -9,9 +9,9 @@ from typing import NamedTuple
 
 import orjson
 
-from shardworker.model import FlowCount, WorkerInfo
 from shardworker.store.connection import Session
 from shardworker.store.sql import query
+from shardworker.views import FlowCount, WorkerInfo
 
 
 class HeartbeatRow(NamedTuple):

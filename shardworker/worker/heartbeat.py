@@ -22,8 +22,8 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from shardworker.errors import StoreError, WorkerIdInUse
-from shardworker.model import FlowCount
 from shardworker.retry import Backoff, Outage, is_retryable
+from shardworker.views import FlowCount
 from shardworker.worker.identity import in_use
 from shardworker.worker.rescuer import Rescuer, RescueStore
 

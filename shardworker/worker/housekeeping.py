@@ -21,9 +21,9 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol
 
 from shardworker.errors import StoreError
-from shardworker.model import BacklogRow
 from shardworker.retry import Backoff, Outage, is_retryable
 from shardworker.schedule import Schedule
+from shardworker.views import BacklogRow
 from shardworker.worker.periodic import PeriodicStore, Scheduler
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,8 @@ from shardworker.app import HandlerSpec
 from shardworker.config import ChildConfig
 from shardworker.errors import CrashLoop
 from shardworker.jobstats import JobCounts
-from shardworker.model import ClaimedJob, FlowCount
+from shardworker.model import ClaimedJob
+from shardworker.views import FlowCount
 from shardworker.worker import blame
 from shardworker.worker.child_handle import ChildHandle, Sent
 from shardworker.worker.deaths import Death, Suspects, leftovers, log_death, shutdown_cause, timed_out

@@ -1,0 +1,126 @@
+"""What the store reads back for operators: plain, frozen values.
+
+``JobInfo`` and ``WorkerInfo`` are a job's and a worker's rows (``jobs show``, ``workers``),
+``StepInfo`` a step a job recorded; ``FlowCount`` is what a worker's heartbeat reports of the
+jobs it holds, ``BacklogRow``, ``QueueState`` and ``QueueInfo`` what ``shardworker queues`` shows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, NamedTuple
+
+from shardworker.flow import Rate
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """One job's row as operators see it (``shardworker.get_job``, ``jobs show``)."""
+
+    id: int
+    kind: str
+    queue: str
+    status: str
+    attempt: int
+    max_attempts: int
+    priority: int
+    payload: Any
+    result: Any
+    last_error: str | None
+    created_at: datetime
+    run_at: datetime
+    attempted_at: datetime | None
+    finished_at: datetime | None
+    locked_by: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in self.__dict__.items()}
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """One worker's heartbeat row, with how long it has been silent by the database's clock."""
+
+    worker_id: str
+    hostname: str
+    pid: int
+    started_at: datetime
+    heartbeat_at: datetime
+    jobs_running: int | None
+    outbox_pending: int | None
+    silent_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in self.__dict__.items()}
+
+
+class FlowCount(NamedTuple):
+    """A worker's jobs of one queue and kind, as its heartbeat reports them (``workers.flow``):
+    ``prefetched`` claimed and not started (held by the parent, sent to a child and not
+    started, suspects waiting their turn), ``running`` started and not yet reported."""
+
+    queue: str
+    kind: str
+    prefetched: int
+    running: int
+
+
+class BacklogRow(NamedTuple):
+    """One queue and kind's backlog (``kind`` None: a queue with a state row and no jobs).
+
+    ``available``: queued and due; ``scheduled``: queued for later; ``prefetched``: claimed by a
+    live worker whose handler has not started; ``running``: claimed and started (the rest of the
+    claimed jobs); ``oldest_available_s``: how long the oldest available job has been due (None
+    when none is)."""
+
+    queue: str
+    kind: str | None
+    available: int
+    scheduled: int
+    prefetched: int
+    running: int
+    oldest_available_s: float | None
+
+
+class QueueState(NamedTuple):
+    """A queue's operator settings (``shardworker.queues``): paused, and limits across every
+    worker (None: no limit). A queue without a row is unpaused and unlimited."""
+
+    name: str
+    paused: bool
+    concurrency: int | None
+    rate: Rate | None
+
+
+@dataclass(frozen=True)
+class QueueInfo:
+    """One queue as ``shardworker queues`` shows it: its state and its backlog summed over kinds
+    (``BacklogRow`` says what each count means)."""
+
+    name: str
+    paused: bool
+    concurrency: int | None
+    rate: Rate | None
+    available: int
+    scheduled: int
+    prefetched: int
+    running: int
+    oldest_available_s: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.__dict__, "rate": None if self.rate is None else str(self.rate)}
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """A job's recorded step (``jobs.get_steps``); ``bytes``: the size of its result's JSON
+    text (the result itself can be 64 MiB: read it from ``shardworker.job_steps``)."""
+
+    name: str
+    attempt: int
+    recorded_at: datetime
+    bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.__dict__, "recorded_at": self.recorded_at.isoformat()}
