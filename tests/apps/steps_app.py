@@ -77,6 +77,11 @@ def extract(job: Job) -> dict[str, Any]:
     return {"id": job.id, "steps": results}
 
 
+@app.handler("extract_once", max_attempts=1)
+def extract_once(job: Job) -> dict[str, Any]:
+    return extract(job)
+
+
 @app.handler("extract_threads", threads=True, retry_delay=lambda attempt: 0.05)
 def extract_threads(job: Job) -> dict[str, Any]:
     return extract(job)

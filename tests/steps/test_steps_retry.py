@@ -3,12 +3,14 @@ runs again for its job, whichever lane runs the handler."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import enqueue, exit_code, runs_per_job, start_worker
-from tests.steps.step_ledger import assert_steps_once, steps_of
+from tests.helpers import enqueue, exit_code, query, runs_per_job, start_worker, worker_env
+from tests.steps.step_ledger import STEPS, assert_steps_once, step_runs, steps_of
 
 KINDS = ["extract", "extract_threads", "agent"]
 
@@ -25,3 +27,25 @@ def test_a_failure_after_a_step_retries_without_running_it_again(pg_dsn: str, tm
     assert all(n == 2 for n in runs_per_job(count_dir).values())  # the handler ran twice, its steps once
     assert_steps_once(pg_dsn, count_dir, ids)
     assert [attempt for _, attempt in steps_of(pg_dsn, ids[0])] == [1, 1, 2]
+
+
+@pytest.mark.parametrize("reset", [False, True])
+def test_jobs_retry_keeps_steps_unless_told_to_forget_them(pg_dsn: str, tmp_path: Path, reset: bool) -> None:
+    """A job failed for good after two steps; `jobs retry` runs it again replaying them, while
+    `jobs retry --reset-steps` runs every step again."""
+    outbox_dir, count_dir = tmp_path / "outbox", tmp_path / "counts"
+    count_dir.mkdir()
+    [job_id] = enqueue(pg_dsn, "extract_once", 1, {"fail_after": "ocr"})
+    assert exit_code(start_worker(pg_dsn, outbox_dir, count_dir, "--exit-when-idle", app="steps_app"), 60,
+                     count_dir) == 0
+    assert query(pg_dsn, "SELECT status FROM shardworker.jobs")[0][0] == "failed"
+    retried = subprocess.run([sys.executable, "-m", "shardworker", "jobs", "retry", str(job_id), "--dsn", pg_dsn,
+                              *(["--reset-steps"] if reset else [])], env=worker_env(count_dir),
+                             capture_output=True, text=True, timeout=60)
+    assert retried.returncode == 0, retried.stderr
+    assert exit_code(start_worker(pg_dsn, outbox_dir, count_dir, "--exit-when-idle", app="steps_app"), 60,
+                     count_dir) == 0
+    ran = step_runs(count_dir)
+    assert [ran[(job_id, name)] for name in STEPS] == ([2, 2, 1] if reset else [1, 1, 1])
+    assert query(pg_dsn, "SELECT status FROM shardworker.jobs")[0][0] == "done"
+    assert [attempt for _, attempt in steps_of(pg_dsn, job_id)] == ([2, 2, 2] if reset else [1, 1, 2])
