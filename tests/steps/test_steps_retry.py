@@ -3,14 +3,17 @@ runs again for its job, whichever lane runs the handler."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import enqueue, exit_code, query, runs_per_job, start_worker, worker_env
+from tests.conftest import free_port
+from tests.helpers import enqueue, exit_code, query, runs_per_job, start_worker, wait_for, worker_env
 from tests.steps.step_ledger import STEPS, assert_steps_once, step_runs, steps_of
+from tests.worker.test_observability import scrape
 
 KINDS = ["extract", "extract_threads", "agent"]
 
@@ -49,3 +52,18 @@ def test_jobs_retry_keeps_steps_unless_told_to_forget_them(pg_dsn: str, tmp_path
     assert [ran[(job_id, name)] for name in STEPS] == ([2, 2, 1] if reset else [1, 1, 1])
     assert query(pg_dsn, "SELECT status FROM shardworker.jobs")[0][0] == "done"
     assert [attempt for _, attempt in steps_of(pg_dsn, job_id)] == ([2, 2, 2] if reset else [1, 1, 2])
+
+
+def test_the_metrics_count_steps_recorded_and_replayed(pg_dsn: str, tmp_path: Path) -> None:
+    """Four jobs fail after two steps, then finish: 12 steps recorded, 8 replayed."""
+    count_dir, port = tmp_path / "counts", free_port()
+    count_dir.mkdir()
+    ids = enqueue(pg_dsn, "extract", 4, {"fail_after": "ocr"})
+    proc = start_worker(pg_dsn, tmp_path / "outbox", count_dir, "--metrics-port", str(port), app="steps_app")
+    wait_for(lambda: query(pg_dsn, "SELECT count(*) FROM shardworker.jobs WHERE status = 'done'")[0][0] == len(ids),
+             60, "the jobs done")
+    metrics = scrape(port)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    assert metrics[("shardworker_steps_recorded_total", (("kind", "extract"),))] == 12
+    assert metrics[("shardworker_steps_replayed_total", (("kind", "extract"),))] == 8
