@@ -68,6 +68,10 @@ class JobCounts:
         rows = self.snapshot().values()
         return {name: int(sum(row[i] for row in rows)) for i, name in enumerate(OUTCOMES)}
 
+    def steps_recorded(self) -> int:
+        """Every kind's steps recorded, summed."""
+        return int(sum(row[STEPS_AT] for row in self.by_kind.copy().values() if len(row) == WIDTH))
+
     def snapshot(self) -> dict[str, list[float]]:
         return {kind: list(row) for kind, row in self.by_kind.copy().items()}
 

@@ -73,7 +73,8 @@ class Dispatcher:
         # While claims take jobs of a rate-limited kind or queue: come back every pace_s.
         self.paced_until, self.pace_s = 0.0, 0.0
         self.flushed_base = flusher.flushed_total
-        self.acked_total = 0  # outcomes made durable since this dispatcher started
+        self.acked_total = 0  # records (outcomes, steps) made durable since this dispatcher started
+        self._steps_counted = 0  # of them, the steps children reported
         self.done_total = 0
         self.claimed_total = 0
         self.pause_reason = ""
@@ -93,6 +94,8 @@ class Dispatcher:
     def run_once(self) -> bool:
         """One pass; True when the worker should exit because it is idle."""
         self.count_finished(self.pool.collect())
+        recorded = self.pool.job_counts.steps_recorded()  # step records count in the backlog too
+        self.acked_total, self._steps_counted = self.acked_total + recorded - self._steps_counted, recorded
         self.settle(self.pool.check())
         self.flusher.check()
         self._settle_quarantined()
@@ -115,6 +118,7 @@ class Dispatcher:
         (``shardworker.worker.blame``: the job that caused it, never a neighbour)."""
         for death in deaths:
             self.parent_outcomes.carry(death.steps)  # ahead of the outcomes below, in the same shard
+            self.acked_total += len(death.steps)
             charged = sum(self.parent_outcomes.fail(jobs, error) for error, jobs in death.charges().items())
             self.count_finished(death.durable + charged + self.parent_outcomes.snooze(death.snoozed))
 
@@ -140,7 +144,7 @@ class Dispatcher:
         return None
 
     def backlog(self) -> int:
-        """Outcomes made durable and not yet flushed (an estimate)."""
+        """Records (outcomes, steps) made durable and not yet flushed (an estimate)."""
         return self.acked_total - (self.flusher.flushed_total - self.flushed_base)
 
     # claiming ------------------------------------------------------------------------
