@@ -45,6 +45,7 @@ class Entry(NamedTuple):
     on_durable: Callable[[], None] | None = None
 
 FULL_DISK_RETRY_S = 1.0
+STEPS_REPORT_S = 0.5  # how often a commit of steps alone is reported (their counts; no job finished)
 IDLE_RECLAIM_S = 1.0  # how often an idle committer offers the writer to rotate an applied segment
 
 
@@ -62,6 +63,8 @@ class Committer:
         self._waiting: list[Entry] = []
         self._waiting_bytes = 0
         self._oldest_start = 0.0  # handler start of the oldest waiting outcome
+        self._unreported: list[Stat] = []  # counts of step-only commits not yet reported
+        self._reported_at = 0.0
         self._unfinished = 0  # jobs received and not yet finished
         self._stopping = False
         self._step_waits = False  # a handler waits for a step record among those waiting
@@ -130,6 +133,8 @@ class Committer:
             while True:
                 batch = self._next_batch()
                 if batch is None:
+                    if self._unreported:
+                        self.report([], self._unreported)
                     return
                 if batch:
                     self._commit(batch)
@@ -187,5 +192,9 @@ class Committer:
         for entry in batch:
             if entry.on_durable is not None:
                 entry.on_durable()
-        self.report([entry.key for entry in batch if entry.key is not None],
-                    [stat for entry in batch for stat in entry.stats])
+        keys = [entry.key for entry in batch if entry.key is not None]
+        self._unreported.extend(stat for entry in batch for stat in entry.stats)
+        now = self.clock()
+        if keys or now - self._reported_at >= STEPS_REPORT_S:  # steps alone: their counts wait a little
+            stats, self._unreported, self._reported_at = self._unreported, [], now
+            self.report(keys, stats)

@@ -65,9 +65,9 @@ class CountingStore:
         self.store = store
         self.batches: list[list[int]] = []
 
-    def apply_outcomes(self, outcomes: list[Outcome]) -> ApplyResult:
+    def apply_outcomes(self, outcomes: list[Outcome], steps: Any = ()) -> ApplyResult:
         self.batches.append([o.job_id for o in outcomes])
-        return self.store.apply_outcomes(outcomes)
+        return self.store.apply_outcomes(outcomes, steps)
 
 
 def test_flusher_splits_batches_by_bytes_and_still_applies_them_fenced_and_in_order(

@@ -14,7 +14,7 @@ from shardworker import wire
 from shardworker.app import App
 from shardworker.config import WorkerConfig
 from shardworker.errors import NotConnected, TransientConflict
-from shardworker.jobstats import STEP_RECORDED, JobCounts, summarize
+from shardworker.jobstats import JobCounts
 from shardworker.layout import PARENT_SHARD
 from shardworker.model import ClaimedJob, Disposition
 from shardworker.routing import shard_for
@@ -204,21 +204,6 @@ def test_claiming_pauses_while_the_flusher_is_behind(pg_dsn: str, store: FlakySt
     flusher.flushed_total = 20
     dispatcher.run_once()
     assert dispatcher.claimed_total == 40
-
-
-def test_step_records_count_in_the_flushers_backlog(pg_dsn: str, store: FlakyStore, tmp_path: Path) -> None:
-    """The flusher counts every record it flushes, steps too: steps the children recorded and
-    steps carried over from a dead child are part of the backlog, so claims pause for them."""
-    enqueue(pg_dsn, "k", 40)
-    dispatcher, children, flusher, _ = make(store, tmp_path, procs=1, max_backlog=10, claim_batch=20, prefetch=20)
-    dispatcher.run_once()
-    children.job_counts.add(summarize([("k", STEP_RECORDED, -1.0)] * 8))
-    children.deaths.append(Death(0, "worker process died (exit code -9)", 0, (), (), steps=(b"s",) * 3))
-    dispatcher.run_once()
-    assert dispatcher.backlog() == 11 and "behind" in dispatcher.pause_reason
-    flusher.flushed_total = 11
-    dispatcher.run_once()
-    assert dispatcher.backlog() == 0
 
 
 def test_a_dead_childs_lost_jobs_fail_in_the_parents_shard(pg_dsn: str, store: FlakyStore, tmp_path: Path) -> None:
