@@ -36,13 +36,14 @@ def database(dsn: str | None) -> Iterator[str]:
 
 
 def load_jobs(dsn: str, n: int, kind: str) -> None:
-    """Empty the jobs table, enqueue ``n`` no-op jobs, and settle the server.
+    """Empty the jobs table (and job_steps, which references it), enqueue ``n`` no-op jobs, and
+    settle the server.
 
     ANALYZE gives the claim query fresh statistics; the CHECKPOINT (superuser only, skipped
     otherwise) keeps the enqueue's dirty pages from being written during the measurement.
     """
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("TRUNCATE shardworker.jobs")
+        conn.execute("TRUNCATE shardworker.jobs, shardworker.job_steps")
         enqueued = enqueue_many(conn, (JobSpec(kind) for _ in range(n)))
         if enqueued != n:
             raise RuntimeError(f"enqueued {enqueued} jobs, expected {n}")

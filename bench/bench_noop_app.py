@@ -39,3 +39,42 @@ THREADS = {"threads": True} if "threads" in inspect.signature(app.handler).param
 def wait_thread(job):
     time.sleep(SLEEP_S)
     return None
+
+
+# bench/steps.py: jobs of STEPS no-op steps (job.step) beside no-op jobs, in each handler shape.
+STEPS = 10
+
+
+def nothing():
+    return None
+
+
+async def nothing_async():
+    return None
+
+
+@app.handler("bench_steps")
+def steps(job):
+    for i in range(STEPS):
+        job.step(f"s{i}", nothing)
+
+
+@app.handler("bench_noop_async")
+async def noop_async(job):
+    return None
+
+
+@app.handler("bench_steps_async")
+async def steps_async(job):
+    for i in range(STEPS):
+        await job.step(f"s{i}", nothing_async)
+
+
+@app.handler("bench_noop_threads", **THREADS)
+def noop_threads(job):
+    return None
+
+
+@app.handler("bench_steps_threads", **THREADS)
+def steps_threads(job):
+    steps(job)

@@ -12,31 +12,29 @@ from shardworker.cli.common import dsn_option, one_line_errors, resolve_dsn
 
 @click.command()
 @click.option("--jobs", type=click.IntRange(min=1), default=None, help="Sample jobs to enqueue [default: 5000; "
-              "2000 with --outage].")
+              "2000 with --outage; 600 with --steps].")
 @click.option("--procs", type=click.IntRange(min=1, max=64), default=None,
-              help="Child processes [default: 4; 2 with --outage].")
+              help="Child processes [default: 4; 2 with --outage or --steps].")
 @click.option("--outbox-dir", default=".shardworker/demo-outbox", show_default=True, help="Outbox directory.")
 @click.option("--outage", is_flag=True, help="Stop PostgreSQL mid-run, show the outbox fill and drain, and count "
               "re-runs (on an embedded server of the demo's own).")
+@click.option("--steps", is_flag=True, help="Run jobs of four steps; stop PostgreSQL mid-run, kill -9 the worker "
+              "between steps, restart it during the outage, and count steps re-run (on an embedded server of the "
+              "demo's own).")
 @click.option("--outage-seconds", type=click.FloatRange(min=0.5, max=600), default=5.0, show_default=True,
-              help="With --outage: how long PostgreSQL stays down.")
+              help="With --outage or --steps: how long PostgreSQL stays down.")
 @dsn_option
 @one_line_errors
-def demo(jobs: int | None, procs: int | None, outbox_dir: str, outage: bool, outage_seconds: float,
+def demo(jobs: int | None, procs: int | None, outbox_dir: str, outage: bool, steps: bool, outage_seconds: float,
          dsn: str | None) -> None:
     """Enqueue sample jobs, run them with N processes until idle, and print a summary;
-    with --outage, live through a database outage and count the re-runs (0)."""
-    if outage:
-        source = click.get_current_context().get_parameter_source("dsn")
-        if dsn and source == click.core.ParameterSource.COMMANDLINE:
-            raise click.UsageError("demo --outage stops PostgreSQL, so it runs only on an embedded server of its "
-                                   "own: drop --dsn (and SHARDWORKER_DSN)")
-        from shardworker.demo import outage as outage_demo
-
-        result = outage_demo.run(jobs or 2000, procs or 2, outage_seconds)
-        click.echo(result.table())
-        if result.rerun_jobs or result.statuses.get("done", 0) != result.jobs:
-            raise outage_demo.DemoFailed(f"the promise did not hold: {result.rerun_jobs} jobs ran again")
+    with --outage, live through a database outage and count the re-runs (0); with --steps,
+    kill the worker between durable steps during an outage and count the steps re-run (0)."""
+    if outage and steps:
+        raise click.UsageError("--outage and --steps are two demos: choose one")
+    if outage or steps:
+        refuse_a_dsn("steps" if steps else "outage", dsn)
+        (steps_demo if steps else outage_demo)(jobs, procs, outage_seconds)
         return
     jobs, procs = jobs or 5000, procs or 4
     from shardworker.client import JobSpec, enqueue_many
@@ -63,3 +61,34 @@ def demo(jobs: int | None, procs: int | None, outbox_dir: str, outage: bool, out
     click.echo(f"demo: {summary.done} outcomes in {elapsed:.1f}s ({summary.done / max(elapsed, 1e-9):.0f} jobs/s); "
                f"done={counts.get('done', 0)} failed={counts.get('failed', 0)} queued={counts.get('queued', 0)} "
                f"running={counts.get('running', 0)}; outbox pending={summary.pending_outcomes}")
+
+
+
+def refuse_a_dsn(name: str, dsn: str | None) -> None:
+    """``demo --outage`` and ``demo --steps`` stop PostgreSQL, so they run only on an embedded
+    server of their own: a --dsn is a usage error (SHARDWORKER_DSN is not used)."""
+    source = click.get_current_context().get_parameter_source("dsn")
+    if dsn and source == click.core.ParameterSource.COMMANDLINE:
+        raise click.UsageError(f"demo --{name} stops PostgreSQL, so it runs only on an embedded server of its "
+                               "own: drop --dsn (and SHARDWORKER_DSN)")
+
+
+def outage_demo(jobs: int | None, procs: int | None, outage_seconds: float) -> None:
+    from shardworker.demo import outage
+
+    result = outage.run(jobs or 2000, procs or 2, outage_seconds)
+    click.echo(result.table())
+    if result.rerun_jobs or result.statuses.get("done", 0) != result.jobs:
+        raise outage.DemoFailed(f"the promise did not hold: {result.rerun_jobs} jobs ran again")
+
+
+def steps_demo(jobs: int | None, procs: int | None, outage_seconds: float) -> None:
+    from shardworker.demo import steps
+    from shardworker.demo.harness import DemoFailed
+
+    result = steps.run(jobs or 600, procs or 2, outage_seconds)
+    click.echo(result.table())
+    done = result.statuses.get("done", 0)
+    if result.steps_rerun or done != result.jobs:
+        raise DemoFailed(f"the promise did not hold: {result.steps_rerun} steps ran again after they had returned; "
+                         f"{done} of {result.jobs} jobs done")

@@ -1,4 +1,5 @@
-"""The demo's handlers: small CPU work, a little sleep, and an occasional flaky failure."""
+"""The demo's handlers: small CPU work, a little sleep, and an occasional flaky failure; and
+``note``, the ledger the demos that stop PostgreSQL count runs in."""
 
 from __future__ import annotations
 
@@ -32,14 +33,20 @@ def flaky(job: Job) -> dict[str, object]:
 
 @app.handler("demo.outage", max_attempts=3)
 def outage(job: Job) -> dict[str, object]:
-    """A few milliseconds of work, counted from inside: one line per run, appended and
-    fsync'd to this process's ledger (``shardworker demo --outage`` counts re-runs there)."""
+    """A few milliseconds of work, counted from inside: one line "JOB ATTEMPT" per run in the
+    ledger (``shardworker demo --outage`` counts re-runs there)."""
     time.sleep(0.004)
+    note(f"{job.id} {job.attempt}")
+    return {"n": job.payload["n"]}
+
+
+def note(line: str) -> None:
+    """Append ``line`` to this process's ledger under $SHARDWORKER_DEMO_LEDGER and fsync it,
+    so the demo counts every run, kill -9 and power loss included."""
     path = os.path.join(os.environ["SHARDWORKER_DEMO_LEDGER"], f"runs-{os.getpid()}.log")
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
-        os.write(fd, f"{job.id} {job.attempt}\n".encode())
+        os.write(fd, (line + "\n").encode())
         os.fsync(fd)
     finally:
         os.close(fd)
-    return {"n": job.payload["n"]}

@@ -121,7 +121,9 @@ class EmbeddedPostgres:
             write_json(self.metadata_path, {"port": self._port})
 
     def stop(self, mode: str = "fast") -> None:
-        """Stop the server (``pg_ctl stop -m mode``); do nothing if it is not running."""
+        """Stop the server (``pg_ctl stop -m mode``); do nothing if it is not running. As root,
+        the server's user is let search the paths again first: a chmod of a parent directory
+        since the start (pytest does so to its base directory) resets the ACL that let it."""
         if mode not in STOP_MODES:
             raise ValueError(f"mode must be one of {STOP_MODES}, not {mode!r}")
         if not self.run_dir.exists():
@@ -129,7 +131,10 @@ class EmbeddedPostgres:
         with self._lock():
             if self._running_port() is None:
                 return
-            self._run_pg_ctl(server_user(), bin_dir_for(self.datadir), "stop", "-m", mode)
+            owner, bins = server_user(), bin_dir_for(self.datadir)
+            if owner is not None:
+                self._let_search(owner, bins)
+            self._run_pg_ctl(owner, bins, "stop", "-m", mode)
 
     def is_running(self) -> bool:
         return self._running_port() is not None
@@ -169,6 +174,10 @@ class EmbeddedPostgres:
             os.chown(path, owner.pw_uid, owner.pw_gid)
         if self.datadir.stat().st_uid != owner.pw_uid:
             chown_tree(self.datadir, owner)  # e.g. a data directory copied by root
+        self._let_search(owner, bins)
+
+    def _let_search(self, owner: pwd.struct_passwd, bins: Path) -> None:
+        """Let the server's user reach its run directory and its programs."""
         ensure_traversable(self.run_dir, owner)
         ensure_traversable(bins.parent, owner)
 

@@ -1,6 +1,6 @@
 """What the worker's housekeeping asks of the database: counts per queue and status (for
 metrics, without reading the whole table), retention's pruning, periodic schedules'
-ticks; and ``delete_queue`` for operators."""
+ticks; ``delete_queue`` for operators and ``recorded_steps`` for the steps demo."""
 
 from __future__ import annotations
 
@@ -40,6 +40,13 @@ class HousekeepingQueries(Session):
         with self.cursor() as cur:
             cur.execute(query("queue_delete"), {"queue": queue})
             return cur.rowcount
+
+    def recorded_steps(self, queue: str) -> list[tuple[int, str, int]]:
+        """(job id, step name, attempt that recorded it) of every step recorded for the jobs
+        of ``queue``."""
+        with self.cursor() as cur:
+            cur.execute(query("queue_recorded_steps"), {"queue": queue})
+            return [(int(job_id), name, int(attempt)) for job_id, name, attempt in cur.fetchall()]
 
     def job_counts(self, exact_up_to: int = 1_000_000) -> tuple[list[StatusCount], bool]:
         """(queue, status, count) rows, and whether ``done`` is an estimate.

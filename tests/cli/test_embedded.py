@@ -219,6 +219,24 @@ def test_a_private_parent_directory_stays_private(tmp_path: Path) -> None:
         server.stop("immediate")
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="the server runs as another user only when this is root")
+def test_a_stop_reaches_the_server_after_a_chmod_of_a_parent_directory(tmp_path: Path) -> None:
+    """A chmod of a parent directory while the server runs (pytest chmods /tmp/pytest-of-root
+    whenever a session starts) resets the ACL mask that let the server's user search it: the
+    stop grants that search again instead of failing with Permission denied."""
+    private = tmp_path / "home"
+    private.mkdir(mode=0o700)
+    server = EmbeddedPostgres(private / "project" / ".shardworker" / "pgdata")
+    try:
+        server.start()
+        private.chmod(0o700)
+        server.stop()
+        assert not server.is_running()
+    finally:
+        private.chmod(0o711)  # whatever happened above, the cleanup can reach the server
+        server.stop("immediate")
+
+
 def test_embedded_status_and_stop_through_the_command_line(tmp_path: Path) -> None:
     """`shardworker embedded status|stop` from a project directory: none yet (exit 1), running
     after a command created it, stopped (exit 1), and started again by the next command."""

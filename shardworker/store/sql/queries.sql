@@ -526,6 +526,11 @@ SELECT id FROM cancelled WHERE (SELECT count(*) FROM announced) >= 0;
 -- Delete every job of one queue (the outage demo's fresh start, on its own database).
 DELETE FROM shardworker.jobs WHERE queue = %(queue)s;
 
+-- queue_recorded_steps --
+-- Each recorded step of one queue's jobs, with the attempt that recorded it (the steps demo's count).
+SELECT s.job_id, s.name, s.attempt FROM shardworker.job_steps s JOIN shardworker.jobs j ON j.id = s.job_id
+WHERE j.queue = %(queue)s;
+
 -- job_delete --
 -- Delete jobs that are not running; announced, so a wait_for on one of them ends.
 WITH deleted AS (
