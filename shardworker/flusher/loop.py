@@ -82,6 +82,7 @@ class Flusher:
         self._held: list[Record] = []  # read but not yet applied (kept across failures)
         self._outcomes: list[Outcome] = []  # _held decoded, once: its outcomes
         self._steps: list[StepRecord] = []  # and its step records
+        self.steps_only = False  # the last batch applied held step records and no outcome
         self._last_checkpoint = clock()
         self._dirty = False
 
@@ -126,6 +127,7 @@ class Flusher:
             return 0
         self.outage.recovered()
         self.stats.failing = ""
+        self.steps_only = not self._outcomes  # nobody waits on these rows: the next batch may gather
         flushed, self._held = self._held, []
         self.reader.mark_flushed(flushed)
         self.stats.flushed += len(flushed)

@@ -209,7 +209,9 @@ def _loop(flusher: Flusher, state: Any, idle_sleep_s: float) -> None:
             state.drained = True
         if state.stop >= StopRequest.NOW or (state.stop >= StopRequest.WHEN_IDLE and flusher.idle):
             return
-        if not flushed and flusher.idle:
+        if (not flushed and flusher.idle) or (flushed and flusher.steps_only):
+            # Idle; or only steps were applied, which trickle in a commit each (a handler waits
+            # on each): let the next batch gather instead of a transaction per few steps.
             time.sleep(idle_sleep_s)
 
 
