@@ -6,17 +6,15 @@ Pipe messages between the parent and a child are frozen dataclasses; ``encode`` 
     parent -> child   Jobs(jobs, slots)    Recall()    Stop()
     child -> parent   Done(finished, stats)    Returned(jobs)    Stopped(unstarted)    Fatal(message)
 
-``Jobs`` gives each job the progress slot the child marks when it starts it; ``Done``
-names jobs whose outcomes are durable, by (id, attempt), with their counts for the
-metrics (``shardworker.worker.metrics.summarize``); ``Recall`` asks a child for the jobs it was
-sent and has not started, and ``Returned`` names them (the child will never start them, so
-the parent may send them elsewhere); ``Stopped`` lists the jobs a stopping child never
-started; ``Fatal`` is the last error of a child that cannot go on (its app does not load).
+``Jobs`` gives each job the progress slot the child marks when it starts it; ``Done`` names
+jobs whose outcomes are durable, by (id, attempt), with counts for the metrics
+(``shardworker.jobstats.summarize``); ``Recall`` asks a child for the jobs not started, and
+``Returned`` names them (never to start there: the parent may send them elsewhere);
+``Stopped`` lists those a stopping child never started; ``Fatal`` is a child's last error.
 
-On the pipe each message is a frame: a 4-byte big-endian length, then the bytes.
-``OutFrames`` queues frames on a non-blocking descriptor (the parent never waits on a
-child that does not read), ``InFrames`` takes frames from one as they arrive, and
-``read_frame``/``write_frame`` are the child's blocking side.
+On the pipe each message is a frame: a 4-byte big-endian length, then the bytes. ``OutFrames``
+queues frames on a non-blocking descriptor (the parent never waits on a child that does not
+read), ``InFrames`` takes them as they arrive, ``read_frame``/``write_frame`` are the child's side.
 
 The outcome record (``encode_outcome`` / ``decode_outcome``) is what a child or the
 parent appends to the outbox and the flusher applies: a fixed header, then the result's
@@ -25,13 +23,13 @@ JSON bytes exactly as the child encoded them, then the error text::
     u8 version (2) | i64 job id | i32 attempt | u8 code | f64 retry delay
     | i32 result length (-1: none) | i32 error length (-1: none) | result | error (UTF-8)
 
-where code is the disposition (``_CODES``: 0 a failed attempt, retried after the delay, or
-for good when the delay is -1; 1 done; 2 snoozed; 3 cancelled), so a result is never
-escaped, decoded or re-encoded on its way to PostgreSQL. A record is never over
-``outbox.MAX_RECORD_BYTES``: an outcome that would be is replaced by a failure that says so.
+where code is the disposition (``_CODES``: 0 a failed attempt, retried after the delay, or for
+good when the delay is -1; 1 done; 2 snoozed; 3 cancelled): a result is never escaped, decoded
+or re-encoded on its way to PostgreSQL. No record is over ``outbox.MAX_RECORD_BYTES``: such an
+outcome is replaced by a failure that says so.
 
-The step record (``encode_step``) is what ``job.step`` appends, in the same shard and the
-same group commit as outcomes, for the same flusher (``decode_record`` tells them apart)::
+The step record (``encode_step``) is what ``job.step`` appends, with the outcomes, for the
+same flusher (``decode_record`` tells them apart, ``step_key`` reads its header)::
 
     u8 version (3) | i64 job id | i32 attempt | f64 recorded at (Unix s)
     | i32 name length | i32 result length | name (UTF-8) | result (JSON, UTF-8)
@@ -136,6 +134,8 @@ _RECORD_V2 = 2
 _CODES = {Disposition.RETRY: 0, Disposition.FAILED: 0, Disposition.DONE: 1, Disposition.SNOOZED: 2,
           Disposition.CANCELLED: 3}
 _FOR_GOOD = -1.0  # the delay of a code-0 record that is not to be retried
+_STEP = struct.Struct("<Bqidii")
+_STEP_V3 = 3
 
 
 def encode_outcome(outcome: Outcome) -> bytes:
@@ -175,8 +175,12 @@ def outcome_key(record: bytes) -> JobKey:
     return job_id, attempt
 
 
-_STEP = struct.Struct("<Bqidii")
-_STEP_V3 = 3
+def step_key(record: bytes) -> JobKey | None:
+    """(job id, attempt) of a step record, read from its header alone; None for any other record."""
+    if len(record) < _STEP.size or record[0] != _STEP_V3:
+        return None
+    _, job_id, attempt, *_ = _STEP.unpack_from(record)
+    return job_id, attempt
 
 
 def encode_step(step: StepRecord) -> bytes:
@@ -188,10 +192,8 @@ def encode_step(step: StepRecord) -> bytes:
 
 def decode_record(record: bytes) -> Outcome | StepRecord:
     """The outcome or the step in an outbox record; ``ValueError`` when it is neither."""
-    if record[:1] != bytes((_STEP_V3,)):
-        return decode_outcome(record)
-    if len(record) < _STEP.size:
-        raise ValueError(f"not a step record: {bytes(record[:16])!r}")
+    if step_key(record) is None:
+        return decode_outcome(record)  # or ValueError: neither
     _, job_id, attempt, recorded_at, name_len, result_len = _STEP.unpack_from(record)
     if name_len < 1 or result_len < 1 or _STEP.size + name_len + result_len != len(record):
         raise ValueError("not a step record: inconsistent header")

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import TextIO
 
 import outbox
+from shardworker.client import JobSpec, enqueue_many
+from shardworker.dsn import redact_dsn
 from shardworker.errors import ShardworkerError
 from shardworker.flusher.drain import drain
 from shardworker.store.embedded import EmbeddedPostgres, ensure_embedded
@@ -108,6 +110,20 @@ class Stage:
         self.ledger_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         for name in os.listdir(self.ledger_dir):
             os.unlink(self.ledger_dir / name)
+
+    def run_into_outage(self, kind: str, jobs: int, what: str, app_ref: str, procs: int, *args: str) -> None:
+        """The demos' opening: a fresh start, ``jobs`` jobs of ``kind`` (``what`` names them),
+        the worker started, and PostgreSQL stopped once a fifth of them are done."""
+        self.fresh()
+        enqueue_many(self.dsn, [JobSpec(kind, {"n": i}, queue=self.queue) for i in range(jobs)])
+        command = " ".join(("shardworker run --procs", str(procs), *args))
+        self.display.phase(f"enqueued {jobs:,} {what} on {redact_dsn(self.dsn)}; starting `{command}` "
+                           f"(log: {self.shown}/worker.log)")
+        self.start_worker(app_ref, procs, *args)
+        self.wait(lambda: self.counts().get("done", 0) >= max(1, jobs // 5), 120,
+                  "the first fifth of the jobs to be done")
+        self.display.phase("stopping PostgreSQL mid-run (pg_ctl stop -m immediate) …")
+        self.stop_db()
 
     def start_worker(self, app_ref: str, procs: int, *args: str) -> None:
         """``shardworker run --app APP_REF`` on the demo's queue and outbox, in a session of its own."""

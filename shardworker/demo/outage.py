@@ -22,9 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
-from shardworker.client import JobSpec, enqueue_many
 from shardworker.demo.harness import DemoFailed, Display, Stage, table
-from shardworker.dsn import redact_dsn
 
 QUEUE = "outage-demo"
 
@@ -59,15 +57,7 @@ def run(jobs: int, procs: int, outage_s: float, stream: TextIO = sys.stderr,
 
 def _run(stage: Stage, jobs: int, procs: int, outage_s: float, clock: Callable[[], float]) -> Result:
     display = stage.display
-    stage.fresh()
-    enqueue_many(stage.dsn, [JobSpec("demo.outage", {"n": i}, queue=QUEUE) for i in range(jobs)])
-    display.phase(f"enqueued {jobs:,} jobs on {redact_dsn(stage.dsn)}; starting `shardworker run --procs {procs}` "
-                  f"(log: {stage.shown}/worker.log)")
-    stage.start_worker("shardworker.demo.app:app", procs, "--prefetch", "400")
-    stage.wait(lambda: stage.counts().get("done", 0) >= max(1, jobs // 5), 120,
-               "the first fifth of the jobs to be done")
-    display.phase("stopping PostgreSQL mid-run (pg_ctl stop -m immediate) …")
-    stage.stop_db()
+    stage.run_into_outage("demo.outage", jobs, "jobs", "shardworker.demo.app:app", procs, "--prefetch", "400")
     down_at, peak = clock(), [0]
 
     def line() -> str:

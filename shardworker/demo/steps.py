@@ -26,10 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
-from shardworker.client import JobSpec, enqueue_many
 from shardworker.demo.harness import Display, Stage, table
 from shardworker.demo.steps_app import STEPS
-from shardworker.dsn import redact_dsn
 
 QUEUE = "steps-demo"
 APP_REF = "shardworker.demo.steps_app:app"
@@ -78,16 +76,7 @@ def run(jobs: int, procs: int, outage_s: float, stream: TextIO = sys.stderr,
 
 def _run(stage: Stage, jobs: int, procs: int, outage_s: float, clock: Callable[[], float]) -> Result:
     display = stage.display
-    stage.fresh()
-    enqueue_many(stage.dsn, [JobSpec("demo.steps", {"n": i}, queue=QUEUE) for i in range(jobs)])
-    command = f"shardworker run --procs {procs} {' '.join(WORKER_ARGS)}"
-    display.phase(f"enqueued {jobs:,} jobs of {len(STEPS)} steps on {redact_dsn(stage.dsn)}; starting `{command}` "
-                  f"(log: {stage.shown}/worker.log)")
-    stage.start_worker(APP_REF, procs, *WORKER_ARGS)
-    stage.wait(lambda: stage.counts().get("done", 0) >= max(1, jobs // 5), 120,
-               "the first fifth of the jobs to be done")
-    display.phase("stopping PostgreSQL mid-run (pg_ctl stop -m immediate) …")
-    stage.stop_db()
+    stage.run_into_outage("demo.steps", jobs, f"jobs of {len(STEPS)} steps", APP_REF, procs, *WORKER_ARGS)
     down_at = clock()
 
     def line() -> str:

@@ -25,14 +25,14 @@ from dataclasses import dataclass
 import outbox
 from shardworker import logs, procs, wire
 from shardworker.app import HandlerSpec
-from shardworker.model import ClaimedJob, Outcome, StepRecord
+from shardworker.model import ClaimedJob
 from shardworker.worker import blame
 from shardworker.worker.child_handle import ASYNC_TIMEOUT_GRACE_S, ChildHandle, Sent
 
 log = logging.getLogger(__name__)
 
 MAX_SUSPECTS = 10_000  # ids remembered to run alone; each a few dozen bytes
-CLOCK_SLACK_S = 300.0  # segments last written this long before a dead child's first job began are not read
+CLOCK_SLACK_S = 300.0  # how much older than a dead child's first started job a segment it read may be
 
 
 @dataclass(frozen=True)
@@ -80,29 +80,34 @@ def leftovers(handle: ChildHandle) -> Leftovers:
     progress = handle.progress
     sent = handle.take_all()
     started = [s for s in sent if progress is not None and progress.started(s.slot, s.job.id)]
-    records: list[Outcome | StepRecord] = []
+    durable: set[wire.JobKey] = set()
+    steps_by_key: list[tuple[wire.JobKey, bytes]] = []
     if started and progress is not None:
         first = min(progress.began_at(s.slot) for s in started)
-        records = written_since(handle.config.outbox_dir, handle.index, time.time() - (time.monotonic() - first))
-    durable = {(r.job_id, r.attempt) for r in records if isinstance(r, Outcome)}
+        since = time.time() - (time.monotonic() - first) - CLOCK_SLACK_S
+        durable, steps_by_key = written_since(handle.config.outbox_dir, handle.index, since)
     left = [s for s in started if (s.job.id, s.job.attempt) not in durable]
     running = [progress is not None and progress.running_since(s.slot, s.job.id) is not None for s in left]
     unfinished = [s.job for s, r in zip(left, running, strict=True) if r]
     unsaved = [s.job for s, r in zip(left, running, strict=True) if not r]
     unstarted = [s.job for s in sent if s not in started]
     lost = {(s.job.id, s.job.attempt) for s in left}
-    steps = [wire.encode_step(r) for r in records if isinstance(r, StepRecord) and (r.job_id, r.attempt) in lost]
+    steps = [record for key, record in steps_by_key if key in lost]
     return Leftovers(reported, sent, len(started) - len(left), unfinished, unsaved, unstarted, steps)
 
 
-def written_since(directory: str, shard: int, since: float) -> list[Outcome | StepRecord]:
-    """The outcomes and steps a dead child wrote to its shard since ``since`` (Unix s, when
-    its first job still held started; ``CLOCK_SLACK_S`` earlier, for the clock's steps)."""
-    found: list[Outcome | StepRecord] = []
-    for payload in outbox.records_since(directory, shard, since - CLOCK_SLACK_S):
+def written_since(directory: str, shard: int, since: float) -> tuple[set[wire.JobKey], list[tuple[wire.JobKey, bytes]]]:
+    """What a dead child wrote to its shard since ``since`` (Unix s): the keys of its durable
+    outcomes, and its step records as they are, with their keys (headers read, nothing decoded)."""
+    outcomes: set[wire.JobKey] = set()
+    steps: list[tuple[wire.JobKey, bytes]] = []
+    for payload in outbox.records_since(directory, shard, since):
+        if (key := wire.step_key(payload)) is not None:
+            steps.append((key, payload))
+            continue
         with contextlib.suppress(ValueError, TypeError):
-            found.append(wire.decode_record(payload))
-    return found
+            outcomes.add(wire.outcome_key(payload))
+    return outcomes, steps
 
 
 def timed_out(handle: ChildHandle, specs: Mapping[str, HandlerSpec], now: float) -> dict[wire.JobKey, str]:

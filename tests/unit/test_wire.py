@@ -65,3 +65,20 @@ def test_an_outcome_too_big_for_a_record_becomes_a_final_failure_saying_so() -> 
     outcome = decode_outcome(record)
     assert (outcome.disposition, outcome.result_json) == (Disposition.FAILED, None)
     assert outcome.error is not None and "too large" in outcome.error
+
+
+def test_a_step_record_round_trips_and_its_key_reads_from_the_header() -> None:
+    """encode_step then decode_record give the step back; step_key reads (id, attempt) from a
+    step record only, and outcome_key refuses one (a step is never taken for an outcome)."""
+    from shardworker.model import StepRecord
+    from shardworker.wire import decode_record, encode_step, step_key
+
+    step = StepRecord(9, 3, "ocr ✓", b'{"pages":[1,2]}', 1700000000.5)
+    record = encode_step(step)
+    assert decode_record(record) == step and step_key(record) == (9, 3)
+    outcome = encode_outcome(Outcome.done(9, 3, b"1"))
+    assert step_key(outcome) is None and decode_record(outcome) == Outcome.done(9, 3, b"1")
+    with pytest.raises(ValueError):
+        outcome_key(record)
+    with pytest.raises(ValueError):
+        decode_record(record[:-1])
