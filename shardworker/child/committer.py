@@ -1,9 +1,10 @@
 """The child's group commit, on a thread of its own.
 
 Handlers (whichever lane runs them) hand finished outcomes to ``add``, and the step records
-of ``job.step`` to ``add_step``; the committer writes the waiting ones with one write and one
-fdatasync (``ShardWriter.commit``) and only then wakes the steps' callers and reports the
-outcomes to the parent (``Done``). It commits as soon as
+of ``job.step`` to ``add_step`` (an ``async def`` handler's) or ``commit_step`` (a thread's);
+the committer writes the waiting ones with one write and one fdatasync
+(``ShardWriter.commit``) and only then wakes the steps' callers and reports the outcomes to
+the parent (``Done``). It commits as soon as
 
 * a step waits (its handler is blocked until the record is durable), or
 * ``max_records`` outcomes, or ``max_bytes`` of them, wait, or
@@ -13,7 +14,12 @@ outcomes to the parent (``Done``). It commits as soon as
 * it is asked to stop.
 
 While one commit's fdatasync runs, the next outcomes gather: concurrent completions share
-one commit. When ``max_bytes`` of outcomes already wait behind a running commit, ``add``
+one commit. A handler thread that waits for its step record commits the waiting records
+itself (``commit_step``) rather than waking the committer's thread and waiting to be woken
+back: two thread hand-offs cost a sync step ten times its fdatasync. Commits take turns
+(one at a time), and each takes the records waiting when its turn starts, so records reach
+the shard in the order they were added; threads whose records wait behind a running commit
+share the next one. When ``max_bytes`` of outcomes already wait behind a running commit, ``add``
 blocks until that commit is done: handlers faster than the disk wait for it, instead of
 outcomes piling up in memory. On a full disk the batch is kept and retried every second (the parent stops
 claiming meanwhile); any other outbox error is fatal for the unsynced outcomes: the child
@@ -43,6 +49,7 @@ class Entry(NamedTuple):
     record: bytes
     stats: Sequence[Stat]
     on_durable: Callable[[], None] | None = None
+    by_caller: bool = False  # its handler's thread commits it (commit_step), not the committer's
 
 FULL_DISK_RETRY_S = 1.0
 STEPS_REPORT_S = 0.5  # how often a commit of steps alone is reported (their counts; no job finished)
@@ -67,7 +74,8 @@ class Committer:
         self._reported_at = 0.0
         self._unfinished = 0  # jobs received and not yet finished
         self._stopping = False
-        self._step_waits = False  # a handler waits for a step record among those waiting
+        self._step_waits = False  # an async handler waits for a step record among those waiting
+        self._committing = False  # a thread has the turn to commit (one commit at a time, in order)
         self.error: OutboxError | None = None  # set when a commit failed for good
         self._thread = threading.Thread(target=self._run, name="shardworker-commit", daemon=True)
 
@@ -110,6 +118,20 @@ class Committer:
             self._step_waits = True
             self._cond.notify_all()
 
+    def commit_step(self, record: bytes, stats: Sequence[Stat] = ()) -> None:
+        """A step's record from a handler thread, which commits it (with whatever else waits)
+        itself unless another commit takes it first; returns once it is fsync'd. Raises the
+        ``OutboxError`` that makes the child exit when the outbox cannot take it."""
+        durable = threading.Event()
+        with self._cond:
+            self._wait_for_room()
+            if not self._waiting:
+                self._oldest_start = self.clock()
+            self._waiting.append(Entry(None, record, stats, durable.set, by_caller=True))
+            self._waiting_bytes += len(record)
+        while (batch := self._turn(durable)) is not None:
+            self._commit_turn(batch)
+
     def _wait_for_room(self) -> None:
         while self._waiting_bytes >= self.max_bytes and self.error is None and self._thread.is_alive():
             self._cond.wait(0.5)
@@ -130,42 +152,72 @@ class Committer:
 
     def _run(self) -> None:
         try:
-            while True:
-                batch = self._next_batch()
-                if batch is None:
-                    if self._unreported:
-                        self.report([], self._unreported)
-                    return
-                if batch:
-                    self._commit(batch)
-                else:
-                    # Idle: no commit will rotate an applied segment, so offer it here
-                    # (the flusher can delete only sealed segments).
-                    self.writer.reclaim()
+            while (due := self._await_due()) is not None:
+                batch = self._turn(None)
+                # Idle: no commit will rotate an applied segment, so offer it here (the
+                # flusher can delete only sealed segments).
+                self._commit_turn(batch or [], reclaim=not due and not batch)
+            if self._unreported:
+                self.report([], self._unreported)
         except OutboxError as exc:
-            self.error = exc
-            log.error("outbox failure, exiting so unacknowledged jobs run again: %s", exc)
-            if self.on_fatal is not None:
-                self.on_fatal(exc)
+            if self.error is None:  # else _commit_turn has dealt with it
+                self._fatal(exc)
 
-    def _next_batch(self) -> list[Entry] | None:
-        """Wait until a commit is due; the batch to commit, None once stopped and empty, or
-        an empty batch after ``IDLE_RECLAIM_S`` with nothing waiting."""
+    def _await_due(self) -> bool | None:
+        """Wait until a commit is due: True then, None once stopped and empty, False after
+        ``IDLE_RECLAIM_S`` with nothing waiting."""
         with self._cond:
             while not self._due():
                 if self._stopping and not self._waiting:
                     return None
                 if not self._waiting:
                     if not self._cond.wait(IDLE_RECLAIM_S):
-                        return []
+                        return False
                     continue
                 self._cond.wait(max(0.0, self._oldest_start + self.max_delay_s - self.clock()))
+            return True
+
+    def _turn(self, durable: threading.Event | None) -> list[Entry] | None:
+        """Wait until no commit runs, then take the turn to commit and the next batch of what
+        waits (maybe empty). A step's caller (``durable``) gets None instead once its record
+        is durable: it waited for the turn without holding anything up, and another commit
+        took its record."""
+        with self._cond:
+            while self._committing and not (durable is not None and durable.is_set()):
+                self._cond.wait()
+            if durable is not None and durable.is_set():
+                return None
+            if self.error is not None:
+                raise self.error
+            self._committing = True
             batch, self._waiting = self._take()
-            self._step_waits = any(e.on_durable is not None for e in self._waiting)
+            self._step_waits = any(e.on_durable is not None and not e.by_caller for e in self._waiting)
             self._cond.notify_all()  # room for handlers waiting in add
             if self._waiting:
                 self._oldest_start = 0.0  # unknown for the rest: commit them next, without waiting
             return batch
+
+    def _commit_turn(self, batch: list[Entry], *, reclaim: bool = False) -> None:
+        """Commit ``batch`` (or offer the writer to reclaim a segment) and end the turn. An
+        ``OutboxError`` is kept in ``error``, logged, handed to ``on_fatal`` and raised."""
+        try:
+            if batch:
+                self._commit(batch)
+            elif reclaim:
+                self.writer.reclaim()
+        except OutboxError as exc:
+            self._fatal(exc)
+            raise
+        finally:
+            with self._cond:
+                self._committing = False
+                self._cond.notify_all()  # the next turn, steps made durable, room for adds
+
+    def _fatal(self, exc: OutboxError) -> None:
+        self.error = exc
+        log.error("outbox failure, exiting so unacknowledged jobs run again: %s", exc)
+        if self.on_fatal is not None:
+            self.on_fatal(exc)
 
     def _take(self) -> tuple[list[Entry], list[Entry]]:
         """The next batch (up to ``max_records`` and ``max_bytes``, at least one) and the rest."""

@@ -155,7 +155,8 @@ class ShardRunner:
     def _steps_for(self, job: ClaimedJob) -> StepLog:
         """The step log of a run of ``job``: its records go to the committer, at once."""
         stat = ((job.kind, STEP_RECORDED, -1.0),)
-        return StepLog(job, lambda record, on_durable: self.committer.add_step(record, on_durable, stat))
+        return StepLog(job, lambda record, on_durable: self.committer.add_step(record, on_durable, stat),
+                       lambda record: self.committer.commit_step(record, stat))
 
     def _finished(self, slot: int, job: ClaimedJob, outcome: Outcome, started_at: float, steps: StepLog) -> None:
         seconds = time.monotonic() - started_at

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -34,9 +33,11 @@ from shardworker.model import ClaimedJob, StepRecord, loads_exact
 MAX_STEPS = 10_000  # step names a job may record, over all its attempts
 MAX_STEP_NAME_CHARS = 200
 
-# How a step record reaches the outbox: (record, on_durable); on_durable runs on the
-# committer's thread once the record is fsync'd.
+# How a step record reaches the outbox: from an event loop, (record, on_durable), which
+# returns at once and calls on_durable on the committer's thread once the record is fsync'd;
+# from a handler thread, (record), which returns once it is fsync'd.
 Sink = Callable[[bytes, Callable[[], None]], None]
+Commit = Callable[[bytes], None]
 
 
 class StepError(Exception):
@@ -47,8 +48,8 @@ class StepError(Exception):
 class StepLog:
     """One attempt's steps: those recorded by earlier attempts, and the names used in this run."""
 
-    def __init__(self, job: ClaimedJob, sink: Sink) -> None:
-        self.job, self.sink = job, sink
+    def __init__(self, job: ClaimedJob, sink: Sink, commit: Commit) -> None:
+        self.job, self.sink, self.commit = job, sink, commit
         self._earlier: dict[str, Any] | None = None  # decoded on first use
         self.used: set[str] = set()
         self.recorded = 0  # steps this run recorded
@@ -117,9 +118,7 @@ class SyncSteps:
         if found:
             return value
         record, value = self.log.encode(name, fn(*args, **kwargs))
-        durable = threading.Event()
-        self.log.sink(record, durable.set)
-        durable.wait()
+        self.log.commit(record)
         self.log.recorded += 1
         return value
 
