@@ -4,11 +4,14 @@ Pure logic over an ``OutboxReader`` and an ``OutcomeStore``; the process around 
 the parent's handle on that process) is ``shardworker.flusher.process``.
 
 ``Flusher.run_once`` reads up to ``flush_batch`` records and ``flush_bytes`` of them
-(one bigger record alone), applies them in one fenced
-statement, and only after the commit marks them flushed and (at most every
-``checkpoint_interval_s``) checkpoints. When the database is away, the same batch is
-retried with capped, jittered backoff: the flusher never gives up because PostgreSQL is
-down. An outcome the database refuses for good is written to ``deadletter/`` and applied
+(one bigger record alone), applies them in one fenced statement, and only after the
+commit marks them flushed and (at most every ``checkpoint_interval_s``) checkpoints. Step
+records read with no outcome beside them are held up to ``gather_steps_s`` while more
+arrive (nobody waits on a step's row: its handler waited on its fsync), so steps land in
+transactions of hundreds rather than of a few; an outcome, a full batch or
+``gather = False`` (a stop) applies what is held at once. When the database is away, the
+same batch is retried with capped, jittered backoff: the flusher never gives up because
+PostgreSQL is down. An outcome the database refuses for good is written to ``deadletter/`` and applied
 as a failure instead, so the job does not stay running forever; if even that failure is
 refused, the job is set aside (one ERROR line, ``stats.refused``) and the batch goes on.
 """
@@ -68,8 +71,11 @@ class Flusher:
 
     def __init__(self, reader: OutboxReader, store: OutcomeStore, config: FlusherConfig,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                 report_outages: bool = True) -> None:
+                 report_outages: bool = True, gather_steps_s: float = 0.0) -> None:
         self.reader, self.store, self.config = reader, store, config
+        self.gather_steps_s = gather_steps_s
+        self.gather = True  # False: apply held steps at once (the worker stops)
+        self._gathering_since: float | None = None  # when the held steps-only batch began to gather
         self.clock, self.sleep = clock, sleep
         # ``report_outages``: whether to log "database unreachable" / "back": not in a worker,
         # whose parent tells of the database for every process at once (shardworker.worker.dbwatch).
@@ -82,7 +88,6 @@ class Flusher:
         self._held: list[Record] = []  # read but not yet applied (kept across failures)
         self._outcomes: list[Outcome] = []  # _held decoded, once: its outcomes
         self._steps: list[StepRecord] = []  # and its step records
-        self.steps_only = False  # the last batch applied held step records and no outcome
         self._last_checkpoint = clock()
         self._dirty = False
 
@@ -95,13 +100,18 @@ class Flusher:
     def idle(self) -> bool:
         return not self._held and not self._dirty
 
+    @property
+    def gathering(self) -> bool:
+        """Whether step records are held, unapplied, while more gather (poll again soon)."""
+        return self._gathering_since is not None
+
     def run_once(self) -> int:
-        """Apply one batch; returns the records flushed (0 when idle or the database failed)."""
-        if not self._held:
-            self._held = self.reader.poll(self.config.flush_batch, self.config.flush_bytes)
-            decoded = [d for d in map(self._decode, self._held) if d is not None]
-            self._outcomes = [d for d in decoded if isinstance(d, Outcome)]
-            self._steps = [d for d in decoded if isinstance(d, StepRecord)]
+        """Apply one batch; returns the records flushed (0 when idle, gathering steps, or the
+        database failed)."""
+        if not self._held or self.gathering:
+            self._read()
+            if self._gather():
+                return 0
         if not self._held:
             # A passed seal or empty segment frees space only once a checkpoint deletes it.
             self._dirty = self._dirty or self.reader.wants_checkpoint
@@ -127,14 +137,40 @@ class Flusher:
             return 0
         self.outage.recovered()
         self.stats.failing = ""
-        self.steps_only = not self._outcomes  # nobody waits on these rows: the next batch may gather
-        flushed, self._held = self._held, []
+        flushed, self._held, self._outcomes, self._steps = self._held, [], [], []
         self.reader.mark_flushed(flushed)
         self.stats.flushed += len(flushed)
         self.stats.batch(len(flushed))
         self._dirty = True
         self._maybe_checkpoint()
         return len(flushed)
+
+    def _read(self) -> None:
+        """Read what fits beside the records held (decoded once)."""
+        room = self.config.flush_batch - len(self._held)
+        size = sum(len(record.payload) for record in self._held)
+        if room <= 0 or (self._held and size >= self.config.flush_bytes):
+            return
+        records = self.reader.poll(room, self.config.flush_bytes - size if self._held else self.config.flush_bytes)
+        self._held += records
+        decoded = [d for d in map(self._decode, records) if d is not None]
+        self._outcomes += [d for d in decoded if isinstance(d, Outcome)]
+        self._steps += [d for d in decoded if isinstance(d, StepRecord)]
+
+    def _gather(self) -> bool:
+        """Whether to hold the records read so far a little longer: steps alone, a batch with
+        room left, gathering wanted and for less than ``gather_steps_s``."""
+        if (not self.gather or self.gather_steps_s <= 0 or self._outcomes or len(self._held) != len(self._steps)
+                or not self._steps or len(self._held) >= self.config.flush_batch):
+            self._gathering_since = None
+            return False
+        now = self.clock()
+        if self._gathering_since is None:
+            self._gathering_since = now
+        if now - self._gathering_since < self.gather_steps_s:
+            return True
+        self._gathering_since = None
+        return False
 
     def _apply(self, outcomes: list[Outcome], steps: list[StepRecord]) -> ApplyResult:
         try:

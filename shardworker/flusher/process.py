@@ -29,6 +29,7 @@ from shardworker.retry import Backoff, retry_call
 from shardworker.store.pg_store import PgStore
 
 EXIT_WRONG_DATABASE = 4  # the flusher's database is not the one its outbox belongs to
+STEP_GATHER_S = 0.05  # how long step records alone are held while more gather (Flusher.gather_steps_s)
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +189,7 @@ def flusher_main(directory: str, store_config: StoreConfig, config: FlusherConfi
     except binding.WrongDatabase as exc:
         state.last_error = str(exc).encode()[:511]
         os._exit(EXIT_WRONG_DATABASE)
-    flusher = Flusher(reader, store, config, sleep=sleep, report_outages=False)
+    flusher = Flusher(reader, store, config, sleep=sleep, report_outages=False, gather_steps_s=STEP_GATHER_S)
     try:
         _loop(flusher, state, idle_sleep_s)
     except Exception as exc:
@@ -201,6 +202,7 @@ def flusher_main(directory: str, store_config: StoreConfig, config: FlusherConfi
 
 def _loop(flusher: Flusher, state: Any, idle_sleep_s: float) -> None:
     while True:
+        flusher.gather = state.stop == StopRequest.NONE  # a stop applies held steps at once
         flushed = flusher.run_once()
         if flushed or not flusher.idle:  # an idle pass changes no count: nothing to publish
             state.publish(flusher.stats)
@@ -209,9 +211,7 @@ def _loop(flusher: Flusher, state: Any, idle_sleep_s: float) -> None:
             state.drained = True
         if state.stop >= StopRequest.NOW or (state.stop >= StopRequest.WHEN_IDLE and flusher.idle):
             return
-        if (not flushed and flusher.idle) or (flushed and flusher.steps_only):
-            # Idle; or only steps were applied, which trickle in a commit each (a handler waits
-            # on each): let the next batch gather instead of a transaction per few steps.
+        if (not flushed and flusher.idle) or flusher.gathering:
             time.sleep(idle_sleep_s)
 
 

@@ -15,7 +15,6 @@ from shardworker import layout, wire
 from shardworker.errors import OutcomeRejected, StoreError, TransientConflict
 from shardworker.flusher.loop import Flusher
 from shardworker.model import Disposition, Outcome
-from shardworker.store.pg_store import PgStore, StoreConfig
 from tests.flaky_store import FlakyStore
 from tests.helpers import enqueue, query, worker_config
 
@@ -31,13 +30,6 @@ class FakeClock:
     def sleep(self, seconds: float) -> None:
         self.slept.append(seconds)
         self.now += seconds
-
-
-@pytest.fixture
-def store(pg_dsn: str) -> Any:
-    s = PgStore(StoreConfig(dsn=pg_dsn, connect_timeout_s=3, statement_timeout_s=5))
-    yield FlakyStore(s)
-    s.close()
 
 
 def claim_and_write(dsn: str, store: FlakyStore, directory: Path, n: int, shard: int = 0) -> list[int]:
