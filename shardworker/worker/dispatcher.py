@@ -173,8 +173,9 @@ class Dispatcher:
         # A child over its share (stuck, or saturated: target 0) has no room; it takes none from the others.
         room = [max(0, t - self.pool.outstanding(i)) for i, t in enumerate(targets)]
         limit = min(self.config.claim_batch, sum(room))
-        # Skip tiny claims while some child with room still has more than a quarter of its share queued.
-        if limit < 1 or (any(0 < r < t // 4 * 3 for r, t in zip(room, targets, strict=True)) and not self.more_due):
+        # Claim once some child runs low (a quarter of its share or less still held), not for every
+        # job finished: a claim is a transaction, and one per job costs more than the job (steps).
+        if limit < 1 or not any(r > 0 and r >= t - t // 4 for r, t in zip(room, targets, strict=True)):
             return 0
         if self.pool.held_bytes() >= self.config.claim_bytes:
             return 0  # big payloads wait here for children to take them: claim no more bytes yet

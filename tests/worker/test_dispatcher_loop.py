@@ -138,25 +138,26 @@ def test_claimed_jobs_go_to_the_child_of_their_shard(pg_dsn: str, store: FlakySt
 
 def test_claims_are_bounded_by_the_childrens_room(pg_dsn: str, store: FlakyStore, tmp_path: Path) -> None:
     """Claims never exceed the room the children have, each child's counted alone (procs x
-    prefetch_per_child, less what each holds, a child over its share counting 0): claiming stops
-    once every child holds its share; finishing some makes room for more. (This stand-in keeps
-    what hash routing sends beyond a child's share; the pool gives it to a child with room.)"""
+    prefetch_per_child, less what each holds, a child over its share counting 0), and wait until
+    some child runs low (a quarter of its share or less) rather than claim for each job finished:
+    a claim is a transaction. (This stand-in keeps what hash routing sends beyond a child's
+    share; the pool gives it to a child with room.)"""
     enqueue(pg_dsn, "k", 200)
     dispatcher, children, _, _ = make(store, tmp_path, procs=2, prefetch=10, claim_batch=50)
     dispatcher.run_once()
     assert children.in_flight == dispatcher.claimed_total == 20  # both children's room
-    for _ in range(20):
+    children.finish(0, 1)
+    children.finish(1, 1)
+    for _ in range(5):
         dispatcher.run_once()
-    assert min(children.outstanding(0), children.outstanding(1)) == 10  # each claim fits the room left
-    before = dispatcher.claimed_total
-    dispatcher.run_once()
-    assert children.in_flight == dispatcher.claimed_total == before < 40  # no room: no claim
+    assert dispatcher.claimed_total == 20  # each child still holds most of its share: no claim
+    finished = 2 + children.outstanding(0)
     children.finish(0, children.outstanding(0))
-    children.finish(1, children.outstanding(1))
+    rooms = 10 + max(0, 10 - children.outstanding(1))
     dispatcher.run_once()
-    assert dispatcher.claimed_total > before
-    assert dispatcher.done_total == before
-
+    assert 20 < dispatcher.claimed_total <= 20 + rooms  # child 0 ran dry: a claim that fits the room
+    assert children.in_flight == dispatcher.claimed_total - finished
+    assert dispatcher.done_total == finished
 
 
 def test_a_claim_whose_reply_was_lost_is_given_back(pg_dsn: str, store: FlakyStore, tmp_path: Path) -> None:
