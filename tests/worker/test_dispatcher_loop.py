@@ -38,7 +38,7 @@ class Children:
     """Stands in for ``ChildPool``: keeps what it is sent; the test decides what finishes or dies."""
 
     def __init__(self, n: int, max_jobs: int) -> None:
-        self.max_jobs = max_jobs
+        self.max_jobs, self.at_once = max_jobs, 1  # its share, and of it what one child runs at once
         self.sent: list[dict[wire.JobKey, ClaimedJob]] = [{} for _ in range(n)]
         self.finished = 0
         self.deaths: list[Death] = []
