@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from shardworker.errors import EnqueueError
+from shardworker.followups import DependentRow, check_after
 from shardworker.limits import (
     MAX_DEDUPE_KEY_BYTES,
     MAX_KIND_BYTES,
@@ -52,8 +53,10 @@ class JobSpec:
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     run_at: datetime | None = None
     dedupe_key: str | None = None
+    after: tuple[int, ...] = ()  # ids of jobs it waits on (shardworker.followups)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "after", check_after(self.after))
         if not isinstance(self.kind, str) or not self.kind:
             raise EnqueueError("kind must be a non-empty string")
         if not isinstance(self.queue, str) or not self.queue:
@@ -95,10 +98,10 @@ class JobSpec:
     @classmethod
     def from_mapping(cls, obj: Mapping[str, Any]) -> JobSpec:
         """From a bulk-file object: kind, payload, optional queue, priority, max_attempts,
-        run_at (ISO 8601), dedupe_key."""
+        run_at (ISO 8601), dedupe_key, after (job ids)."""
         if not isinstance(obj, Mapping):
             raise EnqueueError("expected a JSON object")
-        unknown = set(obj) - {"kind", "payload", "queue", "priority", "max_attempts", "run_at", "dedupe_key"}
+        unknown = set(obj) - {"kind", "payload", "queue", "priority", "max_attempts", "run_at", "dedupe_key", "after"}
         if unknown:
             raise EnqueueError(f"unknown field(s) {', '.join(sorted(unknown))}")
         if "kind" not in obj:
@@ -110,7 +113,7 @@ class JobSpec:
             except ValueError as exc:
                 raise EnqueueError(f"run_at is not an ISO 8601 time: {run_at!r}") from exc
         return cls(obj["kind"], obj.get("payload"), obj.get("queue", "default"), obj.get("priority", 0),
-                   obj.get("max_attempts", DEFAULT_MAX_ATTEMPTS), run_at, obj.get("dedupe_key"))
+                   obj.get("max_attempts", DEFAULT_MAX_ATTEMPTS), run_at, obj.get("dedupe_key"), obj.get("after") or ())
 
 
 def loads_json(text: str | bytes) -> Any:
@@ -148,15 +151,21 @@ def _utc(run_at: datetime | None) -> datetime | None:
 
 def enqueue(conn_or_dsn: Any, kind: str, payload: Any = None, *, queue: str = "default", priority: int = 0,
             max_attempts: int = DEFAULT_MAX_ATTEMPTS, run_at: datetime | None = None, delay_s: float = 0.0,
-            dedupe_key: str | None = None) -> int | None:
+            dedupe_key: str | None = None, after: Iterable[int] = ()) -> int | None:
     """Enqueue one job and wake idle workers; returns its id, or None if ``dedupe_key`` is live.
+    With ``after=[ids]`` it waits (status ``waiting``) until those jobs are done; an id that
+    does not exist refuses the call (``EnqueueError``), enqueueing nothing.
 
     ``conn_or_dsn`` is an open ``psycopg.Connection`` (the caller's: inside its open
     transaction the job commits or rolls back with it, and workers wake at its commit) or a
     DSN string, which opens and closes a connection per call (milliseconds): pass a
     connection, or one from ``psycopg_pool.ConnectionPool.connection()``, for anything frequent.
     """
-    spec, fields = _one_job(kind, payload, queue, priority, max_attempts, run_at, delay_s, dedupe_key)
+    spec, fields = _one_job(kind, payload, queue, priority, max_attempts, run_at, delay_s, dedupe_key, after)
+    if spec.after:
+        from shardworker.store.dependencies import enqueue_dependents
+
+        return enqueue_dependents(conn_or_dsn, [_dependent_row(spec, fields["delay_s"])])[0]
     from shardworker.store.enqueue import enqueue_one
 
     return enqueue_one(conn_or_dsn, spec.kind, spec.payload_json(), **fields)
@@ -164,27 +173,41 @@ def enqueue(conn_or_dsn: Any, kind: str, payload: Any = None, *, queue: str = "d
 
 async def enqueue_async(aconn_or_dsn: Any, kind: str, payload: Any = None, *, queue: str = "default",
                         priority: int = 0, max_attempts: int = DEFAULT_MAX_ATTEMPTS, run_at: datetime | None = None,
-                        delay_s: float = 0.0, dedupe_key: str | None = None) -> int | None:
+                        delay_s: float = 0.0, dedupe_key: str | None = None, after: Iterable[int] = ()) -> int | None:
     """``enqueue`` for asyncio code: ``await enqueue_async(aconn, "email", {...})``.
 
     ``aconn_or_dsn`` is an open ``psycopg.AsyncConnection`` (inside the caller's open
     transaction the job commits or rolls back with it) or a DSN string, which opens and
     closes an async connection per call. Nothing here blocks the event loop.
     """
-    spec, fields = _one_job(kind, payload, queue, priority, max_attempts, run_at, delay_s, dedupe_key)
+    spec, fields = _one_job(kind, payload, queue, priority, max_attempts, run_at, delay_s, dedupe_key, after)
+    if spec.after:
+        from shardworker.store.dependencies import enqueue_dependents_async
+
+        return (await enqueue_dependents_async(aconn_or_dsn, [_dependent_row(spec, fields["delay_s"])]))[0]
     from shardworker.store.enqueue_async import enqueue_one_async
 
     return await enqueue_one_async(aconn_or_dsn, spec.kind, spec.payload_json(), **fields)
 
 
 def _one_job(kind: str, payload: Any, queue: str, priority: int, max_attempts: int, run_at: datetime | None,
-             delay_s: float, dedupe_key: str | None) -> tuple[JobSpec, dict[str, Any]]:
+             delay_s: float, dedupe_key: str | None, after: Iterable[int]) -> tuple[JobSpec, dict[str, Any]]:
     """The validated spec and the insert's other fields, before anything is sent."""
-    spec = JobSpec(kind, payload, queue, priority, max_attempts, run_at, dedupe_key)
+    spec = JobSpec(kind, payload, queue, priority, max_attempts, run_at, dedupe_key, after)  # type: ignore[arg-type]
+    return spec, {"queue": spec.queue, "priority": spec.priority, "max_attempts": spec.max_attempts,
+                  "run_at": _utc(spec.run_at), "delay_s": check_delay(delay_s), "dedupe_key": spec.dedupe_key}
+
+
+def check_delay(delay_s: Any) -> float:
+    """A delay in seconds, checked."""
     if not isinstance(delay_s, int | float) or isinstance(delay_s, bool) or not 0 <= delay_s < _MAX_DELAY_S:
         raise EnqueueError(f"delay must be a number of seconds from 0 to {_MAX_DELAY_S:.0f}, got {delay_s!r}")
-    return spec, {"queue": spec.queue, "priority": spec.priority, "max_attempts": spec.max_attempts,
-                  "run_at": _utc(spec.run_at), "delay_s": float(delay_s), "dedupe_key": spec.dedupe_key}
+    return float(delay_s)
+
+
+def _dependent_row(spec: JobSpec, delay_s: float = 0.0) -> DependentRow:
+    return DependentRow(spec.kind, spec.queue, spec.payload_json(), spec.priority, spec.max_attempts,
+                        _utc(spec.run_at), delay_s, spec.dedupe_key, spec.after)
 
 
 def enqueue_many(conn_or_dsn: Any, jobs: Iterable[JobSpec]) -> int:
@@ -193,18 +216,27 @@ def enqueue_many(conn_or_dsn: Any, jobs: Iterable[JobSpec]) -> int:
     The connection rules are those of ``enqueue``; with a connection outside a transaction,
     the batch commits as one transaction of its own.
     """
-    rows = _copy_rows(jobs)
+    specs = list(jobs)
+    if any(spec.after for spec in specs):
+        from shardworker.store.dependencies import enqueue_dependents
+
+        return sum(i is not None for i in enqueue_dependents(conn_or_dsn, [_dependent_row(s) for s in specs]))
     from shardworker.store.enqueue import enqueue_rows
 
-    return enqueue_rows(conn_or_dsn, rows)
+    return enqueue_rows(conn_or_dsn, _copy_rows(specs))
 
 
 async def enqueue_many_async(aconn_or_dsn: Any, jobs: Iterable[JobSpec]) -> int:
     """``enqueue_many`` for asyncio code, on a ``psycopg.AsyncConnection`` or a DSN."""
-    rows = _copy_rows(jobs)
+    specs = list(jobs)
+    if any(spec.after for spec in specs):
+        from shardworker.store.dependencies import enqueue_dependents_async
+
+        rows = [_dependent_row(s) for s in specs]
+        return sum(i is not None for i in await enqueue_dependents_async(aconn_or_dsn, rows))
     from shardworker.store.enqueue_async import enqueue_rows_async
 
-    return await enqueue_rows_async(aconn_or_dsn, rows)
+    return await enqueue_rows_async(aconn_or_dsn, _copy_rows(specs))
 
 
 def _copy_rows(jobs: Iterable[JobSpec]) -> list[tuple[Any, ...]]:

@@ -27,12 +27,13 @@ import orjson
 from shardworker.errors import JobsError, WaitTimeout
 from shardworker.views import JobInfo, StepInfo
 
-STATUSES = ("queued", "running", "done", "failed", "cancelled")
+STATUSES = ("waiting", "queued", "running", "done", "failed", "cancelled")
 STEPS_SHOWN = 50  # steps listed on a job's page (`jobs show` without --json, the dashboard); a job may hold 10,000
-_WHO = {"retry": "only failed or cancelled jobs can be retried", "cancel": "only queued jobs can be cancelled",
+_WHO = {"retry": "only failed or cancelled jobs can be retried",
+        "cancel": "only queued or waiting jobs can be cancelled",
         "delete": "any job but a running one can be deleted"}
-_ALLOWED = {"retry": ("failed", "cancelled"), "cancel": ("queued",),
-            "delete": ("queued", "done", "failed", "cancelled")}
+_ALLOWED = {"retry": ("failed", "cancelled"), "cancel": ("queued", "waiting"),
+            "delete": ("waiting", "queued", "done", "failed", "cancelled")}
 
 
 def dumps_json(value: Any, *, indent: bool = False) -> str:
@@ -108,7 +109,8 @@ def wait_for(conn_or_dsn: Any, job_id: int, timeout_s: float = 60.0) -> JobInfo:
 
 def retry(conn_or_dsn: Any, job_ids: Sequence[int], reset_steps: bool = False) -> int:
     """Queue failed or cancelled jobs again, keeping their recorded steps, or forgetting them
-    when ``reset_steps`` (in the same transaction); how many."""
+    when ``reset_steps`` (in the same transaction); a job that waited on others goes back to
+    waiting on those not done now. How many (not one whose dependency was deleted)."""
     return _change(conn_or_dsn, "retry", job_ids, reset_steps=reset_steps)
 
 
@@ -122,12 +124,13 @@ def retry_failed(conn_or_dsn: Any, *, kind: str | None = None, queue: str | None
 
 
 def cancel(conn_or_dsn: Any, job_ids: Sequence[int]) -> int:
-    """Cancel queued jobs; how many."""
+    """Cancel queued or waiting jobs, and (transitively) the jobs waiting on them; how many
+    of ``job_ids``."""
     return _change(conn_or_dsn, "cancel", job_ids)
 
 
 def delete(conn_or_dsn: Any, job_ids: Sequence[int]) -> int:
-    """Delete jobs that are not running; how many."""
+    """Delete jobs that are not running (the jobs waiting on them are cancelled); how many."""
     return _change(conn_or_dsn, "delete", job_ids)
 
 

@@ -62,12 +62,26 @@ class Job:
     attempt: int
     max_attempts: int
     _steps: Any = field(default=None, repr=False, compare=False)
+    # {job id: result} of the jobs this one waited on (after=); empty when it waited on none.
+    dependencies: dict[int, Any] = field(default_factory=dict, repr=False, compare=False)
+    _followups: Any = field(default=None, repr=False, compare=False)  # shardworker.followups.FollowUps
 
     def step(self, name: str, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)``'s result, computed once for this job whatever attempt asks."""
         if self._steps is None:
             raise RuntimeError("job.step works inside a worker's handler only (this Job was made by hand)")
         return self._steps.run(name, fn, args, kwargs)
+
+    def enqueue(self, kind: str, payload: Any = None, *, queue: str = "default", priority: int = 0,
+                delay_s: float = 0.0, max_attempts: int = 25, dedupe_key: str | None = None,
+                after: Any = ()) -> Any:
+        """Enqueue a follow-up job, inserted only if this job's outcome is applied as done, in
+        the same transaction, exactly once (``shardworker.followups``); returns its handle, which
+        ``after=`` of a later ``job.enqueue`` takes, as it takes job ids."""
+        if self._followups is None:
+            raise RuntimeError("job.enqueue works inside a worker's handler only (this Job was made by hand)")
+        return self._followups.add(kind, payload, queue=queue, priority=priority, delay_s=delay_s,
+                                   max_attempts=max_attempts, dedupe_key=dedupe_key, after=after)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,11 +98,15 @@ class ClaimedJob:
     attempt: int
     max_attempts: int
     steps_json: str | None = None
+    dependencies_json: str | None = None  # {id: result} of the jobs it waited on; None: none
 
-    def to_job(self, steps: Any = None) -> Job:
-        """The handler's view; ``steps`` runs its ``job.step`` calls (``shardworker.child.steps``)."""
+    def to_job(self, steps: Any = None, followups: Any = None) -> Job:
+        """The handler's view; ``steps`` runs its ``job.step`` calls (``shardworker.child.steps``),
+        ``followups`` keeps its ``job.enqueue`` calls (``shardworker.followups``)."""
+        dependencies = {} if self.dependencies_json is None else {
+            int(key): value for key, value in loads_exact(self.dependencies_json).items()}
         return Job(self.id, self.kind, self.queue, loads_exact(self.payload_json), self.attempt,
-                   self.max_attempts, steps)
+                   self.max_attempts, steps, dependencies, followups)
 
 
 class Claim(NamedTuple):
@@ -124,10 +142,11 @@ class Outcome:
     result_json: bytes | None = None
     error: str | None = None
     delay_s: float = 0.0
+    followups_json: bytes | None = None  # a done attempt's follow-up jobs (shardworker.followups)
 
     @classmethod
-    def done(cls, job_id: int, attempt: int, result_json: bytes) -> Outcome:
-        return cls(job_id, attempt, Disposition.DONE, result_json=result_json)
+    def done(cls, job_id: int, attempt: int, result_json: bytes, followups_json: bytes | None = None) -> Outcome:
+        return cls(job_id, attempt, Disposition.DONE, result_json=result_json, followups_json=followups_json)
 
     @classmethod
     def retry(cls, job_id: int, attempt: int, error: str | None, delay_s: float) -> Outcome:
@@ -178,8 +197,9 @@ class ApplyResult:
     stale_ids: tuple[int, ...] = ()
     missing_ids: tuple[int, ...] = ()
     steps: int = 0  # step results inserted (not those already recorded, or of jobs not here)
+    followups: int = 0  # follow-up jobs inserted
 
     def __add__(self, other: ApplyResult) -> ApplyResult:
         return ApplyResult(self.applied + other.applied, self.replayed + other.replayed, self.stale + other.stale,
                            self.stale_ids + other.stale_ids, self.missing_ids + other.missing_ids,
-                           self.steps + other.steps)
+                           self.steps + other.steps, self.followups + other.followups)

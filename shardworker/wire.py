@@ -16,23 +16,7 @@ On the pipe each message is a frame: a 4-byte big-endian length, then the bytes.
 queues frames on a non-blocking descriptor (the parent never waits on a child that does not
 read), ``InFrames`` takes them as they arrive, ``read_frame``/``write_frame`` are the child's side.
 
-The outcome record (``encode_outcome`` / ``decode_outcome``) is what a child or the
-parent appends to the outbox and the flusher applies: a fixed header, then the result's
-JSON bytes exactly as the child encoded them, then the error text::
-
-    u8 version (2) | i64 job id | i32 attempt | u8 code | f64 retry delay
-    | i32 result length (-1: none) | i32 error length (-1: none) | result | error (UTF-8)
-
-where code is the disposition (``_CODES``: 0 a failed attempt, retried after the delay, or for
-good when the delay is -1; 1 done; 2 snoozed; 3 cancelled): a result is never escaped, decoded
-or re-encoded on its way to PostgreSQL. No record is over ``outbox.MAX_RECORD_BYTES``: such an
-outcome is replaced by a failure that says so.
-
-The step record (``encode_step``) is what ``job.step`` appends, with the outcomes, for the
-same flusher (``decode_record`` tells them apart, ``step_key`` reads its header)::
-
-    u8 version (3) | i64 job id | i32 attempt | f64 recorded at (Unix s)
-    | i32 name length | i32 result length | name (UTF-8) | result (JSON, UTF-8)
+The outbox records (outcomes and steps) are encoded in ``shardworker.records``, re-exported here.
 """
 
 from __future__ import annotations
@@ -43,10 +27,16 @@ from dataclasses import dataclass
 
 import orjson
 
-from outbox import MAX_RECORD_BYTES
-from shardworker.model import ClaimedJob, Disposition, Outcome, StepRecord
-
-JobKey = tuple[int, int]  # (job id, attempt)
+from shardworker.model import ClaimedJob
+from shardworker.records import (  # noqa: F401 (re-exported: the records are part of the wire)
+    JobKey,
+    decode_outcome,
+    decode_record,
+    encode_outcome,
+    encode_step,
+    outcome_key,
+    step_key,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +83,8 @@ def encode(msg: Message) -> bytes:
     """The bytes of one pipe message."""
     if isinstance(msg, Jobs):
         return orjson.dumps(["jobs", [[j.id, j.kind, j.queue, j.payload_json, j.attempt, j.max_attempts, slot,
-                                       j.steps_json] for j, slot in zip(msg.jobs, msg.slots, strict=True)]])
+                                       j.steps_json, j.dependencies_json]
+                                      for j, slot in zip(msg.jobs, msg.slots, strict=True)]])
     if isinstance(msg, Done):
         return orjson.dumps(["done", msg.finished, msg.stats])
     if isinstance(msg, Returned):
@@ -112,7 +103,7 @@ def decode(data: bytes) -> Message:
     value = orjson.loads(data)
     tag, body = value[0], value[1] if len(value) > 1 else ()
     if tag == "jobs":
-        jobs = tuple(ClaimedJob(j[0], j[1], j[2], j[3], j[4], j[5], j[7]) for j in body)
+        jobs = tuple(ClaimedJob(j[0], j[1], j[2], j[3], j[4], j[5], j[7], j[8]) for j in body)
         return Jobs(jobs, tuple(int(j[6]) for j in body))
     if tag == "done":
         return Done(tuple((int(i), int(a)) for i, a in body), value[2] if len(value) > 2 else None)
@@ -127,84 +118,6 @@ def decode(data: bytes) -> Message:
     if tag == "stop":
         return Stop()
     raise ValueError(f"unknown pipe message {tag!r}")
-
-
-_RECORD = struct.Struct("<BqiBdii")
-_RECORD_V2 = 2
-_CODES = {Disposition.RETRY: 0, Disposition.FAILED: 0, Disposition.DONE: 1, Disposition.SNOOZED: 2,
-          Disposition.CANCELLED: 3}
-_FOR_GOOD = -1.0  # the delay of a code-0 record that is not to be retried
-_STEP = struct.Struct("<Bqidii")
-_STEP_V3 = 3
-
-
-def encode_outcome(outcome: Outcome) -> bytes:
-    """The outbox record of ``outcome``; a too-large one becomes a final failure saying so."""
-    result = outcome.result_json
-    error = None if outcome.error is None else outcome.error.encode("utf-8", "backslashreplace")
-    size = _RECORD.size + len(result or b"") + len(error or b"")
-    if size > MAX_RECORD_BYTES:
-        message = f"handler result too large: {size} bytes > {MAX_RECORD_BYTES}"
-        outcome = Outcome.failed(outcome.job_id, outcome.attempt, message)
-        result, error = None, message.encode()
-    delay = outcome.delay_s if outcome.disposition in (Disposition.RETRY, Disposition.SNOOZED) else _FOR_GOOD
-    header = _RECORD.pack(_RECORD_V2, outcome.job_id, outcome.attempt, _CODES[outcome.disposition], delay,
-                          -1 if result is None else len(result), -1 if error is None else len(error))
-    return b"".join((header, result or b"", error or b""))
-
-
-def decode_outcome(record: bytes) -> Outcome:
-    """The outcome in an outbox record; ``ValueError`` when it is not one."""
-    _, job_id, attempt, code, delay, result_len, error_len = _header(record)
-    if code > 3 or result_len < -1 or error_len < -1 or (
-            _RECORD.size + max(result_len, 0) + max(error_len, 0) != len(record)):
-        raise ValueError("not an outcome record: inconsistent header")
-    at = _RECORD.size
-    result = None if result_len < 0 else bytes(record[at:at + result_len])
-    at += max(result_len, 0)
-    error = None if error_len < 0 else bytes(record[at:at + error_len]).decode("utf-8")
-    disposition = (Disposition.FAILED if delay < 0 else Disposition.RETRY, Disposition.DONE, Disposition.SNOOZED,
-                   Disposition.CANCELLED)[code]
-    kept = delay if disposition in (Disposition.RETRY, Disposition.SNOOZED) else 0.0
-    return Outcome(job_id, attempt, disposition, result, error, kept)
-
-
-def outcome_key(record: bytes) -> JobKey:
-    """(job id, attempt) of an outbox record, read from its header alone."""
-    _, job_id, attempt, *_ = _header(record)
-    return job_id, attempt
-
-
-def step_key(record: bytes) -> JobKey | None:
-    """(job id, attempt) of a step record, read from its header alone; None for any other record."""
-    if len(record) < _STEP.size or record[0] != _STEP_V3:
-        return None
-    _, job_id, attempt, *_ = _STEP.unpack_from(record)
-    return job_id, attempt
-
-
-def encode_step(step: StepRecord) -> bytes:
-    """The outbox record of a step's result (the caller keeps it within the result limit)."""
-    name = step.name.encode("utf-8")
-    return b"".join((_STEP.pack(_STEP_V3, step.job_id, step.attempt, step.recorded_at, len(name),
-                                len(step.result_json)), name, step.result_json))
-
-
-def decode_record(record: bytes) -> Outcome | StepRecord:
-    """The outcome or the step in an outbox record; ``ValueError`` when it is neither."""
-    if step_key(record) is None:
-        return decode_outcome(record)  # or ValueError: neither
-    _, job_id, attempt, recorded_at, name_len, result_len = _STEP.unpack_from(record)
-    if name_len < 1 or result_len < 1 or _STEP.size + name_len + result_len != len(record):
-        raise ValueError("not a step record: inconsistent header")
-    at = _STEP.size + name_len
-    return StepRecord(job_id, attempt, bytes(record[_STEP.size:at]).decode(), bytes(record[at:]), recorded_at)
-
-
-def _header(record: bytes) -> tuple[int, int, int, int, float, int, int]:
-    if len(record) < _RECORD.size or record[0] != _RECORD_V2:
-        raise ValueError(f"not an outcome record: {bytes(record[:16])!r}")
-    return _RECORD.unpack_from(record)
 
 
 # --- frames on a pipe ---------------------------------------------------------------------

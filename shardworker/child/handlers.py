@@ -15,6 +15,7 @@ import asyncio
 import traceback
 
 from shardworker.app import App, HandlerSpec
+from shardworker.child.followups import FollowUps
 from shardworker.child.results import Unstorable, storable_json
 from shardworker.child.steps import AsyncSteps, StepLog, SyncSteps
 from shardworker.control import Cancel, Fail, JobControl, Retry, Snooze
@@ -31,13 +32,14 @@ def run_sync(app: App, job: ClaimedJob, steps: StepLog | None = None) -> Outcome
     refused = payload_refused(job)
     if refused is not None:
         return refused
+    followups = FollowUps()
     try:
-        result = spec.fn(job.to_job(None if steps is None else SyncSteps(steps)))
+        result = spec.fn(job.to_job(None if steps is None else SyncSteps(steps), followups))
     except JobControl as control:
         return step_misuse(spec, job, steps) or controlled(spec, job, control)
     except Exception as exc:
         return step_misuse(spec, job, steps) or failure(spec, job, exc)
-    return step_misuse(spec, job, steps) or success(job, result)
+    return step_misuse(spec, job, steps) or success(job, result, followups)
 
 
 async def run_async(app: App, job: ClaimedJob, steps: StepLog | None = None) -> Outcome:
@@ -49,9 +51,10 @@ async def run_async(app: App, job: ClaimedJob, steps: StepLog | None = None) -> 
     if refused is not None:
         return refused
     deadline = asyncio.timeout(spec.timeout_s)
+    followups = FollowUps()
     try:
         async with deadline:
-            result = await spec.fn(job.to_job(None if steps is None else AsyncSteps(steps)))
+            result = await spec.fn(job.to_job(None if steps is None else AsyncSteps(steps), followups))
     except TimeoutError as exc:
         expired = f"timed out after {spec.timeout_s:g}s" if deadline.expired() else None
         return failure(spec, job, exc, error=expired)  # else the handler's own TimeoutError
@@ -59,7 +62,7 @@ async def run_async(app: App, job: ClaimedJob, steps: StepLog | None = None) -> 
         return step_misuse(spec, job, steps) or controlled(spec, job, control)
     except Exception as exc:
         return step_misuse(spec, job, steps) or failure(spec, job, exc)
-    return step_misuse(spec, job, steps) or success(job, result)
+    return step_misuse(spec, job, steps) or success(job, result, followups)
 
 
 def step_misuse(spec: HandlerSpec, job: ClaimedJob, steps: StepLog | None) -> Outcome | None:
@@ -74,12 +77,13 @@ def unknown_kind(job: ClaimedJob) -> Outcome:
     return never_again(job, f"no handler for kind {job.kind!r}")
 
 
-def success(job: ClaimedJob, result: object) -> Outcome:
-    """The outcome of a returned value, or a final failure when it cannot be stored.
+def success(job: ClaimedJob, result: object, followups: FollowUps | None = None) -> Outcome:
+    """The outcome of a returned value, with the follow-up jobs the handler enqueued, or a
+    final failure when it cannot be stored.
 
     The result stays the bytes orjson produced, all the way to PostgreSQL."""
     try:
-        return Outcome.done(job.id, job.attempt, storable_json(result))
+        return Outcome.done(job.id, job.attempt, storable_json(result), followups.encode() if followups else None)
     except Unstorable as exc:
         return never_again(job, f"handler {exc}")  # running it again would compute the same value
 

@@ -86,12 +86,18 @@ def change_jobs(conn_or_dsn: Any, action: str, job_ids: Sequence[int],
     """Lock ``job_ids``, hand their statuses (the ones that exist) to ``check``, which
     raises to refuse, then run ``job_retry`` (forgetting the steps of the jobs it queues
     again when ``reset_steps``), ``job_cancel`` or ``job_delete`` on them, in one
-    transaction; rows changed."""
+    transaction (a cancel or delete also cancels the jobs waiting on them); rows changed."""
     with cursor_for(conn_or_dsn, transaction=True) as cur:
         cur.execute(query("job_lock_for_change"), {"ids": list(job_ids)})
         check({int(i): str(s) for i, s in cur.fetchall()})
+        if action == "retry":
+            cur.execute(query("job_dependencies_lock"), {"ids": list(job_ids)})
         cur.execute(query(f"job_{action}"), {"ids": list(job_ids), "reset_steps": reset_steps})
-        return cur.rowcount
+        changed = cur.rowcount
+        if action in ("cancel", "delete"):  # the jobs waiting on them can never run now
+            why = "was cancelled" if action == "cancel" else "was deleted"
+            cur.execute(query("job_dependents_cancel"), {"ids": list(job_ids), "why": why})
+        return changed
 
 
 def retry_failed(conn_or_dsn: Any, kind: str | None, queue: str | None, *, reset_steps: bool = False) -> int:
@@ -102,6 +108,7 @@ def retry_failed(conn_or_dsn: Any, kind: str | None, queue: str | None, *, reset
         ids = [int(r[0]) for r in cur.fetchall()]
         if not ids:
             return 0
+        cur.execute(query("job_dependencies_lock"), {"ids": ids})
         cur.execute(query("job_retry"), {"ids": ids, "reset_steps": reset_steps})
         return cur.rowcount
 

@@ -12,9 +12,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import psycopg
 from psycopg.pq import TransactionStatus
 
-from shardworker.errors import OutcomeRejected, SchemaMissing
+from shardworker import followups
+from shardworker.errors import EnqueueError, OutcomeRejected, SchemaMissing
+from shardworker.followups import DependentRow
 from shardworker.model import ApplyResult, Claim, ClaimedJob, Outcome, StepRecord
 from shardworker.store.connection import Session, first_line, is_refusal, translate_errors
+from shardworker.store.dependencies import plan_insert, run_plan
 from shardworker.store.sql import query
 
 if TYPE_CHECKING:
@@ -75,7 +78,7 @@ class WorkerQueries(Session):
                 raise
             rows = claiming.fetchall()
         paces = [row[6] for row in rows if row[6] is not None]
-        jobs = [ClaimedJob(row[0], row[1], row[2], row[3], row[4], row[5], row[7]) for row in rows]
+        jobs = [ClaimedJob(row[0], row[1], row[2], row[3], row[4], row[5], row[7], row[8]) for row in rows]
         return Claim(jobs, min(paces) if paces else None)
 
     def register_kinds(self, specs: Sequence[HandlerSpec]) -> None:
@@ -137,37 +140,44 @@ class WorkerQueries(Session):
     def apply_outcomes(self, outcomes: Sequence[Outcome], steps: Sequence[StepRecord] = ()) -> ApplyResult:
         """Apply a batch of outcomes in one fenced statement and its steps' results with them,
         in one transaction sent at once (a pipeline, as ``claim_within``): a job's steps are
-        in PostgreSQL no later than the outcome that queues it again. Zero-row outcomes are
-        replays or stale."""
+        in PostgreSQL no later than the outcome that queues it again. The follow-up jobs of
+        the outcomes applied as done are inserted in the same transaction (a second round
+        trip, only for a batch that carries some). Zero-row outcomes are replays or stale."""
         if not outcomes and not steps:
             return ApplyResult()
+        carrying = any(o.followups_json for o in outcomes)
+        explicit = bool(steps and outcomes) or carrying
         with self.cursor() as cur, cur.connection.cursor() as stepping:
             conn = cur.connection
             try:
                 with conn.pipeline():
-                    if steps and outcomes:
+                    if explicit:
                         conn.execute("BEGIN")
                     if steps:
                         stepping.execute(query("job_steps_insert"), step_params(steps))
                     if outcomes:
                         cur.execute(query("job_apply_outcomes"), outcome_params(outcomes))
-                    if steps and outcomes:
+                    if explicit and not carrying:
                         conn.execute("COMMIT")
-            except psycopg.Error as exc:
+                rows = cur.fetchall() if outcomes else []
+                followups = insert_followups(cur, outcomes, rows) if carrying else 0
+                if carrying:
+                    conn.execute("COMMIT")
+            except (psycopg.Error, EnqueueError) as exc:
                 rollback(conn)
-                if not is_refusal(exc):
+                if isinstance(exc, psycopg.Error) and not is_refusal(exc):
                     raise
                 raise OutcomeRejected(f"outcome rejected: {first_line(exc)}") from exc
             landed = max(0, stepping.rowcount) if steps else 0
-            applied = set(cur.fetchall()) if outcomes else set()
+            applied = {(job_id, attempt) for job_id, attempt, _ in rows}
             missed = [o for o in outcomes if (o.job_id, o.attempt) not in applied]
             if not missed:
-                return ApplyResult(applied=len(outcomes), steps=landed)
+                return ApplyResult(applied=len(outcomes), steps=landed, followups=followups)
             # Rare: a replay after a lost checkpoint, or a stale attempt. The update above is
             # committed, so this reads the state it left.
             cur.execute(query("job_classify"), {"ids": [o.job_id for o in missed]})
             last_applied = dict(cur.fetchall())
-        return classify(len(outcomes) - len(missed), missed, last_applied, landed)
+        return classify(len(outcomes) - len(missed), missed, last_applied, landed, followups)
 
     def identity(self) -> DatabaseIdentity:
         """(instance id, database name, server as host:port): what an outbox is bound to."""
@@ -236,8 +246,23 @@ def rollback(conn: psycopg.Connection[Any]) -> None:
             conn.execute("ROLLBACK")
 
 
+def insert_followups(cur: psycopg.Cursor[Any], outcomes: Sequence[Outcome], applied: Sequence[tuple[Any, ...]]) -> int:
+    """Insert the follow-up jobs of the outcomes just applied as done (not those of a replay,
+    a stale attempt or a failure), in the apply's transaction; how many were inserted."""
+    done = {(job_id, attempt) for job_id, attempt, status in applied if status == "done"}
+    rows: list[DependentRow] = []
+    for outcome in outcomes:
+        if outcome.followups_json and (outcome.job_id, outcome.attempt) in done:
+            offset = len(rows)  # a run's references to its own follow-ups, made batch-wide
+            rows += [row._replace(after=tuple(ref if ref > 0 else ref - offset for ref in row.after))
+                     for row in followups.decode(outcome.followups_json)]
+    if not rows:
+        return 0
+    return sum(i is not None for i in run_plan(cur, plan_insert(rows, refuse_missing=False)))
+
+
 def classify(applied: int, missed: Sequence[Outcome], last_applied: dict[int, int | None],
-             steps: int = 0) -> ApplyResult:
+             steps: int = 0, followups: int = 0) -> ApplyResult:
     """What became of the outcomes the fenced update did not apply."""
     replayed = 0
     stale: list[int] = []
@@ -249,4 +274,4 @@ def classify(applied: int, missed: Sequence[Outcome], last_applied: dict[int, in
             replayed += 1  # this attempt's outcome was applied before: a replay after a lost checkpoint
         else:
             stale.append(outcome.job_id)  # its attempt was rescued and claimed again
-    return ApplyResult(applied, replayed, len(stale), tuple(stale), tuple(missing), steps)
+    return ApplyResult(applied, replayed, len(stale), tuple(stale), tuple(missing), steps, followups)

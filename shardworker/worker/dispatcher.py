@@ -173,9 +173,8 @@ class Dispatcher:
         # A child over its share (stuck, or saturated: target 0) has no room; it takes none from the others.
         room = [max(0, t - self.pool.outstanding(i)) for i, t in enumerate(targets)]
         limit = min(self.config.claim_batch, sum(room))
-        # Claim once some child runs low (beyond what it runs at once, a quarter of its prefetch or
-        # less still held), not for every job finished: a claim is a transaction, and one per job
-        # costs more than the job (steps).
+        # Claim once some child runs low (a quarter of its prefetch or less held beyond its run
+        # slots), not for every job finished: a claim is a transaction (dearer than a step).
         prefetch = [max(0, t - self.pool.at_once) for t in targets]
         if limit < 1 or not any(r > 0 and r >= p - p // 4 for r, p in zip(room, prefetch, strict=True)):
             return 0

@@ -91,7 +91,7 @@ WITH limited AS (
     SELECT name AS queue, pace_s, room FROM limited_room WHERE scope = 'queue'
 ), plain AS (
     -- Jobs of kinds and queues without limits (none to look for when every kind has one).
-    SELECT id, kind, queue, priority, run_at, coalesce(payload_bytes, pg_column_size(payload)) AS bytes
+    SELECT id, kind, queue, priority, run_at, coalesce(payload_bytes, pg_column_size(payload)) + deps_bytes AS bytes
     FROM shardworker.jobs
     WHERE (SELECT count(*) FROM kind_room) < cardinality(%(kinds)s::text[])
       AND status = 'queued' AND run_at <= now()
@@ -104,7 +104,7 @@ WITH limited AS (
 ), by_kind AS (
     -- Each limited kind, in queues without limits: no more than its room.
     SELECT j.* FROM kind_room k CROSS JOIN LATERAL (
-        SELECT id, kind, queue, priority, run_at, coalesce(payload_bytes, pg_column_size(payload)) AS bytes
+        SELECT id, kind, queue, priority, run_at, coalesce(payload_bytes, pg_column_size(payload)) + deps_bytes AS bytes
         FROM shardworker.jobs
         WHERE status = 'queued' AND run_at <= now() AND left(kind, 255) = left(k.kind, 255) AND kind = k.kind
           AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
@@ -116,7 +116,7 @@ WITH limited AS (
 ), by_queue AS (
     -- Each limited queue: no more than its room, of kinds with room (ranked again below).
     SELECT j.* FROM queue_room q CROSS JOIN LATERAL (
-        SELECT id, kind, queue, priority, run_at, coalesce(payload_bytes, pg_column_size(payload)) AS bytes
+        SELECT id, kind, queue, priority, run_at, coalesce(payload_bytes, pg_column_size(payload)) + deps_bytes AS bytes
         FROM shardworker.jobs
         WHERE status = 'queued' AND run_at <= now() AND left(queue, 255) = left(q.queue, 255) AND queue = q.queue
           AND kind = ANY(%(kinds)s::text[]) AND kind NOT IN (SELECT kind FROM kind_room WHERE room <= 0)
@@ -140,10 +140,15 @@ WITH limited AS (
         claim_token = %(claim_token)s, attempted_at = now(), updated_at = now()
     WHERE j.id = ANY(ARRAY(SELECT id FROM running_total WHERE n <= %(limit)s AND (n = 1 OR upto <= %(max_bytes)s)))
     -- The steps earlier attempts recorded (job.step): only a retried job can have any, so
-    -- a first attempt costs nothing here.
+    -- a first attempt costs nothing here; the results of the jobs it waited on (after=),
+    -- read only for a job that waited on some.
     RETURNING j.id, j.kind, j.queue, j.payload::text AS payload, j.attempt, j.max_attempts,
               CASE WHEN j.attempt > 1 THEN (SELECT jsonb_object_agg(s.name, s.result)::text
-                                            FROM shardworker.job_steps s WHERE s.job_id = j.id) END AS steps
+                                            FROM shardworker.job_steps s WHERE s.job_id = j.id) END AS steps,
+              CASE WHEN j.deps_total > 0 THEN (SELECT jsonb_object_agg(d.depends_on::text, r.result)::text
+                                               FROM shardworker.job_dependencies d
+                                               JOIN shardworker.jobs r ON r.id = d.depends_on
+                                               WHERE d.job_id = j.id) END AS dependencies
 ), spent_kind AS (
     UPDATE shardworker.kinds k
     SET rate_tokens = l.tokens - (SELECT count(*) FROM claimed c WHERE c.kind = l.name),
@@ -160,7 +165,7 @@ WITH limited AS (
 SELECT c.id, c.kind, c.queue, c.payload, c.attempt, c.max_attempts,
        least((SELECT k.pace_s FROM kind_room k WHERE k.kind = c.kind),
              (SELECT q.pace_s FROM queue_room q WHERE q.queue = c.queue)) AS pace_s,
-       c.steps
+       c.steps, c.dependencies
 FROM claimed c;
 
 -- flow_register_kinds --
@@ -192,8 +197,12 @@ WHERE (k.global_concurrency, k.rate_limit, k.rate_period_s)
 -- no attempt is used); 'cancelled'. Jobs that reach an end (done, failed, cancelled) are
 -- announced on the channel shardworker_finished (shardworker.jobs.wait_for listens), their
 -- ids comma-separated, up to 300 a notification (within the 8,000-byte payload limit).
+-- The jobs waiting on those applied (only when has_dependents says there are some) are
+-- settled in the same statement: one whose last dependency is now done becomes queued
+-- (workers are woken); one behind a dependency that ended failed or cancelled is cancelled,
+-- and so, transitively, is every job waiting behind it, each naming the job it waited on.
 -- Parameters come in binary; results as bytea holding UTF-8 JSON text.
-WITH o AS (
+WITH RECURSIVE o AS (
     SELECT id, attempt, disposition, convert_from(result_utf8, 'UTF8')::jsonb AS result, error, delay_s
     FROM unnest(%(ids)b::bigint[], %(attempts)b::int[], %(dispositions)b::text[],
                 %(results)b::bytea[], %(errors)b::text[], %(delays)b::float8[])
@@ -222,14 +231,49 @@ WITH o AS (
     FROM o
     WHERE j.id = o.id AND j.attempt = o.attempt
       AND (j.status = 'running' OR (j.rescued_attempt = o.attempt AND j.status IN ('queued', 'failed')))
-    RETURNING j.id, j.attempt, j.status
+    RETURNING j.id, j.attempt, j.status, j.has_dependents, pg_column_size(j.result) AS result_bytes
+), released AS (
+    -- Waiting jobs with dependencies applied as done here: how many, and their results' size.
+    SELECT d.job_id AS id, count(*) AS n, sum(coalesce(a.result_bytes, 0)) AS bytes
+    FROM applied a JOIN shardworker.job_dependencies d ON d.depends_on = a.id
+    WHERE a.has_dependents AND a.status = 'done'
+    GROUP BY d.job_id
+), doomed AS (
+    -- Waiting jobs behind a dependency that ended failed or cancelled, transitively.
+    SELECT d.job_id AS id, d.depends_on AS cause, a.status AS cause_status
+    FROM applied a JOIN shardworker.job_dependencies d ON d.depends_on = a.id
+    JOIN shardworker.jobs w ON w.id = d.job_id AND w.status = 'waiting'
+    WHERE a.has_dependents AND a.status IN ('failed', 'cancelled')
+    UNION
+    SELECT d.job_id, d.depends_on, 'cancelled'
+    FROM doomed x JOIN shardworker.job_dependencies d ON d.depends_on = x.id
+    JOIN shardworker.jobs w ON w.id = d.job_id AND w.status = 'waiting'
+), settled AS (
+    UPDATE shardworker.jobs w
+    SET status = CASE WHEN c.id IS NOT NULL THEN 'cancelled'
+                      WHEN w.deps_pending - coalesce(r.n, 0) <= 0 THEN 'queued' ELSE 'waiting' END,
+        deps_pending = w.deps_pending - coalesce(r.n, 0),
+        deps_bytes = w.deps_bytes + coalesce(r.bytes, 0),
+        last_error = CASE WHEN c.id IS NOT NULL THEN 'waited on job ' || c.cause || ', which ended ' || c.cause_status
+                          ELSE w.last_error END,
+        finished_at = CASE WHEN c.id IS NOT NULL THEN now() ELSE w.finished_at END,
+        updated_at = now()
+    FROM (SELECT id FROM released UNION SELECT id FROM doomed) t
+         LEFT JOIN released r ON r.id = t.id
+         LEFT JOIN (SELECT DISTINCT ON (id) id, cause, cause_status FROM doomed ORDER BY id, cause) c ON c.id = t.id
+    WHERE w.id = t.id AND w.status = 'waiting'
+    RETURNING w.id, w.status
 ), announced AS (
     SELECT pg_notify('shardworker_finished', string_agg(id::text, ',')) AS sent
-    FROM (SELECT id, (row_number() OVER ()) / 300 AS chunk FROM applied
+    FROM (SELECT id, (row_number() OVER ()) / 300 AS chunk
+          FROM (SELECT id, status FROM applied UNION ALL SELECT id, status FROM settled) e
           WHERE status IN ('done', 'failed', 'cancelled')) f
     GROUP BY chunk
+), woken AS (
+    SELECT pg_notify('shardworker_jobs', '') AS sent FROM settled WHERE status = 'queued' LIMIT 1
 )
-SELECT id, attempt FROM applied WHERE (SELECT count(*) FROM announced) >= 0;
+SELECT id, attempt, status FROM applied
+WHERE (SELECT count(*) FROM announced) >= 0 AND (SELECT count(*) FROM woken) >= 0;
 
 -- job_steps_insert --
 -- Record steps' results (job.step), in the transaction that applies the outcomes of the same
@@ -287,7 +331,7 @@ WITH ins AS (
     VALUES (%(kind)s, %(queue)s, %(payload)s::text::jsonb, octet_length(%(payload)s::text), %(priority)s,
             %(max_attempts)s, coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay_s)s),
             %(dedupe_key)s)
-    ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('queued', 'running') DO NOTHING
+    ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('waiting', 'queued', 'running') DO NOTHING
     RETURNING id, queue
 )
 SELECT id, pg_notify('shardworker_jobs', queue) FROM ins;
@@ -310,7 +354,7 @@ WITH ins AS (
     SELECT kind, queue, payload::jsonb, octet_length(payload), priority, max_attempts, coalesce(run_at, now()),
            dedupe_key
     FROM shardworker_stage
-    ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('queued', 'running') DO NOTHING
+    ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('waiting', 'queued', 'running') DO NOTHING
     RETURNING 1
 )
 SELECT count(*) FROM ins;
@@ -487,17 +531,37 @@ SELECT id, status FROM shardworker.jobs WHERE id = ANY(%(ids)s::bigint[]) ORDER 
 -- unless reset_steps: then the steps of the jobs queued again are deleted, and records of
 -- their attempts so far that still wait in an outbox are ignored when they land
 -- (steps_reset_attempt), so their code runs again. Returns the ids queued again.
-WITH retried AS (
-    UPDATE shardworker.jobs
-    SET status = 'queued', run_at = now(), max_attempts = greatest(max_attempts, attempt + 1),
+-- A job that waited on others goes back to waiting on those not done now (queued when all
+-- are; job_dependencies_lock holds them first); not one whose dependency was deleted.
+WITH deps AS (
+    SELECT d.job_id, count(*) FILTER (WHERE t.status IS DISTINCT FROM 'done') AS pending,
+           count(*) FILTER (WHERE t.id IS NULL) AS deleted,
+           coalesce(sum(pg_column_size(t.result)) FILTER (WHERE t.status = 'done'), 0) AS bytes
+    FROM shardworker.job_dependencies d LEFT JOIN shardworker.jobs t ON t.id = d.depends_on
+    WHERE d.job_id = ANY(%(ids)s::bigint[])
+    GROUP BY d.job_id
+), retried AS (
+    UPDATE shardworker.jobs j
+    SET status = CASE WHEN coalesce(deps.pending, 0) > 0 THEN 'waiting' ELSE 'queued' END,
+        deps_pending = coalesce(deps.pending, 0), deps_bytes = coalesce(deps.bytes, 0),
+        last_error = CASE WHEN deps.job_id IS NOT NULL AND j.status = 'cancelled' THEN NULL ELSE j.last_error END,
+        run_at = now(), max_attempts = greatest(max_attempts, attempt + 1),
         finished_at = NULL, rescued_attempt = NULL, updated_at = now(),
         steps_reset_attempt = CASE WHEN %(reset_steps)s THEN attempt ELSE steps_reset_attempt END
-    WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('failed', 'cancelled')
-    RETURNING id
+    FROM unnest(%(ids)s::bigint[]) AS x(id) LEFT JOIN deps ON deps.job_id = x.id
+    WHERE j.id = x.id AND j.status IN ('failed', 'cancelled') AND coalesce(deps.deleted, 0) = 0
+    RETURNING j.id
 ), forgotten AS (
     DELETE FROM shardworker.job_steps WHERE %(reset_steps)s AND job_id IN (SELECT id FROM retried)
 )
 SELECT id FROM retried;
+
+-- job_dependencies_lock --
+-- Lock the jobs these wait on (FOR SHARE, in id order) before deciding from their status:
+-- an outcome applied to one meanwhile waits for this transaction's commit.
+SELECT id FROM shardworker.jobs
+WHERE id IN (SELECT depends_on FROM shardworker.job_dependencies WHERE job_id = ANY(%(ids)s::bigint[]))
+ORDER BY id FOR SHARE;
 
 -- job_failed_ids --
 -- Failed jobs, optionally of one kind and queue, locked for a bulk retry. The left(..., 255)
@@ -509,11 +573,12 @@ WHERE status = 'failed'
 ORDER BY id FOR UPDATE;
 
 -- job_cancel --
--- Cancel queued jobs: they will never be claimed. Announced as job_apply_outcomes does.
+-- Cancel queued or waiting jobs: they will never be claimed (job_dependents_cancel then
+-- cancels the jobs waiting on them). Announced as job_apply_outcomes does.
 WITH cancelled AS (
     UPDATE shardworker.jobs
     SET status = 'cancelled', finished_at = now(), rescued_attempt = NULL, updated_at = now()
-    WHERE id = ANY(%(ids)s::bigint[]) AND status = 'queued'
+    WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('queued', 'waiting')
     RETURNING id
 ), announced AS (
     SELECT pg_notify('shardworker_finished', string_agg(id::text, ','))
@@ -557,11 +622,16 @@ SELECT pg_try_advisory_xact_lock(hashtext('shardworker.prune'));
 
 -- prune_batch --
 -- Delete up to `limit` finished jobs that ended more than `older_than_s` seconds ago,
--- oldest first, through jobs_finished_idx; rows locked by someone else are left for later.
+-- oldest first, through jobs_finished_idx; rows locked by someone else are left for later,
+-- and so is a job that a waiting, queued or running job depends on (its result is that
+-- job's job.dependencies).
 WITH doomed AS (
-    SELECT id FROM shardworker.jobs
+    SELECT id FROM shardworker.jobs j
     WHERE status IN ('done', 'failed', 'cancelled')
       AND finished_at < now() - make_interval(secs => %(older_than_s)s)
+      AND NOT (has_dependents AND EXISTS (
+          SELECT 1 FROM shardworker.job_dependencies d JOIN shardworker.jobs w ON w.id = d.job_id
+          WHERE d.depends_on = j.id AND w.status IN ('waiting', 'queued', 'running')))
     ORDER BY finished_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -724,3 +794,119 @@ FROM generate_series(date_trunc('minute', now()) - interval '59 minutes', date_t
                      interval '1 minute') AS m(minute)
 LEFT JOIN ended e USING (minute)
 ORDER BY m.minute;
+
+-- job_dependencies_missing --
+-- Of the jobs an enqueue names in after=, those that do not exist (the enqueue is refused).
+SELECT a.id FROM unnest(%(ids)s::bigint[]) AS a(id)
+WHERE NOT EXISTS (SELECT 1 FROM shardworker.jobs j WHERE j.id = a.id)
+ORDER BY a.id;
+
+-- job_dependent_insert --
+-- Insert jobs that may wait on others (follow-ups of a handler, enqueue with after=), in
+-- the order given: those with dependencies as waiting (job_dependencies_settle_new decides
+-- once their edges exist), the rest as queued. Ids are drawn here, so each row comes back
+-- by its position; a job whose dedupe key a live job holds is not inserted, and comes back
+-- as that job's id (inserted false), or NULL when none is found.
+WITH f AS (
+    SELECT f.*, nextval(pg_get_serial_sequence('shardworker.jobs', 'id')) AS id
+    FROM unnest(%(kinds)s::text[], %(queues)s::text[], %(payloads)s::text[], %(priorities)s::int[],
+                %(max_attempts)s::int[], %(run_ats)s::timestamptz[], %(delays)s::float8[],
+                %(dedupe_keys)s::text[], %(deps_total)s::int[])
+         WITH ORDINALITY AS f(kind, queue, payload, priority, max_attempts, run_at, delay_s, dedupe_key, deps_total, ord)
+), ins AS (
+    INSERT INTO shardworker.jobs (id, kind, queue, payload, payload_bytes, priority, max_attempts, run_at, dedupe_key,
+                                  status, deps_total, deps_pending)
+    SELECT id, kind, queue, payload::jsonb, octet_length(payload), priority, max_attempts,
+           coalesce(run_at, now()) + make_interval(secs => delay_s), dedupe_key,
+           CASE WHEN deps_total > 0 THEN 'waiting' ELSE 'queued' END, deps_total, deps_total
+    FROM f ORDER BY ord
+    ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('waiting', 'queued', 'running') DO NOTHING
+    RETURNING id
+)
+SELECT f.ord, coalesce(i.id, (SELECT l.id FROM shardworker.jobs l WHERE l.dedupe_key = f.dedupe_key
+                                AND l.status IN ('waiting', 'queued', 'running'))), i.id IS NOT NULL
+FROM f LEFT JOIN ins i ON i.id = f.id
+ORDER BY f.ord;
+
+-- job_dependencies_link --
+-- Record edges (job_id waits on depends_on) and mark the dependencies as having dependents.
+-- The dependencies are locked (FOR SHARE, in id order) until commit: an outcome applied to
+-- one of them meanwhile waits for this transaction, then finds the new edge; one applied
+-- before is seen by job_dependencies_settle_new.
+WITH e AS (
+    SELECT * FROM unnest(%(job_ids)s::bigint[], %(depends_on)s::bigint[]) AS e(job_id, depends_on)
+), linked AS (
+    INSERT INTO shardworker.job_dependencies (job_id, depends_on)
+    SELECT job_id, depends_on FROM e ON CONFLICT DO NOTHING
+), locked AS (
+    SELECT id, has_dependents FROM shardworker.jobs WHERE id IN (SELECT depends_on FROM e) ORDER BY id FOR SHARE
+)
+UPDATE shardworker.jobs SET has_dependents = true
+WHERE id IN (SELECT id FROM locked WHERE NOT has_dependents);
+
+-- job_dependencies_settle_new --
+-- For jobs just inserted waiting (ids), once their edges exist: how many dependencies are
+-- not done yet (none: queued now), the size of the done ones' results; a job with a
+-- dependency that ended failed or cancelled, or does not exist, is cancelled, and so is
+-- every new job behind it. Returns each job's status.
+WITH RECURSIVE deps AS (
+    SELECT d.job_id, d.depends_on, t.status, pg_column_size(t.result) AS bytes
+    FROM shardworker.job_dependencies d LEFT JOIN shardworker.jobs t ON t.id = d.depends_on
+    WHERE d.job_id = ANY(%(ids)s::bigint[])
+), bad AS (
+    SELECT job_id AS id, depends_on AS cause,
+           CASE WHEN status IS NULL THEN 'does not exist' ELSE 'ended ' || status END AS why
+    FROM deps WHERE status IS NULL OR status IN ('failed', 'cancelled')
+    UNION
+    SELECT d.job_id, d.depends_on, 'ended cancelled' FROM bad b JOIN deps d ON d.depends_on = b.id
+), counts AS (
+    SELECT x.id, count(d.job_id) FILTER (WHERE d.status IS DISTINCT FROM 'done') AS pending,
+           coalesce(sum(d.bytes) FILTER (WHERE d.status = 'done'), 0) AS bytes
+    FROM unnest(%(ids)s::bigint[]) AS x(id) LEFT JOIN deps d ON d.job_id = x.id
+    GROUP BY x.id
+)
+UPDATE shardworker.jobs w
+SET status = CASE WHEN b.id IS NOT NULL THEN 'cancelled' WHEN c.pending = 0 THEN 'queued' ELSE 'waiting' END,
+    deps_pending = c.pending, deps_bytes = c.bytes,
+    last_error = CASE WHEN b.id IS NOT NULL THEN 'waited on job ' || b.cause || ', which ' || b.why END,
+    finished_at = CASE WHEN b.id IS NOT NULL THEN now() END
+FROM counts c LEFT JOIN (SELECT DISTINCT ON (id) id, cause, why FROM bad ORDER BY id, cause) b ON b.id = c.id
+WHERE w.id = c.id
+RETURNING w.id, w.status;
+
+-- job_dependents_cancel --
+-- Cancel the jobs waiting on these (an operator cancelled or deleted them), transitively,
+-- each naming the job it waited on. Returns the ids cancelled.
+WITH RECURSIVE doomed AS (
+    SELECT d.job_id AS id, d.depends_on AS cause, %(why)s::text AS why
+    FROM shardworker.job_dependencies d JOIN shardworker.jobs w ON w.id = d.job_id AND w.status = 'waiting'
+    WHERE d.depends_on = ANY(%(ids)s::bigint[])
+    UNION
+    SELECT d.job_id, d.depends_on, 'ended cancelled'
+    FROM doomed x JOIN shardworker.job_dependencies d ON d.depends_on = x.id
+    JOIN shardworker.jobs w ON w.id = d.job_id AND w.status = 'waiting'
+), cancelled AS (
+    UPDATE shardworker.jobs w
+    SET status = 'cancelled', finished_at = now(), updated_at = now(),
+        last_error = 'waited on job ' || c.cause || ', which ' || c.why
+    FROM (SELECT DISTINCT ON (id) id, cause, why FROM doomed ORDER BY id, cause) c
+    WHERE w.id = c.id AND w.status = 'waiting'
+    RETURNING w.id
+), announced AS (
+    SELECT pg_notify('shardworker_finished', string_agg(id::text, ','))
+    FROM (SELECT id, (row_number() OVER ()) / 300 AS chunk FROM cancelled) c
+    GROUP BY chunk
+)
+SELECT id FROM cancelled WHERE (SELECT count(*) FROM announced) >= 0;
+
+-- job_dependency_links --
+-- What `jobs show` lists: the jobs this one waits on and those waiting on it, with their
+-- kind and status (NULL: deleted), and how many on each side.
+SELECT 'dependency' AS side, d.depends_on AS id, j.kind, j.status, count(*) OVER () AS total
+FROM shardworker.job_dependencies d LEFT JOIN shardworker.jobs j ON j.id = d.depends_on
+WHERE d.job_id = %(id)s
+UNION ALL
+SELECT 'dependent', d.job_id, j.kind, j.status, count(*) OVER ()
+FROM shardworker.job_dependencies d JOIN shardworker.jobs j ON j.id = d.job_id
+WHERE d.depends_on = %(id)s
+ORDER BY side, id;

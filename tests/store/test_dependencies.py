@@ -1,0 +1,140 @@
+"""Dependencies and follow-up jobs in the store, on a real PostgreSQL: what `after=` does at
+enqueue, what applying an outcome does to the jobs waiting on it (released, or cancelled
+transitively), follow-ups inserted only with a done outcome and only once, and what the
+operator commands and retention do around them."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from shardworker import jobs
+from shardworker.client import JobSpec, enqueue, enqueue_many
+from shardworker.errors import EnqueueError
+from shardworker.model import Outcome
+from shardworker.store.pg_store import PgStore
+from tests.helpers import query
+
+
+def row(dsn: str, job_id: int) -> tuple[str, str | None]:
+    status, error = query(dsn, "SELECT status, last_error FROM shardworker.jobs WHERE id = %s", job_id)[0]
+    return status, error
+
+
+def finish(store: PgStore, kind: str, result: object = None, *, followups: list[list[object]] | None = None,
+           how: str = "done") -> int:
+    """Claim the one queued job of ``kind`` and apply an outcome for it; its id."""
+    (job,) = store.claim([kind], None, "w1", 1)
+    blob = orjson.dumps(followups) if followups else None
+    outcome = (Outcome.done(job.id, job.attempt, orjson.dumps(result), blob) if how == "done"
+               else Outcome.failed(job.id, job.attempt, "boom"))
+    store.apply_outcomes([outcome])
+    return job.id
+
+
+def followup(kind: str, after: list[int] = (), payload: object = None) -> list[object]:  # type: ignore[assignment]
+    return [kind, orjson.dumps(payload).decode(), "default", 0, 25, 0.0, None, list(after)]
+
+
+def test_a_job_waits_until_its_last_dependency_is_done_then_sees_their_results(pg_dsn: str, store: PgStore) -> None:
+    a = enqueue(pg_dsn, "a")
+    b = enqueue(pg_dsn, "b")
+    assert a and b
+    merge = enqueue(pg_dsn, "merge", {"doc": 1}, after=[a, b])
+    assert merge and row(pg_dsn, merge)[0] == "waiting"
+    assert store.claim(["merge"], None, "w1", 10) == []  # a waiting job is never claimed
+    finish(store, "a", {"text": "A"})
+    assert row(pg_dsn, merge)[0] == "waiting"
+    finish(store, "b", {"text": "B"})
+    assert row(pg_dsn, merge)[0] == "queued"
+    (claimed,) = store.claim(["merge"], None, "w1", 1)
+    assert claimed.to_job().dependencies == {a: {"text": "A"}, b: {"text": "B"}}
+
+
+def test_after_a_job_that_does_not_exist_enqueues_nothing(pg_dsn: str) -> None:
+    a = enqueue(pg_dsn, "a")
+    assert a
+    with pytest.raises(EnqueueError, match=rf"after: job {a + 99} does not exist; nothing was enqueued"):
+        enqueue_many(pg_dsn, [JobSpec("x"), JobSpec("y", after=(a, a + 99))])
+    assert query(pg_dsn, "SELECT count(*) FROM shardworker.jobs")[0][0] == 1
+    with pytest.raises(EnqueueError, match="is not a job id"):
+        enqueue(pg_dsn, "y", after=["12"])  # type: ignore[list-item]
+
+
+def test_after_a_done_job_is_queued_at_once_and_after_a_failed_one_is_cancelled(pg_dsn: str, store: PgStore) -> None:
+    enqueue(pg_dsn, "a")
+    enqueue(pg_dsn, "f")
+    a = finish(store, "a", 1)
+    f = finish(store, "f", how="failed")
+    assert row(pg_dsn, enqueue(pg_dsn, "x", after=[a]) or 0)[0] == "queued"
+    assert row(pg_dsn, enqueue(pg_dsn, "y", after=[f]) or 0) == ("cancelled", f"waited on job {f}, which ended failed")
+
+
+def test_a_failure_cancels_every_job_waiting_behind_it_transitively(pg_dsn: str, store: PgStore) -> None:
+    f = enqueue(pg_dsn, "f")
+    assert f
+    w1 = enqueue(pg_dsn, "w", after=[f])
+    assert w1
+    w2 = enqueue(pg_dsn, "w", after=[w1])
+    other = enqueue(pg_dsn, "o")
+    assert w2 and other
+    w3 = enqueue(pg_dsn, "w", after=[other])
+    finish(store, "f", how="failed")
+    assert row(pg_dsn, w1) == ("cancelled", f"waited on job {f}, which ended failed")
+    assert row(pg_dsn, w2) == ("cancelled", f"waited on job {w1}, which ended cancelled")
+    assert row(pg_dsn, w3 or 0)[0] == "waiting"
+    # Retried, the first goes back to waiting on what is not done now.
+    assert jobs.retry(pg_dsn, [w1]) == 1 and row(pg_dsn, w1)[0] == "waiting"
+
+
+def test_cancel_or_delete_of_a_dependency_cancels_its_dependents(pg_dsn: str) -> None:
+    a = enqueue(pg_dsn, "a")
+    b = enqueue(pg_dsn, "b")
+    assert a and b
+    wa = enqueue(pg_dsn, "w", after=[a])
+    wb = enqueue(pg_dsn, "w", after=[b])
+    assert wa and wb
+    assert jobs.cancel(pg_dsn, [a]) == 1
+    assert row(pg_dsn, wa) == ("cancelled", f"waited on job {a}, which was cancelled")
+    assert jobs.delete(pg_dsn, [b]) == 1
+    assert row(pg_dsn, wb) == ("cancelled", f"waited on job {b}, which was deleted")
+    assert jobs.retry(pg_dsn, [wb]) == 0  # its dependency is gone: it stays cancelled
+
+
+def test_follow_ups_land_with_a_done_outcome_once_with_their_edges(pg_dsn: str, store: PgStore) -> None:
+    enqueue(pg_dsn, "split")
+    parts = [followup("part", payload={"page": i}) for i in range(3)]
+    parent = finish(store, "split", {"parts": 3}, followups=[*parts, followup("merge", after=[-1, -2, -3])])
+    kinds = query(pg_dsn, "SELECT kind, status FROM shardworker.jobs WHERE id > %s ORDER BY id", parent)
+    assert kinds == [("part", "queued")] * 3 + [("merge", "waiting")]
+    # The same outcome again (a replay after a lost checkpoint) inserts nothing more.
+    (job_id, attempt) = query(pg_dsn, "SELECT id, attempt FROM shardworker.jobs WHERE id = %s", parent)[0]
+    blob = orjson.dumps([followup("part")])
+    result = store.apply_outcomes([Outcome.done(job_id, attempt, b"1", blob)])
+    assert result.replayed == 1 and result.followups == 0
+    assert query(pg_dsn, "SELECT count(*) FROM shardworker.jobs")[0][0] == 5
+    for _ in range(3):
+        finish(store, "part", "p")
+    assert query(pg_dsn, "SELECT status FROM shardworker.jobs WHERE kind = 'merge'") == [("queued",)]
+
+
+def test_follow_ups_of_a_failed_attempt_are_dropped(pg_dsn: str, store: PgStore) -> None:
+    (job_id,) = [enqueue(pg_dsn, "split")]
+    (job,) = store.claim(["split"], None, "w1", 1)
+    failed = Outcome(job.id, job.attempt, Outcome.failed(0, 0, "x").disposition, None, "boom", 0.0,
+                     orjson.dumps([followup("part")]))
+    store.apply_outcomes([failed])
+    assert query(pg_dsn, "SELECT count(*) FROM shardworker.jobs")[0][0] == 1 and job_id
+
+
+def test_prune_keeps_a_finished_job_while_a_job_depending_on_it_waits(pg_dsn: str, store: PgStore) -> None:
+    enqueue(pg_dsn, "a")
+    enqueue(pg_dsn, "b")
+    a = finish(store, "a", 1)
+    b = enqueue(pg_dsn, "b2")
+    assert b
+    waiting = enqueue(pg_dsn, "w", after=[a, b])
+    assert waiting
+    query(pg_dsn, "UPDATE shardworker.jobs SET finished_at = now() - interval '30 days' WHERE id = %s RETURNING id", a)
+    assert store.prune_batch(86400, 100) == 0
+    assert query(pg_dsn, "SELECT count(*) FROM shardworker.jobs WHERE id = %s", a)[0][0] == 1
