@@ -5,10 +5,11 @@ from shardworker.app import App
 from shardworker.child.steps import StepError
 from shardworker.client import JobSpec, enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from shardworker.control import Cancel, Fail, Retry, Snooze
+from shardworker.followups import FollowUp
 from shardworker.jobs import JobInfo, get_job, wait_for
 from shardworker.model import Job
 from shardworker.routing import shard_for
 
-__all__ = ["App", "Cancel", "Fail", "Job", "JobInfo", "JobSpec", "Retry", "Snooze", "StepError", "enqueue",
+__all__ = ["App", "Cancel", "Fail", "FollowUp", "Job", "JobInfo", "JobSpec", "Retry", "Snooze", "StepError", "enqueue",
            "enqueue_async", "enqueue_many", "enqueue_many_async", "get_job", "shard_for", "wait_for"]
 __version__ = "0.1.0"

@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from shardworker.errors import JobsError, WaitTimeout
-from shardworker.views import JobInfo, StepInfo
+from shardworker.views import JobInfo, LinkInfo, StepInfo
 
 STATUSES = ("waiting", "queued", "running", "done", "failed", "cancelled")
 STEPS_SHOWN = 50  # steps listed on a job's page (`jobs show` without --json, the dashboard); a job may hold 10,000
@@ -83,6 +83,14 @@ def first_steps(conn_or_dsn: Any, job_id: int, limit: int | None) -> tuple[list[
     from shardworker.store import job_queries
 
     return job_queries.get_steps(conn_or_dsn, _id(job_id), limit)
+
+
+def get_links(conn_or_dsn: Any, job_id: int) -> tuple[list[LinkInfo], list[LinkInfo]]:
+    """(dependencies, dependents): the jobs ``job_id`` waits on (``after=``) and the jobs
+    waiting on it, each with its kind and status (None when deleted), by id."""
+    from shardworker.store import job_queries
+
+    return job_queries.get_links(conn_or_dsn, _id(job_id))
 
 
 def wait_for(conn_or_dsn: Any, job_id: int, timeout_s: float = 60.0) -> JobInfo:

@@ -124,3 +124,16 @@ class StepInfo:
 
     def to_json(self) -> dict[str, Any]:
         return {**self.__dict__, "recorded_at": self.recorded_at.isoformat()}
+
+
+@dataclass(frozen=True)
+class LinkInfo:
+    """A job another waits on, or one waiting on another (``jobs.get_links``): its id, kind
+    and status (None for both when it was deleted)."""
+
+    id: int
+    kind: str | None
+    status: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)

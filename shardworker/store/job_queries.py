@@ -21,7 +21,7 @@ from shardworker.errors import DatabaseUnavailable, EnqueueError, JobsError
 from shardworker.store.connection import Session, translate_errors
 from shardworker.store.enqueue import borrowed_cursor
 from shardworker.store.sql import query
-from shardworker.views import JobInfo, StepInfo
+from shardworker.views import JobInfo, LinkInfo, StepInfo
 
 FINAL_STATUSES = ("done", "failed", "cancelled")
 
@@ -79,6 +79,15 @@ def get_steps(conn_or_dsn: Any, job_id: int, limit: int | None) -> tuple[list[St
         cur.execute(query("job_steps_list"), {"id": job_id, "limit": limit})
         rows = cur.fetchall()
     return [StepInfo(name, attempt, at, size) for name, attempt, at, size, _ in rows], int(rows[0][4]) if rows else 0
+
+
+def get_links(conn_or_dsn: Any, job_id: int) -> tuple[list[LinkInfo], list[LinkInfo]]:
+    """The jobs ``job_id`` waits on and those waiting on it, by id."""
+    with cursor_for(conn_or_dsn, transaction=False) as cur:
+        cur.execute(query("job_dependency_links"), {"id": job_id})
+        rows = cur.fetchall()
+    return ([LinkInfo(i, k, s) for side, i, k, s, _ in rows if side == "dependency"],
+            [LinkInfo(i, k, s) for side, i, k, s, _ in rows if side == "dependent"])
 
 
 def change_jobs(conn_or_dsn: Any, action: str, job_ids: Sequence[int],
