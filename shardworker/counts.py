@@ -1,7 +1,8 @@
 """The job counts ``shardworker stats`` and the dashboard show, made in one place so the two
 agree: each queue's unfinished jobs split as the backlog splits them, then its finished ones.
 
-``available`` (queued and due), ``scheduled`` (queued for later), ``prefetched`` (claimed by a
+``waiting`` (on dependencies, ``after=``) comes from ``PgStore.job_counts``; ``available``
+(queued and due), ``scheduled`` (queued for later), ``prefetched`` (claimed by a
 live worker, handler not started) and ``running`` (handler started) come from the backlog
 (``PgStore.backlog``); ``done``, ``failed`` and ``cancelled`` from ``PgStore.job_counts``,
 where ``done`` may be the planner's estimate on a big table. The status column's own
@@ -16,21 +17,21 @@ from shardworker.views import BacklogRow
 
 UNFINISHED = ("available", "scheduled", "prefetched", "running")
 FINISHED = ("done", "failed", "cancelled")
-SPLIT = UNFINISHED + FINISHED
+SPLIT = ("waiting", *UNFINISHED, *FINISHED)
 
 
 def split_by_queue(status_counts: Iterable[tuple[str, str, int]],
                    backlog: Iterable[BacklogRow]) -> dict[str, dict[str, int]]:
     """Each queue holding any job, by name: a count for every name in ``SPLIT``. Of the
-    (queue, status, count) rows of ``status_counts`` only the finished statuses are read: the
-    backlog splits the queued and claimed jobs."""
+    (queue, status, count) rows of ``status_counts`` only waiting and the finished statuses are
+    read: the backlog splits the queued and claimed jobs."""
     queues: dict[str, dict[str, int]] = {}
     for row in backlog:
         counts = queues.setdefault(row.queue, dict.fromkeys(SPLIT, 0))
         for name, n in zip(UNFINISHED, (row.available, row.scheduled, row.prefetched, row.running), strict=True):
             counts[name] += n
     for queue, status, n in status_counts:
-        if status in FINISHED:
+        if status in FINISHED or status == "waiting":
             queues.setdefault(queue, dict.fromkeys(SPLIT, 0))[status] += n
     return {queue: counts for queue, counts in sorted(queues.items()) if any(counts.values())}
 

@@ -32,6 +32,19 @@ def _store(dsn: str) -> Any:
     return PgStore(StoreConfig(dsn=dsn))
 
 
+def _ids(value: str | None) -> tuple[int, ...]:
+    """--after's comma-separated job ids."""
+    if not value:
+        return ()
+    try:
+        ids = tuple(int(part) for part in value.split(",") if part.strip())
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated job ids, got {value!r}", param_hint="--after") from None
+    if not ids or min(ids) < 1:
+        raise click.BadParameter(f"expected comma-separated job ids, got {value!r}", param_hint="--after")
+    return ids
+
+
 def _finite(value: float, name: str) -> float:
     if value != value or value in (float("inf"), float("-inf")):
         raise click.BadParameter(f"{value} is not a number of seconds", param_hint=name)
@@ -87,11 +100,14 @@ def migrate(print_sql: bool, after: int, dsn: str | None) -> None:
 @click.option("--delay", type=click.FloatRange(min=0, max=100 * 365.25 * 86400), default=0.0, show_default=True,
               callback=lambda _ctx, _param, value: _finite(value, "--delay"), help="Seconds before the job may run.")
 @click.option("--dedupe-key", type=UTF8, default=None, help="Skip when a live job holds this key.")
+@click.option("--after", default=None, callback=lambda _ctx, _param, value: _ids(value),
+              help="Comma-separated job ids: the job waits until they are all done.")
 @json_option
 @dsn_option
 @one_line_errors
 def enqueue(kind: str | None, payload_json: str | None, count: int, file_: Any, queue: str, priority: int,
-            max_attempts: int, delay: float, dedupe_key: str | None, as_json: bool, dsn: str | None) -> None:
+            max_attempts: int, delay: float, dedupe_key: str | None, after: tuple[int, ...], as_json: bool,
+            dsn: str | None) -> None:
     """Enqueue KIND with PAYLOAD_JSON, or a bulk --file; prints the count enqueued (--json: with
     the job's id when it is one job)."""
     from datetime import UTC, datetime, timedelta
@@ -105,7 +121,8 @@ def enqueue(kind: str | None, payload_json: str | None, count: int, file_: Any, 
             raise click.UsageError("give KIND/PAYLOAD_JSON or --file, not both")
         if dedupe_key:
             raise click.UsageError("--dedupe-key applies to one job; put dedupe_key in the file's lines")
-        defaults: dict[str, Any] = {"queue": queue, "priority": priority, "max_attempts": max_attempts}
+        defaults: dict[str, Any] = {"queue": queue, "priority": priority, "max_attempts": max_attempts,
+                                    **({"after": list(after)} if after else {})}
         if delay:
             defaults["run_at"] = (datetime.now(UTC) + timedelta(seconds=delay)).isoformat()
         specs = parse_jsonl(file_, defaults)
@@ -119,12 +136,13 @@ def enqueue(kind: str | None, payload_json: str | None, count: int, file_: Any, 
         run_at = datetime.now(UTC) + timedelta(seconds=delay) if delay else None
         if count > 1 and dedupe_key:
             raise click.UsageError("--dedupe-key with --count > 1 would enqueue one job")
-        specs = [JobSpec(kind, payload, queue, priority, max_attempts, run_at, dedupe_key)] * count
+        specs = [JobSpec(kind, payload, queue, priority, max_attempts, run_at, dedupe_key, after)] * count
     dsn = resolve_dsn(dsn)
     if len(specs) == 1 and file_ is None:
         spec = specs[0]
         job_id = enqueue_one(dsn, spec.kind, spec.payload, queue=spec.queue, priority=spec.priority,
-                             max_attempts=spec.max_attempts, run_at=spec.run_at, dedupe_key=spec.dedupe_key)
+                             max_attempts=spec.max_attempts, run_at=spec.run_at, dedupe_key=spec.dedupe_key,
+                             after=spec.after)
         enqueued, ids = (0, []) if job_id is None else (1, [job_id])
     else:
         enqueued, ids = enqueue_many(dsn, specs), None
@@ -140,9 +158,9 @@ def enqueue(kind: str | None, payload_json: str | None, count: int, file_: Any, 
 @dsn_option
 @one_line_errors
 def stats(exact: bool, as_json: bool, dsn: str | None) -> None:
-    """Job counts, in total and by queue: available (queued, due), scheduled (queued for later),
-    prefetched (claimed, not started), running (started), done, failed, cancelled. Above a
-    million rows, done is estimated (~)."""
+    """Job counts, in total and by queue: waiting (on dependencies), available (queued, due),
+    scheduled (queued for later), prefetched (claimed, not started), running (started), done,
+    failed, cancelled. Above a million rows, done is estimated (~)."""
     from shardworker import counts
 
     store = _store(resolve_dsn(dsn))

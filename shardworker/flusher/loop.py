@@ -54,6 +54,7 @@ class FlushStats:
     stale: int = 0
     deadlettered: int = 0
     missing: int = 0  # set aside: their jobs do not exist in this database
+    followups: int = 0  # follow-up jobs inserted with their parents' outcomes
     refused: int = 0  # dead-lettered, and even their failure refused: their jobs left running
     flushed: int = 0  # records marked flushed (applied, replayed, stale, set aside or dead-lettered)
     db_errors: int = 0
@@ -247,6 +248,7 @@ class Flusher:
         self.stats.replayed += result.replayed
         self.stats.stale += result.stale
         self.stats.missing += len(result.missing_ids)
+        self.stats.followups += result.followups
         if result.stale:
             log.warning("%d stale outcomes kept in %s, not applied (a newer attempt owns the job): ids %s",
                         result.stale, layout.STALE_LOG, list(result.stale_ids[:10]))

@@ -40,7 +40,7 @@ class StopRequest(enum.IntEnum):
     NOW = 2  # exit after the current batch, applied or not
 
 
-COUNTERS = ("applied", "stale", "missing", "deadlettered", "db_errors", "batch_sum")
+COUNTERS = ("applied", "stale", "missing", "deadlettered", "db_errors", "batch_sum", "followups")
 
 
 class SharedState(ctypes.Structure):

@@ -156,6 +156,8 @@ class WorkerCollector(Collector):
                        c["deadlettered"])
         yield _counter("shardworker_database_errors", "Failed database operations (claims and flushes).",
                        c["db_errors"])
+        yield _counter("shardworker_followups_inserted",
+                       "Follow-up jobs (job.enqueue) inserted with their parents' done outcomes.", c["followups"])
         batches = HistogramMetricFamily("shardworker_flush_batch_size", "Outcomes per batch the flusher applied.")
         cumulative, buckets = 0.0, []
         for bound, count in zip((*BATCH_BUCKETS, float("inf")), c["batch_buckets"], strict=True):

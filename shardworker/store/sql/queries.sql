@@ -644,6 +644,8 @@ SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = 'shardworker.job
 
 -- job_stats_unfinished --
 -- Exact counts of every status but done, each through its partial index.
+SELECT queue, 'waiting', count(*) FROM shardworker.jobs WHERE status = 'waiting' GROUP BY queue
+UNION ALL
 SELECT queue, 'queued', count(*) FROM shardworker.jobs WHERE status = 'queued' GROUP BY queue
 UNION ALL
 SELECT queue, 'running', count(*) FROM shardworker.jobs WHERE status = 'running' GROUP BY queue
