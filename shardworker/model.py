@@ -100,6 +100,11 @@ class ClaimedJob:
     steps_json: str | None = None
     dependencies_json: str | None = None  # {id: result} of the jobs it waited on; None: none
 
+    @property
+    def size(self) -> int:
+        """What it holds in memory and on a pipe, near enough: its JSON texts' lengths."""
+        return len(self.payload_json) + len(self.steps_json or "") + len(self.dependencies_json or "")
+
     def to_job(self, steps: Any = None, followups: Any = None) -> Job:
         """The handler's view; ``steps`` runs its ``job.step`` calls (``shardworker.child.steps``),
         ``followups`` keeps its ``job.enqueue`` calls (``shardworker.followups``)."""

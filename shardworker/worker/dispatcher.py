@@ -199,7 +199,7 @@ class Dispatcher:
         jobs = claim.jobs
         if claim.pace_s is not None:  # a rate-limited backlog: come back as its bucket refills
             self.paced_until, self.pace_s = self.clock() + 1.0, max(0.005, claim.pace_s)
-        self.more_due = len(jobs) == limit or sum(len(j.payload_json) for j in jobs) * 2 >= self.config.claim_bytes
+        self.more_due = len(jobs) == limit or sum(j.size for j in jobs) * 2 >= self.config.claim_bytes
         self.claimed_total += len(jobs)
         self._route(jobs)
         return len(jobs)

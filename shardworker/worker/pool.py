@@ -116,7 +116,7 @@ class ChildPool:
 
     def held_bytes(self) -> int:
         """Payload bytes claimed and waiting here, not yet sent to a child."""
-        return sum(len(j.payload_json) for h in self.handles for j in h.held)
+        return sum(j.size for h in self.handles for j in h.held)
 
     def send(self, index: int, jobs: list[ClaimedJob]) -> None:
         """Route jobs to their home child ``index``; what it has no room for waits here (for

@@ -73,7 +73,7 @@ class Sender:
             if self.caps.full(job.kind):
                 skipped.append(held.popleft())  # its kind is at its cap: later jobs may go first
                 continue
-            size = len(job.payload_json) + 64
+            size = job.size + 64
             if size > bytes_left and (handle.sent or batch):
                 jobs_left = len(batch)  # over the byte budget; a job bigger than the budget goes alone
                 break
@@ -132,4 +132,4 @@ class Sender:
         handle.suspects.popleft()
         self.caps.sent(job.kind)
         handle.suspect = (job.id, job.attempt)
-        handle.send_now([job], [len(job.payload_json) + 64])
+        handle.send_now([job], [job.size + 64])

@@ -106,3 +106,14 @@ def test_after_a_missing_job_is_one_line_and_enqueues_nothing(project: Path, pg_
     from_file = sw(project, pg_dsn, "enqueue", "--file", "-", stdin=lines)
     assert from_file.returncode == 1 and "424242" in from_file.stderr
     assert query(pg_dsn, "SELECT count(*) FROM shardworker.jobs") == [(0,)]
+
+
+def test_one_job_fans_out_ten_thousand_follow_ups_and_one_merge_after_all(project: Path, pg_dsn: str) -> None:
+    made = sw(project, pg_dsn, "enqueue", "split", '{"doc": "big", "pages": 10000}')
+    assert made.returncode == 0, made.stderr
+    run = sw(project, pg_dsn, "run", "--app", "tasks", "--outbox-dir", "outbox", "--procs", "2", "--exit-when-idle")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert dict(query(pg_dsn, "SELECT status, count(*) FROM shardworker.jobs GROUP BY status")) == {"done": 10002}
+    (texts,) = query(pg_dsn, "SELECT jsonb_array_length(result->'texts') FROM shardworker.jobs WHERE kind = 'merge'")[0]
+    assert texts == 10000
+    assert len((project / "ledger" / "runs.log").read_text().splitlines()) == 10002
