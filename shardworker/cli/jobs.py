@@ -126,8 +126,11 @@ def _echo_job(job: jobs_api.JobInfo, as_json: bool) -> None:
 
 
 def _echo_links(title: str, links: list[jobs_api.LinkInfo]) -> None:
-    """A job's dependencies or dependents after its steps: a count, then a line each (50 at most)."""
-    click.echo(f"{title:>13}: {len(links) or 'none'}")
+    """A job's dependencies or dependents after its steps, when it has any: a count, then a
+    line each (50 at most)."""
+    if not links:
+        return
+    click.echo(f"{title:>13}: {len(links)}")
     for link in links[:jobs_api.STEPS_SHOWN]:
         click.echo(f"  {link.id}  {link.kind or '-'}  {link.status or 'deleted'}")
     if len(links) > jobs_api.STEPS_SHOWN:

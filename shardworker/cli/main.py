@@ -180,7 +180,7 @@ def stats(exact: bool, as_json: bool, dsn: str | None) -> None:
     def show(name: str, n: int) -> str:
         return f"{name}={'~' if estimated and name == 'done' else ''}{n}"
 
-    click.echo("  ".join(show(name, n) for name, n in totals.items()))
+    click.echo("  ".join(show(name, n) for name, n in totals.items() if n or name != "waiting"))
     for queue, by_name in queues.items():
         click.echo(f"  {queue}: " + "  ".join(show(name, n) for name, n in by_name.items() if n))
     if estimated:
@@ -190,7 +190,8 @@ def stats(exact: bool, as_json: bool, dsn: str | None) -> None:
 def _stats_json(split: dict[str, int]) -> dict[str, int]:
     """The JSON of one row of ``stats``: the status column's counts as before (``queued``,
     ``running`` as claimed), then the split, with the handler-started jobs as ``started``."""
-    return {"queued": split["available"] + split["scheduled"], "running": split["prefetched"] + split["running"],
+    return {"waiting": split["waiting"], "queued": split["available"] + split["scheduled"],
+            "running": split["prefetched"] + split["running"],
             **{name: split[name] for name in ("done", "failed", "cancelled", "available", "scheduled", "prefetched")},
             "started": split["running"]}
 

@@ -106,10 +106,10 @@ def test_stats_splits_unfinished_jobs_as_the_backlog_does(pg_dsn: str, store: Pg
     assert lines == ["available=3  scheduled=1  prefetched=1  running=1  done=1  failed=0  cancelled=0",
                      "  default: available=3", "  mail: scheduled=1  prefetched=1  running=1", "  old: done=1"]
     as_json = json.loads(stats_command("--json", dsn=pg_dsn))
-    assert as_json["total"] == {"queued": 4, "running": 2, "done": 1, "failed": 0, "cancelled": 0,
+    assert as_json["total"] == {"waiting": 0, "queued": 4, "running": 2, "done": 1, "failed": 0, "cancelled": 0,
                                 "available": 3, "scheduled": 1, "prefetched": 1, "started": 1}
-    assert as_json["queues"]["mail"] == {"queued": 1, "running": 2, "done": 0, "failed": 0, "cancelled": 0,
-                                         "available": 0, "scheduled": 1, "prefetched": 1, "started": 1}
+    assert as_json["queues"]["mail"] == {"waiting": 0, "queued": 1, "running": 2, "done": 0, "failed": 0,
+                                         "cancelled": 0, "available": 0, "scheduled": 1, "prefetched": 1, "started": 1}
     assert sorted(as_json["queues"]) == ["default", "mail", "old"] and as_json["estimated"] == []
 
 

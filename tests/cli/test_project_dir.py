@@ -149,10 +149,11 @@ def test_an_operators_session_through_the_console_script(project: Path, pg_dsn: 
     assert ledger.count(str(failing)) == 2 and len(ledger) == 2 * 6  # the retried job twice, the rest once
 
     assert sw("jobs", "cancel", str(failing), code=1) == (
-        f"error: cannot cancel job {failing}: it is done; only queued jobs can be cancelled; nothing changed\n")
+        f"error: cannot cancel job {failing}: it is done; only queued or waiting jobs can be cancelled; "
+        "nothing changed\n")
     stats = json.loads(sw("stats", "--exact", "--json"))
-    assert stats["total"] == {"queued": 0, "running": 0, "done": 5, "failed": 0, "cancelled": 0, "available": 0,
-                              "scheduled": 0, "prefetched": 0, "started": 0}
+    assert stats["total"] == {"waiting": 0, "queued": 0, "running": 0, "done": 5, "failed": 0, "cancelled": 0,
+                              "available": 0, "scheduled": 0, "prefetched": 0, "started": 0}
     [schedule] = json.loads(sw("periodic", "--json"))
     assert (schedule["name"], schedule["schedule"]) == ("new-year", "0 0 1 1 *")
     assert json.loads(sw("workers", "--all", "--json")) == []  # a worker that stops says so

@@ -190,6 +190,6 @@ def test_counts_and_throughput_read_the_last_hour(pg_dsn: str) -> None:
     assert sum(m.done for m in seen.minutes) == 3 and seen.minutes[-1].failed == 1
     two_ago = next(m for m in seen.minutes if m.start <= now - timedelta(minutes=2) < m.start + timedelta(minutes=1))
     assert two_ago.done == 2
-    assert seen.totals == {"available": 0, "scheduled": 0, "prefetched": 0, "running": 0, "done": 4, "failed": 1,
-                           "cancelled": 0}
+    assert seen.totals == {"waiting": 0, "available": 0, "scheduled": 0, "prefetched": 0, "running": 0, "done": 4,
+                           "failed": 1, "cancelled": 0}
     assert datetime.now(UTC) - seen.minutes[0].start < timedelta(minutes=61)
