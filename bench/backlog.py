@@ -31,7 +31,7 @@ CHUNK = 1_000_000
 def load(dsn: str, finished: int, queued: int, running: int) -> None:
     """Empty the table, then fill it with done, queued and claimed jobs; vacuum and analyze."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("TRUNCATE shardworker.jobs, shardworker.job_steps")
+        conn.execute("TRUNCATE shardworker.jobs CASCADE")  # and job_steps, job_dependencies
         started = time.monotonic()
         for low in range(0, finished, CHUNK):
             conn.execute("INSERT INTO shardworker.jobs (kind, queue, payload, status, attempt, finished_at) "

@@ -43,7 +43,7 @@ def load_jobs(dsn: str, n: int, kind: str) -> None:
     otherwise) keeps the enqueue's dirty pages from being written during the measurement.
     """
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("TRUNCATE shardworker.jobs, shardworker.job_steps")
+        conn.execute("TRUNCATE shardworker.jobs CASCADE")  # and job_steps, job_dependencies
         enqueued = enqueue_many(conn, (JobSpec(kind) for _ in range(n)))
         if enqueued != n:
             raise RuntimeError(f"enqueued {enqueued} jobs, expected {n}")

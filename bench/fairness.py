@@ -98,7 +98,7 @@ def wait_slow_started(conn: psycopg.Connection, kind: str, count: int, timeout_s
 def measure(dsn: str, args: argparse.Namespace, work_dir: str) -> list[float]:
     """Enqueue -> done of each fast job, in ms, sorted."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("TRUNCATE shardworker.jobs, shardworker.job_steps")
+        conn.execute("TRUNCATE shardworker.jobs CASCADE")  # and job_steps, job_dependencies
         enqueue_many(conn, (JobSpec(SLOW_KINDS[args.slow_lane]) for _ in range(args.slow)))
         proc = start_worker(dsn, work_dir, args.pythonpath)
         try:

@@ -157,7 +157,7 @@ class TreeSampler(threading.Thread):
 
 def load(dsn: str, mode: str, n: int, mib: int) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("TRUNCATE shardworker.jobs, shardworker.job_steps")
+        conn.execute("TRUNCATE shardworker.jobs CASCADE")  # and job_steps, job_dependencies
         if mode == "results":
             specs = (JobSpec("big_result", {"mib": mib}) for _ in range(n))
         else:

@@ -65,7 +65,7 @@ def measure(dsn: str, args: argparse.Namespace, work_dir: str) -> list[float]:
     proc = start_worker(dsn, work_dir, outbox_dir, args.procs, Path(work_dir, "worker.log"))
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("TRUNCATE shardworker.jobs, shardworker.job_steps")
+            conn.execute("TRUNCATE shardworker.jobs CASCADE")  # and job_steps, job_dependencies
             warmup = [enqueue(conn, kind) for _ in range(20)]
             wait_done(conn, [i for i in warmup if i is not None], 60)
             ids: list[int] = []
