@@ -139,37 +139,37 @@ class WorkerQueries(Session):
 
     def apply_outcomes(self, outcomes: Sequence[Outcome], steps: Sequence[StepRecord] = ()) -> ApplyResult:
         """Apply a batch of outcomes in one fenced statement and its steps' results with them,
-        in one transaction sent at once (a pipeline, as ``claim_within``): a job's steps are
-        in PostgreSQL no later than the outcome that queues it again. The follow-up jobs of
-        the outcomes applied as done are inserted in the same transaction (a second round
-        trip, only for a batch that carries some). Zero-row outcomes are replays or stale."""
-        if not outcomes and not steps:
-            return ApplyResult()
-        carrying = any(o.followups_json for o in outcomes)
-        explicit = bool(steps and outcomes) or carrying
+        in one transaction: a job's steps are in PostgreSQL no later than the outcome that
+        queues it again. The first round trip sends BEGIN, the steps and the outcomes at once
+        (a pipeline, as ``claim_within``); the second settles the jobs waiting on those applied
+        (``job_dependents_settle``, only when some have dependents), inserts the follow-up jobs
+        of those applied as done (only for a batch that carries some), and commits. Zero-row
+        outcomes are replays or stale."""
+        if not outcomes:
+            return self._apply_steps(steps)
         with self.cursor() as cur, cur.connection.cursor() as stepping:
             conn = cur.connection
             try:
                 with conn.pipeline():
-                    if explicit:
-                        conn.execute("BEGIN")
+                    conn.execute("BEGIN")
                     if steps:
                         stepping.execute(query("job_steps_insert"), step_params(steps))
-                    if outcomes:
-                        cur.execute(query("job_apply_outcomes"), outcome_params(outcomes))
-                    if explicit and not carrying:
-                        conn.execute("COMMIT")
-                rows = cur.fetchall() if outcomes else []
-                followups = insert_followups(cur, outcomes, rows) if carrying else 0
-                if carrying:
-                    conn.execute("COMMIT")
+                    cur.execute(query("job_apply_outcomes"), outcome_params(outcomes))
+                rows = cur.fetchall()
+                ended = [(job_id, status) for job_id, _, status, dependents in rows
+                         if dependents and status in ("done", "failed", "cancelled")]
+                if ended:
+                    cur.execute(query("job_dependents_settle"), {"ids": [i for i, _ in ended],
+                                                                 "statuses": [s for _, s in ended]})
+                followups = insert_followups(cur, outcomes, rows) if any(o.followups_json for o in outcomes) else 0
+                conn.execute("COMMIT")
             except (psycopg.Error, EnqueueError) as exc:
                 rollback(conn)
                 if isinstance(exc, psycopg.Error) and not is_refusal(exc):
                     raise
                 raise OutcomeRejected(f"outcome rejected: {first_line(exc)}") from exc
             landed = max(0, stepping.rowcount) if steps else 0
-            applied = {(job_id, attempt) for job_id, attempt, _ in rows}
+            applied = {(job_id, attempt) for job_id, attempt, _, _ in rows}
             missed = [o for o in outcomes if (o.job_id, o.attempt) not in applied]
             if not missed:
                 return ApplyResult(applied=len(outcomes), steps=landed, followups=followups)
@@ -178,6 +178,19 @@ class WorkerQueries(Session):
             cur.execute(query("job_classify"), {"ids": [o.job_id for o in missed]})
             last_applied = dict(cur.fetchall())
         return classify(len(outcomes) - len(missed), missed, last_applied, landed, followups)
+
+    def _apply_steps(self, steps: Sequence[StepRecord]) -> ApplyResult:
+        """Steps alone: one statement."""
+        if not steps:
+            return ApplyResult()
+        with self.cursor() as cur:
+            try:
+                cur.execute(query("job_steps_insert"), step_params(steps))
+            except psycopg.Error as exc:
+                if not is_refusal(exc):
+                    raise
+                raise OutcomeRejected(f"outcome rejected: {first_line(exc)}") from exc
+            return ApplyResult(steps=max(0, cur.rowcount))
 
     def identity(self) -> DatabaseIdentity:
         """(instance id, database name, server as host:port): what an outbox is bound to."""
@@ -249,7 +262,7 @@ def rollback(conn: psycopg.Connection[Any]) -> None:
 def insert_followups(cur: psycopg.Cursor[Any], outcomes: Sequence[Outcome], applied: Sequence[tuple[Any, ...]]) -> int:
     """Insert the follow-up jobs of the outcomes just applied as done (not those of a replay,
     a stale attempt or a failure), in the apply's transaction; how many were inserted."""
-    done = {(job_id, attempt) for job_id, attempt, status in applied if status == "done"}
+    done = {(job_id, attempt) for job_id, attempt, status, _ in applied if status == "done"}
     rows: list[DependentRow] = []
     for outcome in outcomes:
         if outcome.followups_json and (outcome.job_id, outcome.attempt) in done:

@@ -5,7 +5,11 @@ operator commands and retention do around them."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import orjson
+import psycopg
 import pytest
 
 from shardworker import jobs
@@ -138,3 +142,19 @@ def test_prune_keeps_a_finished_job_while_a_job_depending_on_it_waits(pg_dsn: st
     query(pg_dsn, "UPDATE shardworker.jobs SET finished_at = now() - interval '30 days' WHERE id = %s RETURNING id", a)
     assert store.prune_batch(86400, 100) == 0
     assert query(pg_dsn, "SELECT count(*) FROM shardworker.jobs WHERE id = %s", a)[0][0] == 1
+
+
+def test_an_enqueue_racing_its_dependencys_outcome_is_released_when_both_commit(pg_dsn: str, store: PgStore) -> None:
+    """The enqueue locks the dependency until its commit; the outcome's apply waits for it, then
+    sees the new edge (its settling is a statement of its own, after the wait)."""
+    d = enqueue(pg_dsn, "d")
+    (job,) = store.claim(["d"], None, "w1", 1)
+    applying = threading.Thread(target=store.apply_outcomes, args=([Outcome.done(job.id, job.attempt, b"1")],))
+    with psycopg.connect(pg_dsn) as conn:
+        with conn.transaction():
+            waiting = enqueue(conn, "w", after=[d or 0])
+            applying.start()
+            time.sleep(0.5)
+            assert applying.is_alive()  # the apply waits on the enqueue's lock
+        applying.join(10)
+    assert row(pg_dsn, d or 0)[0] == "done" and row(pg_dsn, waiting or 0)[0] == "queued"

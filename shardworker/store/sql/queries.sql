@@ -197,12 +197,9 @@ WHERE (k.global_concurrency, k.rate_limit, k.rate_period_s)
 -- no attempt is used); 'cancelled'. Jobs that reach an end (done, failed, cancelled) are
 -- announced on the channel shardworker_finished (shardworker.jobs.wait_for listens), their
 -- ids comma-separated, up to 300 a notification (within the 8,000-byte payload limit).
--- The jobs waiting on those applied (only when has_dependents says there are some) are
--- settled in the same statement: one whose last dependency is now done becomes queued
--- (workers are woken); one behind a dependency that ended failed or cancelled is cancelled,
--- and so, transitively, is every job waiting behind it, each naming the job it waited on.
+-- RETURNING has_dependents: whether job_dependents_settle must look for jobs waiting on it.
 -- Parameters come in binary; results as bytea holding UTF-8 JSON text.
-WITH RECURSIVE o AS (
+WITH o AS (
     SELECT id, attempt, disposition, convert_from(result_utf8, 'UTF8')::jsonb AS result, error, delay_s
     FROM unnest(%(ids)b::bigint[], %(attempts)b::int[], %(dispositions)b::text[],
                 %(results)b::bytea[], %(errors)b::text[], %(delays)b::float8[])
@@ -231,49 +228,14 @@ WITH RECURSIVE o AS (
     FROM o
     WHERE j.id = o.id AND j.attempt = o.attempt
       AND (j.status = 'running' OR (j.rescued_attempt = o.attempt AND j.status IN ('queued', 'failed')))
-    RETURNING j.id, j.attempt, j.status, j.has_dependents, pg_column_size(j.result) AS result_bytes
-), released AS (
-    -- Waiting jobs with dependencies applied as done here: how many, and their results' size.
-    SELECT d.job_id AS id, count(*) AS n, sum(coalesce(a.result_bytes, 0)) AS bytes
-    FROM applied a JOIN shardworker.job_dependencies d ON d.depends_on = a.id
-    WHERE a.has_dependents AND a.status = 'done'
-    GROUP BY d.job_id
-), doomed AS (
-    -- Waiting jobs behind a dependency that ended failed or cancelled, transitively.
-    SELECT d.job_id AS id, d.depends_on AS cause, a.status AS cause_status
-    FROM applied a JOIN shardworker.job_dependencies d ON d.depends_on = a.id
-    JOIN shardworker.jobs w ON w.id = d.job_id AND w.status = 'waiting'
-    WHERE a.has_dependents AND a.status IN ('failed', 'cancelled')
-    UNION
-    SELECT d.job_id, d.depends_on, 'cancelled'
-    FROM doomed x JOIN shardworker.job_dependencies d ON d.depends_on = x.id
-    JOIN shardworker.jobs w ON w.id = d.job_id AND w.status = 'waiting'
-), settled AS (
-    UPDATE shardworker.jobs w
-    SET status = CASE WHEN c.id IS NOT NULL THEN 'cancelled'
-                      WHEN w.deps_pending - coalesce(r.n, 0) <= 0 THEN 'queued' ELSE 'waiting' END,
-        deps_pending = w.deps_pending - coalesce(r.n, 0),
-        deps_bytes = w.deps_bytes + coalesce(r.bytes, 0),
-        last_error = CASE WHEN c.id IS NOT NULL THEN 'waited on job ' || c.cause || ', which ended ' || c.cause_status
-                          ELSE w.last_error END,
-        finished_at = CASE WHEN c.id IS NOT NULL THEN now() ELSE w.finished_at END,
-        updated_at = now()
-    FROM (SELECT id FROM released UNION SELECT id FROM doomed) t
-         LEFT JOIN released r ON r.id = t.id
-         LEFT JOIN (SELECT DISTINCT ON (id) id, cause, cause_status FROM doomed ORDER BY id, cause) c ON c.id = t.id
-    WHERE w.id = t.id AND w.status = 'waiting'
-    RETURNING w.id, w.status
+    RETURNING j.id, j.attempt, j.status, j.has_dependents
 ), announced AS (
     SELECT pg_notify('shardworker_finished', string_agg(id::text, ',')) AS sent
-    FROM (SELECT id, (row_number() OVER ()) / 300 AS chunk
-          FROM (SELECT id, status FROM applied UNION ALL SELECT id, status FROM settled) e
+    FROM (SELECT id, (row_number() OVER ()) / 300 AS chunk FROM applied
           WHERE status IN ('done', 'failed', 'cancelled')) f
     GROUP BY chunk
-), woken AS (
-    SELECT pg_notify('shardworker_jobs', '') AS sent FROM settled WHERE status = 'queued' LIMIT 1
 )
-SELECT id, attempt, status FROM applied
-WHERE (SELECT count(*) FROM announced) >= 0 AND (SELECT count(*) FROM woken) >= 0;
+SELECT id, attempt, status, has_dependents FROM applied WHERE (SELECT count(*) FROM announced) >= 0;
 
 -- job_steps_insert --
 -- Record steps' results (job.step), in the transaction that applies the outcomes of the same
@@ -912,3 +874,54 @@ SELECT 'dependent', d.job_id, j.kind, j.status, count(*) OVER ()
 FROM shardworker.job_dependencies d JOIN shardworker.jobs j ON j.id = d.job_id
 WHERE d.depends_on = %(id)s
 ORDER BY side, id;
+
+
+-- job_dependents_settle --
+-- In the transaction that applied them, after job_apply_outcomes (a statement of its own, so
+-- it sees the edges of every enqueue whose lock the apply waited for): the jobs waiting on
+-- those applied with dependents. One whose last dependency is now done becomes queued
+-- (workers are woken); one behind a dependency that ended failed or cancelled is cancelled,
+-- and so, transitively, is every job waiting behind it, each naming the job it waited on.
+WITH RECURSIVE ended AS (
+    SELECT e.id, e.status, pg_column_size(j.result) AS result_bytes
+    FROM unnest(%(ids)s::bigint[], %(statuses)s::text[]) AS e(id, status)
+    JOIN shardworker.jobs j ON j.id = e.id
+), released AS (
+    -- Waiting jobs with dependencies done here: how many, and their results' size.
+    SELECT d.job_id AS id, count(*) AS n, sum(coalesce(e.result_bytes, 0)) AS bytes
+    FROM ended e JOIN shardworker.job_dependencies d ON d.depends_on = e.id
+    WHERE e.status = 'done'
+    GROUP BY d.job_id
+), doomed AS (
+    -- Waiting jobs behind a dependency that ended failed or cancelled, transitively.
+    SELECT d.job_id AS id, d.depends_on AS cause, e.status AS cause_status
+    FROM ended e JOIN shardworker.job_dependencies d ON d.depends_on = e.id
+    JOIN shardworker.jobs w ON w.id = d.job_id AND w.status = 'waiting'
+    WHERE e.status IN ('failed', 'cancelled')
+    UNION
+    SELECT d.job_id, d.depends_on, 'cancelled'
+    FROM doomed x JOIN shardworker.job_dependencies d ON d.depends_on = x.id
+    JOIN shardworker.jobs w ON w.id = d.job_id AND w.status = 'waiting'
+), settled AS (
+    UPDATE shardworker.jobs w
+    SET status = CASE WHEN c.id IS NOT NULL THEN 'cancelled'
+                      WHEN w.deps_pending - coalesce(r.n, 0) <= 0 THEN 'queued' ELSE 'waiting' END,
+        deps_pending = w.deps_pending - coalesce(r.n, 0),
+        deps_bytes = w.deps_bytes + coalesce(r.bytes, 0),
+        last_error = CASE WHEN c.id IS NOT NULL THEN 'waited on job ' || c.cause || ', which ended ' || c.cause_status
+                          ELSE w.last_error END,
+        finished_at = CASE WHEN c.id IS NOT NULL THEN now() ELSE w.finished_at END,
+        updated_at = now()
+    FROM (SELECT id FROM released UNION SELECT id FROM doomed) t
+         LEFT JOIN released r ON r.id = t.id
+         LEFT JOIN (SELECT DISTINCT ON (id) id, cause, cause_status FROM doomed ORDER BY id, cause) c ON c.id = t.id
+    WHERE w.id = t.id AND w.status = 'waiting'
+    RETURNING w.id, w.status
+), announced AS (
+    SELECT pg_notify('shardworker_finished', string_agg(id::text, ',')) AS sent
+    FROM (SELECT id, (row_number() OVER ()) / 300 AS chunk FROM settled WHERE status = 'cancelled') f
+    GROUP BY chunk
+), woken AS (
+    SELECT pg_notify('shardworker_jobs', '') AS sent FROM settled WHERE status = 'queued' LIMIT 1
+)
+SELECT id, status FROM settled WHERE (SELECT count(*) FROM announced) >= 0 AND (SELECT count(*) FROM woken) >= 0;
