@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import textwrap
 from pathlib import Path
@@ -14,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from tests.cli.test_project_dir import shardworker_script
-from tests.helpers import query
+from tests.conftest import free_port
+from tests.helpers import query, wait_for
+from tests.worker.test_observability import scrape
 
 APP = '''
     """A document split into pages, each page read, then one merge after all of them."""
@@ -117,3 +120,20 @@ def test_one_job_fans_out_ten_thousand_follow_ups_and_one_merge_after_all(projec
     (texts,) = query(pg_dsn, "SELECT jsonb_array_length(result->'texts') FROM shardworker.jobs WHERE kind = 'merge'")[0]
     assert texts == 10000
     assert len((project / "ledger" / "runs.log").read_text().splitlines()) == 10002
+
+
+def test_the_metrics_count_follow_ups_inserted(project: Path, pg_dsn: str) -> None:
+    sw(project, pg_dsn, "enqueue", "split", '{"doc": "m", "pages": 3}')
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SHARDWORKER_DSN")}
+    worker = subprocess.Popen([*shardworker_script(), "run", "--app", "tasks", "--outbox-dir", "outbox", "--procs", "2",
+                               "--metrics-port", str(port), "--dsn", pg_dsn], cwd=project, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: query(pg_dsn, "SELECT status FROM shardworker.jobs WHERE kind = 'merge'") == [("done",)], 60,
+                 "the merge done")
+        wait_for(lambda: scrape(port).get(("shardworker_followups_inserted_total", ())) == 4, 10,
+                 "4 follow-ups counted")
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0
