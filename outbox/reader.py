@@ -30,6 +30,7 @@ from outbox.errors import OutboxLocked
 from outbox.frame import HEADER_SIZE
 from outbox.recovery import RecoveryEvent, quarantine, recover_shard, retire_shard
 from outbox.segment import State, list_segments, lock_name, parse, read_file, segment_name
+from outbox.wake import Listener
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ class OutboxReader:
         self._shards: dict[int, ShardState] = {}
         self._next_start = 0
         self._moved = False  # a flushed position crossed a segment since the last checkpoint
+        self._listener = Listener(directory)  # writers' commits wake ``wait``
         for shard, pos in checkpoint.load(directory).items():
             self._shards[shard] = ShardState(pos, pos)
 
@@ -234,7 +236,17 @@ class OutboxReader:
             os.close(state.fd)
             state.fd, state.fd_segno = None, -1
 
+    @property
+    def waking(self) -> bool:
+        """Whether writers' commits wake ``wait`` (else it only sleeps)."""
+        return self._listener.listening
+
+    def wait(self, timeout_s: float) -> bool:
+        """Until a writer commits (``outbox.wake``) or ``timeout_s`` passes; True when woken."""
+        return self._listener.wait(timeout_s)
+
     def close(self) -> None:
+        self._listener.close()
         for state in self._shards.values():
             self._close_fd(state)
         if self._lock_fd is not None:

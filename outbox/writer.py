@@ -38,6 +38,7 @@ from outbox.errors import OutboxError, OutboxFull, OutboxLocked, OutboxSyncError
 from outbox.frame import HEADER_SIZE, MAX_PAYLOAD_BYTES, Kind, encode, encode_header
 from outbox.recovery import highest_segno, recover_shard
 from outbox.segment import lock_name, segment_name
+from outbox.wake import Poker
 from outbox.writer_config import WriterConfig
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ class ShardWriter:
         self._seq = 0  # next sequence number in the current segment
         self._pending: list[tuple[int, bytes]] = []  # (ts_ms, payload)
         self._next_check = 0.0  # monotonic time of the next checkpoint read (see reclaim)
+        self._poker = Poker(directory)
 
     @classmethod
     def open(cls, directory: str, shard: int, config: WriterConfig | None = None) -> ShardWriter:
@@ -136,6 +138,7 @@ class ShardWriter:
             parts.append(p)
         self._write_durably(parts, keep_reserve=True)
         self._seq += len(pending)
+        self._poker.poke()  # the reader waits on it rather than polling (outbox.wake)
         return len(pending)
 
     def _write_durably(self, data: bytes | list[bytes], *, keep_reserve: bool = False) -> None:
@@ -276,6 +279,7 @@ class ShardWriter:
             if self._lock_fd is not None:
                 os.close(self._lock_fd)
                 self._lock_fd = None
+            self._poker.close()
 
     def __enter__(self) -> ShardWriter:
         return self

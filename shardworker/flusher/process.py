@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from outbox import OutboxLocked, OutboxReader
+from outbox import OutboxLocked, OutboxReader, wake
 from shardworker import binding, logs, procs
 from shardworker.config import FlusherConfig, StoreConfig
 from shardworker.flusher.loop import BATCH_BUCKETS, Flusher, FlushStats
@@ -29,6 +29,7 @@ from shardworker.retry import Backoff, retry_call
 from shardworker.store.pg_store import PgStore
 
 EXIT_WRONG_DATABASE = 4  # the flusher's database is not the one its outbox belongs to
+IDLE_WAIT_S = 1.0  # an idle flusher's longest wait between polls, when writers wake it
 STEP_GATHER_S = 0.05  # how long step records alone are held while more gather (Flusher.gather_steps_s)
 
 log = logging.getLogger(__name__)
@@ -142,9 +143,11 @@ class FlusherHandle:
         ``nothing_to_come()`` tells when no more outcomes can arrive (children stopped).
         """
         self.state.stop = StopRequest.WHEN_IDLE
+        wake.poke(self.outbox_dir)  # an idle flusher waits on its socket: let it see the stop
         while self.clock() < deadline and self.alive and not (nothing_to_come() and self.state.idle):
             time.sleep(0.02)
         self.state.stop = StopRequest.NOW
+        wake.poke(self.outbox_dir)
         if self.process is not None:
             procs.join_or_kill(self.process, 10)
 
@@ -211,8 +214,12 @@ def _loop(flusher: Flusher, state: Any, idle_sleep_s: float) -> None:
             state.drained = True
         if state.stop >= StopRequest.NOW or (state.stop >= StopRequest.WHEN_IDLE and flusher.idle):
             return
-        if (not flushed and flusher.idle) or flusher.gathering:
+        if flusher.gathering:
             time.sleep(idle_sleep_s)
+        elif not flushed and flusher.idle:
+            # Until a writer commits (outbox.wake) or a stop pokes; the timeout is a safety net
+            # for a wake-up lost (a directory too deep for a socket: every idle_sleep_s).
+            flusher.reader.wait(IDLE_WAIT_S if flusher.reader.waking else idle_sleep_s)
 
 
 def _add(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
