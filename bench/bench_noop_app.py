@@ -78,3 +78,29 @@ def noop_threads(job):
 @app.handler("bench_steps_threads", **THREADS)
 def steps_threads(job):
     steps(job)
+
+
+# bench/workflow.py: follow-up jobs (job.enqueue) and jobs that wait on others (after=).
+
+
+@app.handler("bench_fanout")
+def fanout(job):
+    """Enqueue payload["n"] no-op follow-ups (each payload["delay_s"] from now, default 0):
+    side by side, then one bench_merge after all of them with "merge", or as a chain (each
+    after the one before) with "chain"."""
+    n, delay_s = job.payload["n"], job.payload.get("delay_s", 0.0)
+    if job.payload.get("chain"):
+        link = None
+        for _ in range(n):
+            link = job.enqueue("bench_noop", delay_s=delay_s, after=() if link is None else [link])
+        return n
+    handles = [job.enqueue("bench_noop", delay_s=delay_s) for _ in range(n)]
+    if job.payload.get("merge"):
+        job.enqueue("bench_merge", after=handles)
+    return n
+
+
+@app.handler("bench_merge")
+def merge(job):
+    """How many results it waited on (bench/workflow.py checks it saw them all)."""
+    return len(job.dependencies)

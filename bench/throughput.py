@@ -84,9 +84,10 @@ def worker_command(dsn: str, procs: int, outbox_dir: str, extra: tuple[str, ...]
             "--outbox-dir", outbox_dir, "--dsn", dsn, *extra]
 
 
-def run_worker(dsn: str, app_dir: str, procs: int, n: int, log_path: Path, extra: tuple[str, ...] = (),
-               name: str = "") -> Result:
-    """Time one ``shardworker run --exit-when-idle`` over ``n`` queued jobs."""
+def time_worker(dsn: str, app_dir: str, procs: int, log_path: Path,
+                extra: tuple[str, ...] = ()) -> tuple[float, float, float]:
+    """Run one ``shardworker run --exit-when-idle`` to its end, on a fresh outbox directory:
+    (wall seconds, launched, exited), the last two as epoch seconds."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [app_dir, os.environ.get("PYTHONPATH")]))}
     env.pop("SHARDWORKER_DSN", None)
     outbox_dir = tempfile.mkdtemp(prefix="sw-bench-outbox-")
@@ -101,6 +102,13 @@ def run_worker(dsn: str, app_dir: str, procs: int, n: int, log_path: Path, extra
     if rc != 0:
         tail = log_path.read_text(errors="replace").splitlines()[-15:]
         raise RuntimeError(f"shardworker run --procs {procs} exited {rc}; last log lines:\n" + "\n".join(tail))
+    return wall, launched, exited
+
+
+def run_worker(dsn: str, app_dir: str, procs: int, n: int, log_path: Path, extra: tuple[str, ...] = (),
+               name: str = "") -> Result:
+    """Time one ``shardworker run --exit-when-idle`` over ``n`` queued jobs."""
+    wall, launched, exited = time_worker(dsn, app_dir, procs, log_path, extra)
     first, last = table_span(dsn, n)
     return Result(name or f"shardworker P={procs}", n, wall, last - first, first - launched, exited - last)
 
