@@ -1,10 +1,11 @@
 """The dashboard's Starlette app: pages, the fragments they refresh, and the buttons.
 
 Routes: ``/`` (queues with their counts and state, kinds, throughput, workers, failed and
-recent jobs), ``/jobs/{id}`` (one job and its recorded steps), ``/live/...`` (the same
-bodies alone, which ``static/dashboard.js`` swaps in every few seconds), ``POST
-/jobs/{id}/retry`` and ``/cancel``, and ``POST /queues/pause``, ``/resume``, ``/limit`` and
-``/clear`` (the queue, and a limit's concurrency and rate, in the form's fields). Database calls block, so each runs
+recent jobs), ``/jobs/{id}`` (one job, its recorded steps, and links to the jobs it waits on
+and to those waiting on it), ``/live/...`` (the same bodies alone, which
+``static/dashboard.js`` swaps in every few seconds), ``POST /jobs/{id}/retry`` and
+``/cancel``, and ``POST /queues/pause``, ``/resume``, ``/limit`` and ``/clear`` (the queue,
+and a limit's concurrency and rate, in the form's fields). Database calls block, so each runs
 in Starlette's thread pool with a connection of its own (``data``); a database that is
 away, or a schema that is missing, becomes a banner on the page (503), never a traceback.
 """

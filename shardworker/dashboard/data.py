@@ -9,6 +9,7 @@ These functions block: the web app runs them in its thread pool.
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -19,12 +20,12 @@ from shardworker.errors import ConfigError, JobsError
 from shardworker.jobs import JobInfo
 from shardworker.store import job_queries, queue_queries
 from shardworker.store.pg_store import PgStore, StoreConfig
-from shardworker.views import QueueInfo, QueueState, StepInfo, WorkerInfo
+from shardworker.views import LinkInfo, QueueInfo, QueueState, StepInfo, WorkerInfo
 
 FAILED_SHOWN = 20
 RECENT_SHOWN = 15
 LIVE_AFTER_S = 60.0  # as `shardworker workers --silent-after`: a heartbeat older than this is not live
-KIND_COUNTS = (*counts.UNFINISHED, "failed", "cancelled", "done_1h")
+KIND_COUNTS = ("waiting", *counts.UNFINISHED, "failed", "cancelled", "done_1h")
 QUEUE_ACTIONS = ("pause", "resume", "limit", "clear")
 # Up to this many rows (the planner's estimate) done is counted exactly, a scan of ~20 ms;
 # above it, estimated as `stats` does past a million: an open page asks every 2 s.
@@ -69,13 +70,32 @@ class Overview:
 
 
 @dataclass(frozen=True)
+class Links:
+    """One side of a job's links (the jobs it waits on, or those waiting on it): the first
+    ``jobs.STEPS_SHOWN``, how many in all, and how many in each status ("deleted" for a job
+    that is gone), so a fan-in of 10,000 reads as "9,990 done, 10 running" at a glance."""
+
+    shown: list[LinkInfo]
+    total: int
+    by_status: dict[str, int]
+
+    @classmethod
+    def of(cls, links: list[LinkInfo]) -> Links:
+        tally = Counter(link.status or "deleted" for link in links)
+        return cls(links[:jobs.STEPS_SHOWN], len(links),
+                   {status: tally[status] for status in (*jobs.STATUSES, "deleted") if tally[status]})
+
+
+@dataclass(frozen=True)
 class JobPage:
-    """One job's page: the job, the first ``jobs.STEPS_SHOWN`` of its recorded steps, and how
-    many steps it holds in all."""
+    """One job's page: the job, the first ``jobs.STEPS_SHOWN`` of its recorded steps, how
+    many steps it holds in all, and the jobs it waits on and those waiting on it."""
 
     job: JobInfo
     steps: list[StepInfo]
     steps_total: int
+    dependencies: Links
+    dependents: Links
 
 
 @contextlib.contextmanager
@@ -119,7 +139,8 @@ def job(dsn: str, job_id: int) -> JobPage | None:
         if found is None:
             return None
         steps, total = jobs.first_steps(conn, job_id, jobs.STEPS_SHOWN)
-    return JobPage(found, steps, total)
+        dependencies, dependents = jobs.get_links(conn, job_id)
+    return JobPage(found, steps, total, Links.of(dependencies), Links.of(dependents))
 
 
 def change(dsn: str, action: str, job_id: int) -> int:

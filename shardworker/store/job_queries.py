@@ -190,8 +190,8 @@ def idle_connection(conn: Any) -> psycopg.Connection[Any]:
 # the dashboard: read-only, on a connection or a DSN ------------------------------------------
 
 def dashboard_kind_counts(conn_or_dsn: Any) -> list[KindCount]:
-    """(queue, kind, status, count) rows: every failed and cancelled job, and ``done_1h`` for
-    jobs done in the last hour (no statement reads the whole table)."""
+    """(queue, kind, status, count) rows: every waiting, failed and cancelled job, and ``done_1h``
+    for jobs done in the last hour (no statement reads the whole table)."""
     with cursor_for(conn_or_dsn, transaction=False) as cur:
         cur.execute(query("dashboard_kind_counts"))
         return [KindCount(str(q), str(k), str(s), int(n)) for q, k, s, n in cur.fetchall()]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 
+from shardworker import jobs
 from shardworker.dashboard import data
 from tests.conftest import free_port
 from tests.dashboard.conftest import Dashboard, command, dashboard_env, fail, running_dashboard
@@ -193,3 +194,42 @@ def test_counts_and_throughput_read_the_last_hour(pg_dsn: str) -> None:
     assert seen.totals == {"waiting": 0, "available": 0, "scheduled": 0, "prefetched": 0, "running": 0, "done": 4,
                            "failed": 1, "cancelled": 0}
     assert datetime.now(UTC) - seen.minutes[0].start < timedelta(minutes=61)
+
+
+def link_row(side: str, job_id: int, kind: str) -> str:
+    """A row of a job page's links table for a job that exists: its id, linked to its page, then its kind."""
+    return f'<tr data-{side}="{job_id}"><td class="num"><a href="/jobs/{job_id}">{job_id}</a></td><td>{kind}</td>'
+
+
+def test_job_pages_link_a_job_and_the_job_waiting_on_it(pg_dsn: str, dashboard: Dashboard) -> None:
+    """A job enqueued after another: each page links to the other (waits on / waited on by,
+    with kind and status); the waiting job counts as waiting by queue and by kind and has a
+    Cancel button; once its dependency is deleted it lists it as deleted, without a link."""
+    [split] = enqueue(pg_dsn, "split", 1)
+    [merge] = enqueue(pg_dsn, "merge", 1, after=(split,))
+    split_page = httpx.get(f"{dashboard.url}/jobs/{split}").text
+    assert "Waited on by: 1 (1 waiting)" in split_page and "data-dependencies" not in split_page
+    assert link_row("dependent", merge, "merge") in split_page
+    merge_page = httpx.get(f"{dashboard.url}/jobs/{merge}").text
+    assert "Waits on: 1 (1 queued)" in merge_page and "data-dependents" not in merge_page
+    assert link_row("dependency", split, "split") in merge_page
+    assert "data-job-status>waiting<" in merge_page and f'data-action="cancel" data-job="{merge}"' in merge_page
+    overview = httpx.get(dashboard.url).text
+    assert 'data-count="default/waiting">1<' in overview and 'data-count="default/merge/waiting">1<' in overview
+    assert jobs.delete(pg_dsn, [split]) == 1
+    gone = httpx.get(f"{dashboard.url}/live/jobs/{merge}").text
+    assert f'<tr data-dependency="{split}"><td class="num">{split}</td><td></td><td>deleted</td>' in gone
+    assert f"waited on job {split}, which was deleted" in gone and "data-job-status>cancelled<" in gone
+
+
+def test_a_fan_in_page_lists_50_of_its_dependencies_and_counts_them_all_by_status(pg_dsn: str,
+                                                                                 dashboard: Dashboard) -> None:
+    """A merge after 52 parts, two of them done: its page counts them by status and lists the
+    first 50 by id, then how many more."""
+    parts = enqueue(pg_dsn, "part", 52)
+    [merge] = enqueue(pg_dsn, "merge", 1, after=tuple(parts))
+    execute(pg_dsn, "UPDATE shardworker.jobs SET status = 'done', finished_at = now() WHERE id = ANY(%s)", parts[-2:])
+    html = httpx.get(f"{dashboard.url}/jobs/{merge}").text
+    assert "Waits on: 52 (50 queued, 2 done)" in html and html.count("<tr data-dependency=") == 50
+    assert f'data-dependency="{parts[49]}"' in html and f'data-dependency="{parts[50]}"' not in html
+    assert "and 2 more (<code>shardworker jobs show" in html

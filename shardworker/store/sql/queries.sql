@@ -728,10 +728,12 @@ RETURNING name, paused, concurrency, rate_limit, rate_period_s;
 SELECT clock_timestamp(), pg_is_in_recovery(), current_setting('transaction_read_only') = 'on';
 
 -- dashboard_kind_counts --
--- The dashboard's counts of finished jobs by queue and kind, cheap however big the table
--- (the unfinished ones come from queue_backlog): failed and cancelled counted exactly, each
+-- The dashboard's counts by queue and kind that queue_backlog does not give, cheap however
+-- big the table: waiting (on dependencies), failed and cancelled counted exactly, each
 -- through its partial index, and done only over the last hour through jobs_finished_idx
 -- (reported as status 'done_1h').
+SELECT queue, kind, 'waiting', count(*) FROM shardworker.jobs WHERE status = 'waiting' GROUP BY queue, kind
+UNION ALL
 SELECT queue, kind, 'failed', count(*) FROM shardworker.jobs WHERE status = 'failed' GROUP BY queue, kind
 UNION ALL
 SELECT queue, kind, 'cancelled', count(*) FROM shardworker.jobs WHERE status = 'cancelled' GROUP BY queue, kind
