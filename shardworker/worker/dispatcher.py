@@ -75,12 +75,12 @@ class Dispatcher:
         self.flushed_base = flusher.flushed_total
         self.acked_total = 0  # records (outcomes, steps) made durable since this dispatcher started
         self._steps_counted = 0  # of them, the steps children reported
-        self.done_total = 0
-        self.claimed_total = 0
+        self.done_total = self.claimed_total = 0
         self.pause_reason = ""
-        self.more_due = True
-        self.next_log_at = clock() + config.log_interval_s
-        self.next_idle_check_at = 0.0
+        # backlog_seen: the last claim took all it asked for (more jobs wait); woken: a notification
+        # or the poll since the last claim (jobs may have arrived).
+        self.backlog_seen, self.woken = False, True
+        self.next_log_at, self.next_idle_check_at = clock() + config.log_interval_s, 0.0
         self._flushed_at_failure = 0  # flusher.flushed_total when the last claim failed
         self.db_errors = 0  # claims the database failed, in all
         self.watch = DatabaseWatch(self.backlog, clock)
@@ -147,8 +147,6 @@ class Dispatcher:
         """Records (outcomes, steps) made durable and not yet flushed (an estimate)."""
         return self.acked_total - (self.flusher.flushed_total - self.flushed_base)
 
-    # claiming ------------------------------------------------------------------------
-
     def _claim_blocker(self) -> str:
         if self.stopping():
             return "stopping"
@@ -173,10 +171,12 @@ class Dispatcher:
         # A child over its share (stuck, or saturated: target 0) has no room; it takes none from the others.
         room = [max(0, t - self.pool.outstanding(i)) for i, t in enumerate(targets)]
         limit = min(self.config.claim_batch, sum(room))
-        # Claim once some child runs low (a quarter of its prefetch or less held beyond its run
-        # slots), not for every job finished: a claim is a transaction (dearer than a step).
+        # Claim when some child runs low (a quarter of its prefetch or less held beyond its run
+        # slots); else only for jobs that arrived (a notification, or the poll) while no backlog
+        # waits: a claim is a transaction, dearer than a step, so not one per job finished.
         prefetch = [max(0, t - self.pool.at_once) for t in targets]
-        if limit < 1 or not any(r > 0 and r >= p - p // 4 for r, p in zip(room, prefetch, strict=True)):
+        low = any(r > 0 and r >= p - p // 4 for r, p in zip(room, prefetch, strict=True))
+        if limit < 1 or not (low or (self.woken and not self.backlog_seen)):
             return 0
         if self.pool.held_bytes() >= self.config.claim_bytes:
             return 0  # big payloads wait here for children to take them: claim no more bytes yet
@@ -199,7 +199,8 @@ class Dispatcher:
         jobs = claim.jobs
         if claim.pace_s is not None:  # a rate-limited backlog: come back as its bucket refills
             self.paced_until, self.pace_s = self.clock() + 1.0, max(0.005, claim.pace_s)
-        self.more_due = len(jobs) == limit or sum(j.size for j in jobs) * 2 >= self.config.claim_bytes
+        self.backlog_seen = len(jobs) == limit or sum(j.size for j in jobs) * 2 >= self.config.claim_bytes
+        self.woken = False
         self.claimed_total += len(jobs)
         self._route(jobs)
         return len(jobs)
@@ -248,11 +249,11 @@ class Dispatcher:
                                  min(timeout, 0.2))
         if notify_fd is not None and notify_fd in ready:
             try:
-                self.more_due = self.store.wait_notify(0) or self.more_due
+                self.woken = self.store.wait_notify(0) or self.woken
             except StoreError as exc:
                 self._claim_failed(exc)
         elif not ready:
-            self.more_due = True  # poll fallback: maybe jobs became due (run_at) meanwhile
+            self.woken = True  # the poll: jobs may have fallen due (run_at) meanwhile
 
     def _notify_fd(self) -> int | None:
         if not self.db_ok:
@@ -286,11 +287,9 @@ class Dispatcher:
             log.info("claimed %d, done %d, in flight %d, outbox backlog %d", self.claimed_total,
                      self.done_total, self.pool.in_flight, self.backlog())
 
-    # giving back (shardworker.worker.giveback) -----------------------------------------
-
     @property
     def lost_claims(self) -> list[str]:
-        """Tokens of claims whose reply was lost, given back before the next claim."""
+        """Tokens of claims whose reply was lost (given back before the next claim: giveback)."""
         return self.giving_back.lost_claims
 
     def give_back(self, unstarted: list[JobKey], deadline: float) -> int:
