@@ -36,20 +36,21 @@ def _sleeps(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def enqueue_documents(dsn: str) -> None:
-    """The 20 splits, arriving over 3 s (split i due at 0.15 s x i), so splits run all along."""
+    """The 20 splits, arriving over 6 s (split i due at 0.3 s x i), so splits run all along,
+    even on a loaded machine where parts and merges fall behind."""
     now = datetime.now(UTC)
-    enqueue_many(dsn, [JobSpec("split", {"doc": f"doc{i}", "parts": PARTS}, run_at=now + timedelta(seconds=0.15 * i))
+    enqueue_many(dsn, [JobSpec("split", {"doc": f"doc{i}", "parts": PARTS}, run_at=now + timedelta(seconds=0.3 * i))
                        for i in range(DOCS)])
 
 
 def stop_during_a_split(server: EmbeddedPostgres, count_dirs: list[Path]) -> int:
-    """Once a few merges have started, stop PostgreSQL (immediate) while a split's handler is
-    running; wait until that split has ended (its outcome and follow-ups in the outbox). Its id."""
+    """Once a merge has started, stop PostgreSQL (immediate) while a split's handler is running;
+    wait until that split has ended (its outcome and follow-ups in the outbox). Its id."""
     def split_running() -> bool:
         merges = sum(1 for e in ledger(count_dirs) if e.kind == "merge" and e.event == "start")
-        return merges >= 2 and bool(open_runs(count_dirs, "split"))
+        return merges >= 1 and bool(open_runs(count_dirs, "split"))
 
-    wait_for(split_running, 40, "a split running after two merges started", step_s=0.01)
+    wait_for(split_running, 40, "a split running after a merge started", step_s=0.01)
     (split_id, *_) = open_runs(count_dirs, "split")
     server.stop("immediate")
     wait_for(lambda: split_id not in open_runs(count_dirs, "split"), 10, f"split {split_id} to end in the outage")
