@@ -33,6 +33,13 @@ class JobInfo:
     attempted_at: datetime | None
     finished_at: datetime | None
     locked_by: str | None
+    snoozes: int = 0  # runs that used no attempt (Snooze): ``attempt`` counts every run
+
+    @property
+    def attempts_text(self) -> str:
+        """Attempts used of ``max_attempts``, and the runs that used none: ``1/25``, ``2/3 +1 snoozed``."""
+        used = f"{self.attempt - self.snoozes}/{self.max_attempts}"
+        return f"{used} +{self.snoozes} snoozed" if self.snoozes else used
 
     def to_json(self) -> dict[str, Any]:
         return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in self.__dict__.items()}

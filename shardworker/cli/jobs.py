@@ -49,9 +49,10 @@ def _echo_jobs(found: list[jobs_api.JobInfo], as_json: bool) -> None:
         return
     if not found:
         click.echo("no jobs match", err=True)
+    width = max((len(j.attempts_text) for j in found), default=0)
     for j in found:
         error = (j.last_error or "").splitlines()[0][:60] if j.last_error else ""
-        click.echo(f"{j.id:>10}  {j.status:<9}  {j.kind:<20}  {j.queue:<10}  attempt {j.attempt}/{j.max_attempts}"
+        click.echo(f"{j.id:>10}  {j.status:<9}  {j.kind:<20}  {j.queue:<10}  attempt {j.attempts_text:<{width}}"
                    f"  {j.created_at:%Y-%m-%d %H:%M:%S}  {error}".rstrip())
 
 
