@@ -305,27 +305,32 @@ WITH ins AS (
 SELECT id, pg_notify('shardworker_jobs', queue) FROM ins;
 
 -- job_stage_create --
--- A session-local staging table for bulk enqueue through COPY.
+-- A session-local staging table for bulk enqueue through COPY; ord is each row's position.
 CREATE TEMP TABLE shardworker_stage (
     kind text, queue text, payload text, priority int, max_attempts int,
-    run_at timestamptz, dedupe_key text
+    run_at timestamptz, dedupe_key text, ord int
 ) ON COMMIT DROP;
 
 -- job_stage_copy --
 -- COPY rows into the staging table.
-COPY shardworker_stage (kind, queue, payload, priority, max_attempts, run_at, dedupe_key) FROM STDIN;
+COPY shardworker_stage (kind, queue, payload, priority, max_attempts, run_at, dedupe_key, ord) FROM STDIN;
 
 -- job_stage_insert --
--- Move staged rows into the jobs table, skipping live dedupe-key duplicates.
-WITH ins AS (
-    INSERT INTO shardworker.jobs (kind, queue, payload, payload_bytes, priority, max_attempts, run_at, dedupe_key)
-    SELECT kind, queue, payload::jsonb, octet_length(payload), priority, max_attempts, coalesce(run_at, now()),
+-- Move staged rows into the jobs table, skipping live dedupe-key duplicates. Ids are drawn
+-- here in the rows' order, so each comes back by its position: the id, or NULL for a row
+-- whose dedupe key a live job holds (not inserted).
+WITH staged AS (
+    SELECT s.*, nextval(pg_get_serial_sequence('shardworker.jobs', 'id')) AS id
+    FROM (SELECT * FROM shardworker_stage ORDER BY ord) s
+), ins AS (
+    INSERT INTO shardworker.jobs (id, kind, queue, payload, payload_bytes, priority, max_attempts, run_at, dedupe_key)
+    SELECT id, kind, queue, payload::jsonb, octet_length(payload), priority, max_attempts, coalesce(run_at, now()),
            dedupe_key
-    FROM shardworker_stage
+    FROM staged ORDER BY ord
     ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('waiting', 'queued', 'running') DO NOTHING
-    RETURNING 1
+    RETURNING id
 )
-SELECT count(*) FROM ins;
+SELECT i.id FROM staged s LEFT JOIN ins i ON i.id = s.id ORDER BY s.ord;
 
 -- job_stage_drop --
 -- Drop the staging table at once, so another bulk enqueue in the same transaction can create it.
