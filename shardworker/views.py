@@ -8,10 +8,20 @@ jobs it holds, ``BacklogRow``, ``QueueState`` and ``QueueInfo`` what ``shardwork
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from shardworker.flow import Rate
+
+
+def in_utc(value: datetime) -> datetime:
+    """A time in UTC: the one zone every command prints, whatever the session's time zone."""
+    return value.astimezone(UTC)
+
+
+def json_value(value: Any) -> Any:
+    """A field as JSON takes it: a time as ISO 8601 in UTC, anything else as it is."""
+    return in_utc(value).isoformat() if isinstance(value, datetime) else value
 
 
 @dataclass(frozen=True)
@@ -42,7 +52,7 @@ class JobInfo:
         return f"{used} +{self.snoozes} snoozed" if self.snoozes else used
 
     def to_json(self) -> dict[str, Any]:
-        return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in self.__dict__.items()}
+        return {k: json_value(v) for k, v in self.__dict__.items()}
 
 
 @dataclass(frozen=True)
@@ -59,7 +69,7 @@ class WorkerInfo:
     silent_s: float
 
     def to_json(self) -> dict[str, Any]:
-        return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in self.__dict__.items()}
+        return {k: json_value(v) for k, v in self.__dict__.items()}
 
 
 class FlowCount(NamedTuple):
@@ -130,7 +140,7 @@ class StepInfo:
     bytes: int
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.__dict__, "recorded_at": self.recorded_at.isoformat()}
+        return {**self.__dict__, "recorded_at": json_value(self.recorded_at)}
 
 
 @dataclass(frozen=True)
