@@ -25,13 +25,17 @@ def _store(dsn: str) -> Any:
 @click.command()
 @click.option("--older-than", "older_than", type=Duration(), required=True,
               help="Delete done, failed and cancelled jobs that ended longer ago than this (30m, 12h, 7d).")
+@click.option("--status", "statuses", type=click.Choice(("done", "failed", "cancelled")), multiple=True,
+              help="Only jobs that ended so (repeat it for several); default: all three.")
 @click.option("--batch", type=click.IntRange(min=1, max=100_000), default=1000, show_default=True,
               help="Rows deleted per transaction.")
 @json_option
 @dsn_option
 @one_line_errors
-def prune(older_than: float, batch: int, as_json: bool, dsn: str | None) -> None:
-    """Delete finished jobs older than a duration, in small batches (workers do this by --retention)."""
+def prune(older_than: float, statuses: tuple[str, ...], batch: int, as_json: bool, dsn: str | None) -> None:
+    """Delete finished jobs older than a duration, in small batches (workers do this by
+    --retention for done jobs and --retention-failed for failed and cancelled ones)."""
+    from shardworker.worker.housekeeping import FINISHED
     from shardworker.worker.housekeeping import prune as prune_jobs
 
     if older_than <= 0:
@@ -48,7 +52,7 @@ def prune(older_than: float, batch: int, as_json: bool, dsn: str | None) -> None
 
     store = _store(resolve_dsn(dsn))
     try:
-        total = prune_jobs(store, older_than, batch=batch, on_batch=progress)
+        total = prune_jobs(store, older_than, statuses=statuses or FINISHED, batch=batch, on_batch=progress)
     finally:
         store.close()
     if tty:

@@ -594,13 +594,13 @@ UNLISTEN shardworker_finished;
 SELECT pg_try_advisory_xact_lock(hashtext('shardworker.prune'));
 
 -- prune_batch --
--- Delete up to `limit` finished jobs that ended more than `older_than_s` seconds ago,
--- oldest first, through jobs_finished_idx; rows locked by someone else are left for later,
--- and so is a job that a waiting, queued or running job depends on (its result is that
--- job's job.dependencies).
+-- Delete up to `limit` finished jobs of `statuses` (some of done, failed, cancelled) that
+-- ended more than `older_than_s` seconds ago, oldest first, through jobs_finished_idx; rows
+-- locked by someone else are left for later, and so is a job that a waiting, queued or
+-- running job depends on (its result is that job's job.dependencies).
 WITH doomed AS (
     SELECT id FROM shardworker.jobs j
-    WHERE status IN ('done', 'failed', 'cancelled')
+    WHERE status IN ('done', 'failed', 'cancelled') AND status = ANY(%(statuses)s::text[])
       AND finished_at < now() - make_interval(secs => %(older_than_s)s)
       AND NOT (has_dependents AND EXISTS (
           SELECT 1 FROM shardworker.job_dependencies d JOIN shardworker.jobs w ON w.id = d.job_id
