@@ -78,23 +78,36 @@ def copy_jobs(cur: psycopg.Cursor[Any], rows: Iterable[Sequence[Any]]) -> list[i
     """COPY rows into a staging table and move them into the jobs table; must run inside a
     transaction. Their ids in order, None for a row a live dedupe key skipped. The staging
     table is dropped before returning, so a caller's transaction may do this again."""
+    keys: list[str | None] = []
     cur.execute(query("job_stage_create"))
     try:
         with cur.copy(query("job_stage_copy")) as copy:
-            for position, values in enumerate(rows):
-                copy.write_row((*values, position))
+            for values in rows:
+                copy.write_row((*values, len(keys)))
+                keys.append(values[6])
         cur.execute(query("job_stage_insert"))
     except REFUSED as exc:
         raise EnqueueError(f"bulk enqueue rejected: {first_line(exc)}") from exc
-    ids = inserted_ids(cur.fetchall())
+    ids = inserted_ids(cur.fetchall(), keys)
     cur.execute(query("job_stage_drop"))
     cur.execute(query("notify_jobs"))
     return ids
 
 
-def inserted_ids(rows: Sequence[Sequence[Any]]) -> list[int | None]:
-    """``job_stage_insert``'s rows as ids (None: not inserted)."""
-    return [None if row[0] is None else int(row[0]) for row in rows]
+def inserted_ids(inserted: Sequence[Sequence[Any]], keys: Sequence[str | None]) -> list[int | None]:
+    """Each staged row's id, or None, from ``job_stage_insert``'s (id, dedupe_key) rows by id
+    and the rows' dedupe ``keys`` in order. The ids were drawn in the rows' order, and only a
+    row with a key can be missing (a live job holds it; so does it for any later row with
+    that key): a row takes the next id unless it has a key that id's row does not."""
+    ids: list[int | None] = []
+    at = 0
+    for key in keys:
+        if at < len(inserted) and (key is None or inserted[at][1] == key):
+            ids.append(int(inserted[at][0]))
+            at += 1
+        else:
+            ids.append(None)
+    return ids
 
 
 @contextlib.contextmanager

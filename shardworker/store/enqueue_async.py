@@ -33,16 +33,18 @@ async def enqueue_rows_async(conn_or_dsn: Any, rows: Iterable[Sequence[Any]]) ->
     a row a live dedupe key skipped."""
     config = StoreConfig(dsn=conn_or_dsn, statement_timeout_s=BULK_STATEMENT_TIMEOUT_S) \
         if isinstance(conn_or_dsn, str) else None
+    keys: list[str | None] = []
     async with async_cursor_for(conn_or_dsn, transaction=True, config=config) as cur:
         await cur.execute(query("job_stage_create"))
         try:
             async with cur.copy(query("job_stage_copy")) as copy:
-                for position, values in enumerate(rows):
-                    await copy.write_row((*values, position))
+                for values in rows:
+                    await copy.write_row((*values, len(keys)))
+                    keys.append(values[6])
             await cur.execute(query("job_stage_insert"))
         except REFUSED as exc:
             raise EnqueueError(f"bulk enqueue rejected: {first_line(exc)}") from exc
-        ids = inserted_ids(await cur.fetchall())
+        ids = inserted_ids(await cur.fetchall(), keys)
         await cur.execute(query("job_stage_drop"))
         await cur.execute(query("notify_jobs"))
     return ids

@@ -41,6 +41,11 @@ def test_enqueue_many_returns_the_ids_in_order_and_none_for_a_live_dedupe_key(pg
     with psycopg.connect(pg_dsn) as conn:  # the caller's connection and transaction
         assert len(enqueue_many(conn, [JobSpec("e")] * 3)) == 3
     assert enqueue_many(pg_dsn, []) == []
+    # Keys repeated within the batch and held by a live job, among jobs without a key.
+    mixed = enqueue_many(pg_dsn, [JobSpec("m", n, dedupe_key=key) for n, key in enumerate(
+        ["k1", None, "k1", "k2", "daily", None, "k2", "k3"])])
+    assert [i is not None for i in mixed] == [True, True, False, True, False, True, False, True]
+    assert kinds_by_id(pg_dsn, mixed) == [("m", 0), ("m", 1), None, ("m", 3), None, ("m", 5), None, ("m", 7)]
 
 
 def test_enqueue_many_with_after_returns_the_ids_too(pg_dsn: str) -> None:

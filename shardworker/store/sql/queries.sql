@@ -316,21 +316,18 @@ CREATE TEMP TABLE shardworker_stage (
 COPY shardworker_stage (kind, queue, payload, priority, max_attempts, run_at, dedupe_key, ord) FROM STDIN;
 
 -- job_stage_insert --
--- Move staged rows into the jobs table, skipping live dedupe-key duplicates. Ids are drawn
--- here in the rows' order, so each comes back by its position: the id, or NULL for a row
--- whose dedupe key a live job holds (not inserted).
-WITH staged AS (
-    SELECT s.*, nextval(pg_get_serial_sequence('shardworker.jobs', 'id')) AS id
-    FROM (SELECT * FROM shardworker_stage ORDER BY ord) s
-), ins AS (
-    INSERT INTO shardworker.jobs (id, kind, queue, payload, payload_bytes, priority, max_attempts, run_at, dedupe_key)
-    SELECT id, kind, queue, payload::jsonb, octet_length(payload), priority, max_attempts, coalesce(run_at, now()),
+-- Move staged rows into the jobs table in their order (ord), skipping live dedupe-key
+-- duplicates. Returns (id, dedupe_key) of the rows inserted, by id: the ids were drawn in
+-- the rows' order, so shardworker.store.enqueue.inserted_ids gives each row its id, or None.
+WITH ins AS (
+    INSERT INTO shardworker.jobs (kind, queue, payload, payload_bytes, priority, max_attempts, run_at, dedupe_key)
+    SELECT kind, queue, payload::jsonb, octet_length(payload), priority, max_attempts, coalesce(run_at, now()),
            dedupe_key
-    FROM staged ORDER BY ord
+    FROM shardworker_stage ORDER BY ord
     ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('waiting', 'queued', 'running') DO NOTHING
-    RETURNING id
+    RETURNING id, dedupe_key
 )
-SELECT i.id FROM staged s LEFT JOIN ins i ON i.id = s.id ORDER BY s.ord;
+SELECT id, dedupe_key FROM ins ORDER BY id;
 
 -- job_stage_drop --
 -- Drop the staging table at once, so another bulk enqueue in the same transaction can create it.
