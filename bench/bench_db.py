@@ -44,7 +44,7 @@ def load_jobs(dsn: str, n: int, kind: str) -> None:
     """
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("TRUNCATE shardworker.jobs CASCADE")  # and job_steps, job_dependencies
-        enqueued = enqueue_many(conn, (JobSpec(kind) for _ in range(n)))
+        enqueued = len(enqueue_many(conn, (JobSpec(kind) for _ in range(n))))
         if enqueued != n:
             raise RuntimeError(f"enqueued {enqueued} jobs, expected {n}")
         conn.execute("ANALYZE shardworker.jobs")

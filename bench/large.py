@@ -163,7 +163,7 @@ def load(dsn: str, mode: str, n: int, mib: int) -> None:
         else:
             text = blob(mib)  # the same bytes for each job; TOAST stores each row's copy
             specs = (JobSpec("big_payload", {"blob": text}) for _ in range(n))
-        if enqueue_many(conn, specs) != n:
+        if None in enqueue_many(conn, specs):
             raise RuntimeError("enqueue_many enqueued fewer jobs than asked")
         conn.execute("ANALYZE shardworker.jobs")
 

@@ -5,11 +5,22 @@ from shardworker.app import App
 from shardworker.child.steps import StepError
 from shardworker.client import JobSpec, enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from shardworker.control import Cancel, Fail, Retry, Snooze
+from shardworker.errors import (
+    ConfigError,
+    DatabaseUnavailable,
+    EnqueueError,
+    JobsError,
+    ShardworkerError,
+    StoreError,
+    WaitTimeout,
+)
 from shardworker.followups import FollowUp
-from shardworker.jobs import JobInfo, get_job, wait_for
+from shardworker.jobs import JobInfo, get_job, wait_for, wait_for_async
 from shardworker.model import Job
 from shardworker.routing import shard_for
 
-__all__ = ["App", "Cancel", "Fail", "FollowUp", "Job", "JobInfo", "JobSpec", "Retry", "Snooze", "StepError", "enqueue",
-           "enqueue_async", "enqueue_many", "enqueue_many_async", "get_job", "shard_for", "wait_for"]
+__all__ = ["App", "Cancel", "ConfigError", "DatabaseUnavailable", "EnqueueError", "Fail", "FollowUp", "Job", "JobInfo",
+           "JobSpec", "JobsError", "Retry", "ShardworkerError", "Snooze", "StepError", "StoreError", "WaitTimeout",
+           "enqueue", "enqueue_async", "enqueue_many", "enqueue_many_async", "get_job", "shard_for", "wait_for",
+           "wait_for_async"]
 __version__ = "0.1.0"

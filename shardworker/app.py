@@ -57,7 +57,8 @@ class HandlerSpec:
 
     kind: str
     fn: Handler
-    max_attempts: int | None = None  # None: the job row's max_attempts decides
+    # Lowers its jobs' max_attempts at their first claim (the row then decides); None: as enqueued.
+    max_attempts: int | None = None
     timeout_s: float | None = None
     retry_delay: Callable[[int], float] = job_retry_delay
     threads: bool = False  # a sync handler run on the child's thread pool
@@ -75,11 +76,10 @@ class HandlerSpec:
         return "async" if self.is_async else "threads" if self.threads else "sync"
 
     def delay_after_failure(self, attempt: int) -> float | None:
-        """Seconds before retrying a failed ``attempt``, or None when the handler allows no
-        more: out of its attempts, or its ``retry_delay`` said never (negative or infinite).
-        A ``retry_delay`` that raises or returns NaN falls back to the default backoff."""
-        if self.max_attempts is not None and attempt >= self.max_attempts:
-            return None
+        """Seconds before retrying a failed ``attempt``, or None when its ``retry_delay`` said
+        never (negative or infinite); whether attempts remain is the job row's to say (its
+        max_attempts, which the first claim set from this handler's). A ``retry_delay``
+        that raises or returns NaN falls back to the default backoff."""
         try:
             delay = float(self.retry_delay(attempt))
         except Exception:

@@ -210,8 +210,11 @@ def _dependent_row(spec: JobSpec, delay_s: float = 0.0) -> DependentRow:
                         _utc(spec.run_at), delay_s, spec.dedupe_key, spec.after)
 
 
-def enqueue_many(conn_or_dsn: Any, jobs: Iterable[JobSpec]) -> int:
-    """Enqueue many jobs in one transaction with COPY; returns how many were inserted.
+def enqueue_many(conn_or_dsn: Any, jobs: Iterable[JobSpec]) -> list[int | None]:
+    """Enqueue many jobs in one transaction (with COPY when none has ``after``); returns
+    their ids in the order given, with None for a job not inserted because a live job holds
+    its ``dedupe_key`` (as ``enqueue`` returns None), so ``len`` is always ``len(jobs)`` and
+    the count inserted is ``sum(i is not None for i in ids)``.
 
     The connection rules are those of ``enqueue``; with a connection outside a transaction,
     the batch commits as one transaction of its own.
@@ -220,20 +223,20 @@ def enqueue_many(conn_or_dsn: Any, jobs: Iterable[JobSpec]) -> int:
     if any(spec.after for spec in specs):
         from shardworker.store.dependencies import enqueue_dependents
 
-        return sum(i is not None for i in enqueue_dependents(conn_or_dsn, [_dependent_row(s) for s in specs]))
+        return enqueue_dependents(conn_or_dsn, [_dependent_row(s) for s in specs])
     from shardworker.store.enqueue import enqueue_rows
 
     return enqueue_rows(conn_or_dsn, _copy_rows(specs))
 
 
-async def enqueue_many_async(aconn_or_dsn: Any, jobs: Iterable[JobSpec]) -> int:
-    """``enqueue_many`` for asyncio code, on a ``psycopg.AsyncConnection`` or a DSN."""
+async def enqueue_many_async(aconn_or_dsn: Any, jobs: Iterable[JobSpec]) -> list[int | None]:
+    """``enqueue_many`` for asyncio code, on a ``psycopg.AsyncConnection`` or a DSN: the
+    same ids."""
     specs = list(jobs)
     if any(spec.after for spec in specs):
         from shardworker.store.dependencies import enqueue_dependents_async
 
-        rows = [_dependent_row(s) for s in specs]
-        return sum(i is not None for i in await enqueue_dependents_async(aconn_or_dsn, rows))
+        return await enqueue_dependents_async(aconn_or_dsn, [_dependent_row(s) for s in specs])
     from shardworker.store.enqueue_async import enqueue_rows_async
 
     return await enqueue_rows_async(aconn_or_dsn, _copy_rows(specs))

@@ -16,6 +16,17 @@ from shardworker.errors import ConfigError
 from shardworker.layout import PARENT_SHARD
 from shardworker.limits import MAX_QUEUE_BYTES, MAX_WORKER_ID_BYTES, MiB, not_storable_text, too_long
 
+# Failed and cancelled jobs are kept longer than done ones: someone may still look at why.
+FAILED_RETENTION_S = 30 * 86400.0
+
+
+def duration_text(seconds: float) -> str:
+    """``seconds`` in the largest unit up to days that divides it (1800 -> ``30m``, 604800 -> ``7d``)."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
 
 @dataclass(frozen=True, kw_only=True)
 class StoreConfig:
@@ -126,8 +137,11 @@ class WorkerConfig:
     # A rescued job waits this long before it may be claimed again: the silent worker's late
     # outcomes of the rescued attempts still land meanwhile instead of the jobs running again.
     rescue_grace_s: float = 300.0
-    # Finished jobs (done, failed, cancelled) older than this are pruned; 0 keeps them all.
+    # Done jobs older than this are pruned; 0 keeps them all.
     retention_s: float = 7 * 86400.0
+    # Failed and cancelled jobs older than this are pruned; 0 keeps them all; None: see
+    # failed_retention_s.
+    retention_failed_s: float | None = None
     prune_interval_s: float = 60.0
     connect_timeout_s: int = StoreConfig.connect_timeout_s
     statement_timeout_s: float = StoreConfig.statement_timeout_s
@@ -169,6 +183,8 @@ class WorkerConfig:
              "must be longer than shutdown_timeout_s (a stopping worker must never look dead)"),
             ("rescue_grace_s", self.rescue_grace_s >= 0, "must be >= 0"),
             ("retention_s", self.retention_s >= 0, "must be >= 0 (0 keeps every finished job)"),
+            ("retention_failed_s", (self.retention_failed_s or 0) >= 0,
+             "must be >= 0 (0 keeps every failed and cancelled job)"),
             ("prune_interval_s", self.prune_interval_s > 0, "must be > 0"),
             ("procs", self.procs < PARENT_SHARD, f"must be < {PARENT_SHARD}"),
             ("connect_timeout_s", self.connect_timeout_s >= 1, "must be >= 1"),
@@ -188,6 +204,15 @@ class WorkerConfig:
             refusal = too_long(field_name, value, limit) or not_storable_text(field_name, value)
             if refusal:
                 raise ConfigError(refusal)
+
+    @property
+    def failed_retention_s(self) -> float:
+        """How long failed and cancelled jobs are kept: ``retention_failed_s`` when set, else
+        ``FAILED_RETENTION_S`` or ``retention_s`` when that is longer (``retention_s`` 0,
+        keeping every finished job, keeps these too)."""
+        if self.retention_failed_s is not None:
+            return self.retention_failed_s
+        return 0.0 if self.retention_s == 0 else max(self.retention_s, FAILED_RETENTION_S)
 
     def at_once(self, concurrent: bool) -> int:
         """Handlers a child runs at once: ``concurrency`` when the app has async or threaded

@@ -15,8 +15,9 @@
         return gateway.charge(job.payload)
 
 ``Retry`` counts as an attempt: once the job's attempts are spent it fails like any other
-exception. ``Snooze`` adds one to the job's ``max_attempts`` as it puts the job back, so
-``job.attempt`` still counts every run while the retry budget stays where it was. They
+exception. ``Snooze`` adds one to the job's ``snoozes`` as it puts the job back, so
+``job.attempt`` still counts every run while ``job.attempt - job.snoozes`` of its
+``max_attempts`` are used. They
 are ``Exception``s, so a handler that catches ``Exception`` around them swallows them.
 """
 

@@ -1,5 +1,5 @@
-"""Operating on jobs without SQL: list, show (with their recorded steps), wait for, retry,
-cancel, delete.
+"""Operating on jobs without SQL: list, show (with their recorded steps), wait for (and
+``wait_for_async``), retry, cancel, delete.
 
 Each function takes an open psycopg connection (the caller's; used as ``enqueue`` uses it)
 or a DSN string. Changes are all or nothing: every id is checked, under a row lock that
@@ -100,14 +100,34 @@ def wait_for(conn_or_dsn: Any, job_id: int, timeout_s: float = 60.0) -> JobInfo:
 
     On your own connection it must be outside a transaction (notifications arrive only
     between transactions). It holds that connection while it waits: from a web request,
-    prefer a connection of its own (pass the DSN) or a pool's.
+    prefer a connection of its own (pass the DSN) or a pool's. In asyncio code, await
+    ``wait_for_async`` (this one refuses a ``psycopg.AsyncConnection``, naming it).
     """
-    job_id = _id(job_id)
-    if not isinstance(timeout_s, int | float) or not timeout_s >= 0:
-        raise JobsError(f"timeout_s must be a number of seconds >= 0, got {timeout_s!r}")
+    job_id, timeout_s = _id(job_id), _timeout(timeout_s)
     from shardworker.store import job_queries
 
-    job, ended = job_queries.wait_job_end(conn_or_dsn, job_id, float(timeout_s))
+    return _ended(job_id, timeout_s, *job_queries.wait_job_end(conn_or_dsn, job_id, timeout_s))
+
+
+async def wait_for_async(aconn_or_dsn: Any, job_id: int, timeout_s: float = 60.0) -> JobInfo:
+    """``wait_for`` for asyncio code: ``await wait_for_async(aconn, job_id)`` on a
+    ``psycopg.AsyncConnection`` (outside a transaction; held while it waits) or a DSN. The
+    event loop runs on while it waits; the same errors."""
+    job_id, timeout_s = _id(job_id), _timeout(timeout_s)
+    from shardworker.store.wait_async import wait_job_end_async
+
+    return _ended(job_id, timeout_s, *await wait_job_end_async(aconn_or_dsn, job_id, timeout_s))
+
+
+def _timeout(timeout_s: Any) -> float:
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not timeout_s >= 0:
+        raise JobsError(f"timeout_s must be a number of seconds >= 0, got {timeout_s!r}")
+    return float(timeout_s)
+
+
+def _ended(job_id: int, timeout_s: float, job: JobInfo | None, ended: bool) -> JobInfo:
+    """What a wait returns or raises: the job once ended, else ``JobsError`` (no such job)
+    or ``WaitTimeout``."""
     if job is None:
         raise JobsError(f"no job {job_id}")
     if not ended:

@@ -76,9 +76,9 @@ class JobCounts:
         return {kind: list(row) for kind, row in self.by_kind.copy().items()}
 
 
-def outcome_label(job: ClaimedJob, outcome: Outcome, max_attempts: int) -> str:
+def outcome_label(job: ClaimedJob, outcome: Outcome) -> str:
     """The outcome's name in ``jobstats.OUTCOMES``: a failed attempt is ``retried`` while
-    attempts remain, else ``failed``."""
+    attempts remain (as the job row counts them), else ``failed``."""
     if outcome.disposition is Disposition.RETRY:
-        return "retried" if job.attempt < max_attempts else "failed"
+        return "retried" if job.attempts_used < job.max_attempts else "failed"
     return outcome.disposition.value

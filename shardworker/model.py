@@ -48,6 +48,9 @@ def dumps_exact(value: Any) -> bytes:
 class Job:
     """A claimed job, as the handler sees it.
 
+    ``attempt`` counts its runs (1 on the first), ``snoozes`` those that used no attempt
+    (``Snooze``), so ``attempt - snoozes`` of its ``max_attempts`` are used, this run included.
+
     ``job.step(name, fn, *args, **kwargs)`` runs ``fn(*args, **kwargs)`` once for this job,
     ever: its result is recorded in the outbox (and later in ``shardworker.job_steps``)
     before the call returns, and any later attempt gets the recorded result back without
@@ -65,6 +68,8 @@ class Job:
     # {job id: result} of the jobs this one waited on (after=); empty when it waited on none.
     dependencies: dict[int, Any] = field(default_factory=dict, repr=False, compare=False)
     _followups: Any = field(default=None, repr=False, compare=False)  # shardworker.followups.FollowUps
+    # Runs of this job that used no attempt (snoozed): attempts used are attempt - snoozes.
+    snoozes: int = 0
 
     def step(self, name: str, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)``'s result, computed once for this job whatever attempt asks."""
@@ -99,6 +104,12 @@ class ClaimedJob:
     max_attempts: int
     steps_json: str | None = None
     dependencies_json: str | None = None  # {id: result} of the jobs it waited on; None: none
+    snoozes: int = 0  # runs that used no attempt
+
+    @property
+    def attempts_used(self) -> int:
+        """Attempts used, this run included (``attempt - snoozes``): what ``max_attempts`` limits."""
+        return self.attempt - self.snoozes
 
     @property
     def size(self) -> int:
@@ -111,7 +122,7 @@ class ClaimedJob:
         dependencies = {} if self.dependencies_json is None else {
             int(key): value for key, value in loads_exact(self.dependencies_json).items()}
         return Job(self.id, self.kind, self.queue, loads_exact(self.payload_json), self.attempt,
-                   self.max_attempts, steps, dependencies, followups)
+                   self.max_attempts, steps, dependencies, followups, self.snoozes)
 
 
 class Claim(NamedTuple):

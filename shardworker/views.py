@@ -8,10 +8,20 @@ jobs it holds, ``BacklogRow``, ``QueueState`` and ``QueueInfo`` what ``shardwork
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from shardworker.flow import Rate
+
+
+def in_utc(value: datetime) -> datetime:
+    """A time in UTC: the one zone every command prints, whatever the session's time zone."""
+    return value.astimezone(UTC)
+
+
+def json_value(value: Any) -> Any:
+    """A field as JSON takes it: a time as ISO 8601 in UTC, anything else as it is."""
+    return in_utc(value).isoformat() if isinstance(value, datetime) else value
 
 
 @dataclass(frozen=True)
@@ -33,9 +43,16 @@ class JobInfo:
     attempted_at: datetime | None
     finished_at: datetime | None
     locked_by: str | None
+    snoozes: int = 0  # runs that used no attempt (Snooze): ``attempt`` counts every run
+
+    @property
+    def attempts_text(self) -> str:
+        """Attempts used of ``max_attempts``, and the runs that used none: ``1/25``, ``2/3 +1 snoozed``."""
+        used = f"{self.attempt - self.snoozes}/{self.max_attempts}"
+        return f"{used} +{self.snoozes} snoozed" if self.snoozes else used
 
     def to_json(self) -> dict[str, Any]:
-        return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in self.__dict__.items()}
+        return {k: json_value(v) for k, v in self.__dict__.items()}
 
 
 @dataclass(frozen=True)
@@ -52,7 +69,7 @@ class WorkerInfo:
     silent_s: float
 
     def to_json(self) -> dict[str, Any]:
-        return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in self.__dict__.items()}
+        return {k: json_value(v) for k, v in self.__dict__.items()}
 
 
 class FlowCount(NamedTuple):
@@ -123,7 +140,7 @@ class StepInfo:
     bytes: int
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.__dict__, "recorded_at": self.recorded_at.isoformat()}
+        return {**self.__dict__, "recorded_at": json_value(self.recorded_at)}
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ def run_sync(app: App, job: ClaimedJob, steps: StepLog | None = None) -> Outcome
     try:
         result = spec.fn(job.to_job(None if steps is None else SyncSteps(steps), followups))
     except JobControl as control:
-        return step_misuse(spec, job, steps) or controlled(spec, job, control)
+        return step_misuse(spec, job, steps) or controlled(job, control)
     except Exception as exc:
         return step_misuse(spec, job, steps) or failure(spec, job, exc)
     return step_misuse(spec, job, steps) or success(job, result, followups)
@@ -59,7 +59,7 @@ async def run_async(app: App, job: ClaimedJob, steps: StepLog | None = None) -> 
         expired = f"timed out after {spec.timeout_s:g}s" if deadline.expired() else None
         return failure(spec, job, exc, error=expired)  # else the handler's own TimeoutError
     except JobControl as control:
-        return step_misuse(spec, job, steps) or controlled(spec, job, control)
+        return step_misuse(spec, job, steps) or controlled(job, control)
     except Exception as exc:
         return step_misuse(spec, job, steps) or failure(spec, job, exc)
     return step_misuse(spec, job, steps) or success(job, result, followups)
@@ -88,19 +88,15 @@ def success(job: ClaimedJob, result: object, followups: FollowUps | None = None)
         return never_again(job, f"handler {exc}")  # running it again would compute the same value
 
 
-def controlled(spec: HandlerSpec, job: ClaimedJob, control: JobControl) -> Outcome:
+def controlled(job: ClaimedJob, control: JobControl) -> Outcome:
     """The outcome a handler asked for by raising ``Retry``, ``Snooze``, ``Fail`` or ``Cancel``."""
     if isinstance(control, Snooze):
         return Outcome.snoozed(job.id, job.attempt, control.delay_s)
     if isinstance(control, Cancel):
         return Outcome.cancelled(job.id, job.attempt, printable(control.reason))
-    if isinstance(control, Retry):
-        reason = control.reason or "retry requested"
-        spent = spec.max_attempts is not None and job.attempt >= spec.max_attempts  # the job row checks its own
-        error = printable(f"Retry: {reason}")
-        if spent:
-            return Outcome.failed(job.id, job.attempt, error)
-        return Outcome.retry(job.id, job.attempt, error, control.delay_s)
+    if isinstance(control, Retry):  # the job row fails it when no attempt remains
+        return Outcome.retry(job.id, job.attempt, printable(f"Retry: {control.reason or 'retry requested'}"),
+                             control.delay_s)
     if isinstance(control, Fail):
         return never_again(job, printable(f"Fail: {control.reason}"))
     return never_again(job, f"unknown job control {type(control).__name__}")

@@ -161,16 +161,14 @@ class ShardRunner:
     def _finished(self, slot: int, job: ClaimedJob, outcome: Outcome, started_at: float, steps: StepLog) -> None:
         seconds = time.monotonic() - started_at
         self.progress.finish(slot)
-        spec = self.app.handlers.get(job.kind)
-        limit = min(job.max_attempts, spec.max_attempts or job.max_attempts) if spec else job.max_attempts
-        label = outcome_label(job, outcome, limit)
+        label = outcome_label(job, outcome)
         replays = ((job.kind, STEP_REPLAYED, -1.0),) * steps.replayed
         self.committer.add((job.id, job.attempt), wire.encode_outcome(outcome), started_at,
                            ((job.kind, OUTCOMES.index(label), seconds), *replays))
         if outcome.disposition in (Disposition.SNOOZED, Disposition.CANCELLED):
             log_control(job, outcome)
         elif outcome.disposition is not Disposition.DONE:
-            log_failure(job, outcome, limit)
+            log_failure(job, outcome)
 
     def fatal(self, exc: BaseException) -> None:
         """The outbox cannot take outcomes: tell the parent and exit, so unacknowledged jobs run again."""
@@ -178,17 +176,16 @@ class ShardRunner:
         os._exit(EXIT_OUTBOX_FAILED)
 
 
-def log_failure(job: ClaimedJob, outcome: Outcome, max_attempts: int) -> None:
-    """One line per failed attempt: kind, id, attempt and the error's first line; ERROR when final."""
+def log_failure(job: ClaimedJob, outcome: Outcome) -> None:
+    """One line per failed attempt: kind, id, attempts used of the job's max_attempts (the
+    row's, as ``jobs list`` shows them) and the error's first line; ERROR when final."""
     first = (outcome.error or "").strip().splitlines()[0] if outcome.error else "failed"
-    final = outcome_label(job, outcome, max_attempts) == "failed"
-    max_attempts = max(max_attempts, job.attempt)  # a job retried by hand past its handler's limit
-    if final:
-        log.error("job %d (%s) attempt %d/%d failed for good: %s", job.id, job.kind, job.attempt, max_attempts,
-                  first, extra=logs.job_fields(job))
+    if outcome_label(job, outcome) == "failed":
+        log.error("job %d (%s) attempt %d/%d failed for good: %s", job.id, job.kind, job.attempts_used,
+                  job.max_attempts, first, extra=logs.job_fields(job))
     else:
-        log.warning("job %d (%s) attempt %d/%d failed, retrying in %.1fs: %s", job.id, job.kind, job.attempt,
-                    max_attempts, outcome.delay_s, first, extra=logs.job_fields(job))
+        log.warning("job %d (%s) attempt %d/%d failed, retrying in %.1fs: %s", job.id, job.kind, job.attempts_used,
+                    job.max_attempts, outcome.delay_s, first, extra=logs.job_fields(job))
 
 
 def log_control(job: ClaimedJob, outcome: Outcome) -> None:

@@ -46,14 +46,6 @@ def duration_seconds(text: str) -> float | None:
     return float(match[1]) * _UNITS[match[2] or "s"] if match else None
 
 
-def duration_text(seconds: float) -> str:
-    """``seconds`` in the largest unit up to days that divides it (1800 -> ``30m``, 604800 -> ``7d``)."""
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds and seconds % size == 0:
-            return f"{seconds / size:g}{unit}"
-    return f"{seconds:g}s"
-
-
 class Duration(click.ParamType):
     """A click option type for durations (see ``duration_seconds``); bad input, or a duration
     over ``MAX_DURATION_S``, is a usage error."""

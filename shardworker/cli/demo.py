@@ -45,7 +45,7 @@ def demo(jobs: int | None, procs: int | None, outbox_dir: str, outage: bool, ste
 
     embedded, dsn = dsn is None, resolve_dsn(dsn)
     specs = [JobSpec("demo.flaky" if i % 100 == 0 else "demo.hash", {"n": i}, queue="demo") for i in range(jobs)]
-    click.echo(f"enqueued {enqueue_many(dsn, specs)} jobs; running them with --procs {procs}", err=True)
+    click.echo(f"enqueued {len(enqueue_many(dsn, specs))} jobs; running them with --procs {procs}", err=True)
     config = WorkerConfig(dsn=dsn, app_ref="shardworker.demo.app:app", procs=procs, outbox_dir=outbox_dir,
                           queues=("demo",), exit_when_idle=True, embedded_db=embedded,
                           # A progress line a second on a terminal; quiet elsewhere.

@@ -25,6 +25,7 @@ from shardworker.cli.common import (
     one_line_errors,
     resolve_dsn,
 )
+from shardworker.views import in_utc
 
 
 def parse_since(text: str | None) -> datetime | None:
@@ -44,15 +45,20 @@ def parse_since(text: str | None) -> datetime | None:
 
 
 def _echo_jobs(found: list[jobs_api.JobInfo], as_json: bool) -> None:
+    """The jobs as JSON, or a table under a header (times in UTC, as every command prints them)."""
     if as_json:
         click.echo(jobs_api.dumps_json([j.to_json() for j in found]))
         return
     if not found:
         click.echo("no jobs match", err=True)
+        return
+    width = max(len("attempts"), *(len(j.attempts_text) for j in found))
+    click.echo(f"{'id':>10}  {'status':<9}  {'kind':<20}  {'queue':<10}  {'attempts':<{width}}  "
+               f"{'created (UTC)':<19}  last error")
     for j in found:
         error = (j.last_error or "").splitlines()[0][:60] if j.last_error else ""
-        click.echo(f"{j.id:>10}  {j.status:<9}  {j.kind:<20}  {j.queue:<10}  attempt {j.attempt}/{j.max_attempts}"
-                   f"  {j.created_at:%Y-%m-%d %H:%M:%S}  {error}".rstrip())
+        click.echo(f"{j.id:>10}  {j.status:<9}  {j.kind:<20}  {j.queue:<10}  {j.attempts_text:<{width}}"
+                   f"  {in_utc(j.created_at):%Y-%m-%d %H:%M:%S}  {error}".rstrip())
 
 
 @click.group()
@@ -111,8 +117,14 @@ def show_command(job_id: int, as_json: bool, dsn: str | None) -> None:
 @dsn_option
 @one_line_errors
 def wait_command(job_id: int, timeout_s: float, as_json: bool, dsn: str | None) -> None:
-    """Wait until a job is done, failed or cancelled, then show it (exit 0 whichever end)."""
-    _echo_job(jobs_api.wait_for(resolve_dsn(dsn), job_id, timeout_s), as_json)
+    """Wait until a job is done, failed or cancelled, then show it: exit 0 when done, 1 when
+    it ended failed or cancelled (saying so on stderr) or is still not done at --timeout."""
+    job = jobs_api.wait_for(resolve_dsn(dsn), job_id, timeout_s)
+    _echo_job(job, as_json)
+    if job.status != "done":
+        error = (job.last_error or "").strip().splitlines()[0] if job.last_error else ""
+        click.echo(f"job {job.id} ended {job.status}" + (f": {error}" if error else ""), err=True)
+        sys.exit(1)
 
 
 def _echo_job(job: jobs_api.JobInfo, as_json: bool) -> None:
@@ -142,7 +154,7 @@ def _echo_steps(steps: list[jobs_api.StepInfo], total: int) -> None:
     click.echo(f"{'steps':>13}: {total or 'none'}")
     width = max((len(s.name) for s in steps), default=0)
     for s in steps:
-        click.echo(f"  {s.name:<{width}}  attempt {s.attempt:<3}  {s.recorded_at.isoformat()}  {s.bytes} bytes")
+        click.echo(f"  {s.name:<{width}}  attempt {s.attempt:<3}  {in_utc(s.recorded_at).isoformat()}  {s.bytes} bytes")
     if total > len(steps):
         click.echo(f"  … and {total - len(steps)} more (--json lists them all)")
 

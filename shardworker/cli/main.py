@@ -108,8 +108,8 @@ def migrate(print_sql: bool, after: int, dsn: str | None) -> None:
 def enqueue(kind: str | None, payload_json: str | None, count: int, file_: Any, queue: str, priority: int,
             max_attempts: int, delay: float, dedupe_key: str | None, after: tuple[int, ...], as_json: bool,
             dsn: str | None) -> None:
-    """Enqueue KIND with PAYLOAD_JSON, or a bulk --file; prints the count enqueued (--json: with
-    the job's id when it is one job)."""
+    """Enqueue KIND with PAYLOAD_JSON, or a bulk --file; prints how many jobs it enqueued and
+    their ids (--json: {"enqueued": N, "ids": [...]})."""
     from datetime import UTC, datetime, timedelta
 
     from shardworker.client import JobSpec, enqueue_many, loads_json, parse_jsonl
@@ -143,13 +143,28 @@ def enqueue(kind: str | None, payload_json: str | None, count: int, file_: Any, 
         job_id = enqueue_one(dsn, spec.kind, spec.payload, queue=spec.queue, priority=spec.priority,
                              max_attempts=spec.max_attempts, run_at=spec.run_at, dedupe_key=spec.dedupe_key,
                              after=spec.after)
-        enqueued, ids = (0, []) if job_id is None else (1, [job_id])
+        ids = [job_id]
     else:
-        enqueued, ids = enqueue_many(dsn, specs), None
-    if as_json:
-        click.echo(orjson.dumps({"enqueued": enqueued, **({"ids": ids} if ids is not None else {})}).decode())
-    else:
-        click.echo(enqueued)
+        ids = enqueue_many(dsn, specs)
+    made = [i for i in ids if i is not None]
+    click.echo(orjson.dumps({"enqueued": len(made), "ids": made}).decode() if as_json
+               else _enqueued_line(made, len(ids) - len(made), dedupe_key))
+
+
+def _enqueued_line(made: list[int], skipped: int, dedupe_key: str | None) -> str:
+    """What ``enqueue`` prints: how many jobs it made, their ids (the first and the last past
+    ten), and how many a live dedupe key skipped."""
+    if not made and dedupe_key is not None:
+        return f"enqueued 0 jobs: a live job holds dedupe key {dedupe_key!r}"
+    line = f"enqueued {len(made)} job{'' if len(made) == 1 else 's'}"
+    if len(made) > 10:
+        line += f": ids {made[0]} to {made[-1]} (--json lists each)"
+    elif made:
+        line += ": " + ", ".join(map(str, made))
+    if skipped:
+        line += (" (1 skipped: a live job holds its dedupe key)" if skipped == 1
+                 else f" ({skipped} skipped: live jobs hold their dedupe keys)")
+    return line
 
 
 @main.command()

@@ -11,6 +11,7 @@ import click
 import orjson
 
 from shardworker.cli.common import Duration, dsn_option, json_option, one_line_errors, resolve_dsn
+from shardworker.views import in_utc, json_value
 
 
 def _store(dsn: str) -> Any:
@@ -24,13 +25,17 @@ def _store(dsn: str) -> Any:
 @click.command()
 @click.option("--older-than", "older_than", type=Duration(), required=True,
               help="Delete done, failed and cancelled jobs that ended longer ago than this (30m, 12h, 7d).")
+@click.option("--status", "statuses", type=click.Choice(("done", "failed", "cancelled")), multiple=True,
+              help="Only jobs that ended so (repeat it for several); default: all three.")
 @click.option("--batch", type=click.IntRange(min=1, max=100_000), default=1000, show_default=True,
               help="Rows deleted per transaction.")
 @json_option
 @dsn_option
 @one_line_errors
-def prune(older_than: float, batch: int, as_json: bool, dsn: str | None) -> None:
-    """Delete finished jobs older than a duration, in small batches (workers do this by --retention)."""
+def prune(older_than: float, statuses: tuple[str, ...], batch: int, as_json: bool, dsn: str | None) -> None:
+    """Delete finished jobs older than a duration, in small batches (workers do this by
+    --retention for done jobs and --retention-failed for failed and cancelled ones)."""
+    from shardworker.worker.housekeeping import FINISHED
     from shardworker.worker.housekeeping import prune as prune_jobs
 
     if older_than <= 0:
@@ -47,7 +52,7 @@ def prune(older_than: float, batch: int, as_json: bool, dsn: str | None) -> None
 
     store = _store(resolve_dsn(dsn))
     try:
-        total = prune_jobs(store, older_than, batch=batch, on_batch=progress)
+        total = prune_jobs(store, older_than, statuses=statuses or FINISHED, batch=batch, on_batch=progress)
     finally:
         store.close()
     if tty:
@@ -86,13 +91,13 @@ def workers(show_all: bool, silent_after: float, as_json: bool, dsn: str | None)
         silent = len(rows) - len(shown)
         click.echo("no live workers" + (f" ({silent} silent: --all shows them)" if silent else ""))
         return
-    click.echo(f"{'worker':<28} {'host':<20} {'pid':>7}  {'started':<19}  {'heartbeat':<10} {'running':>7} "
+    click.echo(f"{'worker':<28} {'host':<20} {'pid':>7}  {'started (UTC)':<19}  {'heartbeat':<10} {'running':>7} "
                f"{'pending':>8}")
     for r in shown:
         running = "?" if r.jobs_running is None else r.jobs_running
         pending = "?" if r.outbox_pending is None else r.outbox_pending
         state = "" if live[r.worker_id] else "  SILENT"
-        click.echo(f"{r.worker_id:<28} {r.hostname:<20} {r.pid:>7}  {r.started_at:%Y-%m-%d %H:%M:%S}  "
+        click.echo(f"{r.worker_id:<28} {r.hostname:<20} {r.pid:>7}  {in_utc(r.started_at):%Y-%m-%d %H:%M:%S}  "
                    f"{_ago(r.silent_s):<10} {running:>7} {pending:>8}{state}")
 
 
@@ -108,13 +113,13 @@ def periodic(as_json: bool, dsn: str | None) -> None:
     finally:
         store.close()
     if as_json:
-        click.echo(orjson.dumps([{"name": n, "schedule": s, "last_tick": t.isoformat() if t else None,
-                                  "updated_at": u.isoformat()} for n, s, t, u in rows]).decode())
+        click.echo(orjson.dumps([{"name": n, "schedule": s, "last_tick": t and json_value(t),
+                                  "updated_at": json_value(u)} for n, s, t, u in rows]).decode())
         return
     if not rows:
         click.echo("no periodic schedules seen yet")
     for name, schedule, last_tick, _ in rows:
-        click.echo(f"{name:<30} {schedule:<20} last tick {last_tick.isoformat() if last_tick else '(none yet)'}")
+        click.echo(f"{name:<30} {schedule:<20} last tick {json_value(last_tick) if last_tick else '(none yet)'}")
 
 
 @click.group()

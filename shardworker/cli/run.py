@@ -17,14 +17,13 @@ from shardworker.cli.common import (
     Duration,
     Seconds,
     dsn_option,
-    duration_text,
     is_loopback,
     note,
     one_line_errors,
     outbox_dir_option,
     resolve_dsn,
 )
-from shardworker.config import WorkerConfig
+from shardworker.config import FAILED_RETENTION_S, WorkerConfig, duration_text
 from shardworker.limits import MiB
 
 D = WorkerConfig.default
@@ -68,7 +67,11 @@ D = WorkerConfig.default
 @click.option("--prefetch", type=click.IntRange(min=1, max=100_000), default=D("prefetch_batch"), show_default=True,
               help="Jobs a child holds beyond those it runs at once.")
 @click.option("--retention", type=Duration(), default=duration_text(D("retention_s")), show_default=True,
-              help="Prune done, failed and cancelled jobs older than this (30m, 12h, 7d); 0 keeps them all.")
+              help="Prune done jobs older than this (30m, 12h, 7d); 0 keeps them all (and, unless "
+                   "--retention-failed is given, failed and cancelled ones too).")
+@click.option("--retention-failed", type=Duration(), default=None,
+              show_default=f"{duration_text(FAILED_RETENTION_S)}, or --retention when longer",
+              help="Prune failed and cancelled jobs older than this; 0 keeps them all.")
 @click.option("--segment-bytes", type=click.IntRange(min=4096), default=D("segment_bytes"), show_default=True,
               help="Outbox segment size: a segment is deleted once every outcome in it is applied.")
 @click.option("--metrics-port", envvar="SHARDWORKER_METRICS_PORT", type=click.IntRange(min=0, max=65535),
@@ -117,7 +120,7 @@ def worker_config(app_ref: str, dsn: str | None, *, procs: int, outbox_dir: str,
                   worker_id: str | None, exit_when_idle: bool, shutdown_timeout: float, default_timeout: float,
                   rescue_after: float, rescue_grace: float, backoff_cap: float, network_timeout: int,
                   statement_timeout: float, min_free_mb: int, concurrency: int, prefetch: int, retention: float,
-                  segment_bytes: int, metrics_port: int | None, metrics_host: str,
+                  retention_failed: float | None, segment_bytes: int, metrics_port: int | None, metrics_host: str,
                   metrics_token: str | None) -> WorkerConfig:
     """The ``WorkerConfig`` of the command's options (``WorkerConfig`` checks each value)."""
     return WorkerConfig(
@@ -128,5 +131,6 @@ def worker_config(app_ref: str, dsn: str | None, *, procs: int, outbox_dir: str,
         backoff_cap_s=backoff_cap, backoff_base_s=min(D("backoff_base_s"), backoff_cap),
         min_free_bytes=min_free_mb * MiB, network_timeout_s=network_timeout, statement_timeout_s=statement_timeout,
         connect_timeout_s=min(D("connect_timeout_s"), network_timeout), concurrency=concurrency,
-        prefetch_batch=prefetch, segment_bytes=segment_bytes, retention_s=retention, metrics_port=metrics_port,
+        prefetch_batch=prefetch, segment_bytes=segment_bytes, retention_s=retention,
+        retention_failed_s=retention_failed, metrics_port=metrics_port,
         metrics_host=metrics_host, metrics_token=metrics_token or None)

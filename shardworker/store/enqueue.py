@@ -33,9 +33,9 @@ class EnqueueQueries(Session):
             return insert_job(cur, kind, payload_json, queue=queue, priority=priority, max_attempts=max_attempts,
                               run_at=run_at, delay_s=delay_s, dedupe_key=dedupe_key)
 
-    def enqueue_many(self, rows: Iterable[Sequence[Any]]) -> int:
+    def enqueue_many(self, rows: Iterable[Sequence[Any]]) -> list[int | None]:
         """COPY rows (kind, queue, payload_json, priority, max_attempts, run_at, dedupe_key)
-        in one transaction; returns how many were inserted (dedupe skips the rest)."""
+        in one transaction; their ids in order, None for a row a live dedupe key skipped."""
         with self.cursor(transaction=True) as cur:
             return copy_jobs(cur, rows)
 
@@ -52,8 +52,8 @@ def enqueue_one(conn_or_dsn: Any, kind: str, payload_json: str, **fields: Any) -
         store.close()
 
 
-def enqueue_rows(conn_or_dsn: Any, rows: Iterable[Sequence[Any]]) -> int:
-    """COPY rows on the caller's connection, or on one of its own to a DSN."""
+def enqueue_rows(conn_or_dsn: Any, rows: Iterable[Sequence[Any]]) -> list[int | None]:
+    """COPY rows on the caller's connection, or on one of its own to a DSN; their ids."""
     if not isinstance(conn_or_dsn, str):
         with borrowed_cursor(conn_or_dsn, transaction=True) as cur:
             return copy_jobs(cur, rows)
@@ -74,22 +74,40 @@ def insert_job(cur: psycopg.Cursor[Any], kind: str, payload_json: str, **fields:
     return None if row is None else int(row[0])
 
 
-def copy_jobs(cur: psycopg.Cursor[Any], rows: Iterable[Sequence[Any]]) -> int:
+def copy_jobs(cur: psycopg.Cursor[Any], rows: Iterable[Sequence[Any]]) -> list[int | None]:
     """COPY rows into a staging table and move them into the jobs table; must run inside a
-    transaction. The staging table is dropped before returning, so a caller's transaction
-    may do this again."""
+    transaction. Their ids in order, None for a row a live dedupe key skipped. The staging
+    table is dropped before returning, so a caller's transaction may do this again."""
+    keys: list[str | None] = []
     cur.execute(query("job_stage_create"))
     try:
         with cur.copy(query("job_stage_copy")) as copy:
             for values in rows:
-                copy.write_row(values)
+                copy.write_row((*values, len(keys)))
+                keys.append(values[6])
         cur.execute(query("job_stage_insert"))
     except REFUSED as exc:
         raise EnqueueError(f"bulk enqueue rejected: {first_line(exc)}") from exc
-    inserted = cur.fetchone()
+    ids = inserted_ids(cur.fetchall(), keys)
     cur.execute(query("job_stage_drop"))
     cur.execute(query("notify_jobs"))
-    return int(inserted[0]) if inserted else 0
+    return ids
+
+
+def inserted_ids(inserted: Sequence[Sequence[Any]], keys: Sequence[str | None]) -> list[int | None]:
+    """Each staged row's id, or None, from ``job_stage_insert``'s (id, dedupe_key) rows by id
+    and the rows' dedupe ``keys`` in order. The ids were drawn in the rows' order, and only a
+    row with a key can be missing (a live job holds it; so does it for any later row with
+    that key): a row takes the next id unless it has a key that id's row does not."""
+    ids: list[int | None] = []
+    at = 0
+    for key in keys:
+        if at < len(inserted) and (key is None or inserted[at][1] == key):
+            ids.append(int(inserted[at][0]))
+            at += 1
+        else:
+            ids.append(None)
+    return ids
 
 
 @contextlib.contextmanager

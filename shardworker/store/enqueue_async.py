@@ -13,7 +13,7 @@ import psycopg
 from shardworker.config import StoreConfig
 from shardworker.errors import EnqueueError
 from shardworker.store.connection import connect_options, first_line, translate_errors
-from shardworker.store.enqueue import BULK_STATEMENT_TIMEOUT_S, REFUSED, needs_own_transaction
+from shardworker.store.enqueue import BULK_STATEMENT_TIMEOUT_S, REFUSED, inserted_ids, needs_own_transaction
 from shardworker.store.sql import query
 
 
@@ -28,23 +28,26 @@ async def enqueue_one_async(conn_or_dsn: Any, kind: str, payload_json: str, **fi
     return None if row is None else int(row[0])
 
 
-async def enqueue_rows_async(conn_or_dsn: Any, rows: Iterable[Sequence[Any]]) -> int:
-    """COPY rows through a staging table in one transaction; how many were inserted."""
+async def enqueue_rows_async(conn_or_dsn: Any, rows: Iterable[Sequence[Any]]) -> list[int | None]:
+    """COPY rows through a staging table in one transaction; their ids in order, None for
+    a row a live dedupe key skipped."""
     config = StoreConfig(dsn=conn_or_dsn, statement_timeout_s=BULK_STATEMENT_TIMEOUT_S) \
         if isinstance(conn_or_dsn, str) else None
+    keys: list[str | None] = []
     async with async_cursor_for(conn_or_dsn, transaction=True, config=config) as cur:
         await cur.execute(query("job_stage_create"))
         try:
             async with cur.copy(query("job_stage_copy")) as copy:
                 for values in rows:
-                    await copy.write_row(values)
+                    await copy.write_row((*values, len(keys)))
+                    keys.append(values[6])
             await cur.execute(query("job_stage_insert"))
         except REFUSED as exc:
             raise EnqueueError(f"bulk enqueue rejected: {first_line(exc)}") from exc
-        inserted = await cur.fetchone()
+        ids = inserted_ids(await cur.fetchall(), keys)
         await cur.execute(query("job_stage_drop"))
         await cur.execute(query("notify_jobs"))
-    return int(inserted[0]) if inserted else 0
+    return ids
 
 
 @contextlib.asynccontextmanager

@@ -4,7 +4,7 @@ ticks; ``delete_queue`` for operators and ``recorded_steps`` for the steps demo.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -74,15 +74,17 @@ class HousekeepingQueries(Session):
             rows.append(StatusCount(q, "done", max(0, round(size * share) - others.get(q, 0))))
         return sorted(rows), True
 
-    def prune_batch(self, older_than_s: float, limit: int) -> int | None:
-        """Delete up to ``limit`` jobs finished more than ``older_than_s`` ago; how many, or
-        None when another worker is pruning (the lock is per batch, in its transaction)."""
+    def prune_batch(self, older_than_s: float, limit: int, statuses: Sequence[str]) -> int | None:
+        """Delete up to ``limit`` jobs of ``statuses`` (done, failed, cancelled) finished more
+        than ``older_than_s`` ago; how many, or None when another worker is pruning (the lock
+        is per batch, in its transaction)."""
         with self.cursor(transaction=True) as cur:
             cur.execute(query("prune_lock"))
             row = cur.fetchone()
             if not (row and row[0]):
                 return None
-            cur.execute(query("prune_batch"), {"older_than_s": float(older_than_s), "limit": limit})
+            cur.execute(query("prune_batch"), {"older_than_s": float(older_than_s), "limit": limit,
+                                               "statuses": list(statuses)})
             return cur.rowcount
 
     def run_periodic(self, name: str, schedule: str,

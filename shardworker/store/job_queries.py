@@ -17,7 +17,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 
 from shardworker.config import StoreConfig
-from shardworker.errors import DatabaseUnavailable, EnqueueError, JobsError
+from shardworker.errors import DatabaseUnavailable, JobsError
 from shardworker.store.connection import Session, translate_errors
 from shardworker.store.enqueue import borrowed_cursor
 from shardworker.store.sql import query
@@ -177,8 +177,10 @@ def _run(conn: psycopg.Connection[Any], name: str, params: dict[str, Any] | None
 
 def idle_connection(conn: Any) -> psycopg.Connection[Any]:
     """The caller's connection, checked to be open and outside a transaction."""
+    if isinstance(conn, psycopg.AsyncConnection):
+        raise JobsError("this is a psycopg.AsyncConnection: use `await shardworker.wait_for_async(aconn, job_id)`")
     if not isinstance(conn, psycopg.Connection):
-        raise EnqueueError(f"expected a DSN string or an open psycopg connection, got {type(conn).__name__}")
+        raise JobsError(f"expected a DSN string or an open psycopg connection, got {type(conn).__name__}")
     if conn.closed:
         raise DatabaseUnavailable("database unavailable: the connection is closed")
     if conn.info.transaction_status != TransactionStatus.IDLE:

@@ -47,9 +47,11 @@ class WorkerQueries(Session):
 
     def claim_within(self, kinds: Sequence[str], queues: Sequence[str] | None, worker_id: str, limit: int,
                      claim_token: str | None = None, max_bytes: int = 1 << 62, *,
-                     caps: Mapping[str, int] | None = None, run_room: int | None = None) -> Claim:
+                     caps: Mapping[str, int] | None = None, run_room: int | None = None,
+                     attempts: Mapping[str, int] | None = None) -> Claim:
         """Claim up to ``limit`` due jobs and ``max_bytes`` of payload (at least one job when
-        any is due): status running, attempt + 1, locked_by worker_id. Within every limit:
+        any is due): status running, attempt + 1, locked_by worker_id; at a job's first claim,
+        ``attempts`` (kind: its handler's max_attempts) lowers its max_attempts. Within every limit:
         ``caps`` (kind: jobs this worker may still take of it), and for kinds and queues
         limited across workers, ``run_room`` (jobs it can start now; ``limit`` when None),
         their global concurrency and their rates; paused queues are skipped.
@@ -61,7 +63,8 @@ class WorkerQueries(Session):
         params = {"kinds": list(kinds), "queues": list(queues) if queues else None,
                   "worker_id": worker_id, "limit": limit, "claim_token": claim_token, "max_bytes": max_bytes,
                   "cap_kinds": list(caps or ()), "cap_rooms": [max(0, n) for n in (caps or {}).values()],
-                  "run_room": limit if run_room is None else max(0, run_room)}
+                  "run_room": limit if run_room is None else max(0, run_room),
+                  "attempt_kinds": list(attempts or ()), "attempt_limits": list((attempts or {}).values())}
         with self.cursor() as cur, cur.connection.cursor() as claiming:
             conn = cur.connection
             try:
@@ -77,8 +80,8 @@ class WorkerQueries(Session):
                 rollback(conn)
                 raise
             rows = claiming.fetchall()
-        paces = [row[6] for row in rows if row[6] is not None]
-        jobs = [ClaimedJob(row[0], row[1], row[2], row[3], row[4], row[5], row[7], row[8]) for row in rows]
+        paces = [row[7] for row in rows if row[7] is not None]
+        jobs = [ClaimedJob(row[0], row[1], row[2], row[3], row[4], row[5], row[8], row[9], row[6]) for row in rows]
         return Claim(jobs, min(paces) if paces else None)
 
     def register_kinds(self, specs: Sequence[HandlerSpec]) -> None:

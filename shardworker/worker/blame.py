@@ -4,9 +4,9 @@ A dead child leaves started jobs without a durable outcome: *unfinished* ones (t
 handler was still running) and *unsaved* ones (their handler returned, the outcome was not
 yet fsync'd). ``judge`` decides, from why the child ended, which of them get a failed
 attempt and which run again uncharged. A job that runs again uncharged is *snoozed*: the
-parent writes an outcome that queues it again at once and uses no attempt (its
-``max_attempts`` grows by one, as a handler's ``Snooze`` does), so its next run is a new
-attempt with every attempt it had left. Never the same attempt again: a handler runs at
+parent writes an outcome that queues it again at once and uses no attempt (its ``snoozes``
+grows by one, as a handler's ``Snooze`` makes it), so its next run is a new attempt with
+every attempt it had left. Never the same attempt again: a handler runs at
 most once per (id, attempt), which the outbox's checks and the promise rely on.
 
 * killed for a timeout: the jobs past their timeout are charged ("timed out after 5s");

@@ -47,7 +47,7 @@ class DispatchStore(Protocol):
 
     def claim_within(self, kinds: Sequence[str], queues: Sequence[str] | None, worker_id: str, limit: int,
                      claim_token: str | None = None, max_bytes: int = ..., *, caps: Mapping[str, int] | None = None,
-                     run_room: int | None = None) -> Claim: ...
+                     run_room: int | None = None, attempts: Mapping[str, int] | None = None) -> Claim: ...
     def release(self, jobs: Sequence[tuple[int, int]], worker_id: str) -> int: ...
     def release_claim(self, claim_token: str, worker_id: str) -> int: ...
     def count_active(self, kinds: Sequence[str], queues: Sequence[str] | None, worker_id: str,
@@ -189,7 +189,7 @@ class Dispatcher:
         try:
             claim = self.store.claim_within(self.kinds, self.config.queues, self.worker_id, limit, token,
                                             max_bytes=self.config.claim_bytes, caps=self.pool.cap_rooms(),
-                                            run_room=self.pool.run_room())
+                                            run_room=self.pool.run_room(), attempts=self.pool.attempts)
         except StoreError as exc:
             if not isinstance(exc, NotConnected):
                 self.lost_claims.append(token)  # the server may have committed it before the connection broke

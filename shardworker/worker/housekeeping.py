@@ -5,10 +5,12 @@ Both are work no job depends on finishing quickly, so they stay off the dispatch
 connection and off the heartbeat's (a long prune must never make a live worker look
 silent). Each loop checks the schedules (``Scheduler.run_once``: no query unless a tick
 is due) and, during a prune round, deletes one batch, so a big prune never delays a tick
-by more than a batch. A prune round starts every ``prune_interval_s`` and runs until a
-batch comes back short. With ``backlog_interval_s``, every that often it fetches the backlog
-report (``PgStore.backlog_report``: computed by one worker at a time across workers) for
-the metrics to show. With the database away it backs off and says so once, and once
+by more than a batch. A prune round starts every ``prune_interval_s``; it prunes done jobs
+past ``retention_s``, then failed and cancelled ones past ``retention_failed_s`` (kept
+longer by default: someone may still look at why), each until a batch comes back short.
+With ``backlog_interval_s``, every that often it fetches the backlog report
+(``PgStore.backlog_report``: computed by one worker at a time across workers) for the
+metrics to show. With the database away it backs off and says so once, and once
 again when it is back.
 """
 
@@ -20,6 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol
 
+from shardworker.config import duration_text
 from shardworker.errors import StoreError
 from shardworker.retry import Backoff, Outage, is_retryable
 from shardworker.schedule import Schedule
@@ -29,21 +32,42 @@ from shardworker.worker.periodic import PeriodicStore, Scheduler
 log = logging.getLogger(__name__)
 
 PRUNE_BATCH = 1000
+FINISHED = ("done", "failed", "cancelled")
 
 
 class HousekeepingStore(PeriodicStore, Protocol):
-    def prune_batch(self, older_than_s: float, limit: int) -> int | None: ...
+    def prune_batch(self, older_than_s: float, limit: int, statuses: Sequence[str]) -> int | None: ...
     def backlog_report(self, interval_s: float) -> tuple[float, list[BacklogRow]]: ...
     def close(self) -> None: ...
 
 
-def prune(store: HousekeepingStore, older_than_s: float, *, batch: int = PRUNE_BATCH,
-          on_batch: Callable[[int], None] | None = None, should_stop: Callable[[], bool] = lambda: False) -> int:
-    """Delete every job finished more than ``older_than_s`` seconds ago, ``batch`` rows a
-    transaction, waiting while another worker holds the prune lock; how many."""
+class Retention(NamedTuple):
+    """Jobs of ``statuses`` are pruned once they ended ``older_than_s`` ago (``option`` sets it)."""
+
+    statuses: tuple[str, ...]
+    older_than_s: float
+    option: str
+
+
+def retentions(done_s: float, failed_s: float) -> list[Retention]:
+    """What a worker prunes, in order: done jobs after ``done_s``, then failed and cancelled
+    ones after ``failed_s`` (one pass for all three when the two agree); 0 keeps them."""
+    if done_s == failed_s:
+        passes = [Retention(FINISHED, done_s, "--retention")]
+    else:
+        passes = [Retention(("done",), done_s, "--retention"),
+                  Retention(("failed", "cancelled"), failed_s, "--retention-failed")]
+    return [p for p in passes if p.older_than_s > 0]
+
+
+def prune(store: HousekeepingStore, older_than_s: float, *, statuses: Sequence[str] = FINISHED,
+          batch: int = PRUNE_BATCH, on_batch: Callable[[int], None] | None = None,
+          should_stop: Callable[[], bool] = lambda: False) -> int:
+    """Delete every job of ``statuses`` finished more than ``older_than_s`` seconds ago,
+    ``batch`` rows a transaction, waiting while another worker holds the prune lock; how many."""
     total = 0
     while not should_stop():
-        deleted = store.prune_batch(older_than_s, batch)
+        deleted = store.prune_batch(older_than_s, batch, statuses)
         if deleted is None:
             time.sleep(0.1)  # a worker is pruning this very batch's rows; take turns
             continue
@@ -66,9 +90,13 @@ class Housekeeper:
     """``run_once()`` is one turn of the loop; ``start()`` runs it on a daemon thread."""
 
     def __init__(self, store: HousekeepingStore, schedules: Sequence[Schedule], retention_s: float,
-                 backoff: Backoff, *, prune_interval_s: float = 60.0, tick_s: float = 1.0,
-                 backlog_interval_s: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
-        self.store, self.retention_s = store, retention_s
+                 backoff: Backoff, *, retention_failed_s: float | None = None, prune_interval_s: float = 60.0,
+                 tick_s: float = 1.0, backlog_interval_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``retention_s`` for done jobs, ``retention_failed_s`` for failed and cancelled ones
+        (None: the same); 0 keeps them."""
+        self.store = store
+        self.retentions = retentions(retention_s, retention_s if retention_failed_s is None else retention_failed_s)
         # An unreachable database is told once for the whole worker (shardworker.worker.dbwatch).
         self.outage = Outage("housekeeping (periodic jobs, retention)", log, backoff, floor_s=tick_s, clock=clock,
                              started="{what} paused: {error}; retrying every {delay:.1f}s or so",
@@ -76,7 +104,7 @@ class Housekeeper:
         self.scheduler = Scheduler(store, schedules)
         self.prune_interval_s, self.tick_s, self.clock = prune_interval_s, tick_s, clock
         self.pruned = 0
-        self._round_total = 0
+        self._pass, self._pass_total = 0, 0  # the retention a round is at, and what it pruned so far
         self._next_round = clock() + min(5.0, prune_interval_s)  # let startup settle first
         self._pruning = False
         self.backlog_interval_s = backlog_interval_s
@@ -87,14 +115,14 @@ class Housekeeper:
 
     @property
     def needed(self) -> bool:
-        return bool(self.scheduler.schedules) or self.retention_s > 0 or self.backlog_interval_s is not None
+        return bool(self.scheduler.schedules) or bool(self.retentions) or self.backlog_interval_s is not None
 
     def run_once(self) -> float:
         """Check schedules, prune one batch if a round is on; seconds until the next turn."""
         try:
             self.scheduler.run_once()
             self._backlog_step()
-            if self.retention_s > 0:
+            if self.retentions:
                 self._prune_step()
         except StoreError as exc:
             if not is_retryable(exc):
@@ -125,20 +153,31 @@ class Housekeeper:
         if not self._pruning:
             if now < self._next_round:
                 return
-            self._pruning, self._round_total = True, 0
-        deleted = self.store.prune_batch(self.retention_s, PRUNE_BATCH)
+            self._pruning, self._pass, self._pass_total = True, 0, 0
+        retention = self.retentions[self._pass]
+        deleted = self.store.prune_batch(retention.older_than_s, PRUNE_BATCH, retention.statuses)
         if deleted is None:  # another worker prunes now: its round covers this one
             self._end_round(now)
             return
-        self._round_total += deleted
+        self._pass_total += deleted
         self.pruned += deleted
         if deleted < PRUNE_BATCH:
-            self._end_round(now)
+            self._log_pass()
+            self._pass, self._pass_total = self._pass + 1, 0
+            if self._pass == len(self.retentions):
+                self._end_round(now)
+
+    def _log_pass(self) -> None:
+        if self._pass_total:
+            retention = self.retentions[self._pass]
+            log.info("pruned %d %s jobs finished over %s ago (%s)", self._pass_total,
+                     " and ".join(", ".join(retention.statuses).rsplit(", ", 1)),
+                     duration_text(retention.older_than_s), retention.option)
 
     def _end_round(self, now: float) -> None:
-        if self._round_total:
-            log.info("pruned %d finished jobs older than %gs (--retention)", self._round_total, self.retention_s)
-        self._pruning, self._next_round = False, now + self.prune_interval_s
+        if self._pass < len(self.retentions):
+            self._log_pass()
+        self._pruning, self._pass_total, self._next_round = False, 0, now + self.prune_interval_s
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="shardworker-housekeeping", daemon=True)

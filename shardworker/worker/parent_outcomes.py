@@ -43,7 +43,7 @@ class ParentOutcomes:
         outcomes = [Outcome.after_failure(j.id, j.attempt, reason, self._delay(j)) for j in jobs]
         if self.job_counts is not None:
             for job, outcome in zip(jobs, outcomes, strict=True):
-                self.job_counts.add_outcome(job.kind, outcome_label(job, outcome, job.max_attempts))
+                self.job_counts.add_outcome(job.kind, outcome_label(job, outcome))
         self._pending.extend(outcomes)
         self.flush()
         return len(outcomes)

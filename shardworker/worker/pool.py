@@ -46,6 +46,8 @@ class ChildPool:
         self.specs, self.clock = specs, clock
         self.at_once = at_once  # handlers one child runs at once
         self.caps = KindCaps(specs)
+        # The kinds whose handler sets max_attempts: a claim makes it their jobs' at the first claim.
+        self.attempts = {kind: spec.max_attempts for kind, spec in specs.items() if spec.max_attempts is not None}
         self.sender = Sender(self.handles, self.caps, max_jobs=max_jobs, max_bytes=max_bytes, min_jobs=min_jobs,
                              horizon_s=horizon_s, steal_after_s=steal_after_s, clock=clock)
         self._finished = 0

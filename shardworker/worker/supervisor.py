@@ -82,7 +82,8 @@ class Supervisor:
                                               self.pool.job_counts)
         self.heartbeat: Heartbeat | None = None
         self.housekeeper = Housekeeper(PgStore(self.store_config), list(app.schedules.values()), config.retention_s,
-                                       self._backoff(), prune_interval_s=config.prune_interval_s,
+                                       self._backoff(), retention_failed_s=config.failed_retention_s,
+                                       prune_interval_s=config.prune_interval_s,
                                        backlog_interval_s=None if config.metrics_port is None else BACKLOG_INTERVAL_S)
         self.dispatcher: Dispatcher | None = None
         self.schema_checked = False  # the database answered at startup (what database_up says until claims)

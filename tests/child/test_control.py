@@ -66,9 +66,11 @@ def test_a_worker_obeys_each_control(pg_dsn: str, tmp_path: Path) -> None:
     # after 3, and the row says 3 of 3 (not 3 of the job's 25).
     assert final("retry_twice") == {("done", 3, 25, 3, "Retry: not yet", True)}
     assert final("retry_always") == {("failed", 3, 3, None, "Retry: retry requested", True)}
-    # Snooze uses none: two runs, and max_attempts grew by one to pay for the first.
-    assert final("snooze_once") == {("done", 2, 26, 2, None, True)}
-    assert final("snooze_async") == {("done", 2, 26, 2, None, True)}
+    # Snooze uses none: two runs, max_attempts untouched, the first counted as a snooze.
+    assert final("snooze_once") == {("done", 2, 25, 2, None, True)}
+    assert final("snooze_async") == {("done", 2, 25, 2, None, True)}
+    assert {s for (s,) in query(pg_dsn, "SELECT DISTINCT snoozes FROM shardworker.jobs WHERE kind LIKE 'snooze%'")} \
+        == {1}
     # Fail ends the job at once, attempts left or not; Cancel marks it cancelled.
     assert final("fail_now") == {("failed", 1, 1, None, "Fail: card declined", True)}
     assert final("cancel_me") == {("cancelled", 1, 25, None, "order withdrawn", True)}

@@ -149,7 +149,7 @@ def test_python_m_shardworker_enqueue_then_stats(tmp_path: Path, pg_dsn: str) ->
 
     enqueued = run("enqueue", "sub.kind", '{"x": 1}', "--count", "3", "--queue", "subq")
     assert enqueued.returncode == 0, enqueued.stderr
-    assert enqueued.stdout == "3\n"
+    assert enqueued.stdout.startswith("enqueued 3 jobs: ")
     stats = run("stats", "--json")
     assert stats.returncode == 0, stats.stderr
     assert json.loads(stats.stdout)["queues"]["subq"]["queued"] == 3

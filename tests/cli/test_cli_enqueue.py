@@ -15,11 +15,11 @@ from tests.cli.cli_runner import assert_one_line_error, invoke, rows
 
 
 def test_enqueue_one_job_prints_one_and_stores_it(pg_dsn: str) -> None:
-    """enqueue KIND PAYLOAD_JSON prints 1 and inserts a queued row with that payload."""
+    """enqueue KIND PAYLOAD_JSON prints the job it made and inserts a queued row with that payload."""
     result = invoke("enqueue", "thumbnail", '{"a":1}', "--dsn", pg_dsn)
     assert result.exit_code == 0, result.output
-    assert result.stdout == "1\n"
     [job] = rows(pg_dsn)
+    assert result.stdout == f"enqueued 1 job: {job['id']}\n"
     assert (job["kind"], job["payload"], job["queue"], job["status"], job["attempt"], job["max_attempts"]) == (
         "thumbnail", {"a": 1}, "default", "queued", 0, 25)
 
@@ -29,7 +29,7 @@ def test_enqueue_count_and_options_apply_to_every_copy(pg_dsn: str) -> None:
     result = invoke("enqueue", "k", "[1,2]", "--count", "5", "--queue", "q9", "--priority", "-3",
                     "--max-attempts", "2", "--delay", "600", "--dsn", pg_dsn)
     assert result.exit_code == 0, result.output
-    assert result.stdout == "5\n"
+    assert result.stdout.startswith("enqueued 5 jobs: ")
     jobs = rows(pg_dsn, "run_at > now() + interval '500 seconds'")
     assert len(jobs) == 5
     assert {(j["queue"], j["priority"], j["max_attempts"], json.dumps(j["payload"])) for j in jobs} == {
@@ -38,14 +38,15 @@ def test_enqueue_count_and_options_apply_to_every_copy(pg_dsn: str) -> None:
 
 def test_enqueue_without_payload_stores_null(pg_dsn: str) -> None:
     """KIND alone enqueues a job whose payload is JSON null."""
-    assert invoke("enqueue", "k", "--dsn", pg_dsn).stdout == "1\n"
+    assert invoke("enqueue", "k", "--dsn", pg_dsn).stdout.startswith("enqueued 1 job: ")
     assert rows(pg_dsn)[0]["payload"] is None
 
 
 def test_enqueue_dedupe_key_skips_a_live_duplicate(pg_dsn: str) -> None:
-    """A second enqueue with the same live --dedupe-key prints 0 and inserts nothing."""
-    assert invoke("enqueue", "k", "--dedupe-key", "x1", "--dsn", pg_dsn).stdout == "1\n"
-    assert invoke("enqueue", "k", "--dedupe-key", "x1", "--dsn", pg_dsn).stdout == "0\n"
+    """A second enqueue with the same live --dedupe-key says so and inserts nothing."""
+    assert invoke("enqueue", "k", "--dedupe-key", "x1", "--dsn", pg_dsn).stdout.startswith("enqueued 1 job: ")
+    assert invoke("enqueue", "k", "--dedupe-key", "x1", "--dsn", pg_dsn).stdout == \
+        "enqueued 0 jobs: a live job holds dedupe key 'x1'\n"
     assert len(rows(pg_dsn)) == 1
 
 
@@ -69,7 +70,8 @@ def test_enqueue_file_is_all_or_nothing_naming_the_bad_line(tmp_path: Path, pg_d
 
 
 def test_enqueue_file_from_stdin_with_all_fields(pg_dsn: str) -> None:
-    """--file - reads JSONL from stdin, honours every per-line field and prints the count."""
+    """--file - reads JSONL from stdin, honours every per-line field and prints the count, the
+    ids and the lines a live dedupe key skipped."""
     lines = [
         {"kind": "a", "payload": {"n": 1}},
         {"kind": "b", "payload": [1], "queue": "q2", "priority": 7, "max_attempts": 3,
@@ -78,8 +80,8 @@ def test_enqueue_file_from_stdin_with_all_fields(pg_dsn: str) -> None:
     ]
     result = invoke("enqueue", "--file", "-", "--dsn", pg_dsn, input="".join(json.dumps(o) + "\n" for o in lines))
     assert result.exit_code == 0, result.output
-    assert result.stdout == "2\n"
     a, b = rows(pg_dsn)
+    assert result.stdout == f"enqueued 2 jobs: {a['id']}, {b['id']} (1 skipped: a live job holds its dedupe key)\n"
     assert (a["kind"], a["payload"], a["queue"], a["priority"], a["max_attempts"]) == ("a", {"n": 1}, "default",
                                                                                          0, 25)
     assert (b["kind"], b["payload"], b["queue"], b["priority"], b["max_attempts"], b["dedupe_key"]) == (
@@ -119,14 +121,13 @@ def test_enqueue_delay_that_is_not_a_duration_is_a_usage_error(pg_dsn: str, dela
 
 
 def test_enqueue_json_names_the_new_job(pg_dsn: str) -> None:
-    """One job: its id, so `jobs show ID` can follow; a live dedupe key: none; bulk: the count."""
+    """One job: its id, so `jobs show ID` can follow; a live dedupe key: none; bulk: every id."""
     first = invoke("enqueue", "k", '{"a": 1}', "--dedupe-key", "d1", "--json", "--dsn", pg_dsn)
     assert first.exit_code == 0, first.output
     [job] = rows(pg_dsn)
     assert json.loads(first.stdout) == {"enqueued": 1, "ids": [job["id"]]}
     again = invoke("enqueue", "k", "--dedupe-key", "d1", "--json", "--dsn", pg_dsn)
     assert json.loads(again.stdout) == {"enqueued": 0, "ids": []}
-    assert invoke("enqueue", "k", "--dedupe-key", "d1", "--dsn", pg_dsn).stdout == "0\n"
     bulk = invoke("enqueue", "k", "--count", "3", "--json", "--dsn", pg_dsn)
-    assert json.loads(bulk.stdout) == {"enqueued": 3}
+    assert json.loads(bulk.stdout) == {"enqueued": 3, "ids": [r["id"] for r in rows(pg_dsn)][1:]}
     assert len(rows(pg_dsn)) == 4

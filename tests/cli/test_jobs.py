@@ -143,6 +143,7 @@ def test_a_reader_that_leaves_early_ends_the_listing_quietly(pg_dsn: str) -> Non
     lister = subprocess.Popen([sys.executable, "-m", "shardworker", "jobs", "list", "--limit", "3000",
                                "--dsn", pg_dsn], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert lister.stdout is not None and lister.stderr is not None
+    assert lister.stdout.readline().split()[:2] == [b"id", b"status"]  # the header
     assert lister.stdout.readline().split()[1] == b"queued"
     lister.stdout.close()
     assert lister.wait(60) == 141

@@ -125,8 +125,8 @@ def test_an_operators_session_through_the_console_script(project: Path, pg_dsn: 
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SHARDWORKER_DSN")}
     sw = console(project, pg_dsn, env)
     assert "CREATE TABLE shardworker.jobs" in sw("migrate", "--print")
-    assert sw("enqueue", "note", '{"n": 1}', "--count", "4") == "4\n"
-    assert sw("enqueue", "note", '{"fail": true}') == "1\n"
+    assert sw("enqueue", "note", '{"n": 1}', "--count", "4") == "enqueued 4 jobs: 1, 2, 3, 4\n"
+    assert sw("enqueue", "note", '{"fail": true}') == "enqueued 1 job: 5\n"
     run = ("run", "--app", "tasks", "--outbox-dir", "outbox", "--procs", "2", "--exit-when-idle")
     sw(*run)
 
@@ -159,7 +159,7 @@ def test_an_operators_session_through_the_console_script(project: Path, pg_dsn: 
     assert json.loads(sw("workers", "--all", "--json")) == []  # a worker that stops says so
     refused = sw("prune", "--older-than", "7x", code=2)
     assert "Error: Invalid value for '--older-than': '7x' is not a duration" in refused
-    assert sw("enqueue", "note", '{"n": 2}', "--delay", "3600") == "1\n"
+    assert sw("enqueue", "note", '{"n": 2}', "--delay", "3600").startswith("enqueued 1 job: ")
     [later] = json.loads(sw("jobs", "list", "--status", "queued", "--json"))
     assert sw("jobs", "delete", str(later["id"])) == "1 job deleted\n"
     assert "0 would delete every finished job" in sw("prune", "--older-than", "0", code=2)

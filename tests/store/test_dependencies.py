@@ -140,7 +140,7 @@ def test_prune_keeps_a_finished_job_while_a_job_depending_on_it_waits(pg_dsn: st
     waiting = enqueue(pg_dsn, "w", after=[a, b])
     assert waiting
     query(pg_dsn, "UPDATE shardworker.jobs SET finished_at = now() - interval '30 days' WHERE id = %s RETURNING id", a)
-    assert store.prune_batch(86400, 100) == 0
+    assert store.prune_batch(86400, 100, ("done", "failed", "cancelled")) == 0
     assert query(pg_dsn, "SELECT count(*) FROM shardworker.jobs WHERE id = %s", a)[0][0] == 1
 
 

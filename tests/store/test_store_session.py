@@ -43,16 +43,18 @@ def test_enqueue_rejects_a_row_the_database_refuses(store: PgStore, pg_dsn: str)
 
 
 def test_enqueue_many_inserts_every_row(store: PgStore, pg_dsn: str) -> None:
-    """COPY enqueue inserts all rows with their fields, and skips live dedupe keys, within the batch too."""
+    """COPY enqueue inserts all rows with their fields and returns their ids, and skips live
+    dedupe keys (None), within the batch too."""
     run_at = datetime.now(UTC) + timedelta(hours=1)
     rows = [("k", "q1", '{"n": 1}', 3, 2, None, None), ("k", "q2", '"text"', 0, 25, run_at, "key"),
             ("k", "q2", "null", 0, 25, None, "key")]
-    assert store.enqueue_many(rows) == 2
+    ids = store.enqueue_many(rows)
     with connect(pg_dsn) as conn:
-        got = conn.execute("SELECT queue, payload, priority, max_attempts, run_at > now(), dedupe_key "
+        got = conn.execute("SELECT id, queue, payload, priority, max_attempts, run_at > now(), dedupe_key "
                            "FROM shardworker.jobs ORDER BY id").fetchall()
-    assert got == [("q1", {"n": 1}, 3, 2, False, None), ("q2", "text", 0, 25, True, "key")]
-    assert store.enqueue_many([("k", "default", "1", 0, 25, None, "key")]) == 0
+    assert got == [(ids[0], "q1", {"n": 1}, 3, 2, False, None), (ids[1], "q2", "text", 0, 25, True, "key")]
+    assert ids[2] is None
+    assert store.enqueue_many([("k", "default", "1", 0, 25, None, "key")]) == [None]
 
 
 def test_enqueue_many_is_all_or_nothing_on_a_check_violation(store: PgStore, pg_dsn: str) -> None:
@@ -62,7 +64,7 @@ def test_enqueue_many_is_all_or_nothing_on_a_check_violation(store: PgStore, pg_
     with pytest.raises(ShardworkerError, match="max_attempts"):
         store.enqueue_many(rows)
     assert count_jobs(pg_dsn) == 0
-    assert store.enqueue_many(rows[:3]) == 3  # the connection is still usable
+    assert len(store.enqueue_many(rows[:3])) == 3  # the connection is still usable
 
 
 def test_enqueue_many_reports_a_check_violation_as_enqueue_error(store: PgStore) -> None:

@@ -105,8 +105,8 @@ def test_kill_9_of_a_child_with_many_async_jobs_in_flight(pg_dsn: str, dirs: tup
     assert {k: n for k, n in ran.items() if k[0] in fast} == {(i, 1): 1 for i in fast}
     assert {(i, 1) for i in fast} <= acked
     assert {k: n for k, n in ran.items() if k[0] in slow} == {(i, a): 1 for i in slow for a in (1, 2)}
-    assert query(pg_dsn, "SELECT DISTINCT attempt, max_attempts, last_error FROM shardworker.jobs WHERE id = ANY(%s)",
-                 slow) == [(2, 26, None)]
+    assert query(pg_dsn, "SELECT DISTINCT attempt, max_attempts, snoozes, last_error FROM shardworker.jobs "
+                         "WHERE id = ANY(%s)", slow) == [(2, 25, 1, None)]
 
 
 def _port(dsn: str) -> int:

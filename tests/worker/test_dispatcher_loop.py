@@ -43,6 +43,7 @@ class Children:
         self.finished = 0
         self.deaths: list[Death] = []
         self.job_counts = JobCounts()  # what the children's reports carried (steps recorded, for the backlog)
+        self.attempts: dict[str, int] = {}  # no handler sets max_attempts
 
     def __len__(self) -> int:
         return len(self.sent)

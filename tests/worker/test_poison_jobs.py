@@ -35,10 +35,10 @@ def ledgers(count_dir: Path) -> list[list[int]]:
 
 
 def assert_uncharged(dsn: str, count_dir: Path, ids: list[int]) -> int:
-    """Each job is done with every attempt it had (a run a neighbour's death cut short is
-    snoozed: a new attempt, and max_attempts one higher), and ran at most once per attempt.
-    Returns how many ran again."""
-    rows = query(dsn, "SELECT id, status, max_attempts - attempt, last_error FROM shardworker.jobs "
+    """Each job is done with every attempt it had but the one it used (a run a neighbour's death
+    cut short is snoozed: a new attempt that uses none of max_attempts), and ran at most once
+    per attempt. Returns how many ran again."""
+    rows = query(dsn, "SELECT id, status, max_attempts - (attempt - snoozes), last_error FROM shardworker.jobs "
                       "WHERE id = ANY(%s) ORDER BY id", ids)
     assert rows == [(i, "done", 24, None) for i in sorted(ids)], "a neighbour was charged an attempt"
     ran = runs(count_dir)
@@ -93,10 +93,11 @@ def test_async_neighbours_of_a_job_that_kills_its_child_are_not_charged(
     [culprit] = enqueue(pg_dsn, "async_exit", 1, {"sleep": 0.5})
     neighbours = enqueue(pg_dsn, "async_ok", 8, {"sleep": 1.5})
     assert run_idle(pg_dsn, dirs, "--concurrency", "20", procs=1) == 0, worker_log(dirs[1])[-3000:]
-    # Snoozed once among its neighbours (attempt 1), then charged alone at attempt 2, which its
-    # handler's max_attempts=2 makes the last (a handler's own limit counts snoozed attempts too).
-    assert row(pg_dsn, culprit) == ("failed", 2, "the handler's process died: exit code 1")
-    assert {k: n for k, n in runs(dirs[1]).items() if k[0] == culprit} == {(culprit, 1): 1, (culprit, 2): 1}
+    # Snoozed once among its neighbours (attempt 1, none of its handler's max_attempts=2 used),
+    # then charged at attempts 2 and 3, the last its two attempts allow.
+    assert row(pg_dsn, culprit) == ("failed", 3, "the handler's process died: exit code 1")
+    assert {k: n for k, n in runs(dirs[1]).items() if k[0] == culprit} == {
+        (culprit, 1): 1, (culprit, 2): 1, (culprit, 3): 1}
     assert assert_uncharged(pg_dsn, dirs[1], neighbours) >= 1, "no neighbour was running at the death"
 
 

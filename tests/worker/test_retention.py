@@ -1,9 +1,12 @@
 """Retention: pruning finished jobs in batches under a running worker, by hand, two
-pruners at once; `--retention 0` keeps everything; workers and migrate --print."""
+pruners at once; `--retention 0` keeps everything; failed and cancelled jobs kept longer
+(`--retention-failed`) and `prune --status`; workers and migrate --print."""
 
 from __future__ import annotations
 
 import itertools
+import json
+import subprocess
 import threading
 from pathlib import Path
 
@@ -11,9 +14,11 @@ import psycopg
 from click.testing import CliRunner
 
 from shardworker.cli.main import main
+from shardworker.config import WorkerConfig
 from shardworker.retry import Backoff
 from shardworker.store.pg_store import PgStore, StoreConfig
 from shardworker.worker.housekeeping import Housekeeper, prune
+from tests.cli.test_project_dir import shardworker_script
 from tests.helpers import enqueue, execute, exit_code, query, runs_per_job, start_worker, wait_for
 
 OLD = "INSERT INTO shardworker.jobs (kind, status, finished_at) SELECT 'old', s, now() - interval '8 days' " \
@@ -82,7 +87,8 @@ def test_a_running_worker_prunes_while_it_works(pg_dsn: str, tmp_path: Path) -> 
     count_dir = tmp_path / "count"
     count_dir.mkdir()
     execute(pg_dsn, OLD, 2000)
-    proc = start_worker(pg_dsn, tmp_path / "outbox", count_dir, "--retention", "7d", procs=2)
+    proc = start_worker(pg_dsn, tmp_path / "outbox", count_dir, "--retention", "7d", "--retention-failed", "7d",
+                        procs=2)
     ids = enqueue(pg_dsn, "count", 3000)
     wait_for(lambda: count(pg_dsn, "kind = 'old'") == 0, 60, "old jobs pruned")
     wait_for(lambda: count(pg_dsn, "status = 'done'") == 3000, 60, "new jobs done")
@@ -102,3 +108,68 @@ def test_migrate_print_applies_with_psql_style_tools(empty_dsn: str) -> None:
     assert again.exit_code == 0 and "applied 0 migration(s)" in again.stdout
     stats = CliRunner().invoke(main, ["stats", "--dsn", empty_dsn])
     assert stats.exit_code == 0, stats.output
+
+
+def aged(dsn: str, days: int, per_status: int) -> None:
+    """``per_status`` jobs of each finished status, finished ``days`` ago, of kind ``aged-DAYS``."""
+    execute(dsn, "INSERT INTO shardworker.jobs (kind, status, finished_at) "
+                 "SELECT %s, s, now() - make_interval(days => %s) "
+                 "FROM generate_series(1, %s) g, unnest(ARRAY['done', 'failed', 'cancelled']) s",
+            f"aged-{days}", days, per_status)
+
+
+def by_kind_and_status(dsn: str) -> dict[tuple[str, str], int]:
+    return {(k, s): n for k, s, n in query(dsn, "SELECT kind, status, count(*) FROM shardworker.jobs "
+                                                "WHERE kind LIKE 'aged-%%' GROUP BY 1, 2")}
+
+
+def test_prune_takes_status_through_the_console_script(pg_dsn: str) -> None:
+    """prune --status failed deletes only failed jobs; --status twice takes both; a status that
+    is not finished is a usage error in one line."""
+    aged(pg_dsn, 8, 100)
+
+    def prune_cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*shardworker_script(), "prune", "--older-than", "7d", *args, "--dsn", pg_dsn],
+                              capture_output=True, text=True, timeout=60)
+
+    only_failed = prune_cli("--status", "failed", "--json")
+    assert only_failed.returncode == 0, only_failed.stderr
+    assert json.loads(only_failed.stdout) == {"pruned": 100}
+    assert by_kind_and_status(pg_dsn) == {("aged-8", "done"): 100, ("aged-8", "cancelled"): 100}
+    both = prune_cli("--status", "done", "--status", "cancelled")
+    assert (both.returncode, both.stdout) == (0, "pruned 200 jobs\n")
+    refused = prune_cli("--status", "queued")
+    assert refused.returncode == 2 and "'queued' is not one of 'done', 'failed', 'cancelled'" in refused.stderr
+    assert "Traceback" not in refused.stderr
+
+
+def test_a_worker_keeps_failed_and_cancelled_jobs_longer_than_done_ones(pg_dsn: str, tmp_path: Path) -> None:
+    """With the defaults (--retention 7d, --retention-failed 30d) a running worker prunes done
+    jobs 8 days old and every job 31 days old, and keeps failed and cancelled ones 8 days old."""
+    count_dir = tmp_path / "count"
+    count_dir.mkdir()
+    aged(pg_dsn, 8, 100)
+    aged(pg_dsn, 31, 100)
+    proc = start_worker(pg_dsn, tmp_path / "outbox", count_dir, procs=1)
+    wait_for(lambda: by_kind_and_status(pg_dsn) == {("aged-8", "failed"): 100, ("aged-8", "cancelled"): 100}, 60,
+             "done jobs pruned after 7 days, failed and cancelled ones after 30")
+    proc.terminate()
+    assert exit_code(proc, 60, count_dir) == 0
+    log = (count_dir / "worker.log").read_text()
+    assert "pruned 200 done jobs finished over 7d ago (--retention)" in log
+    assert "pruned 200 failed and cancelled jobs finished over 30d ago (--retention-failed)" in log
+
+
+def test_failed_retention_defaults_to_30_days_or_the_longer_retention() -> None:
+    """--retention-failed unset: 30 days, or --retention when that is longer; --retention 0
+    (keep every finished job) keeps failed and cancelled ones too; set, it is what it says."""
+    def failed_s(**fields: float | None) -> float:
+        return WorkerConfig(dsn="postgresql://x/y", app_ref="a", **fields).failed_retention_s  # type: ignore[arg-type]
+
+    assert failed_s() == 30 * 86400
+    assert failed_s(retention_s=90 * 86400) == 90 * 86400
+    assert failed_s(retention_s=0) == 0
+    assert failed_s(retention_s=0, retention_failed_s=86400) == 86400
+    assert failed_s(retention_failed_s=0) == 0
+    shown = {p.name: p for p in main.commands["run"].params}["retention_failed"]
+    assert shown.default is None and "30d" in str(shown.show_default)

@@ -137,12 +137,17 @@ WITH limited AS (
 ), claimed AS (
     UPDATE shardworker.jobs j
     SET status = 'running', attempt = j.attempt + 1, locked_by = %(worker_id)s, rescued_attempt = NULL,
-        claim_token = %(claim_token)s, attempted_at = now(), updated_at = now()
+        claim_token = %(claim_token)s, attempted_at = now(), updated_at = now(),
+        -- The first claim makes the handler's own max_attempts (attempt_kinds, attempt_limits)
+        -- the row's when it is lower: from then on the row is the one limit everything reads.
+        max_attempts = CASE WHEN j.attempt = 0 THEN least(j.max_attempts, (
+                           SELECT a.n FROM unnest(%(attempt_kinds)s::text[], %(attempt_limits)s::int[]) AS a(kind, n)
+                           WHERE a.kind = j.kind)) ELSE j.max_attempts END
     WHERE j.id = ANY(ARRAY(SELECT id FROM running_total WHERE n <= %(limit)s AND (n = 1 OR upto <= %(max_bytes)s)))
     -- The steps earlier attempts recorded (job.step): only a retried job can have any, so
     -- a first attempt costs nothing here; the results of the jobs it waited on (after=),
     -- read only for a job that waited on some.
-    RETURNING j.id, j.kind, j.queue, j.payload::text AS payload, j.attempt, j.max_attempts,
+    RETURNING j.id, j.kind, j.queue, j.payload::text AS payload, j.attempt, j.max_attempts, j.snoozes,
               CASE WHEN j.attempt > 1 THEN (SELECT jsonb_object_agg(s.name, s.result)::text
                                             FROM shardworker.job_steps s WHERE s.job_id = j.id) END AS steps,
               CASE WHEN j.deps_total > 0 THEN (SELECT jsonb_object_agg(d.depends_on::text, r.result)::text
@@ -162,7 +167,7 @@ WITH limited AS (
     FROM limited l
     WHERE l.scope = 'queue' AND q.name = l.name AND l.rate_limit IS NOT NULL AND NOT l.paused
 )
-SELECT c.id, c.kind, c.queue, c.payload, c.attempt, c.max_attempts,
+SELECT c.id, c.kind, c.queue, c.payload, c.attempt, c.max_attempts, c.snoozes,
        least((SELECT k.pace_s FROM kind_room k WHERE k.kind = c.kind),
              (SELECT q.pace_s FROM queue_room q WHERE q.queue = c.queue)) AS pace_s,
        c.steps, c.dependencies
@@ -193,8 +198,8 @@ WHERE (k.global_concurrency, k.rate_limit, k.rate_period_s)
 -- attempt lost its lease (stale), or its job does not exist: see job_classify.
 -- disposition (shardworker.model.Disposition): 'done'; 'retry' (queued again after
 -- delay_s while attempts remain, else failed); 'failed' (for good: max_attempts becomes the
--- attempt it ended on); 'snoozed' (queued again after delay_s; max_attempts grows by one, so
--- no attempt is used); 'cancelled'. Jobs that reach an end (done, failed, cancelled) are
+-- attempts it used); 'snoozed' (queued again after delay_s; snoozes grows by one, so no
+-- attempt is used: attempts used are attempt - snoozes); 'cancelled'. Jobs that reach an end (done, failed, cancelled) are
 -- announced on the channel shardworker_finished (shardworker.jobs.wait_for listens), their
 -- ids comma-separated, up to 300 a notification (within the 8,000-byte payload limit).
 -- RETURNING has_dependents: whether job_dependents_settle must look for jobs waiting on it.
@@ -209,20 +214,21 @@ WITH o AS (
     SET status = CASE WHEN o.disposition = 'done' THEN 'done'
                       WHEN o.disposition = 'snoozed' THEN 'queued'
                       WHEN o.disposition = 'cancelled' THEN 'cancelled'
-                      WHEN o.disposition = 'retry' AND j.attempt < j.max_attempts THEN 'queued'
+                      WHEN o.disposition = 'retry' AND j.attempt - j.snoozes < j.max_attempts THEN 'queued'
                       ELSE 'failed' END,
         result = CASE WHEN o.disposition = 'done' THEN o.result ELSE j.result END,
         last_error = CASE WHEN o.disposition IN ('retry', 'failed', 'cancelled') THEN o.error
                           ELSE j.last_error END,
-        -- A snooze pays for its run; a failure the handler ends (Fail, or its own lower
-        -- max_attempts) uses the job's last attempt, so the row reads "3/3", not "3/25".
-        max_attempts = CASE WHEN o.disposition = 'snoozed' THEN j.max_attempts + 1
-                            WHEN o.disposition = 'failed' THEN LEAST(j.max_attempts, j.attempt)
+        -- A snooze uses no attempt; a failure the handler ends (Fail) uses the job's last, so
+        -- the row reads "3/3", not "3/25".
+        snoozes = CASE WHEN o.disposition = 'snoozed' THEN j.snoozes + 1 ELSE j.snoozes END,
+        max_attempts = CASE WHEN o.disposition = 'failed' THEN LEAST(j.max_attempts, j.attempt - j.snoozes)
                             ELSE j.max_attempts END,
-        run_at = CASE WHEN o.disposition = 'snoozed' OR (o.disposition = 'retry' AND j.attempt < j.max_attempts)
+        run_at = CASE WHEN o.disposition = 'snoozed'
+                           OR (o.disposition = 'retry' AND j.attempt - j.snoozes < j.max_attempts)
                       THEN now() + make_interval(secs => o.delay_s) ELSE j.run_at END,
         finished_at = CASE WHEN o.disposition = 'snoozed'
-                                OR (o.disposition = 'retry' AND j.attempt < j.max_attempts)
+                                OR (o.disposition = 'retry' AND j.attempt - j.snoozes < j.max_attempts)
                            THEN NULL ELSE now() END,
         locked_by = NULL, applied_attempt = o.attempt, rescued_attempt = NULL, updated_at = now()
     FROM o
@@ -279,9 +285,9 @@ WHERE claim_token = %(claim_token)s AND status = 'running' AND locked_by = %(wor
 -- At startup, after the outbox is drained: this worker's running jobs have no outcome, so
 -- their handlers never finished. Retry them (the lost run counts as an attempt).
 UPDATE shardworker.jobs
-SET status = CASE WHEN attempt < max_attempts THEN 'queued' ELSE 'failed' END,
+SET status = CASE WHEN attempt - snoozes < max_attempts THEN 'queued' ELSE 'failed' END,
     last_error = %(error)s, locked_by = NULL, updated_at = now(),
-    finished_at = CASE WHEN attempt < max_attempts THEN NULL ELSE now() END
+    finished_at = CASE WHEN attempt - snoozes < max_attempts THEN NULL ELSE now() END
 WHERE status = 'running' AND locked_by = %(worker_id)s
 RETURNING id;
 
@@ -299,27 +305,29 @@ WITH ins AS (
 SELECT id, pg_notify('shardworker_jobs', queue) FROM ins;
 
 -- job_stage_create --
--- A session-local staging table for bulk enqueue through COPY.
+-- A session-local staging table for bulk enqueue through COPY; ord is each row's position.
 CREATE TEMP TABLE shardworker_stage (
     kind text, queue text, payload text, priority int, max_attempts int,
-    run_at timestamptz, dedupe_key text
+    run_at timestamptz, dedupe_key text, ord int
 ) ON COMMIT DROP;
 
 -- job_stage_copy --
 -- COPY rows into the staging table.
-COPY shardworker_stage (kind, queue, payload, priority, max_attempts, run_at, dedupe_key) FROM STDIN;
+COPY shardworker_stage (kind, queue, payload, priority, max_attempts, run_at, dedupe_key, ord) FROM STDIN;
 
 -- job_stage_insert --
--- Move staged rows into the jobs table, skipping live dedupe-key duplicates.
+-- Move staged rows into the jobs table in their order (ord), skipping live dedupe-key
+-- duplicates. Returns (id, dedupe_key) of the rows inserted, by id: the ids were drawn in
+-- the rows' order, so shardworker.store.enqueue.inserted_ids gives each row its id, or None.
 WITH ins AS (
     INSERT INTO shardworker.jobs (kind, queue, payload, payload_bytes, priority, max_attempts, run_at, dedupe_key)
     SELECT kind, queue, payload::jsonb, octet_length(payload), priority, max_attempts, coalesce(run_at, now()),
            dedupe_key
-    FROM shardworker_stage
+    FROM shardworker_stage ORDER BY ord
     ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('waiting', 'queued', 'running') DO NOTHING
-    RETURNING 1
+    RETURNING id, dedupe_key
 )
-SELECT count(*) FROM ins;
+SELECT id, dedupe_key FROM ins ORDER BY id;
 
 -- job_stage_drop --
 -- Drop the staging table at once, so another bulk enqueue in the same transaction can create it.
@@ -431,11 +439,11 @@ WITH gone AS (
     RETURNING w.worker_id
 )
 UPDATE shardworker.jobs
-SET status = CASE WHEN attempt < max_attempts THEN 'queued' ELSE 'failed' END,
+SET status = CASE WHEN attempt - snoozes < max_attempts THEN 'queued' ELSE 'failed' END,
     last_error = 'rescued: worker ' || locked_by || ' stopped heartbeating',
     rescued_attempt = attempt, run_at = now() + make_interval(secs => %(grace_s)s),
     locked_by = NULL, updated_at = now(),
-    finished_at = CASE WHEN attempt < max_attempts THEN NULL ELSE now() END
+    finished_at = CASE WHEN attempt - snoozes < max_attempts THEN NULL ELSE now() END
 WHERE status = 'running' AND locked_by IN (SELECT worker_id FROM gone)
 RETURNING id;
 
@@ -448,16 +456,16 @@ SELECT id::text, current_database() FROM shardworker.instance;
 -- segment), i.e. every one no child still holds and no outbox record still carries:
 -- retried at once, the lost run counted as an attempt.
 UPDATE shardworker.jobs
-SET status = CASE WHEN attempt < max_attempts THEN 'queued' ELSE 'failed' END,
+SET status = CASE WHEN attempt - snoozes < max_attempts THEN 'queued' ELSE 'failed' END,
     last_error = %(error)s, locked_by = NULL, updated_at = now(),
-    finished_at = CASE WHEN attempt < max_attempts THEN NULL ELSE now() END
+    finished_at = CASE WHEN attempt - snoozes < max_attempts THEN NULL ELSE now() END
 WHERE status = 'running' AND locked_by = %(worker_id)s AND NOT (id = ANY(%(keep_ids)s::bigint[]))
 RETURNING id;
 
 -- job_list --
 -- Jobs for `shardworker jobs list`, newest first, with optional filters.
 SELECT id, kind, queue, status, attempt, max_attempts, priority, payload, result, last_error,
-       created_at, run_at, attempted_at, finished_at, locked_by
+       created_at, run_at, attempted_at, finished_at, locked_by, snoozes
 FROM shardworker.jobs
 WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
   AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
@@ -469,7 +477,7 @@ LIMIT %(limit)s;
 -- job_get --
 -- One job, whole.
 SELECT id, kind, queue, status, attempt, max_attempts, priority, payload, result, last_error,
-       created_at, run_at, attempted_at, finished_at, locked_by
+       created_at, run_at, attempted_at, finished_at, locked_by, snoozes
 FROM shardworker.jobs WHERE id = %(id)s;
 
 -- job_steps_list --
@@ -507,7 +515,7 @@ WITH deps AS (
     SET status = CASE WHEN coalesce(deps.pending, 0) > 0 THEN 'waiting' ELSE 'queued' END,
         deps_pending = coalesce(deps.pending, 0), deps_bytes = coalesce(deps.bytes, 0),
         last_error = CASE WHEN deps.job_id IS NOT NULL AND j.status = 'cancelled' THEN NULL ELSE j.last_error END,
-        run_at = now(), max_attempts = greatest(max_attempts, attempt + 1),
+        run_at = now(), max_attempts = greatest(max_attempts, attempt - snoozes + 1),
         finished_at = NULL, rescued_attempt = NULL, updated_at = now(),
         steps_reset_attempt = CASE WHEN %(reset_steps)s THEN attempt ELSE steps_reset_attempt END
     FROM unnest(%(ids)s::bigint[]) AS x(id) LEFT JOIN deps ON deps.job_id = x.id
@@ -583,13 +591,13 @@ UNLISTEN shardworker_finished;
 SELECT pg_try_advisory_xact_lock(hashtext('shardworker.prune'));
 
 -- prune_batch --
--- Delete up to `limit` finished jobs that ended more than `older_than_s` seconds ago,
--- oldest first, through jobs_finished_idx; rows locked by someone else are left for later,
--- and so is a job that a waiting, queued or running job depends on (its result is that
--- job's job.dependencies).
+-- Delete up to `limit` finished jobs of `statuses` (some of done, failed, cancelled) that
+-- ended more than `older_than_s` seconds ago, oldest first, through jobs_finished_idx; rows
+-- locked by someone else are left for later, and so is a job that a waiting, queued or
+-- running job depends on (its result is that job's job.dependencies).
 WITH doomed AS (
     SELECT id FROM shardworker.jobs j
-    WHERE status IN ('done', 'failed', 'cancelled')
+    WHERE status IN ('done', 'failed', 'cancelled') AND status = ANY(%(statuses)s::text[])
       AND finished_at < now() - make_interval(secs => %(older_than_s)s)
       AND NOT (has_dependents AND EXISTS (
           SELECT 1 FROM shardworker.job_dependencies d JOIN shardworker.jobs w ON w.id = d.job_id
