@@ -10,10 +10,15 @@ from shardworker import Job
 
 
 def record(job: Job) -> None:
-    directory = os.environ["SW_TEST_COUNT_DIR"]
-    fd = os.open(os.path.join(directory, f"runs-{os.getpid()}.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    append("runs", f"{job.id} {job.attempt}\n")
+
+
+def append(prefix: str, line: str) -> None:
+    """Append ``line`` to this process's ``<prefix>-<pid>.log`` under $SW_TEST_COUNT_DIR, durably."""
+    path = os.path.join(os.environ["SW_TEST_COUNT_DIR"], f"{prefix}-{os.getpid()}.log")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
-        os.write(fd, f"{job.id} {job.attempt}\n".encode())
+        os.write(fd, line.encode())
         os.fsync(fd)
     finally:
         os.close(fd)

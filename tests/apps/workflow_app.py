@@ -22,6 +22,8 @@ import os
 import time
 from typing import Any
 
+import run_ledger
+
 from shardworker import App, Job
 
 app = App()
@@ -29,14 +31,7 @@ app = App()
 
 def ledger(job: Job, event: str, note: str = "-") -> None:
     """Append this run's line to this process's ledger, durably."""
-    line = f"{job.kind} {job.id} {job.attempt} {event} {time.time():.6f} {note}\n"
-    path = os.path.join(os.environ["SW_TEST_COUNT_DIR"], f"workflow-{os.getpid()}.log")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    try:
-        os.write(fd, line.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    run_ledger.append("workflow", f"{job.kind} {job.id} {job.attempt} {event} {time.time():.6f} {note}\n")
 
 
 def pause(name: str, default: float) -> None:

@@ -5,14 +5,12 @@ console script in a project directory. Handlers count their runs in a ledger the
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import textwrap
 from pathlib import Path
 
 import pytest
 
-from tests.cli.test_project_dir import shardworker_script
+from tests.cli.project_cli import make_project, run_in
 
 APP = '''
     """Handlers with their own max_attempts, and handlers that snooze."""
@@ -57,16 +55,11 @@ APP = '''
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    root = tmp_path / "attempts-app"
-    (root / "ledger").mkdir(parents=True)
-    (root / "tasks.py").write_text(textwrap.dedent(APP).lstrip())
-    return root
+    return make_project(tmp_path, "attempts-app", APP)
 
 
 def sw(project: Path, dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SHARDWORKER_DSN")}
-    done = subprocess.run([*shardworker_script(), *args, "--dsn", dsn], cwd=project, env=env,
-                          capture_output=True, text=True, timeout=90)
+    done = run_in(project, dsn, *args)
     assert done.returncode == 0, (args, done.stdout, done.stderr[-3000:])
     return done
 

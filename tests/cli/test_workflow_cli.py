@@ -9,11 +9,11 @@ import json
 import os
 import signal
 import subprocess
-import textwrap
 from pathlib import Path
 
 import pytest
 
+from tests.cli.project_cli import make_project, run_in
 from tests.cli.test_project_dir import shardworker_script
 from tests.conftest import free_port
 from tests.helpers import query, wait_for
@@ -60,16 +60,11 @@ APP = '''
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    root = tmp_path / "docs-app"
-    (root / "ledger").mkdir(parents=True)
-    (root / "tasks.py").write_text(textwrap.dedent(APP).lstrip())
-    return root
+    return make_project(tmp_path, "docs-app", APP)
 
 
 def sw(project: Path, dsn: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SHARDWORKER_DSN")}
-    return subprocess.run([*shardworker_script(), *args, "--dsn", dsn], cwd=project, env=env, input=stdin,
-                          capture_output=True, text=True, timeout=90)
+    return run_in(project, dsn, *args, stdin=stdin)
 
 
 def test_a_fan_out_and_fan_in_through_the_console_script(project: Path, pg_dsn: str) -> None:
