@@ -33,6 +33,7 @@ from shardworker.retry import Backoff, Outage
 from shardworker.routing import shard_for
 from shardworker.wire import JobKey
 from shardworker.worker.backlog import Backlog
+from shardworker.worker.cancel_watch import CancelWatch
 from shardworker.worker.dbwatch import DatabaseWatch
 from shardworker.worker.deaths import Death
 from shardworker.worker.giveback import GiveBack
@@ -56,6 +57,8 @@ class DispatchStore(Protocol):
     def notify_fileno(self) -> int: ...
     def requeue_lost(self, worker_id: str, error: str, keep_ids: Sequence[int]) -> list[int]: ...
     def wait_notify(self, timeout_s: float) -> bool: ...
+    def take_cancelled(self) -> set[int]: ...
+    def cancelled_among(self, job_ids: Sequence[int]) -> set[int]: ...
 
 
 class Dispatcher:
@@ -85,6 +88,7 @@ class Dispatcher:
         self.watch = DatabaseWatch(self.backlog, clock)
         self.giving_back = GiveBack(store, worker_id, config.outbox_dir, clock=clock,
                                     backoff=lambda: Backoff(config.backoff_base_s, min(1.0, config.backoff_cap_s)))
+        self.cancels = CancelWatch(store, pool, clock)
         self.quarantine = QuarantineWatch(config.outbox_dir, worker_id, store,
                                           lambda: [*pool.job_ids(), *parent_outcomes.waiting_ids()], clock=clock)
 
@@ -98,6 +102,7 @@ class Dispatcher:
         self.flusher.check()
         self._settle_quarantined()
         self.backlog.recount_if_drained(quiet=not self.pool.in_flight and self.flusher.idle)
+        self.cancels.run_once(self.db_ok)
         claimed = self._maybe_claim()
         self.watch.update(self.db_failure())
         self._log_progress()

@@ -80,6 +80,9 @@ class Children:
     def wait_fds(self) -> tuple[list[int], list[int]]:
         return [], []
 
+    def cancel(self, job_ids: set[int]) -> int:
+        return 0
+
     def job_ids(self) -> list[int]:
         return [i for sent in self.sent for i, _ in sent]
 
