@@ -12,6 +12,7 @@ SystemExit) escape, and end the child.
 from __future__ import annotations
 
 import asyncio
+import time
 import traceback
 
 from shardworker.app import App, HandlerSpec
@@ -19,7 +20,7 @@ from shardworker.child.followups import FollowUps
 from shardworker.child.results import Unstorable, storable_json
 from shardworker.child.steps import AsyncSteps, StepLog, SyncSteps
 from shardworker.control import Cancel, Fail, JobControl, Retry, Snooze
-from shardworker.limits import MAX_PAYLOAD_BYTES
+from shardworker.limits import MAX_PAYLOAD_BYTES, MAX_TRACEBACK_BYTES
 from shardworker.model import ClaimedJob, Outcome
 
 
@@ -120,11 +121,26 @@ def payload_refused(job: ClaimedJob) -> Outcome | None:
 
 
 def failure(spec: HandlerSpec, job: ClaimedJob, exc: BaseException, *, error: str | None = None) -> Outcome:
-    """A failed attempt: the error with its traceback, retried after the handler's delay."""
-    text = "".join(traceback.format_exception(exc)).strip()
+    """A failed attempt: the error, its traceback (bounded), when it failed, retried after the
+    handler's delay."""
     message = error or f"{type(exc).__name__}: {exc}"
     delay = spec.delay_after_failure(job.attempt)
-    return Outcome.after_failure(job.id, job.attempt, printable(f"{message}\n{text}"), delay)
+    return Outcome.after_failure(job.id, job.attempt, printable(message), delay,
+                                 traceback=bounded_traceback(exc), failed_at=time.time())
+
+
+def bounded_traceback(exc: BaseException) -> str:
+    """``exc``'s traceback as Python prints it, at most ``MAX_TRACEBACK_BYTES`` of UTF-8: a
+    longer one (a deep recursion) keeps its end, where the error is, after a line saying
+    how much was cut."""
+    text = printable("".join(traceback.format_exception(exc)).strip())
+    data = text.encode("utf-8")
+    if len(data) <= MAX_TRACEBACK_BYTES:
+        return text
+    marker = "… {} bytes cut …\n"
+    keep = MAX_TRACEBACK_BYTES - len(marker.format(len(data)).encode("utf-8"))
+    tail = data[len(data) - keep:].decode("utf-8", "ignore")
+    return marker.format(len(data) - len(tail.encode("utf-8"))) + tail
 
 
 def printable(text: str) -> str:
