@@ -10,7 +10,8 @@ Pipe messages between the parent and a child are frozen dataclasses; ``encode`` 
 jobs whose outcomes are durable, by (id, attempt), with counts for the metrics
 (``shardworker.jobstats.summarize``); ``Recall`` asks a child for the jobs not started, and
 ``Returned`` names them (never to start there: the parent may send them elsewhere);
-``Stopped`` lists those a stopping child never started; ``Fatal`` is a child's last error.
+``Stopped`` lists those a stopping child never started; ``Fatal`` is a child's last error
+(``at_start``: a startup hook's, before it took any job).
 
 On the pipe each message is a frame: a 4-byte big-endian length, then the bytes. ``OutFrames``
 queues frames on a non-blocking descriptor (the parent never waits on a child that does not
@@ -74,6 +75,7 @@ class Stopped:
 @dataclass(frozen=True, slots=True)
 class Fatal:
     message: str
+    at_start: bool = False  # a startup hook raised: the child never took a job, and will not
 
 
 Message = Jobs | Recall | Stop | Done | Returned | Stopped | Fatal
@@ -94,7 +96,7 @@ def encode(msg: Message) -> bytes:
     if isinstance(msg, Recall):
         return b'["recall"]'
     if isinstance(msg, Fatal):
-        return orjson.dumps(["fatal", msg.message])
+        return orjson.dumps(["fatal", msg.message, msg.at_start])
     return b'["stop"]'
 
 
@@ -114,7 +116,7 @@ def decode(data: bytes) -> Message:
     if tag == "recall":
         return Recall()
     if tag == "fatal":
-        return Fatal(str(body))
+        return Fatal(str(body), bool(value[2]) if len(value) > 2 else False)
     if tag == "stop":
         return Stop()
     raise ValueError(f"unknown pipe message {tag!r}")

@@ -3,8 +3,12 @@
 * ``ThreadLane(1)``: plain sync handlers, one at a time, in arrival order (CPU-bound work
   scales with ``--procs``).
 * ``ThreadLane(C)``: sync handlers registered with ``threads=True``, up to ``C`` at once.
-* ``AsyncLane(C)``: ``async def`` handlers on one event loop (uvloop when installed), up to
-  ``C`` at once; a handler over its ``timeout_s`` is cancelled and fails that attempt.
+* ``AsyncLane(C)``: ``async def`` handlers on the child's event loop (``hooks.EventLoop``,
+  uvloop when installed), up to ``C`` at once; a handler over its ``timeout_s`` is
+  cancelled and fails that attempt.
+
+A failed attempt's ``app.on_failure`` hooks run on the lane (``hooks.Hooks``) before its
+outcome is handed on, within the attempt's time.
 
 A lane calls ``on_start(slot, job)`` when a handler starts and ``on_done(slot, job,
 outcome, started_at, steps)`` when it has an outcome (``steps``: the run's ``StepLog``, made
@@ -27,7 +31,8 @@ from collections.abc import Callable
 from typing import Protocol
 
 from shardworker.app import App
-from shardworker.child.handlers import run_async, run_sync
+from shardworker.child.handlers import attempt_async, attempt_sync
+from shardworker.child.hooks import Hooks
 from shardworker.child.steps import StepLog
 from shardworker.model import ClaimedJob, Outcome
 
@@ -47,8 +52,9 @@ class ThreadLane:
     """``threads`` threads taking jobs from one queue, in arrival order."""
 
     def __init__(self, app: App, threads: int, on_start: OnStart, on_done: OnDone, steps_for: StepsFor,
-                 name: str) -> None:
+                 name: str, hooks: Hooks) -> None:
         self.app, self.on_start, self.on_done, self.steps_for = app, on_start, on_done, steps_for
+        self.hooks = hooks
         self._queue: deque[tuple[int, ClaimedJob]] = deque()
         self._cond = threading.Condition()
         self._stopping = False
@@ -72,7 +78,10 @@ class ThreadLane:
             self.on_start(slot, job)
             started_at = time.monotonic()
             steps = self.steps_for(job)
-            self.on_done(slot, job, run_sync(self.app, job, steps), started_at, steps)
+            attempt = attempt_sync(self.app, job, steps)
+            if attempt.error is not None:
+                self.hooks.failed(job, attempt.error)
+            self.on_done(slot, job, attempt.outcome, started_at, steps)
 
     def withdraw(self) -> list[tuple[int, ClaimedJob]]:
         """The jobs still queued, in order; they will not start here."""
@@ -93,31 +102,18 @@ class ThreadLane:
             thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
 
-def new_event_loop() -> asyncio.AbstractEventLoop:
-    """uvloop's loop when it is installed, else asyncio's."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
-
-
 class AsyncLane:
-    """One event loop on its own thread running up to ``concurrency`` handlers at once."""
+    """Up to ``concurrency`` handlers at once on the child's event loop."""
 
-    def __init__(self, app: App, concurrency: int, on_start: OnStart, on_done: OnDone, steps_for: StepsFor) -> None:
+    def __init__(self, app: App, concurrency: int, on_start: OnStart, on_done: OnDone, steps_for: StepsFor,
+                 hooks: Hooks) -> None:
         self.app, self.on_start, self.on_done, self.steps_for = app, on_start, on_done, steps_for
-        self.loop = new_event_loop()
+        self.hooks = hooks
+        self.loop = hooks.events.loop
         self._slots = asyncio.Semaphore(concurrency)
         self._tasks: set[asyncio.Task[None]] = set()
         self._waiting: dict[int, ClaimedJob] = {}  # submitted, not yet started (by slot)
         self._stopping = False
-        self._thread = threading.Thread(target=self._run_loop, name="shardworker-async", daemon=True)
-        self._thread.start()
-
-    def _run_loop(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
 
     def submit(self, slot: int, job: ClaimedJob) -> None:
         self.loop.call_soon_threadsafe(self._spawn, slot, job)
@@ -136,8 +132,10 @@ class AsyncLane:
             self.on_start(slot, job)
             started_at = time.monotonic()
             steps = self.steps_for(job)
-            outcome = await run_async(self.app, job, steps)
-            self.on_done(slot, job, outcome, started_at, steps)
+            attempt = await attempt_async(self.app, job, steps)
+            if attempt.error is not None:
+                await self.hooks.failed_async(job, attempt.error)
+            self.on_done(slot, job, attempt.outcome, started_at, steps)
 
     def withdraw(self) -> list[tuple[int, ClaimedJob]]:
         """The jobs still waiting for a free slot; they will not start here."""
@@ -157,12 +155,10 @@ class AsyncLane:
         return unstarted
 
     def join(self, timeout_s: float | None = None) -> None:
-        """Wait for running handlers (up to ``timeout_s``), then end the loop."""
+        """Wait for running handlers (up to ``timeout_s``); the loop goes on, for the shutdown hooks."""
         async def drain() -> None:
             while self._tasks:
                 await asyncio.wait(set(self._tasks))
 
         with contextlib.suppress(TimeoutError):
             asyncio.run_coroutine_threadsafe(drain(), self.loop).result(timeout_s)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout_s)

@@ -223,7 +223,8 @@ class ChildHandle:
                 self.stopped, self.unstarted = True, msg.unstarted
             elif isinstance(msg, wire.Fatal):
                 self.fatal = msg.message
-                log.error("child %d: %s", self.index, self.fatal)
+                # A start that failed is said once, by the worker as it stops (the pool's StartupFailed).
+                log.log(logging.DEBUG if msg.at_start else logging.ERROR, "child %d: %s", self.index, self.fatal)
         return finished
 
     def _release(self, key: wire.JobKey) -> Sent:

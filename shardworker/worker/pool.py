@@ -12,7 +12,8 @@ sharing, recalls) is ``shardworker.worker.sending``'s; the pool drives it.
 After a death, ``shardworker.worker.deaths`` sorts and judges what the child held (a job
 whose cause is unknown becomes a *suspect*, run alone when claimed again). A death a job
 caused restarts the child at once; only one with no job running, or a ``Fatal`` report,
-counts toward the crash-loop verdict. The per-kind caps live in ``shardworker.worker.kindcaps``.
+counts toward the crash-loop verdict; a child whose startup hook raised (``EXIT_START_FAILED``)
+is not restarted, and ``check`` raises ``StartupFailed``. The per-kind caps live in ``shardworker.worker.kindcaps``.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from collections.abc import Callable, Iterable, Mapping
 
 from shardworker import procs, wire
 from shardworker.app import HandlerSpec
+from shardworker.child.main import EXIT_START_FAILED
 from shardworker.config import ChildConfig
-from shardworker.errors import CrashLoop
+from shardworker.errors import CrashLoop, StartupFailed
 from shardworker.jobstats import JobCounts
 from shardworker.model import ClaimedJob
 from shardworker.views import FlowCount
@@ -192,8 +194,12 @@ class ChildPool:
                 procs.kill_quietly(handle.process.pid)
                 deaths.append(self._settle(handle, blame.Cause(killed=True, timed_out=late), now))
                 continue
-            deaths.append(self._settle(handle, blame.Cause(fatal=handle.fatal, exitcode=handle.process.exitcode),
-                                       now))
+            exitcode = handle.process.exitcode
+            deaths.append(self._settle(handle, blame.Cause(fatal=handle.fatal, exitcode=exitcode), now))
+            if exitcode == EXIT_START_FAILED:  # its Fatal is read by now (_settle reads what it sent)
+                handle.restart_at = float("inf")
+                self._crash_loop = StartupFailed(f"child {handle.index} could not start: "
+                                                 f"{handle.fatal or 'an on_startup hook raised'}")
         return deaths
 
     def _settle(self, handle: ChildHandle, cause: blame.Cause, now: float | None = None) -> Death:
