@@ -122,7 +122,8 @@ def test_three_failed_attempts_show_three_errors_with_tracebacks(project: Path, 
     lines = log.splitlines()
     for n in (1, 2, 3):
         [at] = [i for i, line in enumerate(lines) if f"job {job_id} (flaky) attempt {n}/3 failed" in line]
-        assert lines[at + 1] == "Traceback (most recent call last):" and "in fetch_upstream" in lines[at + 3]
+        assert lines[at + 1] == "Traceback (most recent call last):" and "in flaky" in lines[at + 2]
+        assert "in fetch_upstream" in lines[at + 4]  # from the handler's frame on: none of the worker's own
 
 
 def test_a_job_of_25_attempts_keeps_its_last_20_errors(project: Path, pg_dsn: str) -> None:

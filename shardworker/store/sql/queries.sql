@@ -492,6 +492,10 @@ SELECT id, kind, queue, status, attempt, max_attempts, priority, payload, result
        created_at, run_at, attempted_at, finished_at, locked_by, snoozes
 FROM shardworker.jobs WHERE id = %(id)s;
 
+-- job_errors --
+-- A job's errors history (its last failed attempts, oldest first); no row: no such job.
+SELECT errors FROM shardworker.jobs WHERE id = %(id)s;
+
 -- job_steps_list --
 -- A job's recorded steps, in recorded order (then name), the first `limit` of them (NULL:
 -- all), each with the size of its result's JSON text, and how many the job holds in all.
