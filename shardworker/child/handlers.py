@@ -14,11 +14,13 @@ outcome carries its traceback, bounded (``bounded_traceback``), and when it fail
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import traceback
 from typing import NamedTuple
 
 from shardworker.app import App, HandlerSpec
+from shardworker.child.cancels import OPERATOR_CANCEL
 from shardworker.child.followups import FollowUps
 from shardworker.child.results import Unstorable, storable_json
 from shardworker.child.steps import AsyncSteps, StepLog, SyncSteps
@@ -38,46 +40,60 @@ class Attempt(NamedTuple):
     error: BaseException | None = None
 
 
-def run_sync(app: App, job: ClaimedJob, steps: StepLog | None = None) -> Outcome:
+def run_sync(app: App, job: ClaimedJob, steps: StepLog | None = None,
+             cancel: threading.Event | None = None) -> Outcome:
     """The outcome of ``attempt_sync``."""
-    return attempt_sync(app, job, steps).outcome
+    return attempt_sync(app, job, steps, cancel).outcome
 
 
-async def run_async(app: App, job: ClaimedJob, steps: StepLog | None = None) -> Outcome:
+async def run_async(app: App, job: ClaimedJob, steps: StepLog | None = None,
+                    cancel: threading.Event | None = None) -> Outcome:
     """The outcome of ``attempt_async``."""
-    return (await attempt_async(app, job, steps)).outcome
+    return (await attempt_async(app, job, steps, cancel)).outcome
 
 
-def attempt_sync(app: App, job: ClaimedJob, steps: StepLog | None = None) -> Attempt:
-    """Run a sync handler to its end (timeouts of sync handlers are the parent's to enforce);
-    ``steps`` runs its ``job.step`` calls."""
+def attempt_sync(app: App, job: ClaimedJob, steps: StepLog | None = None,
+                 cancel: threading.Event | None = None) -> Attempt:
+    """Run a sync handler to its end (timeouts of sync handlers, and cancels it does not
+    heed, are the parent's to enforce); ``steps`` runs its ``job.step`` calls, ``cancel``
+    is its ``job.cancelled`` (already set: the handler is not called)."""
     spec = app.handlers.get(job.kind)
     if spec is None:
         return refused(job, f"no handler for kind {job.kind!r}")
-    too_large = payload_refused(job)
-    if too_large is not None:
-        return too_large
+    not_run = payload_refused(job) or cancelled_before(job, cancel)
+    if not_run is not None:
+        return not_run
     followups = FollowUps()
     try:
-        result = spec.fn(job.to_job(None if steps is None else SyncSteps(steps), followups))
+        result = spec.fn(job.to_job(None if steps is None else SyncSteps(steps), followups, cancel))
     except Exception as exc:
         return ended(spec, job, steps, exc)
     return ended(spec, job, steps, result=result, followups=followups)
 
 
-async def attempt_async(app: App, job: ClaimedJob, steps: StepLog | None = None) -> Attempt:
-    """Await an ``async def`` handler; past its ``timeout_s`` it is cancelled and the attempt fails."""
+async def attempt_async(app: App, job: ClaimedJob, steps: StepLog | None = None,
+                        cancel: threading.Event | None = None) -> Attempt:
+    """Await an ``async def`` handler; past its ``timeout_s`` it is cancelled and the attempt
+    fails. An operator's cancel (``cancel`` set, then the task cancelled by its lane) ends
+    it as cancelled."""
     spec = app.handlers.get(job.kind)
     if spec is None:
         return refused(job, f"no handler for kind {job.kind!r}")
-    too_large = payload_refused(job)
-    if too_large is not None:
-        return too_large
+    not_run = payload_refused(job) or cancelled_before(job, cancel)
+    if not_run is not None:
+        return not_run
     deadline = asyncio.timeout(spec.timeout_s)
     followups = FollowUps()
     try:
         async with deadline:
-            result = await spec.fn(job.to_job(None if steps is None else AsyncSteps(steps), followups))
+            result = await spec.fn(job.to_job(None if steps is None else AsyncSteps(steps), followups, cancel))
+    except asyncio.CancelledError:
+        if cancel is None or not cancel.is_set():
+            raise  # the loop is going away, not an operator's cancel
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        return Attempt(Outcome.cancelled(job.id, job.attempt, OPERATOR_CANCEL))
     except TimeoutError as exc:
         if not deadline.expired():  # the handler's own TimeoutError
             return ended(spec, job, steps, exc)
@@ -85,6 +101,13 @@ async def attempt_async(app: App, job: ClaimedJob, steps: StepLog | None = None)
     except Exception as exc:
         return ended(spec, job, steps, exc)
     return ended(spec, job, steps, result=result, followups=followups)
+
+
+def cancelled_before(job: ClaimedJob, cancel: threading.Event | None) -> Attempt | None:
+    """The attempt of a job an operator cancelled before its handler started: it never starts."""
+    if cancel is None or not cancel.is_set():
+        return None
+    return Attempt(Outcome.cancelled(job.id, job.attempt, OPERATOR_CANCEL))
 
 
 def ended(spec: HandlerSpec, job: ClaimedJob, steps: StepLog | None, exc: Exception | None = None,

@@ -5,14 +5,16 @@
 * ``ThreadLane(C)``: sync handlers registered with ``threads=True``, up to ``C`` at once.
 * ``AsyncLane(C)``: ``async def`` handlers on the child's event loop (``hooks.EventLoop``,
   uvloop when installed), up to ``C`` at once; a handler over its ``timeout_s`` is
-  cancelled and fails that attempt.
+  cancelled and fails that attempt, one an operator cancelled (``cancel(keys)``) is
+  cancelled and ends cancelled.
 
 A failed attempt's ``app.on_failure`` hooks run on the lane (``hooks.Hooks``) before its
 outcome is handed on, within the attempt's time.
 
 A lane calls ``on_start(slot, job)`` when a handler starts and ``on_done(slot, job,
 outcome, started_at, steps)`` when it has an outcome (``steps``: the run's ``StepLog``, made
-by ``steps_for(job)``); both run on the lane's thread. ``withdraw()``
+by ``steps_for(job)``); both run on the lane's thread. A handler sees its job's flag in
+``cancels`` (``shardworker.child.cancels``) as ``job.cancelled``. ``withdraw()``
 takes back the jobs submitted and not started (the lane goes on with the next it is
 given): a job is either returned or started, never both, since a job leaves the queue
 under the same lock (or on the same loop) that ``withdraw`` takes it under. ``stop()``
@@ -31,6 +33,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from shardworker.app import App
+from shardworker.child.cancels import Cancels
 from shardworker.child.handlers import attempt_async, attempt_sync
 from shardworker.child.hooks import Hooks
 from shardworker.child.steps import StepLog
@@ -46,15 +49,16 @@ class Lane(Protocol):
     def withdraw(self) -> list[tuple[int, ClaimedJob]]: ...
     def stop(self) -> list[tuple[int, ClaimedJob]]: ...
     def join(self, timeout_s: float | None = None) -> None: ...
+    def cancel(self, keys: list[tuple[int, int]]) -> None: ...
 
 
 class ThreadLane:
     """``threads`` threads taking jobs from one queue, in arrival order."""
 
     def __init__(self, app: App, threads: int, on_start: OnStart, on_done: OnDone, steps_for: StepsFor,
-                 name: str, hooks: Hooks) -> None:
+                 name: str, cancels: Cancels, hooks: Hooks) -> None:
         self.app, self.on_start, self.on_done, self.steps_for = app, on_start, on_done, steps_for
-        self.hooks = hooks
+        self.cancels, self.hooks = cancels, hooks
         self._queue: deque[tuple[int, ClaimedJob]] = deque()
         self._cond = threading.Condition()
         self._stopping = False
@@ -78,10 +82,13 @@ class ThreadLane:
             self.on_start(slot, job)
             started_at = time.monotonic()
             steps = self.steps_for(job)
-            attempt = attempt_sync(self.app, job, steps)
+            attempt = attempt_sync(self.app, job, steps, self.cancels.hold((job.id, job.attempt)))
             if attempt.error is not None:
                 self.hooks.failed(job, attempt.error)
             self.on_done(slot, job, attempt.outcome, started_at, steps)
+
+    def cancel(self, keys: list[tuple[int, int]]) -> None:
+        """Nothing beyond the flags: a sync handler polls ``job.cancelled``."""
 
     def withdraw(self) -> list[tuple[int, ClaimedJob]]:
         """The jobs still queued, in order; they will not start here."""
@@ -106,9 +113,10 @@ class AsyncLane:
     """Up to ``concurrency`` handlers at once on the child's event loop."""
 
     def __init__(self, app: App, concurrency: int, on_start: OnStart, on_done: OnDone, steps_for: StepsFor,
-                 hooks: Hooks) -> None:
+                 cancels: Cancels, hooks: Hooks) -> None:
         self.app, self.on_start, self.on_done, self.steps_for = app, on_start, on_done, steps_for
-        self.hooks = hooks
+        self.cancels, self.hooks = cancels, hooks
+        self._running: dict[tuple[int, int], asyncio.Task[None]] = {}  # the tasks of started handlers
         self.loop = hooks.events.loop
         self._slots = asyncio.Semaphore(concurrency)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -132,10 +140,27 @@ class AsyncLane:
             self.on_start(slot, job)
             started_at = time.monotonic()
             steps = self.steps_for(job)
-            attempt = await attempt_async(self.app, job, steps)
+            key = (job.id, job.attempt)
+            task = asyncio.current_task()
+            if task is not None:
+                self._running[key] = task
+            try:
+                attempt = await attempt_async(self.app, job, steps, self.cancels.hold(key))
+            finally:
+                self._running.pop(key, None)
             if attempt.error is not None:
                 await self.hooks.failed_async(job, attempt.error)
             self.on_done(slot, job, attempt.outcome, started_at, steps)
+
+    def cancel(self, keys: list[tuple[int, int]]) -> None:
+        """Cancel the tasks of these jobs' running handlers (their flags are set already)."""
+        def cancel_running() -> None:
+            for key in keys:
+                task = self._running.get(key)
+                if task is not None:
+                    task.cancel()
+
+        self.loop.call_soon_threadsafe(cancel_running)
 
     def withdraw(self) -> list[tuple[int, ClaimedJob]]:
         """The jobs still waiting for a free slot; they will not start here."""

@@ -5,7 +5,8 @@ for it without ever blocking, reads what it reports, tracks which sent jobs it s
 (one progress slot per job in flight) and, after a death, hands over what it held, for
 ``shardworker.worker.deaths`` to sort by those slots and its shard.
 While it lives, the pool may ``recall`` the jobs it was sent and has not started (they come
-back to its ``held`` queue, for any child with room). ``Pace`` keeps its recent rate of
+back to its ``held`` queue, for any child with room); one whose startup hook raised is
+never restarted (``start_failed``). ``Pace`` keeps its recent rate of
 finished jobs. The pool of children (``shardworker.worker.pool``) drives these handles.
 """
 
@@ -20,8 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardworker import logs, procs, wire
-from shardworker.child.main import Progress, child_main
+from shardworker.child.main import EXIT_START_FAILED, Progress, child_main
 from shardworker.config import ChildConfig
+from shardworker.errors import StartupFailed
 from shardworker.jobstats import JobCounts
 from shardworker.model import ClaimedJob
 
@@ -161,9 +163,9 @@ class ChildHandle:
             self.sent[(job.id, job.attempt)] = Sent(job, slot, size, now)
             self.sent_bytes += size
             slots.append(slot)
-        self._put(wire.Jobs(tuple(jobs), tuple(slots)))
+        self.put(wire.Jobs(tuple(jobs), tuple(slots)))
 
-    def _put(self, msg: wire.Message) -> None:
+    def put(self, msg: wire.Message) -> None:
         with contextlib.suppress(OSError):  # the child is gone: the death check deals with it
             assert self.out is not None
             self.out.put(msg)
@@ -176,7 +178,7 @@ class ChildHandle:
     def recall(self) -> None:
         """Ask for the jobs it has not started; they come back in ``receive`` (``Returned``)."""
         self.recalling = self.saturated = True
-        self._put(wire.Recall())
+        self.put(wire.Recall())
 
     def waiting_since(self) -> tuple[float, bool] | None:
         """When the oldest sent job that has not started was sent, and whether a job sent
@@ -192,7 +194,7 @@ class ChildHandle:
 
     def request_stop(self) -> None:
         if self.out is not None:
-            self._put(wire.Stop())
+            self.put(wire.Stop())
 
     def receive(self) -> list[Sent]:
         """Read what the child reported; returns the jobs it finished."""
@@ -226,6 +228,14 @@ class ChildHandle:
                 # A start that failed is said once, by the worker as it stops (the pool's StartupFailed).
                 log.log(logging.DEBUG if msg.at_start else logging.ERROR, "child %d: %s", self.index, self.fatal)
         return finished
+
+    def start_failed(self) -> StartupFailed | None:
+        """After its death: when a startup hook raised (``EXIT_START_FAILED``), it is never
+        restarted, and this is the ``StartupFailed`` that stops the worker; else None."""
+        if self.process is None or self.process.exitcode != EXIT_START_FAILED:
+            return None
+        self.restart_at = float("inf")
+        return StartupFailed(f"child {self.index} could not start: {self.fatal or 'an on_startup hook raised'}")
 
     def _release(self, key: wire.JobKey) -> Sent:
         sent = self.sent.pop(key)
