@@ -26,11 +26,27 @@
 
 A handler returns any JSON-serializable value (stored in ``jobs.result``) or raises to
 fail the attempt. ``retry_delay`` maps an attempt number to seconds before the retry.
+
+Hooks, each sync or ``async def`` and run in every child process (``shardworker.child.hooks``)::
+
+    @app.on_startup
+    async def open_client() -> None:            # before the child's first job, on its event loop
+        app.state.http = httpx.AsyncClient()    # what handlers share: app.state, one per process
+
+    @app.on_shutdown
+    async def close_client() -> None:           # after its last job
+        await app.state.http.aclose()
+
+    @app.on_failure
+    def report(job: Job, exc: BaseException) -> None:   # each failed attempt, in the child
+        sentry_sdk.capture_exception(exc)
+
 This module loads the app; it runs nothing (``shardworker.child.handlers`` does).
 """
 
 from __future__ import annotations
 
+import copy
 import importlib
 import inspect
 import math
@@ -38,6 +54,7 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from types import SimpleNamespace
 from typing import Any
 
 from shardworker.control import MAX_DELAY_S
@@ -49,6 +66,8 @@ from shardworker.retry import job_retry_delay
 from shardworker.schedule import DEFAULT_CATCH_UP, Schedule
 
 Handler = Callable[[Job], Any]
+Hook = Callable[[], Any]  # on_startup, on_shutdown: sync, or async def
+FailureHook = Callable[[Job, BaseException], Any]  # on_failure: sync, or async def
 
 
 @dataclass(frozen=True)
@@ -97,6 +116,25 @@ class App:
     def __init__(self) -> None:
         self.handlers: dict[str, HandlerSpec] = {}
         self.schedules: dict[str, Schedule] = {}
+        self.startup_hooks: list[Hook] = []
+        self.shutdown_hooks: list[Hook] = []
+        self.failure_hooks: list[FailureHook] = []
+        # What the startup hooks make for the handlers (a client, a pool): one per process.
+        self.state = SimpleNamespace()
+
+    def on_startup(self, fn: Hook) -> Hook:
+        """Run ``fn()`` in each child before its first job (an ``async def`` on the child's
+        event loop, where async handlers run); a hook that raises stops the worker at start."""
+        return _add_hook(self.startup_hooks, "on_startup", fn)
+
+    def on_shutdown(self, fn: Hook) -> Hook:
+        """Run ``fn()`` in each child after its last job, when it stops; an error is logged."""
+        return _add_hook(self.shutdown_hooks, "on_shutdown", fn)
+
+    def on_failure(self, fn: FailureHook) -> FailureHook:
+        """Call ``fn(job, exc)`` in the child for each failed attempt, the exception that failed
+        it in hand (``docs/handlers.md``); an error it raises is logged, never fatal."""
+        return _add_hook(self.failure_hooks, "on_failure", fn)
 
     def periodic(self, cron: str, *, kind: str, payload: Any = None, name: str | None = None,
                  queue: str = "default", priority: int = 0, max_attempts: int = 25, tz: str = "UTC",
@@ -159,11 +197,22 @@ class App:
         (``None`` or 0: no limit, the app itself)."""
         if not timeout_s:
             return self
-        app = App()
-        app.schedules = self.schedules
+        app = copy.copy(self)  # the same hooks, and the same state
         app.handlers = {kind: spec if spec.timeout_s is not None else replace(spec, timeout_s=timeout_s)
                         for kind, spec in self.handlers.items()}
         return app
+
+
+def _add_hook(hooks: list[Any], what: str, fn: Any) -> Any:
+    if not callable(fn):
+        raise ConfigError(f"app.{what} takes a function, not a {type(fn).__name__}")
+    hooks.append(fn)
+    return fn
+
+
+def hook_name(fn: Any) -> str:
+    """``module.name`` of a hook, for the line that names it."""
+    return f"{getattr(fn, '__module__', None) or '?'}.{getattr(fn, '__qualname__', None) or repr(fn)}"
 
 
 def _check_sizes(whose: str, fields: tuple[tuple[str, Any, int], ...]) -> None:

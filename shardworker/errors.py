@@ -11,6 +11,7 @@ Hierarchy::
     ├── OutboxBusy                    a worker or another drain holds the outbox directory
     ├── DrainTimeout                  outcomes remained when --timeout ran out
     ├── CrashLoop                     a child or the flusher keeps dying right after start
+    │   └── StartupFailed             a child's on_startup hook raised: the worker stops at start
     ├── WorkerIdInUse                 another live worker runs under this --worker-id
     └── StoreError                    PostgreSQL said no (translated from psycopg)
         ├── DatabaseUnavailable       cannot connect or the connection broke: retry slowly
@@ -64,6 +65,10 @@ class DrainTimeout(ShardworkerError):
 
 class CrashLoop(ShardworkerError):
     """A worker process keeps dying right after it starts."""
+
+
+class StartupFailed(CrashLoop):
+    """A child's on_startup hook raised; the worker stops instead of restarting it."""
 
 
 class WorkerIdInUse(ShardworkerError):

@@ -1,4 +1,5 @@
-"""Operating on jobs without SQL: list, show (with their recorded steps), wait for (and
+"""Operating on jobs without SQL: list, show (with their recorded steps and their failed
+attempts' errors), wait for (and
 ``wait_for_async``), retry, cancel, delete.
 
 Each function takes an open psycopg connection (the caller's; used as ``enqueue`` uses it)
@@ -25,7 +26,7 @@ from typing import Any
 import orjson
 
 from shardworker.errors import JobsError, WaitTimeout
-from shardworker.views import JobInfo, LinkInfo, StepInfo
+from shardworker.views import ErrorInfo, JobInfo, LinkInfo, StepInfo
 
 STATUSES = ("waiting", "queued", "running", "done", "failed", "cancelled")
 STEPS_SHOWN = 50  # steps listed on a job's page (`jobs show` without --json, the dashboard); a job may hold 10,000
@@ -67,6 +68,14 @@ def get_job(conn_or_dsn: Any, job_id: int) -> JobInfo | None:
     from shardworker.store import job_queries
 
     return job_queries.get_job(conn_or_dsn, _id(job_id))
+
+
+def get_errors(conn_or_dsn: Any, job_id: int) -> list[ErrorInfo]:
+    """A job's last failed attempts (up to ``limits.ERRORS_KEPT``, oldest first), each with its
+    error, traceback and when it failed; empty for a job that never failed, or without a row."""
+    from shardworker.store import job_queries
+
+    return job_queries.get_errors(conn_or_dsn, _id(job_id))
 
 
 def get_steps(conn_or_dsn: Any, job_id: int) -> list[StepInfo]:

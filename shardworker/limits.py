@@ -7,6 +7,11 @@ Fixed limits (the same for every worker):
   into the table by other means fails its job for good in the child, with the reason.
 * ``MAX_RESULT_BYTES``: one handler's return value, as JSON text in UTF-8. A bigger one
   fails its job for good with the reason (running it again would compute it again).
+* ``MAX_TRACEBACK_BYTES`` (16 KiB): a failed attempt's traceback, as the child records it;
+  a longer one (a deep recursion) keeps its end, where the error is. ``MAX_ERROR_CHARS``
+  (16,384): an error message as a job's ``errors`` history keeps it (its start). The
+  history keeps the last ``ERRORS_KEPT`` (20) failed attempts, so a row holds at most
+  about 1.6 MiB of them.
 
 Names and keys (PostgreSQL indexes them; a btree entry holds at most 2,704 bytes, a
 third of an 8 KiB page less its headers, and a value that does not fit is refused with
@@ -51,6 +56,10 @@ MiB = 1024 * 1024
 MAX_PAYLOAD_BYTES = 64 * MiB
 # An outbox record holds the result and a small header; the outbox caps a record at 64 MiB.
 MAX_RESULT_BYTES = 64 * MiB - 4096
+
+MAX_TRACEBACK_BYTES = 16 * 1024
+MAX_ERROR_CHARS = 16 * 1024
+ERRORS_KEPT = 20
 
 MAX_KIND_BYTES = 255
 MAX_QUEUE_BYTES = 255

@@ -84,6 +84,18 @@ def job_fields(job: Any) -> dict[str, Any]:
     return {"job_id": job.id, "kind": job.kind}
 
 
+def log_traceback(logger: logging.Logger, level: int, traceback: str | None, msg: str, *args: Any,
+                  extra: dict[str, Any] | None = None) -> None:
+    """A line that carries ``traceback`` (text: a failed attempt's, formatted in the child) as
+    its record's formatted exception: text logs print it on the lines after the message, JSON
+    logs hold it in the ``exc_info`` field."""
+    if not logger.isEnabledFor(level):
+        return
+    record = logger.makeRecord(logger.name, level, "(shardworker)", 0, msg, args, None, extra=extra)
+    record.exc_text = traceback
+    logger.handle(record)
+
+
 def _json_formatter() -> logging.Formatter:
     from pythonjsonlogger.json import JsonFormatter
 

@@ -160,7 +160,10 @@ class Outcome:
     """The result of one attempt: its disposition, the result of a ``DONE`` (the handler's
     return value as JSON text in UTF-8 bytes, carried as the child encoded it), the error
     of a ``RETRY``, ``FAILED`` or ``CANCELLED``, and the delay of a ``RETRY`` or ``SNOOZED``.
-    Build one with ``done``, ``retry``, ``failed``, ``snoozed`` or ``cancelled``."""
+    A failed attempt (``RETRY``, ``FAILED``) may carry its traceback (apart from the error
+    message, bounded by the child) and when it failed (Unix seconds, the child's clock):
+    the job's ``errors`` history keeps both. Build one with ``done``, ``retry``,
+    ``failed``, ``snoozed`` or ``cancelled``."""
 
     job_id: int
     attempt: int
@@ -169,25 +172,31 @@ class Outcome:
     error: str | None = None
     delay_s: float = 0.0
     followups_json: bytes | None = None  # a done attempt's follow-up jobs (shardworker.followups)
+    traceback: str | None = None  # a failed attempt's traceback
+    failed_at: float | None = None  # when a failed attempt failed (Unix s); None: when it is applied
 
     @classmethod
     def done(cls, job_id: int, attempt: int, result_json: bytes, followups_json: bytes | None = None) -> Outcome:
         return cls(job_id, attempt, Disposition.DONE, result_json=result_json, followups_json=followups_json)
 
     @classmethod
-    def retry(cls, job_id: int, attempt: int, error: str | None, delay_s: float) -> Outcome:
-        return cls(job_id, attempt, Disposition.RETRY, error=error, delay_s=delay_s)
+    def retry(cls, job_id: int, attempt: int, error: str | None, delay_s: float, *, traceback: str | None = None,
+              failed_at: float | None = None) -> Outcome:
+        return cls(job_id, attempt, Disposition.RETRY, error=error, delay_s=delay_s, traceback=traceback,
+                   failed_at=failed_at)
 
     @classmethod
-    def failed(cls, job_id: int, attempt: int, error: str | None) -> Outcome:
-        return cls(job_id, attempt, Disposition.FAILED, error=error)
+    def failed(cls, job_id: int, attempt: int, error: str | None, *, traceback: str | None = None,
+               failed_at: float | None = None) -> Outcome:
+        return cls(job_id, attempt, Disposition.FAILED, error=error, traceback=traceback, failed_at=failed_at)
 
     @classmethod
-    def after_failure(cls, job_id: int, attempt: int, error: str | None, delay_s: float | None) -> Outcome:
+    def after_failure(cls, job_id: int, attempt: int, error: str | None, delay_s: float | None, *,
+                      traceback: str | None = None, failed_at: float | None = None) -> Outcome:
         """A failed attempt: retried after ``delay_s``, or failed for good when it is None."""
         if delay_s is None:
-            return cls.failed(job_id, attempt, error)
-        return cls.retry(job_id, attempt, error, delay_s)
+            return cls.failed(job_id, attempt, error, traceback=traceback, failed_at=failed_at)
+        return cls.retry(job_id, attempt, error, delay_s, traceback=traceback, failed_at=failed_at)
 
     @classmethod
     def snoozed(cls, job_id: int, attempt: int, delay_s: float) -> Outcome:

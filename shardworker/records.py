@@ -1,18 +1,22 @@
 """The outbox's records: what a child or the parent appends and the flusher applies.
 
 The outcome record (``encode_outcome`` / ``decode_outcome``): a fixed header, then the
-result's JSON bytes exactly as the child encoded them, then the error text, then (version 4
-only) the follow-up jobs the handler enqueued (``shardworker.followups``, JSON)::
+result's JSON bytes exactly as the child encoded them, then the error text, then (versions 4
+and 5) the follow-up jobs the handler enqueued (``shardworker.followups``, JSON), then
+(version 5) a failed attempt's traceback::
 
-    u8 version (2 or 4) | i64 job id | i32 attempt | u8 code | f64 retry delay
+    u8 version (2, 4 or 5) | i64 job id | i32 attempt | u8 code | f64 retry delay
     | i32 result length (-1: none) | i32 error length (-1: none)
-    | (version 4) i32 follow-ups length | result | error (UTF-8) | follow-ups
+    | (versions 4, 5) i32 follow-ups length (-1: none)
+    | (version 5) f64 failed at (Unix s; NaN: unknown) | i32 traceback length (-1: none)
+    | result | error (UTF-8) | follow-ups | traceback (UTF-8)
 
 where code is the disposition (``_CODES``: 0 a failed attempt, retried after the delay, or for
 good when the delay is -1; 1 done; 2 snoozed; 3 cancelled): a result is never escaped, decoded
-or re-encoded on its way to PostgreSQL. An outcome without follow-ups is written as version 2.
-No record is over ``outbox.MAX_RECORD_BYTES``: such an outcome is replaced by a failure that
-says so.
+or re-encoded on its way to PostgreSQL. A failed attempt with a traceback or a time is written
+as version 5, any other outcome as version 4 with follow-ups and 2 without, as the release
+before version 5 wrote them all (its outboxes still drain). No record is over
+``outbox.MAX_RECORD_BYTES``: such an outcome is replaced by a failure that says so.
 
 The step record (``encode_step``) is what ``job.step`` appends, with the outcomes, for the
 same flusher (``decode_record`` tells them apart, ``step_key`` reads its header)::
@@ -23,6 +27,7 @@ same flusher (``decode_record`` tells them apart, ``step_key`` reads its header)
 
 from __future__ import annotations
 
+import math
 import struct
 
 from outbox import MAX_RECORD_BYTES
@@ -34,6 +39,8 @@ _RECORD = struct.Struct("<BqiBdii")
 _RECORD_V2 = 2
 _FOLLOWUPS = struct.Struct("<i")  # version 4: the follow-ups' length, after the header
 _RECORD_V4 = 4
+_FAILURE = struct.Struct("<idi")  # version 5: follow-ups length, failed at, traceback length
+_RECORD_V5 = 5
 _CODES = {Disposition.RETRY: 0, Disposition.FAILED: 0, Disposition.DONE: 1, Disposition.SNOOZED: 2,
           Disposition.CANCELLED: 3}
 _FOR_GOOD = -1.0  # the delay of a code-0 record that is not to be retried
@@ -44,45 +51,69 @@ _STEP_V3 = 3
 def encode_outcome(outcome: Outcome) -> bytes:
     """The outbox record of ``outcome``; a too-large one becomes a final failure saying so."""
     result, followups = outcome.result_json, outcome.followups_json
-    error = None if outcome.error is None else outcome.error.encode("utf-8", "backslashreplace")
-    extra = _FOLLOWUPS.size + len(followups) if followups else 0
-    size = _RECORD.size + len(result or b"") + len(error or b"") + extra
+    error, traceback = _utf8(outcome.error), _utf8(outcome.traceback)
+    failure = traceback is not None or outcome.failed_at is not None
+    extra = _FAILURE.size if failure else _FOLLOWUPS.size if followups else 0
+    size = _RECORD.size + extra + sum(len(part or b"") for part in (result, error, followups, traceback))
     if size > MAX_RECORD_BYTES:
-        what = "handler result and follow-up jobs" if followups else "handler result"
+        what = ("handler result and follow-up jobs" if followups else "handler result" if result is not None
+                else "error and traceback")
         message = f"{what} too large: {size} bytes > {MAX_RECORD_BYTES}"
         outcome = Outcome.failed(outcome.job_id, outcome.attempt, message)
-        result, error, followups = None, message.encode(), None
+        result, error, followups, traceback, failure = None, message.encode(), None, None, False
     delay = outcome.delay_s if outcome.disposition in (Disposition.RETRY, Disposition.SNOOZED) else _FOR_GOOD
-    header = _RECORD.pack(_RECORD_V4 if followups else _RECORD_V2, outcome.job_id, outcome.attempt,
-                          _CODES[outcome.disposition], delay,
-                          -1 if result is None else len(result), -1 if error is None else len(error))
-    if followups:
+    version = _RECORD_V5 if failure else _RECORD_V4 if followups else _RECORD_V2
+    header = _RECORD.pack(version, outcome.job_id, outcome.attempt, _CODES[outcome.disposition], delay,
+                          _length(result), _length(error))
+    if failure:
+        failed_at = math.nan if outcome.failed_at is None else outcome.failed_at
+        header += _FAILURE.pack(_length(followups), failed_at, _length(traceback))
+    elif followups:
         header += _FOLLOWUPS.pack(len(followups))
-    return b"".join((header, result or b"", error or b"", followups or b""))
+    return b"".join((header, result or b"", error or b"", followups or b"", traceback or b""))
 
 
 def decode_outcome(record: bytes) -> Outcome:
     """The outcome in an outbox record; ``ValueError`` when it is not one."""
     version, job_id, attempt, code, delay, result_len, error_len = _header(record)
     at = _RECORD.size
-    followups_len = -1
-    if version == _RECORD_V4:
-        if len(record) < at + _FOLLOWUPS.size:
+    followups_len, failed_at, traceback_len = -1, math.nan, -1
+    tail = {_RECORD_V4: _FOLLOWUPS, _RECORD_V5: _FAILURE}.get(version)
+    if tail is not None:
+        if len(record) < at + tail.size:
             raise ValueError("not an outcome record: truncated header")
-        (followups_len,) = _FOLLOWUPS.unpack_from(record, at)
-        at += _FOLLOWUPS.size
-    if code > 3 or result_len < -1 or error_len < -1 or followups_len < -1 or (
-            at + max(result_len, 0) + max(error_len, 0) + max(followups_len, 0) != len(record)):
+        if version == _RECORD_V4:
+            (followups_len,) = _FOLLOWUPS.unpack_from(record, at)
+        else:
+            followups_len, failed_at, traceback_len = _FAILURE.unpack_from(record, at)
+        at += tail.size
+    lengths = (result_len, error_len, followups_len, traceback_len)
+    if code > 3 or min(lengths) < -1 or at + sum(max(n, 0) for n in lengths) != len(record):
         raise ValueError("not an outcome record: inconsistent header")
-    result = None if result_len < 0 else bytes(record[at:at + result_len])
-    at += max(result_len, 0)
-    error = None if error_len < 0 else bytes(record[at:at + error_len]).decode("utf-8")
-    at += max(error_len, 0)
-    followups = bytes(record[at:]) if followups_len > 0 else None
+    result, error, followups, traceback = _parts(record, at, lengths)
     disposition = (Disposition.FAILED if delay < 0 else Disposition.RETRY, Disposition.DONE, Disposition.SNOOZED,
                    Disposition.CANCELLED)[code]
     kept = delay if disposition in (Disposition.RETRY, Disposition.SNOOZED) else 0.0
-    return Outcome(job_id, attempt, disposition, result, error, kept, followups)
+    return Outcome(job_id, attempt, disposition, result, None if error is None else error.decode("utf-8"), kept,
+                   followups or None, None if traceback is None else traceback.decode("utf-8"),
+                   None if math.isnan(failed_at) else failed_at)
+
+
+def _parts(record: bytes, at: int, lengths: tuple[int, ...]) -> list[bytes | None]:
+    """The record's parts after its header, each None when its length is -1."""
+    parts: list[bytes | None] = []
+    for length in lengths:
+        parts.append(None if length < 0 else bytes(record[at:at + length]))
+        at += max(length, 0)
+    return parts
+
+
+def _utf8(text: str | None) -> bytes | None:
+    return None if text is None else text.encode("utf-8", "backslashreplace")
+
+
+def _length(part: bytes | None) -> int:
+    return -1 if part is None else len(part)
 
 
 def outcome_key(record: bytes) -> JobKey:
@@ -118,6 +149,6 @@ def decode_record(record: bytes) -> Outcome | StepRecord:
 
 
 def _header(record: bytes) -> tuple[int, int, int, int, float, int, int]:
-    if len(record) < _RECORD.size or record[0] not in (_RECORD_V2, _RECORD_V4):
+    if len(record) < _RECORD.size or record[0] not in (_RECORD_V2, _RECORD_V4, _RECORD_V5):
         raise ValueError(f"not an outcome record: {bytes(record[:16])!r}")
     return _RECORD.unpack_from(record)

@@ -1,8 +1,9 @@
 """What the store reads back for operators: plain, frozen values.
 
 ``JobInfo`` and ``WorkerInfo`` are a job's and a worker's rows (``jobs show``, ``workers``),
-``StepInfo`` a step a job recorded; ``FlowCount`` is what a worker's heartbeat reports of the
-jobs it holds, ``BacklogRow``, ``QueueState`` and ``QueueInfo`` what ``shardworker queues`` shows.
+``StepInfo`` a step a job recorded, ``ErrorInfo`` one of its failed attempts; ``FlowCount`` is
+what a worker's heartbeat reports of the jobs it holds, ``BacklogRow``, ``QueueState`` and
+``QueueInfo`` what ``shardworker queues`` shows.
 """
 
 from __future__ import annotations
@@ -141,6 +142,27 @@ class StepInfo:
 
     def to_json(self) -> dict[str, Any]:
         return {**self.__dict__, "recorded_at": json_value(self.recorded_at)}
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    """One failed attempt in a job's ``errors`` history (``jobs.get_errors``): its attempt,
+    when it failed, its error message and its traceback (None when the failure had none: a
+    timeout, a death, an outcome of an earlier release)."""
+
+    attempt: int
+    at: datetime
+    error: str | None
+    traceback: str | None
+
+    @classmethod
+    def of(cls, entry: dict[str, Any]) -> ErrorInfo:
+        """An entry of the ``errors`` column (migration 0012)."""
+        return cls(int(entry["attempt"]), datetime.fromisoformat(entry["at"]), entry.get("error"),
+                   entry.get("traceback"))
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.__dict__, "at": json_value(self.at)}
 
 
 @dataclass(frozen=True)

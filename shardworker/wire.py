@@ -10,7 +10,8 @@ Pipe messages between the parent and a child are frozen dataclasses; ``encode`` 
 jobs whose outcomes are durable, by (id, attempt), with counts for the metrics
 (``shardworker.jobstats.summarize``); ``Recall`` asks a child for the jobs not started, and
 ``Returned`` names them (never to start there: the parent may send them elsewhere);
-``Stopped`` lists those a stopping child never started; ``Fatal`` is a child's last error.
+``Stopped`` lists those a stopping child never started; ``Fatal`` is a child's last error
+(``at_start``: a startup hook's, before it took any job).
 
 On the pipe each message is a frame: a 4-byte big-endian length, then the bytes. ``OutFrames``
 queues frames on a non-blocking descriptor (the parent never waits on a child that does not
@@ -81,6 +82,7 @@ class Stopped:
 @dataclass(frozen=True, slots=True)
 class Fatal:
     message: str
+    at_start: bool = False  # a startup hook raised: the child never took a job, and will not
 
 
 Message = Jobs | Recall | CancelJobs | Stop | Done | Returned | Stopped | Fatal
@@ -103,7 +105,7 @@ def encode(msg: Message) -> bytes:
     if isinstance(msg, CancelJobs):
         return orjson.dumps(["cancel", msg.jobs])
     if isinstance(msg, Fatal):
-        return orjson.dumps(["fatal", msg.message])
+        return orjson.dumps(["fatal", msg.message, msg.at_start])
     return b'["stop"]'
 
 
@@ -125,7 +127,7 @@ def decode(data: bytes) -> Message:
     if tag == "cancel":
         return CancelJobs(tuple((int(i), int(a)) for i, a in body))
     if tag == "fatal":
-        return Fatal(str(body))
+        return Fatal(str(body), bool(value[2]) if len(value) > 2 else False)
     if tag == "stop":
         return Stop()
     raise ValueError(f"unknown pipe message {tag!r}")

@@ -6,14 +6,18 @@ to the default backoff, one that returns infinity means "do not retry", a result
 PostgreSQL's jsonb cannot hold (``\\u0000``) or orjson cannot encode fails the job for good
 with the reason. The exceptions of ``shardworker.control`` steer the job instead
 (``controlled``). Only ``BaseException``s that are not ``Exception`` (a KeyboardInterrupt,
-SystemExit) escape, and end the child.
+SystemExit) escape, and end the child. An ``Attempt`` (``attempt_sync``, ``attempt_async``)
+also carries the exception that failed it, for ``app.on_failure``; a failed attempt's
+outcome carries its traceback, bounded (``bounded_traceback``), and when it failed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import traceback
+from typing import NamedTuple
 
 from shardworker.app import App, HandlerSpec
 from shardworker.child.cancels import OPERATOR_CANCEL
@@ -21,42 +25,63 @@ from shardworker.child.followups import FollowUps
 from shardworker.child.results import Unstorable, storable_json
 from shardworker.child.steps import AsyncSteps, StepLog, SyncSteps
 from shardworker.control import Cancel, Fail, JobControl, Retry, Snooze
-from shardworker.limits import MAX_PAYLOAD_BYTES
-from shardworker.model import ClaimedJob, Outcome
+from shardworker.limits import MAX_PAYLOAD_BYTES, MAX_TRACEBACK_BYTES
+from shardworker.model import ClaimedJob, Disposition, Outcome
+
+FAILURES = (Disposition.RETRY, Disposition.FAILED)  # the outcomes of a failed attempt
+
+
+class Attempt(NamedTuple):
+    """One run's outcome and, when it is a failure, the exception that failed it (for
+    ``app.on_failure``): the handler's own, the ``Fail`` or ``Retry`` it raised, the
+    ``Unstorable`` of its result, or a ``Fail`` for a run refused before it started."""
+
+    outcome: Outcome
+    error: BaseException | None = None
 
 
 def run_sync(app: App, job: ClaimedJob, steps: StepLog | None = None,
              cancel: threading.Event | None = None) -> Outcome:
+    """The outcome of ``attempt_sync``."""
+    return attempt_sync(app, job, steps, cancel).outcome
+
+
+async def run_async(app: App, job: ClaimedJob, steps: StepLog | None = None,
+                    cancel: threading.Event | None = None) -> Outcome:
+    """The outcome of ``attempt_async``."""
+    return (await attempt_async(app, job, steps, cancel)).outcome
+
+
+def attempt_sync(app: App, job: ClaimedJob, steps: StepLog | None = None,
+                 cancel: threading.Event | None = None) -> Attempt:
     """Run a sync handler to its end (timeouts of sync handlers, and cancels it does not
     heed, are the parent's to enforce); ``steps`` runs its ``job.step`` calls, ``cancel``
     is its ``job.cancelled`` (already set: the handler is not called)."""
     spec = app.handlers.get(job.kind)
     if spec is None:
-        return unknown_kind(job)
-    refused = payload_refused(job) or cancelled_before(job, cancel)
-    if refused is not None:
-        return refused
+        return refused(job, f"no handler for kind {job.kind!r}")
+    not_run = payload_refused(job) or cancelled_before(job, cancel)
+    if not_run is not None:
+        return not_run
     followups = FollowUps()
     try:
         result = spec.fn(job.to_job(None if steps is None else SyncSteps(steps), followups, cancel))
-    except JobControl as control:
-        return step_misuse(spec, job, steps) or controlled(job, control)
     except Exception as exc:
-        return step_misuse(spec, job, steps) or failure(spec, job, exc)
-    return step_misuse(spec, job, steps) or success(job, result, followups)
+        return ended(spec, job, steps, exc)
+    return ended(spec, job, steps, result=result, followups=followups)
 
 
-async def run_async(app: App, job: ClaimedJob, steps: StepLog | None = None,
-                    cancel: threading.Event | None = None) -> Outcome:
+async def attempt_async(app: App, job: ClaimedJob, steps: StepLog | None = None,
+                        cancel: threading.Event | None = None) -> Attempt:
     """Await an ``async def`` handler; past its ``timeout_s`` it is cancelled and the attempt
     fails. An operator's cancel (``cancel`` set, then the task cancelled by its lane) ends
     it as cancelled."""
     spec = app.handlers.get(job.kind)
     if spec is None:
-        return unknown_kind(job)
-    refused = payload_refused(job) or cancelled_before(job, cancel)
-    if refused is not None:
-        return refused
+        return refused(job, f"no handler for kind {job.kind!r}")
+    not_run = payload_refused(job) or cancelled_before(job, cancel)
+    if not_run is not None:
+        return not_run
     deadline = asyncio.timeout(spec.timeout_s)
     followups = FollowUps()
     try:
@@ -68,45 +93,47 @@ async def run_async(app: App, job: ClaimedJob, steps: StepLog | None = None,
         task = asyncio.current_task()
         if task is not None:
             task.uncancel()
-        return Outcome.cancelled(job.id, job.attempt, OPERATOR_CANCEL)
+        return Attempt(Outcome.cancelled(job.id, job.attempt, OPERATOR_CANCEL))
     except TimeoutError as exc:
-        expired = f"timed out after {spec.timeout_s:g}s" if deadline.expired() else None
-        return failure(spec, job, exc, error=expired)  # else the handler's own TimeoutError
-    except JobControl as control:
-        return step_misuse(spec, job, steps) or controlled(job, control)
+        if not deadline.expired():  # the handler's own TimeoutError
+            return ended(spec, job, steps, exc)
+        return Attempt(failure(spec, job, exc, error=f"timed out after {spec.timeout_s:g}s"), exc)
     except Exception as exc:
-        return step_misuse(spec, job, steps) or failure(spec, job, exc)
-    return step_misuse(spec, job, steps) or success(job, result, followups)
+        return ended(spec, job, steps, exc)
+    return ended(spec, job, steps, result=result, followups=followups)
 
 
-def step_misuse(spec: HandlerSpec, job: ClaimedJob, steps: StepLog | None) -> Outcome | None:
-    """The failed attempt of a handler that misused a step, whatever it did after (caught
-    the ``StepError``, returned, raised something else); None when it did not."""
-    if steps is None or steps.error is None:
-        return None
-    return failure(spec, job, steps.error)
-
-
-def cancelled_before(job: ClaimedJob, cancel: threading.Event | None) -> Outcome | None:
-    """The outcome of a job an operator cancelled before its handler started: it never starts."""
+def cancelled_before(job: ClaimedJob, cancel: threading.Event | None) -> Attempt | None:
+    """The attempt of a job an operator cancelled before its handler started: it never starts."""
     if cancel is None or not cancel.is_set():
         return None
-    return Outcome.cancelled(job.id, job.attempt, OPERATOR_CANCEL)
+    return Attempt(Outcome.cancelled(job.id, job.attempt, OPERATOR_CANCEL))
 
 
-def unknown_kind(job: ClaimedJob) -> Outcome:
-    return never_again(job, f"no handler for kind {job.kind!r}")
+def ended(spec: HandlerSpec, job: ClaimedJob, steps: StepLog | None, exc: Exception | None = None,
+          result: object = None, followups: FollowUps | None = None) -> Attempt:
+    """The attempt of a handler that raised ``exc`` or returned ``result``. One that misused a
+    step failed, whatever it did after (caught the ``StepError``, returned, raised something else)."""
+    if steps is not None and steps.error is not None:
+        return Attempt(failure(spec, job, steps.error), steps.error)
+    if isinstance(exc, JobControl):
+        outcome = controlled(job, exc)
+        return Attempt(outcome, exc if outcome.disposition in FAILURES else None)
+    if exc is not None:
+        return Attempt(failure(spec, job, exc), exc)
+    return success(job, result, followups)
 
 
-def success(job: ClaimedJob, result: object, followups: FollowUps | None = None) -> Outcome:
+def success(job: ClaimedJob, result: object, followups: FollowUps | None = None) -> Attempt:
     """The outcome of a returned value, with the follow-up jobs the handler enqueued, or a
     final failure when it cannot be stored.
 
     The result stays the bytes orjson produced, all the way to PostgreSQL."""
     try:
-        return Outcome.done(job.id, job.attempt, storable_json(result), followups.encode() if followups else None)
-    except Unstorable as exc:
-        return never_again(job, f"handler {exc}")  # running it again would compute the same value
+        return Attempt(Outcome.done(job.id, job.attempt, storable_json(result),
+                                    followups.encode() if followups else None))
+    except Unstorable as exc:  # running it again would compute the same value
+        return Attempt(never_again(job, f"handler {exc}"), exc)
 
 
 def controlled(job: ClaimedJob, control: JobControl) -> Outcome:
@@ -117,7 +144,7 @@ def controlled(job: ClaimedJob, control: JobControl) -> Outcome:
         return Outcome.cancelled(job.id, job.attempt, printable(control.reason))
     if isinstance(control, Retry):  # the job row fails it when no attempt remains
         return Outcome.retry(job.id, job.attempt, printable(f"Retry: {control.reason or 'retry requested'}"),
-                             control.delay_s)
+                             control.delay_s, failed_at=time.time())
     if isinstance(control, Fail):
         return never_again(job, printable(f"Fail: {control.reason}"))
     return never_again(job, f"unknown job control {type(control).__name__}")
@@ -125,10 +152,15 @@ def controlled(job: ClaimedJob, control: JobControl) -> Outcome:
 
 def never_again(job: ClaimedJob, reason: str) -> Outcome:
     """A failure that no retry can fix."""
-    return Outcome.failed(job.id, job.attempt, reason)
+    return Outcome.failed(job.id, job.attempt, reason, failed_at=time.time())
 
 
-def payload_refused(job: ClaimedJob) -> Outcome | None:
+def refused(job: ClaimedJob, reason: str) -> Attempt:
+    """A run refused before its handler started: failed for good, ``Fail(reason)`` for ``app.on_failure``."""
+    return Attempt(never_again(job, reason), Fail(reason))
+
+
+def payload_refused(job: ClaimedJob) -> Attempt | None:
     """A final failure for a payload over ``MAX_PAYLOAD_BYTES`` (only SQL written by hand
     can store one: ``enqueue`` refuses it), else None."""
     if len(job.payload_json) * 4 <= MAX_PAYLOAD_BYTES:  # UTF-8 takes at most 4 bytes a character
@@ -136,16 +168,34 @@ def payload_refused(job: ClaimedJob) -> Outcome | None:
     size = len(job.payload_json.encode("utf-8", "surrogatepass"))
     if size <= MAX_PAYLOAD_BYTES:
         return None
-    return never_again(job, f"payload too large: {size} bytes of JSON, the limit is {MAX_PAYLOAD_BYTES} "
+    return refused(job, f"payload too large: {size} bytes of JSON, the limit is {MAX_PAYLOAD_BYTES} "
                             "(shardworker.limits.MAX_PAYLOAD_BYTES)")
 
 
 def failure(spec: HandlerSpec, job: ClaimedJob, exc: BaseException, *, error: str | None = None) -> Outcome:
-    """A failed attempt: the error with its traceback, retried after the handler's delay."""
-    text = "".join(traceback.format_exception(exc)).strip()
+    """A failed attempt: the error, its traceback (bounded), when it failed, retried after the
+    handler's delay."""
     message = error or f"{type(exc).__name__}: {exc}"
     delay = spec.delay_after_failure(job.attempt)
-    return Outcome.after_failure(job.id, job.attempt, printable(f"{message}\n{text}"), delay)
+    return Outcome.after_failure(job.id, job.attempt, printable(message), delay,
+                                 traceback=bounded_traceback(exc), failed_at=time.time())
+
+
+def bounded_traceback(exc: BaseException) -> str:
+    """``exc``'s traceback as Python prints it, at most ``MAX_TRACEBACK_BYTES`` of UTF-8: a
+    longer one (a deep recursion) keeps its end, where the error is, after a line saying
+    how much was cut."""
+    frames = exc.__traceback__
+    if frames is not None and frames.tb_next is not None and frames.tb_frame.f_code.co_filename == __file__:
+        frames = frames.tb_next  # from the handler's frame on: this module's own says nothing
+    text = printable("".join(traceback.format_exception(type(exc), exc, frames)).strip())
+    data = text.encode("utf-8")
+    if len(data) <= MAX_TRACEBACK_BYTES:
+        return text
+    marker = "… {} bytes cut …\n"
+    keep = MAX_TRACEBACK_BYTES - len(marker.format(len(data)).encode("utf-8"))
+    tail = data[len(data) - keep:].decode("utf-8", "ignore")
+    return marker.format(len(data) - len(tail.encode("utf-8"))) + tail
 
 
 def printable(text: str) -> str:

@@ -3,9 +3,13 @@
 * ``ThreadLane(1)``: plain sync handlers, one at a time, in arrival order (CPU-bound work
   scales with ``--procs``).
 * ``ThreadLane(C)``: sync handlers registered with ``threads=True``, up to ``C`` at once.
-* ``AsyncLane(C)``: ``async def`` handlers on one event loop (uvloop when installed), up to
-  ``C`` at once; a handler over its ``timeout_s`` is cancelled and fails that attempt, one
-  an operator cancelled (``cancel(keys)``) is cancelled and ends cancelled.
+* ``AsyncLane(C)``: ``async def`` handlers on the child's event loop (``hooks.EventLoop``,
+  uvloop when installed), up to ``C`` at once; a handler over its ``timeout_s`` is
+  cancelled and fails that attempt, one an operator cancelled (``cancel(keys)``) is
+  cancelled and ends cancelled.
+
+A failed attempt's ``app.on_failure`` hooks run on the lane (``hooks.Hooks``) before its
+outcome is handed on, within the attempt's time.
 
 A lane calls ``on_start(slot, job)`` when a handler starts and ``on_done(slot, job,
 outcome, started_at, steps)`` when it has an outcome (``steps``: the run's ``StepLog``, made
@@ -30,7 +34,8 @@ from typing import Protocol
 
 from shardworker.app import App
 from shardworker.child.cancels import Cancels
-from shardworker.child.handlers import run_async, run_sync
+from shardworker.child.handlers import attempt_async, attempt_sync
+from shardworker.child.hooks import Hooks
 from shardworker.child.steps import StepLog
 from shardworker.model import ClaimedJob, Outcome
 
@@ -51,9 +56,9 @@ class ThreadLane:
     """``threads`` threads taking jobs from one queue, in arrival order."""
 
     def __init__(self, app: App, threads: int, on_start: OnStart, on_done: OnDone, steps_for: StepsFor,
-                 name: str, cancels: Cancels) -> None:
+                 name: str, cancels: Cancels, hooks: Hooks) -> None:
         self.app, self.on_start, self.on_done, self.steps_for = app, on_start, on_done, steps_for
-        self.cancels = cancels
+        self.cancels, self.hooks = cancels, hooks
         self._queue: deque[tuple[int, ClaimedJob]] = deque()
         self._cond = threading.Condition()
         self._stopping = False
@@ -77,8 +82,10 @@ class ThreadLane:
             self.on_start(slot, job)
             started_at = time.monotonic()
             steps = self.steps_for(job)
-            outcome = run_sync(self.app, job, steps, self.cancels.hold((job.id, job.attempt)))
-            self.on_done(slot, job, outcome, started_at, steps)
+            attempt = attempt_sync(self.app, job, steps, self.cancels.hold((job.id, job.attempt)))
+            if attempt.error is not None:
+                self.hooks.failed(job, attempt.error)
+            self.on_done(slot, job, attempt.outcome, started_at, steps)
 
     def cancel(self, keys: list[tuple[int, int]]) -> None:
         """Nothing beyond the flags: a sync handler polls ``job.cancelled``."""
@@ -102,34 +109,19 @@ class ThreadLane:
             thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
 
-def new_event_loop() -> asyncio.AbstractEventLoop:
-    """uvloop's loop when it is installed, else asyncio's."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
-
-
 class AsyncLane:
-    """One event loop on its own thread running up to ``concurrency`` handlers at once."""
+    """Up to ``concurrency`` handlers at once on the child's event loop."""
 
     def __init__(self, app: App, concurrency: int, on_start: OnStart, on_done: OnDone, steps_for: StepsFor,
-                 cancels: Cancels) -> None:
+                 cancels: Cancels, hooks: Hooks) -> None:
         self.app, self.on_start, self.on_done, self.steps_for = app, on_start, on_done, steps_for
-        self.cancels = cancels
+        self.cancels, self.hooks = cancels, hooks
         self._running: dict[tuple[int, int], asyncio.Task[None]] = {}  # the tasks of started handlers
-        self.loop = new_event_loop()
+        self.loop = hooks.events.loop
         self._slots = asyncio.Semaphore(concurrency)
         self._tasks: set[asyncio.Task[None]] = set()
         self._waiting: dict[int, ClaimedJob] = {}  # submitted, not yet started (by slot)
         self._stopping = False
-        self._thread = threading.Thread(target=self._run_loop, name="shardworker-async", daemon=True)
-        self._thread.start()
-
-    def _run_loop(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
 
     def submit(self, slot: int, job: ClaimedJob) -> None:
         self.loop.call_soon_threadsafe(self._spawn, slot, job)
@@ -153,10 +145,12 @@ class AsyncLane:
             if task is not None:
                 self._running[key] = task
             try:
-                outcome = await run_async(self.app, job, steps, self.cancels.hold(key))
+                attempt = await attempt_async(self.app, job, steps, self.cancels.hold(key))
             finally:
                 self._running.pop(key, None)
-            self.on_done(slot, job, outcome, started_at, steps)
+            if attempt.error is not None:
+                await self.hooks.failed_async(job, attempt.error)
+            self.on_done(slot, job, attempt.outcome, started_at, steps)
 
     def cancel(self, keys: list[tuple[int, int]]) -> None:
         """Cancel the tasks of these jobs' running handlers (their flags are set already)."""
@@ -186,12 +180,10 @@ class AsyncLane:
         return unstarted
 
     def join(self, timeout_s: float | None = None) -> None:
-        """Wait for running handlers (up to ``timeout_s``), then end the loop."""
+        """Wait for running handlers (up to ``timeout_s``); the loop goes on, for the shutdown hooks."""
         async def drain() -> None:
             while self._tasks:
                 await asyncio.wait(set(self._tasks))
 
         with contextlib.suppress(TimeoutError):
             asyncio.run_coroutine_threadsafe(drain(), self.loop).result(timeout_s)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout_s)

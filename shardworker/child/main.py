@@ -6,7 +6,10 @@ thread pool for ``threads=True``, an event loop for ``async def``); the committe
 (``shardworker.child.committer``) group-commits finished outcomes and only then reports them.
 Because the main thread always reads, the parent's sends never wait on a busy handler, and
 a ``Recall`` is answered at once: the jobs not started yet go back to the parent
-(``Returned``), which gives them to a child that is free.
+(``Returned``), which gives them to a child that is free. The app's ``on_startup`` hooks run
+before the child reads its first job and its ``on_shutdown`` hooks after its last
+(``shardworker.child.hooks``); a startup hook that raises ends the child with
+``EXIT_START_FAILED`` and a ``Fatal`` that says so, and the parent stops the worker.
 
 ``Progress``, in shared memory, has one slot per job in flight: the parent picks the slot
 when it sends the job, the child marks it when the handler starts and when it finishes.
@@ -27,6 +30,7 @@ from shardworker import logs, procs, wire
 from shardworker.app import App, load_app
 from shardworker.child.cancels import OPERATOR_CANCEL, Cancels
 from shardworker.child.committer import Committer
+from shardworker.child.hooks import EventLoop, HookFailed, Hooks
 from shardworker.child.lanes import AsyncLane, Lane, ThreadLane
 from shardworker.child.steps import StepLog
 from shardworker.config import ChildConfig
@@ -36,6 +40,7 @@ from shardworker.model import ClaimedJob, Disposition, Outcome
 log = logging.getLogger(__name__)
 
 EXIT_OUTBOX_FAILED = 3  # the child exits with this when its outbox cannot take outcomes
+EXIT_START_FAILED = 4  # ... and with this when a startup hook raised: restarting it would not help
 
 
 class Progress:
@@ -107,14 +112,23 @@ class ShardRunner:
                                    max_delay_s=config.group_commit_max_delay_s, on_fatal=self.fatal)
         self.lanes: dict[str, Lane] = {}
         self.cancels = Cancels()
+        self.events = EventLoop()
+        self.hooks = Hooks(app, self.events)
 
     def send(self, msg: wire.Message) -> None:
         with self._send_lock:
             wire.write_frame(self.outbox_fd, msg)
 
     def run(self) -> None:
-        """Run jobs until the parent says stop (or goes away), then report what never started."""
+        """Run the startup hooks, then jobs until the parent says stop (or goes away), then the
+        shutdown hooks, and report what never started. ``HookFailed`` when a startup hook raised."""
         self.committer.start()
+        try:
+            self.hooks.startup()
+        except HookFailed:
+            self.events.stop(1.0)
+            self.committer.stop()
+            raise
         self.progress.mark_up()
         while (msg := wire.read_frame(self.inbox_fd)) is not None and not isinstance(msg, wire.Stop):
             if isinstance(msg, wire.Jobs):
@@ -132,6 +146,8 @@ class ShardRunner:
         self.committer.forget(len(unstarted))
         for lane in self.lanes.values():
             lane.join()
+        self.hooks.shutdown()
+        self.events.stop()
         self.committer.stop()
         if msg is not None:
             self.send(wire.Stopped(tuple((j.id, j.attempt) for j in unstarted)))
@@ -150,11 +166,11 @@ class ShardRunner:
         if lane is None:
             if name == "async":
                 lane = AsyncLane(self.app, self.config.concurrency, self._started, self._finished, self._steps_for,
-                                 self.cancels)
+                                 self.cancels, self.hooks)
             else:
                 threads = self.config.concurrency if name == "threads" else 1
                 lane = ThreadLane(self.app, threads, self._started, self._finished, self._steps_for,
-                                  f"shardworker-{name}", self.cancels)
+                                  f"shardworker-{name}", self.cancels, self.hooks)
             self.lanes[name] = lane
         return lane
 
@@ -188,14 +204,17 @@ class ShardRunner:
 
 def log_failure(job: ClaimedJob, outcome: Outcome) -> None:
     """One line per failed attempt: kind, id, attempts used of the job's max_attempts (the
-    row's, as ``jobs list`` shows them) and the error's first line; ERROR when final."""
+    row's, as ``jobs list`` shows them) and the error's first line, with the traceback
+    (``logs.log_traceback``); ERROR when final."""
     first = (outcome.error or "").strip().splitlines()[0] if outcome.error else "failed"
+    fields = logs.job_fields(job)
     if outcome_label(job, outcome) == "failed":
-        log.error("job %d (%s) attempt %d/%d failed for good: %s", job.id, job.kind, job.attempts_used,
-                  job.max_attempts, first, extra=logs.job_fields(job))
+        logs.log_traceback(log, logging.ERROR, outcome.traceback, "job %d (%s) attempt %d/%d failed for good: %s",
+                           job.id, job.kind, job.attempts_used, job.max_attempts, first, extra=fields)
     else:
-        log.warning("job %d (%s) attempt %d/%d failed, retrying in %.1fs: %s", job.id, job.kind, job.attempts_used,
-                    job.max_attempts, outcome.delay_s, first, extra=logs.job_fields(job))
+        logs.log_traceback(log, logging.WARNING, outcome.traceback,
+                           "job %d (%s) attempt %d/%d failed, retrying in %.1fs: %s", job.id, job.kind,
+                           job.attempts_used, job.max_attempts, outcome.delay_s, first, extra=fields)
 
 
 def log_control(job: ClaimedJob, outcome: Outcome) -> None:
@@ -232,6 +251,10 @@ def child_main(config: ChildConfig, inbox: Any, outbox: Any, progress: Any,
     runner = ShardRunner(config, app, writer, inbox_fd, outbox_fd, Progress(progress, config.slots))
     try:
         runner.run()
+    except HookFailed as exc:
+        writer.close()
+        wire.write_frame(outbox_fd, wire.Fatal(str(exc), at_start=True))
+        os._exit(EXIT_START_FAILED)
     except OSError as exc:
         log.debug("pipe to the parent closed: %s", exc)  # the parent is gone; durable outcomes stay
     writer.close()

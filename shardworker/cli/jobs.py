@@ -89,21 +89,24 @@ def list_command(status: tuple[str, ...], kind: str | None, queue: str | None, s
 @dsn_option
 @one_line_errors
 def show_command(job_id: int, as_json: bool, dsn: str | None) -> None:
-    """One job: payload, result, last error, attempts, timings, worker, its recorded steps
-    (name, attempt, when, size; the first 50 unless --json), the jobs it waits on (after=)
-    and the jobs waiting on it."""
+    """One job: payload, result, last error, attempts, timings, worker, its last failed
+    attempts (each with its error and traceback), its recorded steps (name, attempt, when,
+    size; the first 50 unless --json), the jobs it waits on (after=) and the jobs waiting on it."""
     dsn = resolve_dsn(dsn)
     job = jobs_api.get_job(dsn, job_id)
     if job is None:
         raise jobs_api.JobsError(f"no job {job_id}")
     dependencies, dependents = jobs_api.get_links(dsn, job_id)
+    errors = jobs_api.get_errors(dsn, job_id)
     if as_json:
         steps = jobs_api.get_steps(dsn, job_id)
-        click.echo(jobs_api.dumps_json({**job.to_json(), "steps": [s.to_json() for s in steps],
+        click.echo(jobs_api.dumps_json({**job.to_json(), "errors": [e.to_json() for e in errors],
+                                        "steps": [s.to_json() for s in steps],
                                         "dependencies": [d.to_json() for d in dependencies],
                                         "dependents": [d.to_json() for d in dependents]}))
         return
     _echo_job(job, as_json)
+    _echo_errors(errors)
     _echo_steps(*jobs_api.first_steps(dsn, job_id, jobs_api.STEPS_SHOWN))
     _echo_links("waits on", dependencies)
     _echo_links("waited on by", dependents)
@@ -147,6 +150,18 @@ def _echo_links(title: str, links: list[jobs_api.LinkInfo]) -> None:
         click.echo(f"  {link.id}  {link.kind or '-'}  {link.status or 'deleted'}")
     if len(links) > jobs_api.STEPS_SHOWN:
         click.echo(f"  … and {len(links) - jobs_api.STEPS_SHOWN} more (--json lists them all)")
+
+
+def _echo_errors(errors: list[jobs_api.ErrorInfo]) -> None:
+    """The failed attempts after the job's fields, oldest first: a line each (attempt, when,
+    error), its traceback indented below it."""
+    if not errors:
+        return
+    click.echo(f"{'errors':>13}: {len(errors)}")
+    for e in errors:
+        click.echo(f"  attempt {e.attempt:<3}  {in_utc(e.at).isoformat()}  {e.error or ''}")
+        for line in (e.traceback or "").splitlines():
+            click.echo(f"      {line}")
 
 
 def _echo_steps(steps: list[jobs_api.StepInfo], total: int) -> None:

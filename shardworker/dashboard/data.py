@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -20,7 +20,7 @@ from shardworker.errors import ConfigError, JobsError
 from shardworker.jobs import JobInfo
 from shardworker.store import job_queries, queue_queries
 from shardworker.store.pg_store import PgStore, StoreConfig
-from shardworker.views import LinkInfo, QueueInfo, QueueState, StepInfo, WorkerInfo
+from shardworker.views import ErrorInfo, LinkInfo, QueueInfo, QueueState, StepInfo, WorkerInfo
 
 FAILED_SHOWN = 20
 RECENT_SHOWN = 15
@@ -89,13 +89,15 @@ class Links:
 @dataclass(frozen=True)
 class JobPage:
     """One job's page: the job, the first ``jobs.STEPS_SHOWN`` of its recorded steps, how
-    many steps it holds in all, and the jobs it waits on and those waiting on it."""
+    many steps it holds in all, the jobs it waits on and those waiting on it, and its failed
+    attempts (``jobs.get_errors``)."""
 
     job: JobInfo
     steps: list[StepInfo]
     steps_total: int
     dependencies: Links
     dependents: Links
+    errors: list[ErrorInfo] = field(default_factory=list)  # its last failed attempts, oldest first
 
 
 @contextlib.contextmanager
@@ -140,7 +142,8 @@ def job(dsn: str, job_id: int) -> JobPage | None:
             return None
         steps, total = jobs.first_steps(conn, job_id, jobs.STEPS_SHOWN)
         dependencies, dependents = jobs.get_links(conn, job_id)
-    return JobPage(found, steps, total, Links.of(dependencies), Links.of(dependents))
+        errors = jobs.get_errors(conn, job_id)
+    return JobPage(found, steps, total, Links.of(dependencies), Links.of(dependents), errors)
 
 
 def change(dsn: str, action: str, job_id: int) -> int:

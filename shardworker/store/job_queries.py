@@ -21,7 +21,7 @@ from shardworker.errors import DatabaseUnavailable, JobsError
 from shardworker.store.connection import Session, translate_errors
 from shardworker.store.enqueue import borrowed_cursor
 from shardworker.store.sql import query
-from shardworker.views import JobInfo, LinkInfo, StepInfo
+from shardworker.views import ErrorInfo, JobInfo, LinkInfo, StepInfo
 
 FINAL_STATUSES = ("done", "failed", "cancelled")
 
@@ -70,6 +70,14 @@ def get_job(conn_or_dsn: Any, job_id: int) -> JobInfo | None:
         cur.execute(query("job_get"), {"id": job_id})
         row = cur.fetchone()
     return None if row is None else JobInfo(*row)
+
+
+def get_errors(conn_or_dsn: Any, job_id: int) -> list[ErrorInfo]:
+    """A job's failed attempts as its ``errors`` history keeps them, oldest first."""
+    with cursor_for(conn_or_dsn, transaction=False) as cur:
+        cur.execute(query("job_errors"), {"id": job_id})
+        row = cur.fetchone()
+    return [] if row is None else [ErrorInfo.of(entry) for entry in row[0]]
 
 
 def get_steps(conn_or_dsn: Any, job_id: int, limit: int | None) -> tuple[list[StepInfo], int]:

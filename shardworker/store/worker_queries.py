@@ -5,6 +5,7 @@ says what a batch did; everything here runs on the worker's own ``Session``."""
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -14,6 +15,7 @@ from psycopg.pq import TransactionStatus
 from shardworker import followups
 from shardworker.errors import EnqueueError, OutcomeRejected, SchemaMissing
 from shardworker.followups import DependentRow
+from shardworker.limits import ERRORS_KEPT, MAX_ERROR_CHARS
 from shardworker.model import ApplyResult, Claim, ClaimedJob, Outcome, StepRecord
 from shardworker.store.connection import Session, first_line, is_refusal
 from shardworker.store.dependencies import plan_insert, run_plan
@@ -205,13 +207,16 @@ class WorkerQueries(Session):
         return DatabaseIdentity(str(row[0]), str(row[1]), f"{info.host}:{info.port}")
 
 
-def outcome_params(outcomes: Sequence[Outcome]) -> dict[str, list[Any]]:
+def outcome_params(outcomes: Sequence[Outcome]) -> dict[str, Any]:
     """``job_apply_outcomes``' arrays. Every one goes in binary: results as bytea, the
     child's JSON bytes unescaped (the statement turns them into jsonb), the rest without
     text formatting."""
     return {"ids": [o.job_id for o in outcomes], "attempts": [o.attempt for o in outcomes],
             "dispositions": [o.disposition.value for o in outcomes], "results": [o.result_json for o in outcomes],
-            "errors": [o.error for o in outcomes], "delays": [float(o.delay_s) for o in outcomes]}
+            "errors": [o.error for o in outcomes], "delays": [float(o.delay_s) for o in outcomes],
+            "tracebacks": [o.traceback for o in outcomes],
+            "failed_at": [math.nan if o.failed_at is None else o.failed_at for o in outcomes],
+            "errors_kept": ERRORS_KEPT, "error_chars": MAX_ERROR_CHARS}
 
 
 def step_params(steps: Sequence[StepRecord]) -> dict[str, list[Any]]:

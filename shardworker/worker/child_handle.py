@@ -5,7 +5,8 @@ for it without ever blocking, reads what it reports, tracks which sent jobs it s
 (one progress slot per job in flight) and, after a death, hands over what it held, for
 ``shardworker.worker.deaths`` to sort by those slots and its shard.
 While it lives, the pool may ``recall`` the jobs it was sent and has not started (they come
-back to its ``held`` queue, for any child with room). ``Pace`` keeps its recent rate of
+back to its ``held`` queue, for any child with room); one whose startup hook raised is
+never restarted (``start_failed``). ``Pace`` keeps its recent rate of
 finished jobs. The pool of children (``shardworker.worker.pool``) drives these handles.
 """
 
@@ -20,8 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardworker import logs, procs, wire
-from shardworker.child.main import Progress, child_main
+from shardworker.child.main import EXIT_START_FAILED, Progress, child_main
 from shardworker.config import ChildConfig
+from shardworker.errors import StartupFailed
 from shardworker.jobstats import JobCounts
 from shardworker.model import ClaimedJob
 
@@ -223,8 +225,17 @@ class ChildHandle:
                 self.stopped, self.unstarted = True, msg.unstarted
             elif isinstance(msg, wire.Fatal):
                 self.fatal = msg.message
-                log.error("child %d: %s", self.index, self.fatal)
+                # A start that failed is said once, by the worker as it stops (the pool's StartupFailed).
+                log.log(logging.DEBUG if msg.at_start else logging.ERROR, "child %d: %s", self.index, self.fatal)
         return finished
+
+    def start_failed(self) -> StartupFailed | None:
+        """After its death: when a startup hook raised (``EXIT_START_FAILED``), it is never
+        restarted, and this is the ``StartupFailed`` that stops the worker; else None."""
+        if self.process is None or self.process.exitcode != EXIT_START_FAILED:
+            return None
+        self.restart_at = float("inf")
+        return StartupFailed(f"child {self.index} could not start: {self.fatal or 'an on_startup hook raised'}")
 
     def _release(self, key: wire.JobKey) -> Sent:
         sent = self.sent.pop(key)

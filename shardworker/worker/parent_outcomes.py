@@ -13,6 +13,7 @@ memory and ``flush`` retries; the dispatcher does not claim meanwhile.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Mapping
 
 from outbox import OutboxError, OutboxSyncError, ShardWriter, WriterConfig
@@ -39,8 +40,8 @@ class ParentOutcomes:
 
     def fail(self, jobs: Iterable[ClaimedJob], reason: str) -> int:
         """Record a failed attempt for each job (retried per its handler's policy); returns how many."""
-        jobs = list(jobs)
-        outcomes = [Outcome.after_failure(j.id, j.attempt, reason, self._delay(j)) for j in jobs]
+        jobs, now = list(jobs), time.time()  # when they failed, whenever the database takes them
+        outcomes = [Outcome.after_failure(j.id, j.attempt, reason, self._delay(j), failed_at=now) for j in jobs]
         if self.job_counts is not None:
             for job, outcome in zip(jobs, outcomes, strict=True):
                 self.job_counts.add_outcome(job.kind, outcome_label(job, outcome))

@@ -208,8 +208,8 @@ class ChildPool:
                 procs.kill_quietly(handle.process.pid)
                 deaths.append(self._settle(handle, blame.Cause(killed=True, timed_out=late), now))
                 continue
-            deaths.append(self._settle(handle, blame.Cause(fatal=handle.fatal, exitcode=handle.process.exitcode),
-                                       now))
+            deaths.append(self._settle(handle, blame.Cause(fatal=handle.fatal, exitcode=handle.process.exitcode), now))
+            self._crash_loop = handle.start_failed() or self._crash_loop  # read once _settle read its Fatal
         return deaths
 
     def _settle(self, handle: ChildHandle, cause: blame.Cause, now: float | None = None) -> Death:

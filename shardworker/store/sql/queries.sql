@@ -203,12 +203,18 @@ WHERE (k.global_concurrency, k.rate_limit, k.rate_period_s)
 -- announced on the channel shardworker_finished (shardworker.jobs.wait_for listens), their
 -- ids comma-separated, up to 300 a notification (within the 8,000-byte payload limit).
 -- RETURNING has_dependents: whether job_dependents_settle must look for jobs waiting on it.
+-- A failed attempt (retry, failed) is added to errors, the job's history of its last
+-- failures (migration 0012; how many: shardworker.limits.ERRORS_KEPT), with its traceback
+-- and when it failed (NaN: unknown, then now()); last_error holds its message and
+-- traceback as one text.
 -- Parameters come in binary; results as bytea holding UTF-8 JSON text.
 WITH o AS (
-    SELECT id, attempt, disposition, convert_from(result_utf8, 'UTF8')::jsonb AS result, error, delay_s
+    SELECT id, attempt, disposition, convert_from(result_utf8, 'UTF8')::jsonb AS result, error, delay_s,
+           traceback, CASE WHEN failed_at = 'NaN' THEN now() ELSE to_timestamp(failed_at) END AS failed_at
     FROM unnest(%(ids)b::bigint[], %(attempts)b::int[], %(dispositions)b::text[],
-                %(results)b::bytea[], %(errors)b::text[], %(delays)b::float8[])
-        AS o(id, attempt, disposition, result_utf8, error, delay_s)
+                %(results)b::bytea[], %(errors)b::text[], %(delays)b::float8[], %(tracebacks)b::text[],
+                %(failed_at)b::float8[])
+        AS o(id, attempt, disposition, result_utf8, error, delay_s, traceback, failed_at)
 ), applied AS (
     UPDATE shardworker.jobs j
     SET status = CASE WHEN o.disposition = 'done' THEN 'done'
@@ -217,8 +223,15 @@ WITH o AS (
                       WHEN o.disposition = 'retry' AND j.attempt - j.snoozes < j.max_attempts THEN 'queued'
                       ELSE 'failed' END,
         result = CASE WHEN o.disposition = 'done' THEN o.result ELSE j.result END,
-        last_error = CASE WHEN o.disposition IN ('retry', 'failed', 'cancelled') THEN o.error
-                          ELSE j.last_error END,
+        last_error = CASE WHEN o.disposition IN ('retry', 'failed', 'cancelled')
+                          THEN o.error || coalesce(E'\n' || o.traceback, '') ELSE j.last_error END,
+        errors = CASE WHEN o.disposition IN ('retry', 'failed') THEN (
+            SELECT jsonb_agg(e ORDER BY n)
+            FROM jsonb_array_elements(j.errors || jsonb_build_array(jsonb_build_object(
+                     'attempt', o.attempt, 'error', left(o.error, %(error_chars)s::int), 'traceback', o.traceback,
+                     'at', to_char(o.failed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'))))
+                 WITH ORDINALITY AS e(e, n)
+            WHERE n > jsonb_array_length(j.errors) + 1 - %(errors_kept)s::int) ELSE j.errors END,
         -- A snooze uses no attempt; a failure the handler ends (Fail) uses the job's last, so
         -- the row reads "3/3", not "3/25".
         snoozes = CASE WHEN o.disposition = 'snoozed' THEN j.snoozes + 1 ELSE j.snoozes END,
@@ -481,6 +494,10 @@ LIMIT %(limit)s;
 SELECT id, kind, queue, status, attempt, max_attempts, priority, payload, result, last_error,
        created_at, run_at, attempted_at, finished_at, locked_by, snoozes
 FROM shardworker.jobs WHERE id = %(id)s;
+
+-- job_errors --
+-- A job's errors history (its last failed attempts, oldest first); no row: no such job.
+SELECT errors FROM shardworker.jobs WHERE id = %(id)s;
 
 -- job_steps_list --
 -- A job's recorded steps, in recorded order (then name), the first `limit` of them (NULL:
