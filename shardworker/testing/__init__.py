@@ -8,6 +8,8 @@
 Test-side code: it may import the store (this package never runs in a worker's child).
 """
 
+from shardworker.testing.enqueued import Enqueued, record_enqueued
 from shardworker.testing.handlers import FollowUpJob, HandlerFailed, HandlerRun, run_handler, run_handler_async
 
-__all__ = ["FollowUpJob", "HandlerFailed", "HandlerRun", "run_handler", "run_handler_async"]
+__all__ = ["Enqueued", "FollowUpJob", "HandlerFailed", "HandlerRun", "record_enqueued", "run_handler",
+           "run_handler_async"]

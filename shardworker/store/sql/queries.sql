@@ -501,6 +501,17 @@ WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
 ORDER BY id DESC
 LIMIT %(limit)s;
 
+-- job_id_mark --
+-- The last job id drawn so far (0: none), by any session, committed or not: a job enqueued
+-- later has a greater id (shardworker.testing.record_enqueued).
+SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('shardworker.jobs', 'id')::regclass), 0);
+
+-- job_list_after --
+-- Jobs with an id above `after`, in id order: those enqueued since job_id_mark said it.
+SELECT id, kind, queue, status, attempt, max_attempts, priority, payload, result, last_error,
+       created_at, run_at, attempted_at, finished_at, locked_by, snoozes
+FROM shardworker.jobs WHERE id > %(after)s ORDER BY id;
+
 -- job_get --
 -- One job, whole.
 SELECT id, kind, queue, status, attempt, max_attempts, priority, payload, result, last_error,
