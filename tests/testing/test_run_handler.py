@@ -94,11 +94,13 @@ def test_an_async_handler_runs_on_an_event_loop_and_its_result_is_json() -> None
 
 
 def test_run_handler_async_inside_a_running_loop() -> None:
-    async def main() -> Any:
-        return await run_handler_async(app, "fetch", "abcd", steps={"size": 9})
+    async def main() -> tuple[Any, Any]:
+        return (await run_handler_async(app, "fetch", "abcd", steps={"size": 9}),
+                await run_handler_async(app, "blocking", "xy"))  # a sync one on a thread, off the loop
 
-    run = asyncio.run(main())
+    run, threaded = asyncio.run(main())
     assert run.result == [9, "default"] and run.replayed == ["size"]
+    assert threaded.result == "XY"
 
 
 def test_run_handler_inside_a_running_loop_says_to_await_the_async_one() -> None:
