@@ -10,6 +10,7 @@ from shardworker.errors import (
     DatabaseUnavailable,
     EnqueueError,
     JobsError,
+    KindNotServed,
     ShardworkerError,
     StoreError,
     WaitTimeout,
@@ -20,7 +21,7 @@ from shardworker.model import Job
 from shardworker.routing import shard_for
 
 __all__ = ["App", "Cancel", "ConfigError", "DatabaseUnavailable", "EnqueueError", "Fail", "FollowUp", "Job", "JobInfo",
-           "JobSpec", "JobsError", "Retry", "ShardworkerError", "Snooze", "StepError", "StoreError", "WaitTimeout",
-           "enqueue", "enqueue_async", "enqueue_many", "enqueue_many_async", "get_job", "shard_for", "wait_for",
-           "wait_for_async"]
+           "JobSpec", "JobsError", "KindNotServed", "Retry", "ShardworkerError", "Snooze", "StepError", "StoreError",
+           "WaitTimeout", "enqueue", "enqueue_async", "enqueue_many", "enqueue_many_async", "get_job", "shard_for",
+           "wait_for", "wait_for_async"]
 __version__ = "0.1.0"

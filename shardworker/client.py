@@ -3,7 +3,9 @@ asyncio twins ``enqueue_async`` and ``enqueue_many_async``.
 
 Each accepts a DSN string or an open psycopg connection (used as is, not closed).
 Validation happens before anything is sent: a bulk input with one bad entry enqueues
-nothing and names the entry.
+nothing and names the entry. With ``strict=True`` a kind no live worker has registered in
+the job's queue is refused (``KindNotServed``), nothing enqueued: one query more, asked
+only then (``shardworker.store.serving``).
 """
 
 from __future__ import annotations
@@ -151,10 +153,11 @@ def _utc(run_at: datetime | None) -> datetime | None:
 
 def enqueue(conn_or_dsn: Any, kind: str, payload: Any = None, *, queue: str = "default", priority: int = 0,
             max_attempts: int = DEFAULT_MAX_ATTEMPTS, run_at: datetime | None = None, delay_s: float = 0.0,
-            dedupe_key: str | None = None, after: Iterable[int] = ()) -> int | None:
+            dedupe_key: str | None = None, after: Iterable[int] = (), strict: bool = False) -> int | None:
     """Enqueue one job and wake idle workers; returns its id, or None if ``dedupe_key`` is live.
     With ``after=[ids]`` it waits (status ``waiting``) until those jobs are done; an id that
-    does not exist refuses the call (``EnqueueError``), enqueueing nothing.
+    does not exist refuses the call (``EnqueueError``), enqueueing nothing. With ``strict``, a
+    kind no live worker serves in ``queue`` is refused (``KindNotServed``).
 
     ``conn_or_dsn`` is an open ``psycopg.Connection`` (the caller's: inside its open
     transaction the job commits or rolls back with it, and workers wake at its commit) or a
@@ -162,6 +165,10 @@ def enqueue(conn_or_dsn: Any, kind: str, payload: Any = None, *, queue: str = "d
     connection, or one from ``psycopg_pool.ConnectionPool.connection()``, for anything frequent.
     """
     spec, fields = _one_job(kind, payload, queue, priority, max_attempts, run_at, delay_s, dedupe_key, after)
+    if strict:
+        from shardworker.store.serving import refuse_unserved
+
+        refuse_unserved(conn_or_dsn, [(spec.queue, spec.kind)])
     if spec.after:
         from shardworker.store.dependencies import enqueue_dependents
 
@@ -173,7 +180,8 @@ def enqueue(conn_or_dsn: Any, kind: str, payload: Any = None, *, queue: str = "d
 
 async def enqueue_async(aconn_or_dsn: Any, kind: str, payload: Any = None, *, queue: str = "default",
                         priority: int = 0, max_attempts: int = DEFAULT_MAX_ATTEMPTS, run_at: datetime | None = None,
-                        delay_s: float = 0.0, dedupe_key: str | None = None, after: Iterable[int] = ()) -> int | None:
+                        delay_s: float = 0.0, dedupe_key: str | None = None, after: Iterable[int] = (),
+                        strict: bool = False) -> int | None:
     """``enqueue`` for asyncio code: ``await enqueue_async(aconn, "email", {...})``.
 
     ``aconn_or_dsn`` is an open ``psycopg.AsyncConnection`` (inside the caller's open
@@ -181,6 +189,10 @@ async def enqueue_async(aconn_or_dsn: Any, kind: str, payload: Any = None, *, qu
     closes an async connection per call. Nothing here blocks the event loop.
     """
     spec, fields = _one_job(kind, payload, queue, priority, max_attempts, run_at, delay_s, dedupe_key, after)
+    if strict:
+        from shardworker.store.serving import refuse_unserved_async
+
+        await refuse_unserved_async(aconn_or_dsn, [(spec.queue, spec.kind)])
     if spec.after:
         from shardworker.store.dependencies import enqueue_dependents_async
 
@@ -210,16 +222,21 @@ def _dependent_row(spec: JobSpec, delay_s: float = 0.0) -> DependentRow:
                         _utc(spec.run_at), delay_s, spec.dedupe_key, spec.after)
 
 
-def enqueue_many(conn_or_dsn: Any, jobs: Iterable[JobSpec]) -> list[int | None]:
+def enqueue_many(conn_or_dsn: Any, jobs: Iterable[JobSpec], *, strict: bool = False) -> list[int | None]:
     """Enqueue many jobs in one transaction (with COPY when none has ``after``); returns
     their ids in the order given, with None for a job not inserted because a live job holds
     its ``dedupe_key`` (as ``enqueue`` returns None), so ``len`` is always ``len(jobs)`` and
     the count inserted is ``sum(i is not None for i in ids)``.
 
     The connection rules are those of ``enqueue``; with a connection outside a transaction,
-    the batch commits as one transaction of its own.
+    the batch commits as one transaction of its own. With ``strict``, one job of a kind no
+    live worker serves in its queue refuses the batch (``KindNotServed``).
     """
     specs = list(jobs)
+    if strict:
+        from shardworker.store.serving import refuse_unserved
+
+        refuse_unserved(conn_or_dsn, [(spec.queue, spec.kind) for spec in specs])
     if any(spec.after for spec in specs):
         from shardworker.store.dependencies import enqueue_dependents
 
@@ -229,10 +246,14 @@ def enqueue_many(conn_or_dsn: Any, jobs: Iterable[JobSpec]) -> list[int | None]:
     return enqueue_rows(conn_or_dsn, _copy_rows(specs))
 
 
-async def enqueue_many_async(aconn_or_dsn: Any, jobs: Iterable[JobSpec]) -> list[int | None]:
+async def enqueue_many_async(aconn_or_dsn: Any, jobs: Iterable[JobSpec], *, strict: bool = False) -> list[int | None]:
     """``enqueue_many`` for asyncio code, on a ``psycopg.AsyncConnection`` or a DSN: the
-    same ids."""
+    same ids, the same ``strict``."""
     specs = list(jobs)
+    if strict:
+        from shardworker.store.serving import refuse_unserved_async
+
+        await refuse_unserved_async(aconn_or_dsn, [(spec.queue, spec.kind) for spec in specs])
     if any(spec.after for spec in specs):
         from shardworker.store.dependencies import enqueue_dependents_async
 

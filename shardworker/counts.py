@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from shardworker.views import BacklogRow
+from shardworker.views import BacklogRow, UnservedKind
 
 UNFINISHED = ("available", "scheduled", "prefetched", "running")
 FINISHED = ("done", "failed", "cancelled")
@@ -47,3 +47,10 @@ def age_text(seconds: float) -> str:
         if seconds >= size * (2 if unit == "m" else 1):
             return f"{int(seconds // size)}{unit}"
     return f"{int(seconds)}s"
+
+
+def unserved_text(row: UnservedKind) -> str:
+    """``kind (queue q): 3 queued, the oldest due 5m ago``: how the worker's log and ``doctor``
+    name queued jobs of a kind no live worker serves."""
+    due = f"due {age_text(row.waiting_s)} ago" if row.waiting_s >= 0 else f"not due for {age_text(-row.waiting_s)}"
+    return f"{row.kind} (queue {row.queue}): {row.queued} queued, the oldest {due}"

@@ -6,6 +6,7 @@ Hierarchy::
     ├── ConfigError                   an option or setting is invalid
     ├── AppLoadError                  --app cannot be imported or holds no App
     ├── EnqueueError                  a job (or a line of a bulk file) is invalid
+    │   └── KindNotServed             strict: no live worker handles that kind in that queue
     ├── JobsError                     an operator command refused (unknown id, wrong state, bad input)
     │   └── WaitTimeout               wait_for ran out of time before the job ended
     ├── OutboxBusy                    a worker or another drain holds the outbox directory
@@ -45,6 +46,10 @@ class AppLoadError(ShardworkerError):
 
 class EnqueueError(ShardworkerError):
     """Invalid job."""
+
+
+class KindNotServed(EnqueueError):
+    """No live worker handles this kind in this queue (``enqueue(..., strict=True)``)."""
 
 
 class JobsError(ShardworkerError):

@@ -3,7 +3,8 @@
 ``JobInfo`` and ``WorkerInfo`` are a job's and a worker's rows (``jobs show``, ``workers``),
 ``StepInfo`` a step a job recorded, ``ErrorInfo`` one of its failed attempts; ``FlowCount`` is
 what a worker's heartbeat reports of the jobs it holds, ``BacklogRow``, ``QueueState`` and
-``QueueInfo`` what ``shardworker queues`` shows.
+``QueueInfo`` what ``shardworker queues`` shows, ``Serving`` what a worker's heartbeat says it
+serves, ``UnservedKind`` queued jobs of a kind no live worker serves (``doctor``, the dashboard).
 """
 
 from __future__ import annotations
@@ -176,3 +177,26 @@ class LinkInfo:
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+
+class Serving(NamedTuple):
+    """What a worker's heartbeat row says it serves: its handlers' kinds in its queues (None:
+    every queue), while its heartbeat is within ``rescue_after_s``."""
+
+    kinds: tuple[str, ...]
+    queues: tuple[str, ...] | None
+    rescue_after_s: float
+
+
+class UnservedKind(NamedTuple):
+    """Queued jobs of a kind that no live worker serves in their queue: how many, and when the
+    oldest of them fell due (``waiting_s`` ago; negative when every one is scheduled later)."""
+
+    queue: str
+    kind: str
+    queued: int
+    oldest_run_at: datetime
+    waiting_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self._asdict(), "oldest_run_at": json_value(self.oldest_run_at)}

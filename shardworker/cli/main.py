@@ -102,12 +102,14 @@ def migrate(print_sql: bool, after: int, dsn: str | None) -> None:
 @click.option("--dedupe-key", type=UTF8, default=None, help="Skip when a live job holds this key.")
 @click.option("--after", default=None, callback=lambda _ctx, _param, value: _ids(value),
               help="Comma-separated job ids: the job waits until they are all done.")
+@click.option("--strict", is_flag=True,
+              help="Refuse (exit 1, nothing enqueued) a kind no live worker has a handler for in its queue.")
 @json_option
 @dsn_option
 @one_line_errors
 def enqueue(kind: str | None, payload_json: str | None, count: int, file_: Any, queue: str, priority: int,
-            max_attempts: int, delay: float, dedupe_key: str | None, after: tuple[int, ...], as_json: bool,
-            dsn: str | None) -> None:
+            max_attempts: int, delay: float, dedupe_key: str | None, after: tuple[int, ...], strict: bool,
+            as_json: bool, dsn: str | None) -> None:
     """Enqueue KIND with PAYLOAD_JSON, or a bulk --file; prints how many jobs it enqueued and
     their ids (--json: {"enqueued": N, "ids": [...]})."""
     from datetime import UTC, datetime, timedelta
@@ -142,10 +144,10 @@ def enqueue(kind: str | None, payload_json: str | None, count: int, file_: Any, 
         spec = specs[0]
         job_id = enqueue_one(dsn, spec.kind, spec.payload, queue=spec.queue, priority=spec.priority,
                              max_attempts=spec.max_attempts, run_at=spec.run_at, dedupe_key=spec.dedupe_key,
-                             after=spec.after)
+                             after=spec.after, strict=strict)
         ids = [job_id]
     else:
-        ids = enqueue_many(dsn, specs)
+        ids = enqueue_many(dsn, specs, strict=strict)
     made = [i for i in ids if i is not None]
     click.echo(orjson.dumps({"enqueued": len(made), "ids": made}).decode() if as_json
                else _enqueued_line(made, len(ids) - len(made), dedupe_key))

@@ -20,7 +20,7 @@ from shardworker.errors import ConfigError, JobsError
 from shardworker.jobs import JobInfo
 from shardworker.store import job_queries, queue_queries
 from shardworker.store.pg_store import PgStore, StoreConfig
-from shardworker.views import ErrorInfo, LinkInfo, QueueInfo, QueueState, StepInfo, WorkerInfo
+from shardworker.views import ErrorInfo, LinkInfo, QueueInfo, QueueState, StepInfo, UnservedKind, WorkerInfo
 
 FAILED_SHOWN = 20
 RECENT_SHOWN = 15
@@ -67,6 +67,7 @@ class Overview:
     failed: list[JobInfo]
     recent: list[JobInfo]
     workers: list[WorkerInfo]
+    unserved: list[UnservedKind]  # queued kinds no live worker serves in their queue
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,7 @@ def overview(dsn: str) -> Overview:
         failed = jobs.list_jobs(conn, status="failed", limit=FAILED_SHOWN)
         recent = jobs.list_jobs(conn, limit=RECENT_SHOWN)
         workers = [w for w in store.workers() if w.silent_s <= LIVE_AFTER_S]
+        unserved = store.unserved_kinds()
     split = counts.split_by_queue(rows, backlog)
     infos = {info.name: info for info in queue_queries.summarize(states, backlog)}
     queue_rows = [QueueRow(infos.get(name) or QueueInfo(name, False, None, None, 0, 0, 0, 0, None),
@@ -131,7 +133,7 @@ def overview(dsn: str) -> Overview:
                     for name, n in zip(counts.UNFINISHED, (b.available, b.scheduled, b.prefetched, b.running),
                                        strict=True))
     kinds = _group([*kind_backlog, *kind_rows], KIND_COUNTS)
-    return Overview(queue_rows, counts.totals(split), estimated, kinds, minutes, failed, recent, workers)
+    return Overview(queue_rows, counts.totals(split), estimated, kinds, minutes, failed, recent, workers, unserved)
 
 
 def job(dsn: str, job_id: int) -> JobPage | None:

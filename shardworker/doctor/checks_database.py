@@ -1,6 +1,6 @@
 """The database's checks for ``shardworker doctor``: ``gather_database`` reads the facts (one
 bounded connection, nothing written) and the ``check_*`` functions judge them: reachable,
-writable, schema version, clock skew, silent workers."""
+writable, schema version, clock skew, silent workers, queued kinds no live worker serves."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from typing import TYPE_CHECKING
 
 from shardworker import binding
 from shardworker.binding import Binding
+from shardworker.counts import unserved_text
 from shardworker.doctor.report import Check, Status, attempt
 from shardworker.dsn import redact_dsn
 from shardworker.errors import ShardworkerError
 from shardworker.store.schema import available_migrations
-from shardworker.views import WorkerInfo
+from shardworker.views import UnservedKind, WorkerInfo
 
 if TYPE_CHECKING:
     from shardworker.store.schema_queries import ServerState
@@ -34,6 +35,7 @@ class DatabaseFacts:
     schema_error: str | None = None
     workers: list[WorkerInfo] | None = None  # None: not readable (no schema, or one too old)
     identity: Binding | None = None
+    unserved: list[UnservedKind] | None = None  # None: not readable
 
 
 def gather_database(dsn: str, *, embedded: bool = False, connect_timeout_s: int = CONNECT_TIMEOUT_S) -> DatabaseFacts:
@@ -51,7 +53,8 @@ def gather_database(dsn: str, *, embedded: bool = False, connect_timeout_s: int 
         versions, schema_error = attempt(store.schema_versions)
         workers, _ = attempt(store.workers)
         identity, _ = attempt(lambda: binding.current(store, embedded=embedded))
-        return DatabaseFacts(where, None, state, versions, schema_error, workers, identity)
+        unserved, _ = attempt(store.unserved_kinds)
+        return DatabaseFacts(where, None, state, versions, schema_error, workers, identity, unserved)
     finally:
         store.close()
 
@@ -126,6 +129,19 @@ def check_workers(rows: list[WorkerInfo], silent_after_s: float = SILENT_AFTER_S
                  "start); a host gone for good has its running jobs rescued after --rescue-after", data)
 
 
+def check_kinds(unserved: list[UnservedKind]) -> Check:
+    """Queued jobs of a kind no live worker serves wait unseen: a typo in a kind, a worker not
+    deployed yet, or one gone. A warning: the worker may be on its way."""
+    data = {"unserved": [row.to_json() for row in unserved]}
+    if not unserved:
+        return Check("kinds", Status.OK, "every queued kind has a live worker", None, data)
+    names = "; ".join(unserved_text(row) for row in unserved[:5])
+    more = f"; and {len(unserved) - 5} more" if len(unserved) > 5 else ""
+    return Check("kinds", Status.WARN, f"no live worker handles {names}{more}",
+                 "start a worker with handlers for them (in those queues), or fix the kind's spelling where "
+                 "it is enqueued (`enqueue --strict` refuses such kinds)", data)
+
+
 def database_checks(facts: DatabaseFacts) -> list[Check]:
     """The database's checks; only the first when it is unreachable (the rest need it)."""
     checks = [check_database(facts)]
@@ -135,4 +151,6 @@ def database_checks(facts: DatabaseFacts) -> list[Check]:
                check_clock(facts.state)]
     if facts.workers is not None:
         checks.append(check_workers(facts.workers))
+    if facts.unserved is not None:
+        checks.append(check_kinds(facts.unserved))
     return checks

@@ -1,5 +1,6 @@
 """Operators' reads and changes on jobs (``shardworker.jobs``, the dashboard): list, get,
-their steps, wait for the end, retry, cancel, delete. Each takes the caller's psycopg
+their steps, wait for the end, retry, cancel, delete; and the jobs enqueued since a mark
+(``shardworker.testing.record_enqueued``). Each takes the caller's psycopg
 connection or a DSN (then opens a connection of its own and closes it) and returns
 ``JobInfo`` and ``StepInfo`` values.
 The rules on which job may change how live in ``shardworker.jobs``; this module runs them
@@ -78,6 +79,21 @@ def get_errors(conn_or_dsn: Any, job_id: int) -> list[ErrorInfo]:
         cur.execute(query("job_errors"), {"id": job_id})
         row = cur.fetchone()
     return [] if row is None else [ErrorInfo.of(entry) for entry in row[0]]
+
+
+def last_job_id(conn_or_dsn: Any) -> int:
+    """The last job id drawn so far by any session (0: none): later jobs have greater ids."""
+    with cursor_for(conn_or_dsn, transaction=False) as cur:
+        cur.execute(query("job_id_mark"))
+        row = cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+def jobs_after(conn_or_dsn: Any, after_id: int) -> list[JobInfo]:
+    """Every job with an id above ``after_id``, in id order."""
+    with cursor_for(conn_or_dsn, transaction=False) as cur:
+        cur.execute(query("job_list_after"), {"after": after_id})
+        return [JobInfo(*row) for row in cur.fetchall()]
 
 
 def get_steps(conn_or_dsn: Any, job_id: int, limit: int | None) -> tuple[list[StepInfo], int]:

@@ -11,7 +11,8 @@ Everything outside ``shardworker.store`` talks to it in domain values (``Claimed
 * ``schema_queries``: migrations and doctor's probes;
 * ``enqueue``: enqueue on the store's connection (``enqueue_async``: on an asyncio one);
 * ``job_queries``: operators' reads and changes on the caller's connection or a DSN;
-* ``queue_queries``: the backlog by queue and kind, and the queues' state (paused, limits).
+* ``queue_queries``: the backlog by queue and kind, and the queues' state (paused, limits);
+* ``serving``: queued kinds no live worker serves.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from shardworker.store.housekeeping import HousekeepingQueries
 from shardworker.store.notifications import Notifications
 from shardworker.store.queue_queries import QueueQueries
 from shardworker.store.schema_queries import SchemaQueries, ServerState
+from shardworker.store.serving import ServingQueries
 from shardworker.store.worker_queries import WorkerQueries
 from shardworker.store.worker_rows import WorkerRows
 
@@ -29,5 +31,5 @@ __all__ = ["PgStore", "ServerState", "StoreConfig"]
 
 
 class PgStore(WorkerQueries, Notifications, WorkerRows, HousekeepingQueries, SchemaQueries, EnqueueQueries,
-              QueueQueries):
+              QueueQueries, ServingQueries):
     """Job storage on one PostgreSQL connection."""

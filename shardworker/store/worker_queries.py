@@ -25,11 +25,6 @@ if TYPE_CHECKING:
     from shardworker.app import HandlerSpec
 
 
-class KindBacklog(NamedTuple):
-    kind: str
-    queued: int
-
-
 class DatabaseIdentity(NamedTuple):
     """What an outbox is bound to (``shardworker.binding``)."""
 
@@ -122,13 +117,6 @@ class WorkerQueries(Session):
             cur.execute(query("job_requeue_lost"), {"worker_id": worker_id, "error": error,
                                                     "keep_ids": list(keep_ids)})
             return [r[0] for r in cur.fetchall()]
-
-    def unhandled_kinds(self, kinds: Sequence[str], queues: Sequence[str] | None) -> list[KindBacklog]:
-        """(kind, queued jobs) of the kinds not in ``kinds``, most first, up to ten."""
-        with self.cursor() as cur:
-            cur.execute(query("job_unhandled_kinds"), {"kinds": list(kinds),
-                                                       "queues": list(queues) if queues else None})
-            return [KindBacklog(k, int(n)) for k, n in cur.fetchall()]
 
     def count_active(self, kinds: Sequence[str], queues: Sequence[str] | None, worker_id: str,
                      retry_horizon_s: float = 0.0) -> int:

@@ -11,7 +11,7 @@ import orjson
 
 from shardworker.store.connection import Session
 from shardworker.store.sql import query
-from shardworker.views import FlowCount, WorkerInfo
+from shardworker.views import FlowCount, Serving, WorkerInfo
 
 
 class HeartbeatRow(NamedTuple):
@@ -25,15 +25,18 @@ class WorkerRows(Session):
 
     def heartbeat(self, worker_id: str, hostname: str, pid: int, running: int | None = None,
                   pending: int | None = None, flow: Sequence[FlowCount] | None = None, *,
-                  take_over: bool = True) -> tuple[str, int] | None:
+                  take_over: bool = True, serves: Serving | None = None) -> tuple[str, int] | None:
         """Beat for ``worker_id`` as (hostname, pid), with its load and its ``flow`` report (None:
-        not known); None when written, else the (hostname, pid) of the other process whose
-        row it left alone (only without ``take_over``)."""
+        not known) and what it ``serves`` (None: nothing, as a drain); None when written, else
+        the (hostname, pid) of the other process whose row it left alone (only without ``take_over``)."""
         report = None if flow is None else orjson.dumps([list(f) for f in flow]).decode()
+        kinds, queues, rescue_after_s = serves or (None, None, None)
         with self.cursor() as cur:
             cur.execute(query("worker_heartbeat"), {"worker_id": worker_id, "hostname": hostname, "pid": pid,
                                                     "running": running, "pending": pending, "flow": report,
-                                                    "take_over": take_over})
+                                                    "take_over": take_over, "kinds": kinds and list(kinds),
+                                                    "queues": queues and list(queues),
+                                                    "rescue_after_s": rescue_after_s})
             row = cur.fetchone()
         if row is None or row[0]:
             return None

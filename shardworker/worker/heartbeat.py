@@ -23,7 +23,7 @@ from typing import Protocol
 
 from shardworker.errors import StoreError, WorkerIdInUse
 from shardworker.retry import Backoff, Outage, is_retryable
-from shardworker.views import FlowCount
+from shardworker.views import FlowCount, Serving
 from shardworker.worker.identity import in_use
 from shardworker.worker.rescuer import Rescuer, RescueStore
 
@@ -35,7 +35,7 @@ Load = tuple[int | None, int | None, Sequence[FlowCount] | None]  # None: not kn
 class HeartbeatStore(RescueStore, Protocol):
     def heartbeat(self, worker_id: str, hostname: str, pid: int, running: int | None = None,
                   pending: int | None = None, flow: Sequence[FlowCount] | None = None, *,
-                  take_over: bool = True) -> tuple[str, int] | None: ...
+                  take_over: bool = True, serves: Serving | None = None) -> tuple[str, int] | None: ...
     def close(self) -> None: ...
 
 
@@ -45,8 +45,12 @@ class Heartbeat:
     def __init__(self, store: HeartbeatStore, worker_id: str, interval_s: float, rescue_after_s: float | None,
                  backoff: Backoff, *, rescue_grace_s: float = 0.0, clock: Callable[[], float] = time.monotonic,
                  load: Callable[[], Load] = lambda: (None, None, None),
-                 on_conflict: Callable[[WorkerIdInUse], None] = lambda exc: None) -> None:
+                 on_conflict: Callable[[WorkerIdInUse], None] = lambda exc: None,
+                 serves: Serving | None = None) -> None:
         self.store, self.worker_id, self.interval_s = store, worker_id, interval_s
+        # What the row says this worker serves (None: nothing), for those who ask whether a
+        # kind has a live worker (shardworker.store.serving).
+        self.serves = serves
         # (jobs running, outcomes pending in the outbox), shown by `shardworker workers`, and the
         # flow report (prefetched and running by queue and kind), summed by `shardworker queues`
         self.load = load
@@ -69,7 +73,7 @@ class Heartbeat:
             return self.interval_s
         try:
             holder = self.store.heartbeat(self.worker_id, socket.gethostname(), os.getpid(), *self.load(),
-                                          take_over=self.last_ok is None)
+                                          take_over=self.last_ok is None, serves=self.serves)
             if holder is not None:
                 self._lost_the_id(holder)
                 return self.interval_s

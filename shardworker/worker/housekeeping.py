@@ -1,5 +1,6 @@
-"""The parent's housekeeping thread: periodic jobs, retention and (with metrics) the backlog
-report, on a connection of its own.
+"""The parent's housekeeping thread: periodic jobs, retention, (with metrics) the backlog
+report, on a connection of its own, and the watch for queued kinds no live worker serves
+(``shardworker.worker.unserved``, on connections of its own).
 
 Both are work no job depends on finishing quickly, so they stay off the dispatcher's
 connection and off the heartbeat's (a long prune must never make a live worker look
@@ -28,6 +29,7 @@ from shardworker.retry import Backoff, Outage, is_retryable
 from shardworker.schedule import Schedule
 from shardworker.views import BacklogRow
 from shardworker.worker.periodic import PeriodicStore, Scheduler
+from shardworker.worker.unserved import UnservedWatch
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +94,7 @@ class Housekeeper:
     def __init__(self, store: HousekeepingStore, schedules: Sequence[Schedule], retention_s: float,
                  backoff: Backoff, *, retention_failed_s: float | None = None, prune_interval_s: float = 60.0,
                  tick_s: float = 1.0, backlog_interval_s: float | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 unserved: UnservedWatch | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         """``retention_s`` for done jobs, ``retention_failed_s`` for failed and cancelled ones
         (None: the same); 0 keeps them."""
         self.store = store
@@ -110,17 +112,21 @@ class Housekeeper:
         self.backlog_interval_s = backlog_interval_s
         self.backlog: Backlog | None = None  # the last report read, for the metrics
         self._next_backlog = 0.0
+        self.unserved = unserved
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     @property
     def needed(self) -> bool:
-        return bool(self.scheduler.schedules) or bool(self.retentions) or self.backlog_interval_s is not None
+        return (bool(self.scheduler.schedules) or bool(self.retentions) or self.backlog_interval_s is not None
+                or self.unserved is not None)
 
     def run_once(self) -> float:
         """Check schedules, prune one batch if a round is on; seconds until the next turn."""
         try:
             self.scheduler.run_once()
+            if self.unserved is not None:
+                self.unserved.run_once()
             self._backlog_step()
             if self.retentions:
                 self._prune_step()

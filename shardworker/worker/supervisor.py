@@ -8,9 +8,9 @@
 4. Startup recovery: wait until the flusher has applied every pending outcome, give back
    uncharged the jobs a stop in an outage left in ``giveback.json`` (never started), then
    requeue this worker's running jobs that have none (their handlers never finished).
-5. Start the children and, when the app has periodic jobs or ``retention_s`` is set, the
-   housekeeping thread; run the dispatcher until a signal, or idleness with
-   ``exit_when_idle``.
+5. Start the children and the housekeeping thread (periodic jobs, retention, the watch for
+   queued kinds no live worker serves); run the dispatcher until a signal, or idleness with
+   ``exit_when_idle`` (then name once more the queued kinds no live worker serves).
 6. Shut down: stop claiming, let children finish the job in hand, give back jobs never
    started (kept in ``giveback.json`` for step 4 of the next start when the database is
    away), let the flusher apply what the database accepts (all bounded by
@@ -40,6 +40,7 @@ from shardworker.flusher.process import FlusherHandle
 from shardworker.jobstats import JobCounts
 from shardworker.retry import Backoff
 from shardworker.store.pg_store import PgStore
+from shardworker.views import Serving
 from shardworker.worker.dispatcher import Dispatcher
 from shardworker.worker.heartbeat import Heartbeat, Load
 from shardworker.worker.housekeeping import Backlog, Housekeeper
@@ -47,6 +48,7 @@ from shardworker.worker.metrics import BACKLOG_INTERVAL_S, MetricsServer, Worker
 from shardworker.worker.parent_outcomes import ParentOutcomes
 from shardworker.worker.pool import ChildPool
 from shardworker.worker.startup import Startup
+from shardworker.worker.unserved import UnservedWatch
 
 log = logging.getLogger(__name__)
 
@@ -82,10 +84,15 @@ class Supervisor:
         self.parent_outcomes = ParentOutcomes(config.outbox_dir, config.segment_bytes, app.handlers,
                                               self.pool.job_counts)
         self.heartbeat: Heartbeat | None = None
+        # Its checks on short-lived connections with a short statement timeout: on millions of
+        # queued rows one is worth skipping, not waiting for.
+        self.unserved = UnservedWatch(lambda: PgStore(replace(self.store_config, statement_timeout_s=2.0)),
+                                      app.kinds, config.queues)
         self.housekeeper = Housekeeper(PgStore(self.store_config), list(app.schedules.values()), config.retention_s,
                                        self._backoff(), retention_failed_s=config.failed_retention_s,
                                        prune_interval_s=config.prune_interval_s,
-                                       backlog_interval_s=None if config.metrics_port is None else BACKLOG_INTERVAL_S)
+                                       backlog_interval_s=None if config.metrics_port is None else BACKLOG_INTERVAL_S,
+                                       unserved=self.unserved)
         self.dispatcher: Dispatcher | None = None
         self.schema_checked = False  # the database answered at startup (what database_up says until claims)
         self.metrics: MetricsServer | None = None
@@ -150,7 +157,6 @@ class Supervisor:
             self.dispatcher = dispatcher
             if self.housekeeper.needed:
                 self.housekeeper.start()
-            self._warn_unhandled()
             try:
                 while not self.stopping and not dispatcher.run_once():
                     pass
@@ -158,7 +164,7 @@ class Supervisor:
                 self._shutdown(dispatcher)
                 raise
             if self.config.exit_when_idle and not self.stopping:
-                self._warn_unhandled()
+                self.unserved.tell_all()  # what it leaves behind, said once more
             summary = self._shutdown(dispatcher)
             self._raise_if_id_lost()
             return summary
@@ -186,23 +192,6 @@ class Supervisor:
         self.flusher.start()
         return startup.recover(self.worker_id)
 
-    def _warn_unhandled(self) -> None:
-        """Say so when queued jobs have kinds no handler here runs (they would wait unseen)."""
-        # Its own short-lived connection with a short statement timeout: on millions of queued
-        # rows this is worth skipping, not waiting for.
-        store = PgStore(replace(self.store_config, statement_timeout_s=2.0))
-        try:
-            unhandled = store.unhandled_kinds(self.app.kinds, self.config.queues)
-        except StoreError as exc:
-            log.debug("could not look for queued jobs without a handler: %s", exc)
-            return
-        finally:
-            store.close()
-        if unhandled:
-            log.warning("%d queued jobs have kinds this worker has no handler for, so it never claims them "
-                        "(a typo, or another worker's kinds?): %s", sum(n for _, n in unhandled),
-                        ", ".join(f"{kind} ({n})" for kind, n in unhandled))
-
     def _install_signals(self) -> None:
         def on_signal(signum: int, _frame: Any) -> None:
             if self.stopping:
@@ -219,7 +208,8 @@ class Supervisor:
         self.heartbeat = Heartbeat(PgStore(self.store_config), self.worker_id, self.config.heartbeat_interval_s,
                                    self.config.rescue_after_s, self._backoff(),
                                    rescue_grace_s=self.config.rescue_grace_s, load=self._load,
-                                   on_conflict=self._id_lost)
+                                   on_conflict=self._id_lost, serves=Serving(
+                                       tuple(self.app.kinds), self.config.queues, self.config.rescue_after_s))
         self.heartbeat.start()
 
     def _id_lost(self, exc: WorkerIdInUse) -> None:

@@ -15,8 +15,9 @@ from shardworker.doctor import Status, check_clock, check_schema
 from shardworker.store.embedded import EmbeddedPostgres
 from shardworker.store.pg_store import PgStore, ServerState, StoreConfig
 from shardworker.store.schema import latest_version
+from shardworker.views import Serving
 from tests.cli.doctor_report import HEALTHY, bound_outbox, invoke, pending_outcomes, refused_port, report
-from tests.helpers import execute, query
+from tests.helpers import enqueue, execute, query
 
 pytestmark = pytest.mark.usefixtures("in_tmp_path")
 
@@ -118,6 +119,28 @@ def test_doctor_warns_about_a_silent_worker_but_exits_0(pg_dsn: str) -> None:
     assert checks["workers"]["status"] == "warn"
     assert checks["workers"]["silent"] == ["w-silent"]
     assert "w-silent on host-a" in checks["workers"]["detail"] and "w-live" not in checks["workers"]["detail"]
+
+
+def test_doctor_names_queued_kinds_no_live_worker_handles(pg_dsn: str, store: PgStore) -> None:
+    """Queued jobs of a kind no live worker serves in their queue: kinds warns naming each with
+    its count and how long its oldest has waited (exit 0: a worker may be on its way); a kind
+    a live worker serves, or a finished job's kind, is not named."""
+    enqueue(pg_dsn, "cuont", 3)
+    enqueue(pg_dsn, "count", 2)
+    enqueue(pg_dsn, "count", 1, queue="bulk")
+    execute(pg_dsn, "UPDATE shardworker.jobs SET run_at = now() - interval '2 hours' WHERE kind = 'cuont'")
+    store.heartbeat("w", "host", 1, serves=Serving(("count",), ("default",), 3600.0))
+    code, checks = report("--dsn", pg_dsn)
+    assert code == 0
+    kinds = checks["kinds"]
+    assert kinds["status"] == "warn", kinds
+    assert "cuont (queue default): 3 queued, the oldest due 2h ago" in kinds["detail"], kinds
+    assert "count (queue bulk): 1 queued" in kinds["detail"] and "count (queue default)" not in kinds["detail"]
+    assert [(k["queue"], k["kind"], k["queued"]) for k in kinds["unserved"]] == [
+        ("default", "cuont", 3), ("bulk", "count", 1)]
+    execute(pg_dsn, "UPDATE shardworker.jobs SET status = 'done' WHERE kind = 'cuont' OR queue = 'bulk'")
+    code, checks = report("--dsn", pg_dsn)
+    assert checks["kinds"]["status"] == "ok" and checks["kinds"]["unserved"] == [], checks["kinds"]
 
 
 # --- the checks as functions ---------------------------------------------------------------

@@ -58,9 +58,10 @@ def test_check_schema_raises_when_schema_was_dropped(store: PgStore, pg_dsn: str
 def test_check_schema_raises_when_ledger_is_behind(store: PgStore, pg_dsn: str) -> None:
     """A ledger missing the newest migration raises SchemaMissing naming both versions."""
     latest = latest_version()
+    before = max(m.version for m in available_migrations() if m.version < latest)  # numbers may skip one
     with connect(pg_dsn) as conn:
         conn.execute("DELETE FROM shardworker.migrations WHERE version = %s", (latest,))
     with pytest.raises(SchemaMissing) as info:
         store.check_schema()
-    assert f"version {latest - 1}" in str(info.value)
+    assert f"version {before}" in str(info.value)
     assert f"needs {latest}" in str(info.value)

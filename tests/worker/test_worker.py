@@ -171,8 +171,9 @@ def test_result_too_large_for_the_outbox_fails_the_job_cleanly(pg_dsn: str, dirs
 
 
 def test_queued_jobs_of_a_kind_without_a_handler_are_named(pg_dsn: str, tmp_path: Path) -> None:
-    """A typo in a kind would leave its jobs queued unseen: the worker names such kinds at its
-    start and when it exits idle, and claims none of them."""
+    """A typo in a kind would leave its jobs queued unseen: the worker names such kinds (with
+    their queue, count and oldest) at its start and when it exits idle, claims none of them,
+    and does not name its own kinds."""
     count_dir = tmp_path / "counts"
     count_dir.mkdir()
     enqueue(pg_dsn, "cuont", 3)
@@ -180,6 +181,8 @@ def test_queued_jobs_of_a_kind_without_a_handler_are_named(pg_dsn: str, tmp_path
     proc = start_worker(pg_dsn, tmp_path / "outbox", count_dir, "--exit-when-idle")
     assert exit_code(proc, 60, count_dir) == 0
     log = worker_log(count_dir)
-    assert log.count("3 queued jobs have kinds this worker has no handler for") == 2, log
-    assert "cuont (3)" in log
+    named = [line for line in log.splitlines() if "queued jobs that no live worker handles" in line]
+    assert len(named) == 2, log
+    assert all("cuont (queue default): 3 queued, the oldest due" in line for line in named), named
+    assert not any("count (queue" in line for line in named), named
     assert status_counts(pg_dsn) == {"queued": 3, "done": 2}

@@ -360,13 +360,34 @@ LISTEN shardworker_cancel;
 -- Job counts by queue and status.
 SELECT queue, status, count(*) FROM shardworker.jobs GROUP BY queue, status ORDER BY queue, status;
 
--- job_unhandled_kinds --
--- Queued jobs (in these queues) of kinds this worker has no handler for: a typo in a kind,
--- or another worker's; the ten kinds with most jobs.
-SELECT kind, count(*) FROM shardworker.jobs
-WHERE status = 'queued' AND NOT (kind = ANY(%(kinds)s::text[]))
-  AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
-GROUP BY kind ORDER BY count(*) DESC, kind LIMIT 10;
+-- kinds_unserved --
+-- Queued jobs whose kind no live worker serves in their queue (shardworker.serving_workers):
+-- a typo in a kind, a worker not deployed yet, or one gone. also_kinds in also_queues (NULL:
+-- every queue) count as served: the asking worker's own, whether or not its beat landed yet.
+-- By queue and kind, most jobs first, the first `limit`: how many, and the oldest run_at
+-- (when the longest waiting of them fell due; later than now only when all are scheduled).
+-- Grouped by the bounded names the queued rows' partial index holds (as queue_backlog).
+WITH queued AS (
+    SELECT left(queue, 255) AS queue, left(kind, 255) AS kind, count(*) AS n, min(run_at) AS oldest
+    FROM shardworker.jobs WHERE status = 'queued'
+    GROUP BY 1, 2
+)
+SELECT q.queue, q.kind, q.n, q.oldest, extract(epoch FROM now() - q.oldest)::float8
+FROM queued q
+WHERE NOT EXISTS (SELECT 1 FROM shardworker.serving_workers w
+                  WHERE q.kind = ANY(w.kinds) AND (w.queues IS NULL OR q.queue = ANY(w.queues)))
+  AND NOT (q.kind = ANY(%(also_kinds)s::text[])
+           AND (%(also_queues)s::text[] IS NULL OR q.queue = ANY(%(also_queues)s::text[])))
+ORDER BY q.n DESC, q.queue, q.kind
+LIMIT %(limit)s;
+
+-- kinds_unserved_of --
+-- Of these (queue, kind) pairs, those no live worker serves (shardworker.serving_workers):
+-- what `enqueue --strict` refuses.
+SELECT DISTINCT p.queue, p.kind FROM unnest(%(queues)s::text[], %(kinds)s::text[]) AS p(queue, kind)
+WHERE NOT EXISTS (SELECT 1 FROM shardworker.serving_workers w
+                  WHERE p.kind = ANY(w.kinds) AND (w.queues IS NULL OR p.queue = ANY(w.queues)))
+ORDER BY 1, 2;
 
 -- job_count_active --
 -- What --exit-when-idle waits on: jobs due now, jobs already attempted (a retry, a snooze,
@@ -383,18 +404,24 @@ SELECT
 
 -- worker_heartbeat --
 -- Record that this worker is alive, with its load (NULL: not known): jobs it holds, outcomes
--- not yet applied, and its flow report ([[queue, kind, prefetched, running], ...], JSON text).
+-- not yet applied, and its flow report ([[queue, kind, prefetched, running], ...], JSON text);
+-- and what it serves: its kinds, its queues (NULL: every queue) and its rescue window (NULL
+-- kinds: nothing, as for a drain). They ride in the row version every beat writes anyway, so
+-- a row a rescue removed and a beat inserted again says them at once.
 -- A new process under the same worker id starts a new started_at. Unless take_over (a
 -- process's first beat), a row another (hostname, pid) wrote meanwhile is left alone: that is
 -- a second live worker under this id. Returns whether the row was written, and who holds it.
 WITH beat AS (
-    INSERT INTO shardworker.workers AS w (worker_id, hostname, pid, heartbeat_at, jobs_running, outbox_pending, flow)
-    VALUES (%(worker_id)s, %(hostname)s, %(pid)s, now(), %(running)s, %(pending)s, %(flow)s::text::jsonb)
+    INSERT INTO shardworker.workers AS w (worker_id, hostname, pid, heartbeat_at, jobs_running, outbox_pending, flow,
+                                          kinds, queues, rescue_after_s)
+    VALUES (%(worker_id)s, %(hostname)s, %(pid)s, now(), %(running)s, %(pending)s, %(flow)s::text::jsonb,
+            %(kinds)s::text[], %(queues)s::text[], %(rescue_after_s)s::float8)
     ON CONFLICT (worker_id) DO UPDATE
     SET hostname = excluded.hostname, pid = excluded.pid, heartbeat_at = now(),
         started_at = CASE WHEN (w.hostname, w.pid) IS DISTINCT FROM (excluded.hostname, excluded.pid)
                           THEN now() ELSE w.started_at END,
-        jobs_running = excluded.jobs_running, outbox_pending = excluded.outbox_pending, flow = excluded.flow
+        jobs_running = excluded.jobs_running, outbox_pending = excluded.outbox_pending, flow = excluded.flow,
+        kinds = excluded.kinds, queues = excluded.queues, rescue_after_s = excluded.rescue_after_s
     WHERE %(take_over)s OR (w.hostname, w.pid) = (excluded.hostname, excluded.pid)
     RETURNING 1
 )
@@ -488,6 +515,17 @@ WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
   AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s::timestamptz)
 ORDER BY id DESC
 LIMIT %(limit)s;
+
+-- job_id_mark --
+-- The last job id drawn so far (0: none), by any session, committed or not: a job enqueued
+-- later has a greater id (shardworker.testing.record_enqueued).
+SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('shardworker.jobs', 'id')::regclass), 0);
+
+-- job_list_after --
+-- Jobs with an id above `after`, in id order: those enqueued since job_id_mark said it.
+SELECT id, kind, queue, status, attempt, max_attempts, priority, payload, result, last_error,
+       created_at, run_at, attempted_at, finished_at, locked_by, snoozes
+FROM shardworker.jobs WHERE id > %(after)s ORDER BY id;
 
 -- job_get --
 -- One job, whole.
