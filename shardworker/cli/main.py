@@ -178,7 +178,7 @@ def stats(exact: bool, as_json: bool, dsn: str | None) -> None:
     failed, cancelled. Above a million rows, done is estimated (~)."""
     from shardworker import counts
 
-    store = _store(resolve_dsn(dsn))
+    store = _store(resolve_dsn(dsn, start=False))
     try:
         store.check_schema()
         rows, estimated = store.job_counts(exact_up_to=2**62 if exact else 1_000_000)
