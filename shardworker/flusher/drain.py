@@ -40,7 +40,7 @@ def drain(outbox_dir: str, dsn: str, *, timeout_s: float, backoff_cap_s: float =
     """Apply everything pending; raise ``DrainTimeout`` if outcomes remain at the deadline."""
     if not os.path.lexists(outbox_dir):
         raise OutboxBusy(f"no outbox directory at {outbox_dir}")
-    lock_fd = layout.lock_outbox(outbox_dir)  # refuses another user's directory, or a symlink
+    lock_fd = layout.lock_outbox(outbox_dir, "drain")  # refuses another user's directory, or a symlink
     try:
         try:
             reader = open_reader(outbox_dir, wait_s=0)

@@ -133,7 +133,7 @@ class Supervisor:
 
     def run(self) -> RunSummary:
         """Run until stopped (signal) or idle (``exit_when_idle``); returns a summary."""
-        lock_fd = layout.lock_outbox(self.config.outbox_dir)
+        lock_fd = layout.lock_outbox(self.config.outbox_dir, "worker")
         try:
             self.worker_id = layout.resolve_worker_id(self.config.outbox_dir, self.config.worker_id)
             logs.set_worker_id(self.worker_id)
