@@ -106,10 +106,14 @@ def workers(show_all: bool, silent_after: float, as_json: bool, dsn: str | None)
 @dsn_option
 @one_line_errors
 def periodic(as_json: bool, dsn: str | None) -> None:
-    """Periodic schedules seen by workers, with the last tick each enqueued."""
+    """Periodic schedules workers checked in the last day, with the last tick each enqueued (a
+    schedule removed from the code leaves the list, and the table, a day after its last check)."""
+    from shardworker.config import WorkerConfig, duration_text
+
+    within = WorkerConfig.periodic_forget_s
     store = _store(resolve_dsn(dsn))
     try:
-        rows = store.periodic_state()
+        rows = store.periodic_state(within)
     finally:
         store.close()
     if as_json:
@@ -117,7 +121,7 @@ def periodic(as_json: bool, dsn: str | None) -> None:
                                   "updated_at": json_value(u)} for n, s, t, u in rows]).decode())
         return
     if not rows:
-        click.echo("no periodic schedules seen yet")
+        click.echo(f"no periodic schedules checked by a worker in the last {duration_text(within)}")
     for name, schedule, last_tick, _ in rows:
         click.echo(f"{name:<30} {schedule:<20} last tick {json_value(last_tick) if last_tick else '(none yet)'}")
 

@@ -84,6 +84,7 @@ class Supervisor:
         self.housekeeper = Housekeeper(PgStore(self.store_config), list(app.schedules.values()), config.retention_s,
                                        self._backoff(), retention_failed_s=config.failed_retention_s,
                                        prune_interval_s=config.prune_interval_s,
+                                       forget_schedules_s=config.periodic_forget_s,
                                        backlog_interval_s=None if config.metrics_port is None else BACKLOG_INTERVAL_S)
         self.dispatcher: Dispatcher | None = None
         self.schema_checked = False  # the database answered at startup (what database_up says until claims)
