@@ -130,6 +130,10 @@ class WorkerConfig:
     # beyond what a job queue's handler usually takes (seconds to minutes), so only a stuck
     # one reaches it. A kind that needs longer says so with timeout_s=.
     default_timeout_s: float = 1800.0
+    # How long a handler an operator cancelled while it runs may take to stop (a sync one
+    # polling job.cancelled, an async one catching CancelledError) before its child is
+    # stopped the way a timeout stops it.
+    cancel_grace_s: float = 10.0
     heartbeat_interval_s: float = 2.0
     # Watched silence before a peer rescues this worker's jobs: an hour, as peers use (1-4 h),
     # so a restart, a blip or a failover never triggers it; only a host gone for longer.
@@ -160,6 +164,9 @@ class WorkerConfig:
 
     def __post_init__(self) -> None:
         checks = [
+            *((name, getattr(self, name) >= 0, "must be >= 0") for name in (
+                "prefetch_horizon_s", "steal_after_s", "min_free_bytes", "shutdown_timeout_s", "cancel_grace_s",
+                "rescue_grace_s")),
             ("procs", self.procs >= 1, "must be >= 1"),
             ("claim_batch", self.claim_batch >= 1, "must be >= 1"),
             ("claim_bytes", self.claim_bytes >= 1, "must be >= 1"),
@@ -167,25 +174,20 @@ class WorkerConfig:
             ("flush_bytes", self.flush_bytes >= 1, "must be >= 1"),
             ("concurrency", self.concurrency >= 1, "must be >= 1"),
             ("prefetch_batch", self.prefetch_batch >= 1, "must be >= 1"),
-            ("prefetch_horizon_s", self.prefetch_horizon_s >= 0, "must be >= 0"),
             ("prefetch_max_jobs", self.prefetch_max_jobs >= 1, "must be >= 1"),
             ("prefetch_bytes", self.prefetch_bytes >= 1024, "must be >= 1024"),
-            ("steal_after_s", self.steal_after_s >= 0, "must be >= 0"),
             ("poll_interval_s", self.poll_interval_s > 0, "must be > 0"),
             ("group_commit_max_delay_s", self.group_commit_max_delay_s >= 0, "must be >= 0"),
             ("group_commit_max_records", self.group_commit_max_records >= 1, "must be >= 1"),
             ("flush_batch", self.flush_batch >= 1, "must be >= 1"),
             ("backoff_base_s", 0 < self.backoff_base_s <= self.backoff_cap_s, "must be > 0 and <= backoff_cap_s"),
-            ("min_free_bytes", self.min_free_bytes >= 0, "must be >= 0"),
             ("segment_bytes", self.segment_bytes >= 4096, "must be >= 4096"),
-            ("shutdown_timeout_s", self.shutdown_timeout_s >= 0, "must be >= 0"),
             ("default_timeout_s", 0 <= self.default_timeout_s < float("inf"), "must be >= 0 seconds (0: no limit)"),
             ("heartbeat_interval_s", self.heartbeat_interval_s > 0, "must be > 0"),
             ("rescue_after_s", self.rescue_after_s > 2 * self.heartbeat_interval_s,
              "must be more than twice heartbeat_interval_s"),
             ("rescue_after_s", self.rescue_after_s > self.shutdown_timeout_s,
              "must be longer than shutdown_timeout_s (a stopping worker must never look dead)"),
-            ("rescue_grace_s", self.rescue_grace_s >= 0, "must be >= 0"),
             ("retention_s", self.retention_s >= 0, "must be >= 0 (0 keeps every finished job)"),
             ("retention_failed_s", (self.retention_failed_s or 0) >= 0,
              "must be >= 0 (0 keeps every failed and cancelled job)"),

@@ -30,9 +30,9 @@ from shardworker.views import JobInfo, LinkInfo, StepInfo
 STATUSES = ("waiting", "queued", "running", "done", "failed", "cancelled")
 STEPS_SHOWN = 50  # steps listed on a job's page (`jobs show` without --json, the dashboard); a job may hold 10,000
 _WHO = {"retry": "only failed or cancelled jobs can be retried",
-        "cancel": "only queued or waiting jobs can be cancelled",
+        "cancel": "only queued, waiting or running jobs can be cancelled",
         "delete": "any job but a running one can be deleted"}
-_ALLOWED = {"retry": ("failed", "cancelled"), "cancel": ("queued", "waiting"),
+_ALLOWED = {"retry": ("failed", "cancelled"), "cancel": ("queued", "waiting", "running"),
             "delete": ("waiting", "queued", "done", "failed", "cancelled")}
 
 
@@ -152,8 +152,10 @@ def retry_failed(conn_or_dsn: Any, *, kind: str | None = None, queue: str | None
 
 
 def cancel(conn_or_dsn: Any, job_ids: Sequence[int]) -> int:
-    """Cancel queued or waiting jobs, and (transitively) the jobs waiting on them; how many
-    of ``job_ids``."""
+    """Cancel queued, waiting or running jobs, and (transitively) the jobs waiting on them;
+    how many of ``job_ids``. A running job ends ``cancelled`` at once: its worker stops the
+    handler (an ``async def`` one is cancelled, a sync one sees ``job.cancelled``; past the
+    worker's ``--cancel-grace`` its child is stopped), and its late outcome is never applied."""
     return _change(conn_or_dsn, "cancel", job_ids)
 
 

@@ -70,6 +70,15 @@ class Job:
     _followups: Any = field(default=None, repr=False, compare=False)  # shardworker.followups.FollowUps
     # Runs of this job that used no attempt (snoozed): attempts used are attempt - snoozes.
     snoozes: int = 0
+    _cancel: Any = field(default=None, repr=False, compare=False)  # a threading.Event an operator's cancel sets
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether an operator cancelled this job while it runs (``shardworker jobs cancel``).
+        A cheap check to poll in a long sync or threaded handler: return (or raise) soon
+        after it turns True; past the worker's ``--cancel-grace`` the child is stopped. An
+        ``async def`` handler is cancelled at its next ``await`` instead."""
+        return self._cancel is not None and self._cancel.is_set()
 
     def step(self, name: str, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)``'s result, computed once for this job whatever attempt asks."""
@@ -116,13 +125,14 @@ class ClaimedJob:
         """What it holds in memory and on a pipe, near enough: its JSON texts' lengths."""
         return len(self.payload_json) + len(self.steps_json or "") + len(self.dependencies_json or "")
 
-    def to_job(self, steps: Any = None, followups: Any = None) -> Job:
+    def to_job(self, steps: Any = None, followups: Any = None, cancel: Any = None) -> Job:
         """The handler's view; ``steps`` runs its ``job.step`` calls (``shardworker.child.steps``),
-        ``followups`` keeps its ``job.enqueue`` calls (``shardworker.followups``)."""
+        ``followups`` keeps its ``job.enqueue`` calls (``shardworker.followups``), ``cancel``
+        (an Event) tells ``job.cancelled``."""
         dependencies = {} if self.dependencies_json is None else {
             int(key): value for key, value in loads_exact(self.dependencies_json).items()}
         return Job(self.id, self.kind, self.queue, loads_exact(self.payload_json), self.attempt,
-                   self.max_attempts, steps, dependencies, followups, self.snoozes)
+                   self.max_attempts, steps, dependencies, followups, self.snoozes, cancel)
 
 
 class Claim(NamedTuple):
@@ -204,8 +214,8 @@ class StepRecord:
 @dataclass(frozen=True, slots=True)
 class ApplyResult:
     """What one batch of outcomes did: applied, replayed (already applied), stale (its
-    attempt lost its lease), missing (its job does not exist in this database); and how
-    many step results it inserted."""
+    attempt lost its lease), missing (its job does not exist in this database), cancelled
+    (an operator cancelled its job while it ran); and how many step results it inserted."""
 
     applied: int = 0
     replayed: int = 0
@@ -214,8 +224,10 @@ class ApplyResult:
     missing_ids: tuple[int, ...] = ()
     steps: int = 0  # step results inserted (not those already recorded, or of jobs not here)
     followups: int = 0  # follow-up jobs inserted
+    cancelled_ids: tuple[int, ...] = ()  # not applied: an operator cancelled the job while the attempt ran
 
     def __add__(self, other: ApplyResult) -> ApplyResult:
         return ApplyResult(self.applied + other.applied, self.replayed + other.replayed, self.stale + other.stale,
                            self.stale_ids + other.stale_ids, self.missing_ids + other.missing_ids,
-                           self.steps + other.steps, self.followups + other.followups)
+                           self.steps + other.steps, self.followups + other.followups,
+                           self.cancelled_ids + other.cancelled_ids)

@@ -56,6 +56,13 @@ class Recall:
 
 
 @dataclass(frozen=True, slots=True)
+class CancelJobs:
+    """An operator cancelled these jobs while the child holds them: stop or never start them."""
+
+    jobs: tuple[JobKey, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Done:
     finished: tuple[JobKey, ...]
     stats: dict[str, list[float]] | None = None  # the commit's outcomes by kind (metrics.summarize)
@@ -76,7 +83,7 @@ class Fatal:
     message: str
 
 
-Message = Jobs | Recall | Stop | Done | Returned | Stopped | Fatal
+Message = Jobs | Recall | CancelJobs | Stop | Done | Returned | Stopped | Fatal
 
 
 def encode(msg: Message) -> bytes:
@@ -93,6 +100,8 @@ def encode(msg: Message) -> bytes:
         return orjson.dumps(["stopped", msg.unstarted])
     if isinstance(msg, Recall):
         return b'["recall"]'
+    if isinstance(msg, CancelJobs):
+        return orjson.dumps(["cancel", msg.jobs])
     if isinstance(msg, Fatal):
         return orjson.dumps(["fatal", msg.message])
     return b'["stop"]'
@@ -113,6 +122,8 @@ def decode(data: bytes) -> Message:
         return Returned(tuple((int(i), int(a)) for i, a in body))
     if tag == "recall":
         return Recall()
+    if tag == "cancel":
+        return CancelJobs(tuple((int(i), int(a)) for i, a in body))
     if tag == "fatal":
         return Fatal(str(body))
     if tag == "stop":

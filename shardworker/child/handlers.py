@@ -12,9 +12,11 @@ SystemExit) escape, and end the child.
 from __future__ import annotations
 
 import asyncio
+import threading
 import traceback
 
 from shardworker.app import App, HandlerSpec
+from shardworker.child.cancels import OPERATOR_CANCEL
 from shardworker.child.followups import FollowUps
 from shardworker.child.results import Unstorable, storable_json
 from shardworker.child.steps import AsyncSteps, StepLog, SyncSteps
@@ -23,18 +25,20 @@ from shardworker.limits import MAX_PAYLOAD_BYTES
 from shardworker.model import ClaimedJob, Outcome
 
 
-def run_sync(app: App, job: ClaimedJob, steps: StepLog | None = None) -> Outcome:
-    """Run a sync handler to its end (timeouts of sync handlers are the parent's to enforce);
-    ``steps`` runs its ``job.step`` calls."""
+def run_sync(app: App, job: ClaimedJob, steps: StepLog | None = None,
+             cancel: threading.Event | None = None) -> Outcome:
+    """Run a sync handler to its end (timeouts of sync handlers, and cancels it does not
+    heed, are the parent's to enforce); ``steps`` runs its ``job.step`` calls, ``cancel``
+    is its ``job.cancelled`` (already set: the handler is not called)."""
     spec = app.handlers.get(job.kind)
     if spec is None:
         return unknown_kind(job)
-    refused = payload_refused(job)
+    refused = payload_refused(job) or cancelled_before(job, cancel)
     if refused is not None:
         return refused
     followups = FollowUps()
     try:
-        result = spec.fn(job.to_job(None if steps is None else SyncSteps(steps), followups))
+        result = spec.fn(job.to_job(None if steps is None else SyncSteps(steps), followups, cancel))
     except JobControl as control:
         return step_misuse(spec, job, steps) or controlled(job, control)
     except Exception as exc:
@@ -42,19 +46,29 @@ def run_sync(app: App, job: ClaimedJob, steps: StepLog | None = None) -> Outcome
     return step_misuse(spec, job, steps) or success(job, result, followups)
 
 
-async def run_async(app: App, job: ClaimedJob, steps: StepLog | None = None) -> Outcome:
-    """Await an ``async def`` handler; past its ``timeout_s`` it is cancelled and the attempt fails."""
+async def run_async(app: App, job: ClaimedJob, steps: StepLog | None = None,
+                    cancel: threading.Event | None = None) -> Outcome:
+    """Await an ``async def`` handler; past its ``timeout_s`` it is cancelled and the attempt
+    fails. An operator's cancel (``cancel`` set, then the task cancelled by its lane) ends
+    it as cancelled."""
     spec = app.handlers.get(job.kind)
     if spec is None:
         return unknown_kind(job)
-    refused = payload_refused(job)
+    refused = payload_refused(job) or cancelled_before(job, cancel)
     if refused is not None:
         return refused
     deadline = asyncio.timeout(spec.timeout_s)
     followups = FollowUps()
     try:
         async with deadline:
-            result = await spec.fn(job.to_job(None if steps is None else AsyncSteps(steps), followups))
+            result = await spec.fn(job.to_job(None if steps is None else AsyncSteps(steps), followups, cancel))
+    except asyncio.CancelledError:
+        if cancel is None or not cancel.is_set():
+            raise  # the loop is going away, not an operator's cancel
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        return Outcome.cancelled(job.id, job.attempt, OPERATOR_CANCEL)
     except TimeoutError as exc:
         expired = f"timed out after {spec.timeout_s:g}s" if deadline.expired() else None
         return failure(spec, job, exc, error=expired)  # else the handler's own TimeoutError
@@ -71,6 +85,13 @@ def step_misuse(spec: HandlerSpec, job: ClaimedJob, steps: StepLog | None) -> Ou
     if steps is None or steps.error is None:
         return None
     return failure(spec, job, steps.error)
+
+
+def cancelled_before(job: ClaimedJob, cancel: threading.Event | None) -> Outcome | None:
+    """The outcome of a job an operator cancelled before its handler started: it never starts."""
+    if cancel is None or not cancel.is_set():
+        return None
+    return Outcome.cancelled(job.id, job.attempt, OPERATOR_CANCEL)
 
 
 def unknown_kind(job: ClaimedJob) -> Outcome:

@@ -4,11 +4,13 @@
   scales with ``--procs``).
 * ``ThreadLane(C)``: sync handlers registered with ``threads=True``, up to ``C`` at once.
 * ``AsyncLane(C)``: ``async def`` handlers on one event loop (uvloop when installed), up to
-  ``C`` at once; a handler over its ``timeout_s`` is cancelled and fails that attempt.
+  ``C`` at once; a handler over its ``timeout_s`` is cancelled and fails that attempt, one
+  an operator cancelled (``cancel(keys)``) is cancelled and ends cancelled.
 
 A lane calls ``on_start(slot, job)`` when a handler starts and ``on_done(slot, job,
 outcome, started_at, steps)`` when it has an outcome (``steps``: the run's ``StepLog``, made
-by ``steps_for(job)``); both run on the lane's thread. ``withdraw()``
+by ``steps_for(job)``); both run on the lane's thread. A handler sees its job's flag in
+``cancels`` (``shardworker.child.cancels``) as ``job.cancelled``. ``withdraw()``
 takes back the jobs submitted and not started (the lane goes on with the next it is
 given): a job is either returned or started, never both, since a job leaves the queue
 under the same lock (or on the same loop) that ``withdraw`` takes it under. ``stop()``
@@ -27,6 +29,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from shardworker.app import App
+from shardworker.child.cancels import Cancels
 from shardworker.child.handlers import run_async, run_sync
 from shardworker.child.steps import StepLog
 from shardworker.model import ClaimedJob, Outcome
@@ -41,14 +44,16 @@ class Lane(Protocol):
     def withdraw(self) -> list[tuple[int, ClaimedJob]]: ...
     def stop(self) -> list[tuple[int, ClaimedJob]]: ...
     def join(self, timeout_s: float | None = None) -> None: ...
+    def cancel(self, keys: list[tuple[int, int]]) -> None: ...
 
 
 class ThreadLane:
     """``threads`` threads taking jobs from one queue, in arrival order."""
 
     def __init__(self, app: App, threads: int, on_start: OnStart, on_done: OnDone, steps_for: StepsFor,
-                 name: str) -> None:
+                 name: str, cancels: Cancels) -> None:
         self.app, self.on_start, self.on_done, self.steps_for = app, on_start, on_done, steps_for
+        self.cancels = cancels
         self._queue: deque[tuple[int, ClaimedJob]] = deque()
         self._cond = threading.Condition()
         self._stopping = False
@@ -72,7 +77,11 @@ class ThreadLane:
             self.on_start(slot, job)
             started_at = time.monotonic()
             steps = self.steps_for(job)
-            self.on_done(slot, job, run_sync(self.app, job, steps), started_at, steps)
+            outcome = run_sync(self.app, job, steps, self.cancels.hold((job.id, job.attempt)))
+            self.on_done(slot, job, outcome, started_at, steps)
+
+    def cancel(self, keys: list[tuple[int, int]]) -> None:
+        """Nothing beyond the flags: a sync handler polls ``job.cancelled``."""
 
     def withdraw(self) -> list[tuple[int, ClaimedJob]]:
         """The jobs still queued, in order; they will not start here."""
@@ -105,8 +114,11 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 class AsyncLane:
     """One event loop on its own thread running up to ``concurrency`` handlers at once."""
 
-    def __init__(self, app: App, concurrency: int, on_start: OnStart, on_done: OnDone, steps_for: StepsFor) -> None:
+    def __init__(self, app: App, concurrency: int, on_start: OnStart, on_done: OnDone, steps_for: StepsFor,
+                 cancels: Cancels) -> None:
         self.app, self.on_start, self.on_done, self.steps_for = app, on_start, on_done, steps_for
+        self.cancels = cancels
+        self._running: dict[tuple[int, int], asyncio.Task[None]] = {}  # the tasks of started handlers
         self.loop = new_event_loop()
         self._slots = asyncio.Semaphore(concurrency)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -136,8 +148,25 @@ class AsyncLane:
             self.on_start(slot, job)
             started_at = time.monotonic()
             steps = self.steps_for(job)
-            outcome = await run_async(self.app, job, steps)
+            key = (job.id, job.attempt)
+            task = asyncio.current_task()
+            if task is not None:
+                self._running[key] = task
+            try:
+                outcome = await run_async(self.app, job, steps, self.cancels.hold(key))
+            finally:
+                self._running.pop(key, None)
             self.on_done(slot, job, outcome, started_at, steps)
+
+    def cancel(self, keys: list[tuple[int, int]]) -> None:
+        """Cancel the tasks of these jobs' running handlers (their flags are set already)."""
+        def cancel_running() -> None:
+            for key in keys:
+                task = self._running.get(key)
+                if task is not None:
+                    task.cancel()
+
+        self.loop.call_soon_threadsafe(cancel_running)
 
     def withdraw(self) -> list[tuple[int, ClaimedJob]]:
         """The jobs still waiting for a free slot; they will not start here."""

@@ -25,6 +25,7 @@ from typing import Any
 from outbox import OutboxLocked, ShardWriter, WriterConfig
 from shardworker import logs, procs, wire
 from shardworker.app import App, load_app
+from shardworker.child.cancels import OPERATOR_CANCEL, Cancels
 from shardworker.child.committer import Committer
 from shardworker.child.lanes import AsyncLane, Lane, ThreadLane
 from shardworker.child.steps import StepLog
@@ -105,6 +106,7 @@ class ShardRunner:
                                    max_bytes=config.group_commit_max_bytes,
                                    max_delay_s=config.group_commit_max_delay_s, on_fatal=self.fatal)
         self.lanes: dict[str, Lane] = {}
+        self.cancels = Cancels()
 
     def send(self, msg: wire.Message) -> None:
         with self._send_lock:
@@ -118,7 +120,12 @@ class ShardRunner:
             if isinstance(msg, wire.Jobs):
                 self.committer.expect(len(msg.jobs))
                 for job, slot in zip(msg.jobs, msg.slots, strict=True):
+                    self.cancels.hold((job.id, job.attempt))
                     self._lane(job).submit(slot, job)
+            elif isinstance(msg, wire.CancelJobs):
+                held = self.cancels.cancel(msg.jobs)
+                for lane in self.lanes.values():
+                    lane.cancel(held)
             elif isinstance(msg, wire.Recall):
                 self._recall()
         unstarted = [job for lane in self.lanes.values() for _, job in lane.stop()]
@@ -132,6 +139,7 @@ class ShardRunner:
     def _recall(self) -> None:
         """Give the parent back every job not started yet, so an idle peer can run it."""
         returned = [job for lane in self.lanes.values() for _, job in lane.withdraw()]
+        self.cancels.release((j.id, j.attempt) for j in returned)
         self.committer.forget(len(returned))
         self.send(wire.Returned(tuple((j.id, j.attempt) for j in returned)))
 
@@ -141,11 +149,12 @@ class ShardRunner:
         lane = self.lanes.get(name)
         if lane is None:
             if name == "async":
-                lane = AsyncLane(self.app, self.config.concurrency, self._started, self._finished, self._steps_for)
+                lane = AsyncLane(self.app, self.config.concurrency, self._started, self._finished, self._steps_for,
+                                 self.cancels)
             else:
                 threads = self.config.concurrency if name == "threads" else 1
                 lane = ThreadLane(self.app, threads, self._started, self._finished, self._steps_for,
-                                  f"shardworker-{name}")
+                                  f"shardworker-{name}", self.cancels)
             self.lanes[name] = lane
         return lane
 
@@ -161,6 +170,7 @@ class ShardRunner:
     def _finished(self, slot: int, job: ClaimedJob, outcome: Outcome, started_at: float, steps: StepLog) -> None:
         seconds = time.monotonic() - started_at
         self.progress.finish(slot)
+        self.cancels.release(((job.id, job.attempt),))
         label = outcome_label(job, outcome)
         replays = ((job.kind, STEP_REPLAYED, -1.0),) * steps.replayed
         self.committer.add((job.id, job.attempt), wire.encode_outcome(outcome), started_at,
@@ -192,6 +202,9 @@ def log_control(job: ClaimedJob, outcome: Outcome) -> None:
     """One line for a job its handler snoozed or cancelled."""
     if outcome.disposition is Disposition.SNOOZED:
         log.info("job %d (%s) attempt %d snoozed for %.1fs", job.id, job.kind, job.attempt, outcome.delay_s,
+                 extra=logs.job_fields(job))
+    elif outcome.error == OPERATOR_CANCEL:
+        log.info("job %d (%s) attempt %d stopped: %s", job.id, job.kind, job.attempt, OPERATOR_CANCEL,
                  extra=logs.job_fields(job))
     else:
         log.info("job %d (%s) attempt %d cancelled by its handler: %s", job.id, job.kind, job.attempt,

@@ -209,7 +209,7 @@ def retry_command(job_ids: tuple[int, ...], failed: bool, kind: str | None, queu
 @dsn_option
 @one_line_errors
 def cancel_command(job_ids: tuple[int, ...], as_json: bool, dsn: str | None) -> None:
-    """Cancel queued jobs (a running one is refused)."""
+    """Cancel queued, waiting or running jobs (a running one's handler is stopped)."""
     _change_command("cancel", job_ids, as_json, dsn)
 
 

@@ -45,6 +45,9 @@ D = WorkerConfig.default
               default=duration_text(D("default_timeout_s")), show_default=True,
               help="Timeout of every handler without its own timeout_s (90s, 30m, 2h; 0: none); a handler past "
                    "it fails that attempt (env SHARDWORKER_DEFAULT_TIMEOUT).")
+@click.option("--cancel-grace", type=Seconds(0), default=D("cancel_grace_s"), show_default=True,
+              help="Seconds a running job cancelled by an operator (jobs cancel) may take to stop before "
+                   "its child is stopped, as for a timeout.")
 @click.option("--rescue-after", type=Seconds(1), default=D("rescue_after_s"), show_default=True,
               help="Seconds of watched heartbeat silence before a peer rescues a worker's jobs "
                    "(must exceed --shutdown-timeout).")
@@ -118,6 +121,7 @@ def refuse_bad_combinations(*, rescue_after: float, shutdown_timeout: float, met
 
 def worker_config(app_ref: str, dsn: str | None, *, procs: int, outbox_dir: str, queues: str | None,
                   worker_id: str | None, exit_when_idle: bool, shutdown_timeout: float, default_timeout: float,
+                  cancel_grace: float,
                   rescue_after: float, rescue_grace: float, backoff_cap: float, network_timeout: int,
                   statement_timeout: float, min_free_mb: int, concurrency: int, prefetch: int, retention: float,
                   retention_failed: float | None, segment_bytes: int, metrics_port: int | None, metrics_host: str,
@@ -127,7 +131,7 @@ def worker_config(app_ref: str, dsn: str | None, *, procs: int, outbox_dir: str,
         dsn=resolve_dsn(dsn), embedded_db=dsn is None, app_ref=app_ref, procs=procs, outbox_dir=outbox_dir,
         queues=tuple(q.strip() for q in queues.split(",")) if queues else None, worker_id=worker_id,
         exit_when_idle=exit_when_idle, shutdown_timeout_s=shutdown_timeout, default_timeout_s=default_timeout,
-        rescue_after_s=rescue_after, rescue_grace_s=rescue_grace,
+        cancel_grace_s=cancel_grace, rescue_after_s=rescue_after, rescue_grace_s=rescue_grace,
         backoff_cap_s=backoff_cap, backoff_base_s=min(D("backoff_base_s"), backoff_cap),
         min_free_bytes=min_free_mb * MiB, network_timeout_s=network_timeout, statement_timeout_s=statement_timeout,
         connect_timeout_s=min(D("connect_timeout_s"), network_timeout), concurrency=concurrency,

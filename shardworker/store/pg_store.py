@@ -4,7 +4,8 @@ Everything outside ``shardworker.store`` talks to it in domain values (``Claimed
 ``Outcome``, ``ApplyResult``, ``WorkerInfo``) and sees ``shardworker.errors`` exceptions
 (see ``shardworker.store.connection``). The queries live by concern:
 
-* ``worker_queries``: claim, give back, apply outcomes, requeue, notifications;
+* ``worker_queries``: claim, give back, apply outcomes, requeue;
+* ``notifications``: enqueues that wake the worker, and cancels of running jobs;
 * ``worker_rows``: heartbeats and the rescue of silent workers;
 * ``housekeeping``: counts for metrics, retention, periodic ticks;
 * ``schema_queries``: migrations and doctor's probes;
@@ -18,6 +19,7 @@ from __future__ import annotations
 from shardworker.config import StoreConfig
 from shardworker.store.enqueue import EnqueueQueries
 from shardworker.store.housekeeping import HousekeepingQueries
+from shardworker.store.notifications import Notifications
 from shardworker.store.queue_queries import QueueQueries
 from shardworker.store.schema_queries import SchemaQueries, ServerState
 from shardworker.store.worker_queries import WorkerQueries
@@ -26,5 +28,6 @@ from shardworker.store.worker_rows import WorkerRows
 __all__ = ["PgStore", "ServerState", "StoreConfig"]
 
 
-class PgStore(WorkerQueries, WorkerRows, HousekeepingQueries, SchemaQueries, EnqueueQueries, QueueQueries):
+class PgStore(WorkerQueries, Notifications, WorkerRows, HousekeepingQueries, SchemaQueries, EnqueueQueries,
+              QueueQueries):
     """Job storage on one PostgreSQL connection."""

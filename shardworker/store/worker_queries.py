@@ -1,11 +1,10 @@
 """The worker's queries on its jobs: claim, give back, apply outcomes (fenced by attempt),
-requeue what it lost, and wait for enqueue notifications. ``ApplyResult`` says what a
-batch did; everything here runs on the worker's own ``Session``."""
+and requeue what it lost (notifications: ``shardworker.store.notifications``). ``ApplyResult``
+says what a batch did; everything here runs on the worker's own ``Session``."""
 
 from __future__ import annotations
 
 import contextlib
-import select
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -16,7 +15,7 @@ from shardworker import followups
 from shardworker.errors import EnqueueError, OutcomeRejected, SchemaMissing
 from shardworker.followups import DependentRow
 from shardworker.model import ApplyResult, Claim, ClaimedJob, Outcome, StepRecord
-from shardworker.store.connection import Session, first_line, is_refusal, translate_errors
+from shardworker.store.connection import Session, first_line, is_refusal
 from shardworker.store.dependencies import plan_insert, run_plan
 from shardworker.store.sql import query
 
@@ -179,8 +178,8 @@ class WorkerQueries(Session):
             # Rare: a replay after a lost checkpoint, or a stale attempt. The update above is
             # committed, so this reads the state it left.
             cur.execute(query("job_classify"), {"ids": [o.job_id for o in missed]})
-            last_applied = dict(cur.fetchall())
-        return classify(len(outcomes) - len(missed), missed, last_applied, landed, followups)
+            rows_now = {int(i): JobNow(applied, status, attempt) for i, applied, status, attempt in cur.fetchall()}
+        return classify(len(outcomes) - len(missed), missed, rows_now, landed, followups)
 
     def _apply_steps(self, steps: Sequence[StepRecord]) -> ApplyResult:
         """Steps alone: one statement."""
@@ -204,39 +203,6 @@ class WorkerQueries(Session):
         if row is None:
             raise SchemaMissing("the shardworker.instance row is missing: run `shardworker migrate`")
         return DatabaseIdentity(str(row[0]), str(row[1]), f"{info.host}:{info.port}")
-
-    # notifications -----------------------------------------------------------
-
-    @property
-    def listening(self) -> bool:
-        """Whether this connection is subscribed to enqueue notifications."""
-        return self._listening
-
-    def listen(self) -> None:
-        """Subscribe this connection to enqueue notifications."""
-        with self.cursor() as cur:
-            cur.execute(query("listen_jobs"))
-        self._listening = True
-
-    def notify_fileno(self) -> int:
-        """A descriptor that becomes readable when an enqueue notification may have arrived
-        (subscribing first); then call ``wait_notify(0)``."""
-        if not self._listening:
-            self.listen()
-        with translate_errors():
-            return self.connection().fileno()
-
-    def wait_notify(self, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` for an enqueue notification; True if one came."""
-        if not self._listening:
-            self.listen()
-        conn = self.connection()
-        with translate_errors():
-            got = any(True for _ in conn.notifies(timeout=0, stop_after=1000))
-            if got:
-                return True
-            ready, _, _ = select.select([conn.fileno()], [], [], timeout_s)
-            return bool(ready) and any(True for _ in conn.notifies(timeout=0, stop_after=1000))
 
 
 def outcome_params(outcomes: Sequence[Outcome]) -> dict[str, list[Any]]:
@@ -277,17 +243,30 @@ def insert_followups(cur: psycopg.Cursor[Any], outcomes: Sequence[Outcome], appl
     return sum(i is not None for i in run_plan(cur, plan_insert(rows, refuse_missing=False)))
 
 
-def classify(applied: int, missed: Sequence[Outcome], last_applied: dict[int, int | None],
+class JobNow(NamedTuple):
+    """A job's row as ``job_classify`` reads it, for an outcome the fenced update did not apply."""
+
+    applied_attempt: int | None
+    status: str
+    attempt: int
+
+
+def classify(applied: int, missed: Sequence[Outcome], rows: dict[int, JobNow],
              steps: int = 0, followups: int = 0) -> ApplyResult:
     """What became of the outcomes the fenced update did not apply."""
     replayed = 0
     stale: list[int] = []
     missing: list[int] = []
+    cancelled: list[int] = []
     for outcome in missed:
-        if outcome.job_id not in last_applied:
+        row = rows.get(outcome.job_id)
+        if row is None:
             missing.append(outcome.job_id)  # no such job here: the wrong database, or deleted
-        elif last_applied[outcome.job_id] == outcome.attempt:
+        elif row.applied_attempt == outcome.attempt:
             replayed += 1  # this attempt's outcome was applied before: a replay after a lost checkpoint
+        elif row.status == "cancelled" and row.attempt == outcome.attempt:
+            cancelled.append(outcome.job_id)  # an operator cancelled the job while this attempt ran
         else:
             stale.append(outcome.job_id)  # its attempt was rescued and claimed again
-    return ApplyResult(applied, replayed, len(stale), tuple(stale), tuple(missing), steps, followups)
+    return ApplyResult(applied, replayed, len(stale), tuple(stale), tuple(missing), steps, followups,
+                       tuple(cancelled))

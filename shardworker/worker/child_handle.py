@@ -161,9 +161,9 @@ class ChildHandle:
             self.sent[(job.id, job.attempt)] = Sent(job, slot, size, now)
             self.sent_bytes += size
             slots.append(slot)
-        self._put(wire.Jobs(tuple(jobs), tuple(slots)))
+        self.put(wire.Jobs(tuple(jobs), tuple(slots)))
 
-    def _put(self, msg: wire.Message) -> None:
+    def put(self, msg: wire.Message) -> None:
         with contextlib.suppress(OSError):  # the child is gone: the death check deals with it
             assert self.out is not None
             self.out.put(msg)
@@ -176,7 +176,7 @@ class ChildHandle:
     def recall(self) -> None:
         """Ask for the jobs it has not started; they come back in ``receive`` (``Returned``)."""
         self.recalling = self.saturated = True
-        self._put(wire.Recall())
+        self.put(wire.Recall())
 
     def waiting_since(self) -> tuple[float, bool] | None:
         """When the oldest sent job that has not started was sent, and whether a job sent
@@ -192,7 +192,7 @@ class ChildHandle:
 
     def request_stop(self) -> None:
         if self.out is not None:
-            self._put(wire.Stop())
+            self.put(wire.Stop())
 
     def receive(self) -> list[Sent]:
         """Read what the child reported; returns the jobs it finished."""

@@ -32,6 +32,8 @@ from shardworker.model import Claim, ClaimedJob
 from shardworker.retry import Backoff, Outage
 from shardworker.routing import shard_for
 from shardworker.wire import JobKey
+from shardworker.worker.backlog import Backlog
+from shardworker.worker.cancel_watch import CancelWatch
 from shardworker.worker.dbwatch import DatabaseWatch
 from shardworker.worker.deaths import Death
 from shardworker.worker.giveback import GiveBack
@@ -55,6 +57,8 @@ class DispatchStore(Protocol):
     def notify_fileno(self) -> int: ...
     def requeue_lost(self, worker_id: str, error: str, keep_ids: Sequence[int]) -> list[int]: ...
     def wait_notify(self, timeout_s: float) -> bool: ...
+    def take_cancelled(self) -> set[int]: ...
+    def cancelled_among(self, job_ids: Sequence[int]) -> set[int]: ...
 
 
 class Dispatcher:
@@ -72,9 +76,7 @@ class Dispatcher:
         self.next_claim_at = 0.0
         # While claims take jobs of a rate-limited kind or queue: come back every pace_s.
         self.paced_until, self.pace_s = 0.0, 0.0
-        self.flushed_base = flusher.flushed_total
-        self.acked_total = 0  # records (outcomes, steps) made durable since this dispatcher started
-        self._steps_counted = 0  # of them, the steps children reported
+        self.backlog = Backlog(config.outbox_dir, lambda: flusher.flushed_total, clock)
         self.done_total = self.claimed_total = 0
         self.pause_reason = ""
         # backlog_seen: the last claim took all it asked for (more jobs wait); woken: a notification
@@ -86,6 +88,7 @@ class Dispatcher:
         self.watch = DatabaseWatch(self.backlog, clock)
         self.giving_back = GiveBack(store, worker_id, config.outbox_dir, clock=clock,
                                     backoff=lambda: Backoff(config.backoff_base_s, min(1.0, config.backoff_cap_s)))
+        self.cancels = CancelWatch(store, pool, clock)
         self.quarantine = QuarantineWatch(config.outbox_dir, worker_id, store,
                                           lambda: [*pool.job_ids(), *parent_outcomes.waiting_ids()], clock=clock)
 
@@ -94,11 +97,12 @@ class Dispatcher:
     def run_once(self) -> bool:
         """One pass; True when the worker should exit because it is idle."""
         self.count_finished(self.pool.collect())
-        recorded = self.pool.job_counts.steps_recorded()  # step records count in the backlog too
-        self.acked_total, self._steps_counted = self.acked_total + recorded - self._steps_counted, recorded
+        self.backlog.steps_reported(self.pool.job_counts.steps_recorded())  # steps count in the backlog too
         self.settle(self.pool.check())
         self.flusher.check()
         self._settle_quarantined()
+        self.backlog.recount_if_drained(quiet=not self.pool.in_flight and self.flusher.idle)
+        self.cancels.run_once(self.db_ok)
         claimed = self._maybe_claim()
         self.watch.update(self.db_failure())
         self._log_progress()
@@ -110,7 +114,7 @@ class Dispatcher:
 
     def count_finished(self, jobs: int) -> None:
         """Jobs whose outcome is durable now (reported by a child, or settled after its death)."""
-        self.acked_total += jobs
+        self.backlog.add(jobs)
         self.done_total += jobs
 
     def settle(self, deaths: list[Death]) -> None:
@@ -118,7 +122,7 @@ class Dispatcher:
         (``shardworker.worker.blame``: the job that caused it, never a neighbour)."""
         for death in deaths:
             self.parent_outcomes.carry(death.steps)  # ahead of the outcomes below, in the same shard
-            self.acked_total += len(death.steps)
+            self.backlog.add(len(death.steps))
             charged = sum(self.parent_outcomes.fail(jobs, error) for error, jobs in death.charges().items())
             self.count_finished(death.durable + charged + self.parent_outcomes.snooze(death.snoozed))
 
@@ -130,7 +134,7 @@ class Dispatcher:
             return
         if pending is not None:
             # The quarantined outcomes will never be flushed: count the backlog afresh.
-            self.acked_total = self.flusher.flushed_total - self.flushed_base + pending
+            self.backlog.reset(pending)
 
     def db_failure(self) -> str | None:
         """Why the database was unreachable for this worker's last claim or flush; None when
@@ -142,10 +146,6 @@ class Dispatcher:
         if self.outage.unreachable and self.flusher.flushed_total == self._flushed_at_failure:
             return self.outage.unreachable
         return None
-
-    def backlog(self) -> int:
-        """Records (outcomes, steps) made durable and not yet flushed (an estimate)."""
-        return self.acked_total - (self.flusher.flushed_total - self.flushed_base)
 
     def _claim_blocker(self) -> str:
         if self.stopping():

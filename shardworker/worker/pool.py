@@ -29,6 +29,7 @@ from shardworker.jobstats import JobCounts
 from shardworker.model import ClaimedJob
 from shardworker.views import FlowCount
 from shardworker.worker import blame
+from shardworker.worker.cancelling import Cancelling
 from shardworker.worker.child_handle import ChildHandle, Sent
 from shardworker.worker.deaths import Death, Suspects, leftovers, log_death, shutdown_cause, timed_out
 from shardworker.worker.kindcaps import KindCaps
@@ -40,7 +41,8 @@ class ChildPool:
 
     def __init__(self, configs: Iterable[ChildConfig], specs: Mapping[str, HandlerSpec], *, max_jobs: int,
                  max_bytes: int, min_jobs: int | None = None, horizon_s: float = 0.0,
-                 steal_after_s: float = 0.5, at_once: int = 1, clock: Callable[[], float] = time.monotonic) -> None:
+                 steal_after_s: float = 0.5, at_once: int = 1, cancel_grace_s: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.job_counts = JobCounts()  # finished jobs by kind and outcome, as the children report them
         self.handles = [ChildHandle(config, job_counts=self.job_counts) for config in configs]
         self.specs, self.clock = specs, clock
@@ -53,6 +55,7 @@ class ChildPool:
         self._finished = 0
         self._crash_loop: CrashLoop | None = None  # raised by the next ``check``
         self.suspect_ids = Suspects()  # ids of jobs to run alone when claimed again
+        self.cancelling = Cancelling(cancel_grace_s)  # jobs an operator cancelled while held here
 
     @property
     def by_kind(self) -> collections.Counter[str]:
@@ -84,6 +87,16 @@ class ChildPool:
         """Ids of every job routed to a child and not yet reported."""
         return ([s.job.id for h in self.handles for s in h.sent.values()] + [j.id for h in self.handles for j in h.held]
                 + [j.id for h in self.handles for j in h.suspects])
+
+    def cancel(self, job_ids: Iterable[int]) -> int:
+        """Stop the held jobs among ``job_ids`` (``shardworker.worker.cancelling``); how many."""
+        wanted = set(job_ids)
+        keys = [(j.id, j.attempt) for j in self._held_jobs() if j.id in wanted]
+        self.cancelling.add(keys)
+        return len(keys)
+
+    def _held_jobs(self) -> list[ClaimedJob]:
+        return [j for h in self.handles for j in (*(s.job for s in h.sent.values()), *h.held, *h.suspects)]
 
     def cap_rooms(self) -> dict[str, int]:
         """For each kind this worker caps (``concurrency=K``), how many more of its jobs it
@@ -177,6 +190,9 @@ class ChildPool:
         if self._crash_loop is not None:
             raise self._crash_loop
         deaths, now = [], self.clock()
+        if self.cancelling:
+            self.cancelling.keep_only({(j.id, j.attempt) for j in self._held_jobs()})
+            self.cancelling.tell(self.handles, now)
         for handle in self.handles:
             if handle.restart_at is not None:
                 if now >= handle.restart_at:
@@ -185,7 +201,7 @@ class ChildPool:
                     self.sender.pump(handle)
                 continue
             if handle.alive:
-                late = timed_out(handle, self.specs, now)
+                late = timed_out(handle, self.specs, now) | self.cancelling.overdue(handle, now)
                 if not late:
                     self.sender.send_suspect(handle)
                     continue
@@ -238,12 +254,13 @@ class ChildPool:
         (id, attempt) of jobs never started (sent and returned, or never sent).
         """
         unstarted: list[wire.JobKey] = []
+        deaths: list[Death] = []
         while self.clock() < deadline and any(h.alive and not h.stopped for h in self.handles):
             reads, writes = self.wait_fds()
             procs.wait_ready(reads, writes, 0.1)
             on_finished(self._collect_only())
+            deaths += self._stop_overdue_cancels()
         on_finished(self._collect_only())
-        deaths: list[Death] = []
         for handle in self.handles:
             if handle.stopped:
                 unstarted.extend(handle.unstarted)
@@ -258,6 +275,18 @@ class ChildPool:
             handle.held.clear()
             handle.suspects.clear()
         return deaths, unstarted
+
+    def _stop_overdue_cancels(self) -> list[Death]:
+        """While stopping: a child whose cancelled handler is past its grace is stopped now."""
+        deaths = []
+        self.cancelling.tell(self.handles, self.clock())  # starts the grace of a cancel not told yet
+        for handle in self.handles:
+            late = self.cancelling.overdue(handle, self.clock()) if handle.alive and not handle.stopped else {}
+            if late:
+                procs.kill_quietly(handle.process.pid)
+                deaths.append(self._settle(handle, blame.Cause(killed=True, timed_out=late)))
+                handle.stopped, handle.unstarted = True, ()
+        return deaths
 
     def _collect_only(self) -> int:
         """``collect`` without sending more (shutting down)."""

@@ -77,7 +77,8 @@ class Supervisor:
         self.min_jobs, self.max_jobs = config.prefetch_jobs(concurrent)
         self.pool = ChildPool(self._child_configs(), app.handlers, min_jobs=self.min_jobs, max_jobs=self.max_jobs,
                               max_bytes=config.prefetch_bytes, horizon_s=config.prefetch_horizon_s,
-                              steal_after_s=config.steal_after_s, at_once=config.at_once(concurrent))
+                              steal_after_s=config.steal_after_s, at_once=config.at_once(concurrent),
+                              cancel_grace_s=config.cancel_grace_s)
         self.parent_outcomes = ParentOutcomes(config.outbox_dir, config.segment_bytes, app.handlers,
                                               self.pool.job_counts)
         self.heartbeat: Heartbeat | None = None

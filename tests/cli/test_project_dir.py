@@ -149,7 +149,7 @@ def test_an_operators_session_through_the_console_script(project: Path, pg_dsn: 
     assert ledger.count(str(failing)) == 2 and len(ledger) == 2 * 6  # the retried job twice, the rest once
 
     assert sw("jobs", "cancel", str(failing), code=1) == (
-        f"error: cannot cancel job {failing}: it is done; only queued or waiting jobs can be cancelled; "
+        f"error: cannot cancel job {failing}: it is done; only queued, waiting or running jobs can be cancelled; "
         "nothing changed\n")
     stats = json.loads(sw("stats", "--exact", "--json"))
     assert stats["total"] == {"waiting": 0, "queued": 0, "running": 0, "done": 5, "failed": 0, "cancelled": 0,

@@ -58,17 +58,22 @@ def test_retry_button_queues_a_failed_job_again(pg_dsn: str, dashboard: Dashboar
     assert f"job {job_id} queued again" in httpx.get(dashboard.url + response.headers["location"]).text
 
 
-def test_cancel_button_cancels_a_queued_job_and_refuses_a_running_one(pg_dsn: str, dashboard: Dashboard) -> None:
-    """Cancel works on a queued job; on a running one it changes nothing and says why (409)."""
-    queued, running = enqueue(pg_dsn, "count", 2)
+def test_cancel_button_cancels_a_queued_job_and_a_running_one_and_refuses_a_done_one(
+        pg_dsn: str, dashboard: Dashboard) -> None:
+    """Cancel works on a queued job and on a running one (its worker stops the handler); on a
+    done one it changes nothing and says why (409)."""
+    queued, running, done = enqueue(pg_dsn, "count", 3)
     execute(pg_dsn, "UPDATE shardworker.jobs SET status = 'running', attempt = 1, locked_by = 'w' WHERE id = %s",
             running)
+    execute(pg_dsn, "UPDATE shardworker.jobs SET status = 'done', attempt = 1 WHERE id = %s", done)
     response = post(dashboard, f"/jobs/{queued}/cancel", back="job")
     assert response.status_code == 303 and response.headers["location"] == f"/jobs/{queued}?done=cancel&job={queued}"
     assert status(pg_dsn, queued) == "cancelled"
-    refused = post(dashboard, f"/jobs/{running}/cancel", back="job")
-    assert refused.status_code == 409 and f"cannot cancel job {running}: it is running" in refused.text
-    assert status(pg_dsn, running) == "running"
+    response = post(dashboard, f"/jobs/{running}/cancel", back="job")
+    assert response.status_code == 303 and status(pg_dsn, running) == "cancelled"
+    refused = post(dashboard, f"/jobs/{done}/cancel", back="job")
+    assert refused.status_code == 409 and f"cannot cancel job {done}: it is done" in refused.text
+    assert status(pg_dsn, done) == "done"
 
 
 def test_cross_site_posts_are_refused(pg_dsn: str, dashboard: Dashboard) -> None:

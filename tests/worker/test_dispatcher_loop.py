@@ -5,125 +5,17 @@ stand-in that records what it was sent, the clock is injected. No processes."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
-
-import pytest
 
 from outbox import OutboxReader
 from shardworker import wire
-from shardworker.app import App
-from shardworker.config import WorkerConfig
 from shardworker.errors import NotConnected, TransientConflict
-from shardworker.jobstats import JobCounts
 from shardworker.layout import PARENT_SHARD
 from shardworker.model import ClaimedJob, Disposition
 from shardworker.routing import shard_for
-from shardworker.store.pg_store import PgStore, StoreConfig
 from shardworker.worker.deaths import Death
-from shardworker.worker.dispatcher import Dispatcher
-from shardworker.worker.parent_outcomes import ParentOutcomes
 from tests.flaky_store import FlakyStore
-from tests.helpers import enqueue, query
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class Children:
-    """Stands in for ``ChildPool``: keeps what it is sent; the test decides what finishes or dies."""
-
-    def __init__(self, n: int, max_jobs: int) -> None:
-        self.max_jobs, self.at_once = max_jobs, 1  # its share, and of it what one child runs at once
-        self.sent: list[dict[wire.JobKey, ClaimedJob]] = [{} for _ in range(n)]
-        self.finished = 0
-        self.deaths: list[Death] = []
-        self.job_counts = JobCounts()  # what the children's reports carried (steps recorded, for the backlog)
-        self.attempts: dict[str, int] = {}  # no handler sets max_attempts
-
-    def __len__(self) -> int:
-        return len(self.sent)
-
-    def outstanding(self, index: int) -> int:
-        return len(self.sent[index])
-
-    def target(self, index: int) -> int:
-        return self.max_jobs
-
-    def held_bytes(self) -> int:
-        return 0
-
-    def cap_rooms(self) -> dict[str, int]:
-        return {}
-
-    def run_room(self) -> int:
-        return sum(max(0, self.max_jobs - len(s)) for s in self.sent)
-
-    @property
-    def in_flight(self) -> int:
-        return sum(len(s) for s in self.sent)
-
-    def send(self, index: int, jobs: list[ClaimedJob]) -> None:
-        self.sent[index].update({(j.id, j.attempt): j for j in jobs})
-
-    def finish(self, index: int, count: int) -> None:
-        for key in list(self.sent[index])[:count]:
-            del self.sent[index][key]
-            self.finished += 1
-
-    def collect(self) -> int:
-        finished, self.finished = self.finished, 0
-        return finished
-
-    def check(self) -> list[Death]:
-        deaths, self.deaths = self.deaths, []
-        return deaths
-
-    def wait_fds(self) -> tuple[list[int], list[int]]:
-        return [], []
-
-    def job_ids(self) -> list[int]:
-        return [i for sent in self.sent for i, _ in sent]
-
-
-class Flusher:
-    """Stands in for ``FlusherHandle``: the test sets how much was flushed."""
-
-    def __init__(self) -> None:
-        self.flushed_total = 0
-        self.idle = True
-        self.failing = ""
-
-    def check(self) -> None:
-        pass
-
-
-@pytest.fixture
-def store(pg_dsn: str) -> Any:
-    s = PgStore(StoreConfig(dsn=pg_dsn, connect_timeout_s=3, statement_timeout_s=5))
-    yield FlakyStore(s)
-    s.close()
-
-
-def make(store: FlakyStore, tmp_path: Path, procs: int = 3, **config: Any) -> tuple[Dispatcher, Children, Flusher,
-                                                                                    Clock]:
-    app = App()
-    app.handler("k", retry_delay=lambda attempt: 2.5)(lambda job: None)
-    prefetch = config.pop("prefetch", 1000)
-    settings = {"claim_batch": 500, "poll_interval_s": 0.01, **config}
-    cfg = WorkerConfig(dsn="unused", app_ref="unused", procs=procs, outbox_dir=str(tmp_path), **settings)
-    children, flusher, clock = Children(procs, prefetch), Flusher(), Clock()
-    dispatcher = Dispatcher(cfg, "w1", ["k"], store, children, flusher,  # type: ignore[arg-type]
-                            ParentOutcomes(str(tmp_path), 1 << 20, app.handlers), stopping=lambda: False, clock=clock)
-    return dispatcher, children, flusher, clock
-
-
-def job_rows(dsn: str) -> list[tuple[Any, ...]]:
-    return query(dsn, "SELECT id, status, attempt, locked_by FROM shardworker.jobs ORDER BY id")
+from tests.helpers import enqueue
+from tests.worker.dispatcher_harness import job_rows, make
 
 
 def test_claimed_jobs_go_to_the_child_of_their_shard(pg_dsn: str, store: FlakyStore, tmp_path: Path) -> None:
@@ -192,22 +84,6 @@ def test_a_failed_claim_waits_out_its_backoff_on_the_injected_clock(
     assert children.in_flight == 5
 
 
-def test_claiming_pauses_while_the_flusher_is_behind(pg_dsn: str, store: FlakyStore, tmp_path: Path) -> None:
-    """With more than max_backlog outcomes durable but not flushed, nothing is claimed until it catches up."""
-    enqueue(pg_dsn, "k", 40)
-    dispatcher, children, flusher, _ = make(store, tmp_path, procs=1, max_backlog=10, claim_batch=20,
-                                            prefetch=20)
-    dispatcher.run_once()
-    children.finish(0, 20)
-    dispatcher.run_once()  # counts 20 finished: the backlog is 20 > 10
-    claimed = dispatcher.claimed_total
-    dispatcher.run_once()
-    assert dispatcher.claimed_total == claimed and "behind" in dispatcher.pause_reason
-    flusher.flushed_total = 20
-    dispatcher.run_once()
-    assert dispatcher.claimed_total == 40
-
-
 def test_a_dead_childs_lost_jobs_fail_in_the_parents_shard(pg_dsn: str, store: FlakyStore, tmp_path: Path) -> None:
     """Started jobs a dead child left without an outcome get a failure (with the handler's retry
     delay) written durably to the parent's shard, and count as finished."""
@@ -235,21 +111,6 @@ def test_give_back_releases_unstarted_jobs(pg_dsn: str, store: FlakyStore, tmp_p
     assert dispatcher.give_back(keys[:4], deadline=dispatcher.clock() + 30) == 4
     states = [r[1:3] for r in job_rows(pg_dsn)]
     assert states.count(("queued", 0)) == 4 and states.count(("running", 1)) == 2
-
-
-def test_exit_when_idle_once_nothing_is_due_or_held(pg_dsn: str, store: FlakyStore, tmp_path: Path) -> None:
-    """With exit_when_idle, run_once says stop only when no job is due or in flight and the outbox is empty."""
-    enqueue(pg_dsn, "k", 2)
-    dispatcher, children, flusher, clock = make(store, tmp_path, procs=1, exit_when_idle=True)
-    assert dispatcher.run_once() is False  # claims the two
-    clock.now += 1
-    assert dispatcher.run_once() is False  # they are in flight
-    children.finish(0, 2)
-    query(pg_dsn, "UPDATE shardworker.jobs SET status = 'done', locked_by = NULL RETURNING id")
-    dispatcher.run_once()
-    flusher.flushed_total = 2
-    clock.now += 1
-    assert dispatcher.run_once() is True
 
 
 def test_the_database_is_back_once_the_flusher_applies_even_while_claims_wait(

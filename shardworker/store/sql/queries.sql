@@ -264,9 +264,10 @@ ON CONFLICT (job_id, name) DO NOTHING;
 
 -- job_classify --
 -- For outcomes that matched no running attempt: which attempt's outcome each job last
--- applied (equal to the outcome's attempt means a harmless replay; otherwise stale). A job
+-- applied (equal to the outcome's attempt means a harmless replay; otherwise stale, or
+-- cancelled while that attempt ran when the job is cancelled at that attempt). A job
 -- missing from the result does not exist in this database.
-SELECT id, applied_attempt FROM shardworker.jobs WHERE id = ANY(%(ids)s::bigint[]);
+SELECT id, applied_attempt, status, attempt FROM shardworker.jobs WHERE id = ANY(%(ids)s::bigint[]);
 
 -- job_release --
 -- Give back claimed jobs whose handler never started: the claim is undone, attempt too.
@@ -338,8 +339,9 @@ DROP TABLE shardworker_stage;
 SELECT pg_notify('shardworker_jobs', '');
 
 -- listen_jobs --
--- Subscribe to enqueue notifications.
+-- Subscribe to enqueue notifications, and to the cancels of running jobs (job_cancel).
 LISTEN shardworker_jobs;
+LISTEN shardworker_cancel;
 
 -- job_stats --
 -- Job counts by queue and status.
@@ -543,19 +545,35 @@ WHERE status = 'failed'
 ORDER BY id FOR UPDATE;
 
 -- job_cancel --
--- Cancel queued or waiting jobs: they will never be claimed (job_dependents_cancel then
--- cancels the jobs waiting on them). Announced as job_apply_outcomes does.
-WITH cancelled AS (
-    UPDATE shardworker.jobs
-    SET status = 'cancelled', finished_at = now(), rescued_attempt = NULL, updated_at = now()
-    WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('queued', 'waiting')
-    RETURNING id
+-- Cancel queued, waiting or running jobs: they will never be claimed again (job_dependents_cancel
+-- then cancels the jobs waiting on them). A running one's attempt then matches no row that
+-- job_apply_outcomes applies to, so whatever outcome it ends with is fenced out; its worker is
+-- told on shardworker_cancel (ids comma-separated) to stop the handler. Announced as
+-- job_apply_outcomes does.
+WITH target AS (
+    SELECT id, status AS was FROM shardworker.jobs
+    WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('queued', 'waiting', 'running')
+    FOR UPDATE
+), cancelled AS (
+    UPDATE shardworker.jobs j
+    SET status = 'cancelled', finished_at = now(), rescued_attempt = NULL, locked_by = NULL, updated_at = now()
+    FROM target t WHERE j.id = t.id
+    RETURNING j.id, t.was
 ), announced AS (
     SELECT pg_notify('shardworker_finished', string_agg(id::text, ','))
     FROM (SELECT id, (row_number() OVER ()) / 300 AS chunk FROM cancelled) c
     GROUP BY chunk
+), stopped AS (
+    SELECT pg_notify('shardworker_cancel', string_agg(id::text, ','))
+    FROM (SELECT id, (row_number() OVER ()) / 300 AS chunk FROM cancelled WHERE was = 'running') c
+    GROUP BY chunk
 )
-SELECT id FROM cancelled WHERE (SELECT count(*) FROM announced) >= 0;
+SELECT id FROM cancelled WHERE (SELECT count(*) FROM announced) + (SELECT count(*) FROM stopped) >= 0;
+
+-- job_cancelled_among --
+-- Which of the jobs a worker holds an operator cancelled (the poll behind shardworker_cancel,
+-- for a notification missed while the worker's connection was away).
+SELECT id FROM shardworker.jobs WHERE id = ANY(%(ids)s::bigint[]) AND status = 'cancelled';
 
 -- queue_delete --
 -- Delete every job of one queue (the outage demo's fresh start, on its own database).

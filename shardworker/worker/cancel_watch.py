@@ -1,0 +1,56 @@
+"""Running jobs an operator cancelled, found for the pool to stop (``shardworker jobs cancel``).
+
+``job_cancel`` notifies ``shardworker_cancel`` with the ids of the running jobs it
+cancelled; the claim connection LISTENs and keeps them for ``take_cancelled``, so a cancel
+reaches the handler within a pass. A notification can be missed (the connection was away,
+or a transaction pooler sits in between), so every ``POLL_S`` the worker also asks which of
+the jobs it holds are cancelled.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from shardworker.errors import StoreError
+
+POLL_S = 2.0
+
+log = logging.getLogger(__name__)
+
+
+class CancelStore(Protocol):
+    def take_cancelled(self) -> set[int]: ...
+    def cancelled_among(self, job_ids: Sequence[int]) -> set[int]: ...
+
+
+class CancelPool(Protocol):
+    @property
+    def in_flight(self) -> int: ...
+    def job_ids(self) -> list[int]: ...
+    def cancel(self, job_ids: set[int]) -> int: ...
+
+
+class CancelWatch:
+    """Hands the pool the ids of the jobs it holds that an operator cancelled."""
+
+    def __init__(self, store: CancelStore, pool: CancelPool, clock: Callable[[], float] = time.monotonic,
+                 poll_s: float = POLL_S) -> None:
+        self.store, self.pool, self.clock, self.poll_s = store, pool, clock, poll_s
+        self._poll_at = clock() + poll_s
+
+    def run_once(self, db_ok: bool) -> None:
+        ids = self.store.take_cancelled()
+        now = self.clock()
+        if db_ok and now >= self._poll_at and self.pool.in_flight:
+            self._poll_at = now + self.poll_s
+            try:
+                ids |= self.store.cancelled_among(self.pool.job_ids())
+            except StoreError as exc:  # the claims tell of the database; try at the next poll
+                log.debug("cancelled jobs not polled: %s", exc)
+        if ids:
+            held = self.pool.cancel(ids)
+            if held:
+                log.info("%d jobs held here were cancelled by an operator; stopping them", held)

@@ -1,0 +1,141 @@
+"""`shardworker jobs cancel` on a running job, through a real worker and the console script:
+an async handler's task is cancelled, a threaded one sees job.cancelled, a sync one that
+ignores it is stopped after --cancel-grace; the job ends cancelled, nothing runs twice, and
+the attempt's late outcome never overwrites the cancel, even after waiting out an outage
+in the outbox. Each handler appends its runs to a ledger it fsyncs (tests/apps/cancel_app.py)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from shardworker import jobs
+from shardworker.store.embedded import EmbeddedPostgres
+from tests.helpers import enqueue, exit_code, query, runs, start_worker, wait_for, worker_env, worker_log
+
+FAST = ("--backoff-cap", "0.2")
+
+
+def stopped(count_dir: Path) -> list[str]:
+    """The "job_id how" lines the handlers wrote when they noticed their cancel."""
+    return [line for path in count_dir.glob("stopped-*.log") for line in path.read_text().splitlines() if line]
+
+
+def row(dsn: str, job_id: int) -> tuple[Any, ...]:
+    return query(dsn, "SELECT status, result, attempt FROM shardworker.jobs WHERE id = %s", job_id)[0]
+
+
+def cancel_cli(dsn: str, job_id: int, count_dir: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "shardworker", "jobs", "cancel", str(job_id), "--dsn", dsn],
+                          env=worker_env(count_dir), capture_output=True, text=True, timeout=60)
+
+
+def started(count_dir: Path, job_id: int) -> bool:
+    return any(j == job_id for j, _ in runs(count_dir))
+
+
+def test_an_async_handler_cancelled_while_running_is_cancelled_and_the_worker_goes_on(
+        pg_dsn: str, tmp_path: Path) -> None:
+    counts = tmp_path / "counts"
+    counts.mkdir()
+    [long] = enqueue(pg_dsn, "async_long", 1, {"sleep": 60})
+    proc = start_worker(pg_dsn, tmp_path / "outbox", counts, *FAST, procs=1, app="cancel_app")
+    wait_for(lambda: started(counts, long), 30, "the handler running")
+    done = cancel_cli(pg_dsn, long, counts)
+    assert done.returncode == 0, done.stderr
+    assert row(pg_dsn, long)[0] == "cancelled"  # at once, whatever the worker does next
+    wait_for(lambda: f"{long} async" in stopped(counts), 15, "the handler's task cancelled")
+    quick = enqueue(pg_dsn, "quick", 5, {"n": 1})
+    wait_for(lambda: all(row(pg_dsn, i)[0] == "done" for i in quick), 30, "the worker going on")
+    proc.send_signal(signal.SIGTERM)
+    assert exit_code(proc, 60, counts) == 0, worker_log(counts)
+    assert row(pg_dsn, long) == ("cancelled", None, 1)
+    assert runs(counts)[(long, 1)] == 1 and sum(runs(counts).values()) == 6
+    assert "stale outcomes" not in worker_log(counts)
+
+
+def test_a_threaded_handler_sees_job_cancelled_and_its_result_is_not_applied(pg_dsn: str, tmp_path: Path) -> None:
+    """Cancelled through the Python API; the handler returns a result once it sees
+    job.cancelled, and that result is kept aside, never applied over the cancel."""
+    counts = tmp_path / "counts"
+    counts.mkdir()
+    [polite] = enqueue(pg_dsn, "polite", 1, {"sleep": 60})
+    proc = start_worker(pg_dsn, tmp_path / "outbox", counts, *FAST, procs=1, app="cancel_app")
+    wait_for(lambda: started(counts, polite), 30, "the handler running")
+    assert jobs.cancel(pg_dsn, [polite]) == 1
+    wait_for(lambda: f"{polite} polled" in stopped(counts), 15, "the handler seeing job.cancelled")
+    proc.send_signal(signal.SIGTERM)
+    assert exit_code(proc, 60, counts) == 0, worker_log(counts)
+    assert row(pg_dsn, polite) == ("cancelled", None, 1)
+    assert runs(counts)[(polite, 1)] == 1
+    kept = (tmp_path / "outbox" / "stale.jsonl").read_text()
+    assert f'"job_id":{polite}' in kept and "cancelled while it ran" in kept
+
+
+def test_a_sync_handler_that_ignores_the_cancel_is_stopped_after_the_grace(pg_dsn: str, tmp_path: Path) -> None:
+    """Its child is stopped as a timeout stops it; the job is not run again, and the jobs
+    behind it in the same child run once the child is back."""
+    counts = tmp_path / "counts"
+    counts.mkdir()
+    [stubborn] = enqueue(pg_dsn, "stubborn", 1, {"sleep": 60})
+    proc = start_worker(pg_dsn, tmp_path / "outbox", counts, *FAST, "--cancel-grace", "1", procs=1,
+                        app="cancel_app")
+    wait_for(lambda: started(counts, stubborn), 30, "the handler running")
+    behind = enqueue(pg_dsn, "quick", 3, {"n": 2})
+    assert cancel_cli(pg_dsn, stubborn, counts).returncode == 0
+    wait_for(lambda: "did not stop within 1s" in worker_log(counts), 30, "the child stopped after the grace")
+    wait_for(lambda: all(row(pg_dsn, i)[0] == "done" for i in behind), 30, "the jobs behind it")
+    proc.send_signal(signal.SIGTERM)
+    assert exit_code(proc, 60, counts) == 0, worker_log(counts)
+    assert row(pg_dsn, stubborn) == ("cancelled", None, 1)
+    assert runs(counts)[(stubborn, 1)] == 1 and (stubborn, 2) not in runs(counts)
+
+
+def test_a_stop_does_not_wait_out_the_shutdown_timeout_for_a_cancelled_handler(pg_dsn: str, tmp_path: Path) -> None:
+    """SIGTERM right after the cancel: the child is stopped at the grace, not at --shutdown-timeout."""
+    counts = tmp_path / "counts"
+    counts.mkdir()
+    [stubborn] = enqueue(pg_dsn, "stubborn", 1, {"sleep": 60})
+    proc = start_worker(pg_dsn, tmp_path / "outbox", counts, *FAST, "--cancel-grace", "1", procs=1,
+                        app="cancel_app")
+    wait_for(lambda: started(counts, stubborn), 30, "the handler running")
+    assert cancel_cli(pg_dsn, stubborn, counts).returncode == 0
+    wait_for(lambda: "stopping them" in worker_log(counts), 15, "the worker told of the cancel")
+    proc.send_signal(signal.SIGTERM)
+    assert exit_code(proc, 15, counts) == 0, worker_log(counts)
+    assert row(pg_dsn, stubborn) == ("cancelled", None, 1)
+
+
+def test_a_late_outcome_that_waited_out_an_outage_never_overwrites_the_cancel(
+        private_pg: EmbeddedPostgres, tmp_path: Path) -> None:
+    """Cancelled while it runs; the database goes away; the handler (which ignores the cancel,
+    within a long grace) finishes and its outcome waits in the outbox; the database returns,
+    the outbox drains, and the job is still cancelled, its result not applied."""
+    dsn, counts = private_pg.dsn, tmp_path / "counts"
+    counts.mkdir()
+    [stubborn] = enqueue(dsn, "stubborn", 1, {"sleep": 3})
+    [other] = enqueue(dsn, "quick", 1, {"n": 3})
+    proc = start_worker(dsn, tmp_path / "outbox", counts, *FAST, "--cancel-grace", "120", procs=1,
+                        app="cancel_app")
+    wait_for(lambda: started(counts, stubborn), 30, "the handler running")
+    assert jobs.cancel(dsn, [stubborn]) == 1
+    private_pg.stop("immediate")
+
+    def outcome_waiting() -> bool:
+        if not list(counts.glob("finished-*.log")):
+            return False
+        out = subprocess.run([sys.executable, "-m", "shardworker", "outbox", "status", "--json", "--outbox-dir",
+                              str(tmp_path / "outbox")], env=worker_env(counts), capture_output=True, text=True)
+        return int(json.loads(out.stdout)["pending"]) >= 1
+
+    wait_for(outcome_waiting, 30, "the handler's outcome waiting in the outbox")
+    private_pg.start()
+    proc.send_signal(signal.SIGTERM)
+    assert exit_code(proc, 90, counts) == 0, worker_log(counts)
+    assert row(dsn, stubborn) == ("cancelled", None, 1)
+    assert row(dsn, other)[0] == "done"
+    assert runs(counts)[(stubborn, 1)] == 1 and sum(runs(counts).values()) == 2
