@@ -147,6 +147,10 @@ class WorkerConfig:
     # failed_retention_s.
     retention_failed_s: float | None = None
     prune_interval_s: float = 60.0
+    # A periodic schedule no worker has checked for this long (removed from the code, or every
+    # worker that declares it down) leaves `shardworker periodic`, and housekeeping forgets its
+    # row: if it comes back, its ticks start afresh instead of catching up.
+    periodic_forget_s: float = 86400.0
     connect_timeout_s: int = StoreConfig.connect_timeout_s
     statement_timeout_s: float = StoreConfig.statement_timeout_s
     network_timeout_s: int = StoreConfig.network_timeout_s

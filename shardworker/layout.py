@@ -3,7 +3,8 @@
 The ``outbox`` package owns its segments, shard locks, ``flusher.lock``, the checkpoint,
 ``torn/`` and ``quarantine/``. shardworker adds::
 
-    worker.lock      held (flock) by the worker running on this directory, or a drain
+    worker.lock      held (flock) by the worker running on this directory, or a drain;
+                     holds {"pid", "role"} of the holder, for the refusal of a second one
     worker-id        the id the worker last ran under (the default for --worker-id)
     shard-9999-*     the parent's own shard: outcomes it decides for dead children
     database.json    the database this outbox is bound to (its instance id and name)
@@ -41,13 +42,38 @@ GIVEBACK_FILE = "giveback.json"
 PARENT_SHARD = 9999  # above any child's shard: --procs is capped below it
 
 
-def lock_outbox(directory: str) -> int:
-    """Take the directory's worker lock (held for the worker's life); ``OutboxBusy`` if held."""
+# What to do when the outbox is in use, by (holder, the one refused): "worker" or "drain".
+_IN_USE_ADVICE = {
+    ("worker", "worker"): "give each worker an --outbox-dir of its own, or stop that one first",
+    ("worker", "drain"): "a running worker applies its outbox itself: drain it once that worker has stopped",
+    ("drain", "worker"): "start the worker once the drain has ended",
+    ("drain", "drain"): "wait for that drain to end",
+}
+_HOLDERS = {"worker": "a worker", "drain": "`outbox drain`"}
+
+
+def lock_outbox(directory: str, role: str) -> int:
+    """Take the directory's worker lock (held for the worker's or drain's life, ``role`` being
+    which) and write our pid and role in it; ``OutboxBusy`` naming the holder's if held."""
     ensure_dir(directory)
-    fd = try_lock(os.path.join(directory, WORKER_LOCK))
+    path = os.path.join(directory, WORKER_LOCK)
+    fd = try_lock(path)
     if fd is None:
-        raise OutboxBusy(f"another worker or `outbox drain` holds the outbox {directory}")
+        raise OutboxBusy(_in_use(directory, path, role))
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, orjson.dumps({"pid": os.getpid(), "role": role}), 0)
     return fd
+
+
+def _in_use(directory: str, path: str, role: str) -> str:
+    """The refusal: who holds the outbox (its pid, from the lock file) and what to do."""
+    try:
+        holder = orjson.loads(read_small(path))
+        pid, held_by = int(holder["pid"]), str(holder["role"])
+    except (OSError, ValueError, TypeError, KeyError):  # written by a version before pids, or just being written
+        pid, held_by = None, ""
+    who = f"{_HOLDERS[held_by]} (pid {pid})" if held_by in _HOLDERS else "another worker or `outbox drain`"
+    return f"--outbox-dir {directory} is in use by {who}; {_IN_USE_ADVICE[held_by or 'worker', role]}"
 
 
 def resolve_worker_id(directory: str, given: str | None) -> str:

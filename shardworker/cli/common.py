@@ -28,6 +28,8 @@ outbox_dir_option = click.option("--outbox-dir", envvar="SHARDWORKER_OUTBOX_DIR"
                                  show_default=True, help="Outbox directory (env SHARDWORKER_OUTBOX_DIR).")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 
+EMBEDDED_BASE = ".shardworker"  # the embedded server's directory, in the current directory
+
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 # The longest duration or timeout any option takes: far beyond any retention, look-back or
 # wait, and inside what everything downstream holds: Python's timedelta (999,999,999 days),
@@ -126,15 +128,17 @@ def _fail(message: str) -> None:
     sys.exit(1)
 
 
-def resolve_dsn(dsn: str | None, *, migrate: bool = True) -> str:
-    """The given DSN, or the embedded server's (started if needed, migrated)."""
+def resolve_dsn(dsn: str | None, *, migrate: bool = True, start: bool = True) -> str:
+    """The given DSN, or the embedded server's (migrated; created and started when ``start``,
+    else an ``EmbeddedNotRunning`` error that says how to start it: a command that only reads
+    leaves a stopped server stopped)."""
     if dsn:
         return dsn
     from shardworker.dsn import redact_dsn
-    from shardworker.store.embedded import ensure_embedded
+    from shardworker.store.embedded import ensure_embedded, running_embedded
     from shardworker.store.migrate import apply_migrations
 
-    dsn = ensure_embedded(".shardworker")
+    dsn = ensure_embedded(EMBEDDED_BASE) if start else running_embedded(EMBEDDED_BASE)
     note(f"using embedded PostgreSQL {redact_dsn(dsn)} (data in .shardworker/)")
     if migrate:
         apply_migrations(dsn)

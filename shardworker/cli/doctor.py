@@ -3,17 +3,22 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
 import click
 import orjson
 
-from shardworker.cli.common import dsn_option, json_option, one_line_errors, outbox_dir_option, resolve_dsn
+from shardworker.cli.common import (
+    EMBEDDED_BASE,
+    dsn_option,
+    json_option,
+    one_line_errors,
+    outbox_dir_option,
+    resolve_dsn,
+)
 from shardworker.config import WorkerConfig
 
 _MiB = 1024 * 1024
-EMBEDDED_DATA = os.path.join(".shardworker", "pgdata")
 
 
 @click.command()
@@ -30,9 +35,9 @@ def doctor(ctx: click.Context, outbox_dir: str, min_free_mb: int, as_json: bool,
 
     given = ctx.get_parameter_source("outbox_dir") in (click.core.ParameterSource.COMMANDLINE,
                                                       click.core.ParameterSource.ENVIRONMENT)
-    checked, dsn_error = _doctor_dsn(dsn)
+    checked, dsn_error, dsn_action = _doctor_dsn(dsn)
     checks = diagnose(checked, outbox_dir, outbox_dir_given=given, min_free_bytes=min_free_mb * _MiB,
-                      embedded=not dsn, dsn_error=dsn_error)
+                      embedded=not dsn, dsn_error=dsn_error, dsn_action=dsn_action)
     failing = needs_action(checks)
     if as_json:
         click.echo(orjson.dumps({"needs_action": failing, "checks": [c.as_json() for c in checks]}).decode())
@@ -47,16 +52,17 @@ def doctor(ctx: click.Context, outbox_dir: str, min_free_mb: int, as_json: bool,
         sys.exit(1)
 
 
-def _doctor_dsn(dsn: str | None) -> tuple[str | None, str | None]:
-    """The DSN to check, or None and why: without --dsn, the embedded server only when one was
-    set up here (doctor never creates a server, and never migrates one)."""
+def _doctor_dsn(dsn: str | None) -> tuple[str | None, str | None, str | None]:
+    """The DSN to check, or None, why and what to do: without --dsn, the embedded server only
+    while it runs (doctor never creates or starts a server, and never migrates one)."""
     from shardworker.errors import ShardworkerError
+    from shardworker.store.embedded import EmbeddedNotRunning
 
     if dsn:
-        return dsn, None
-    if not os.path.isdir(EMBEDDED_DATA):
-        return None, "no --dsn (or SHARDWORKER_DSN) and no embedded server under .shardworker/"
+        return dsn, None, None
     try:
-        return resolve_dsn(None, migrate=False), None
+        return resolve_dsn(None, migrate=False, start=False), None, None
+    except EmbeddedNotRunning as exc:
+        return None, exc.state, exc.hint
     except ShardworkerError as exc:
-        return None, f"the embedded server under .shardworker/ does not start: {exc}"
+        return None, f"the embedded server under {EMBEDDED_BASE}/ cannot be used: {exc}", None

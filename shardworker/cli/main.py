@@ -67,13 +67,19 @@ def main(ctx: click.Context, verbose: bool) -> None:
               help="Print the SQL instead of applying it (for Alembic, Django or psql); needs no database.")
 @click.option("--after", type=click.IntRange(min=0), default=0, show_default=True,
               help="With --print: only migrations after this version.")
+@click.option("--no-transaction", "bare", is_flag=True,
+              help="With --print: no BEGIN/COMMIT around each migration, for tools that run a migration in a "
+                   "transaction of their own (Alembic, Django's RunSQL).")
 @dsn_option
 @one_line_errors
-def migrate(print_sql: bool, after: int, dsn: str | None) -> None:
+def migrate(print_sql: bool, after: int, bare: bool, dsn: str | None) -> None:
     """Apply migrations/*.sql in order (idempotent), or --print them."""
     from shardworker.store.migrate import apply_migrations, migration_script
     from shardworker.store.schema import latest_version
 
+    if bare and not print_sql:
+        raise click.UsageError("--no-transaction goes with --print (shardworker migrate applies each migration in "
+                               "a transaction of its own)")
     if print_sql:
         latest = latest_version()
         if after > latest:
@@ -81,7 +87,7 @@ def migrate(print_sql: bool, after: int, dsn: str | None) -> None:
                                      param_hint="--after")
         if after == latest:
             note(f"no migrations after version {after}, the latest")
-        click.echo(migration_script(after), nl=False)
+        click.echo(migration_script(after, transactions=not bare), nl=False)
         return
     applied = apply_migrations(resolve_dsn(dsn, migrate=False))
     click.echo(f"applied {len(applied)} migration(s)" + (f": {', '.join(applied)}" if applied else ""))
@@ -180,7 +186,7 @@ def stats(exact: bool, as_json: bool, dsn: str | None) -> None:
     failed, cancelled. Above a million rows, done is estimated (~)."""
     from shardworker import counts
 
-    store = _store(resolve_dsn(dsn))
+    store = _store(resolve_dsn(dsn, start=False))
     try:
         store.check_schema()
         rows, estimated = store.job_counts(exact_up_to=2**62 if exact else 1_000_000)

@@ -10,7 +10,7 @@ from typing import Any
 import click
 import orjson
 
-from shardworker.cli.common import Duration, dsn_option, json_option, one_line_errors, resolve_dsn
+from shardworker.cli.common import EMBEDDED_BASE, Duration, dsn_option, json_option, note, one_line_errors, resolve_dsn
 from shardworker.views import in_utc, json_value
 
 
@@ -106,10 +106,14 @@ def workers(show_all: bool, silent_after: float, as_json: bool, dsn: str | None)
 @dsn_option
 @one_line_errors
 def periodic(as_json: bool, dsn: str | None) -> None:
-    """Periodic schedules seen by workers, with the last tick each enqueued."""
+    """Periodic schedules workers checked in the last day, with the last tick each enqueued (a
+    schedule removed from the code leaves the list, and the table, a day after its last check)."""
+    from shardworker.config import WorkerConfig, duration_text
+
+    within = WorkerConfig.periodic_forget_s
     store = _store(resolve_dsn(dsn))
     try:
-        rows = store.periodic_state()
+        rows = store.periodic_state(within)
     finally:
         store.close()
     if as_json:
@@ -117,14 +121,45 @@ def periodic(as_json: bool, dsn: str | None) -> None:
                                   "updated_at": json_value(u)} for n, s, t, u in rows]).decode())
         return
     if not rows:
-        click.echo("no periodic schedules seen yet")
+        click.echo(f"no periodic schedules checked by a worker in the last {duration_text(within)}")
     for name, schedule, last_tick, _ in rows:
         click.echo(f"{name:<30} {schedule:<20} last tick {json_value(last_tick) if last_tick else '(none yet)'}")
+
+
+EMBEDDED_DATA = Path(EMBEDDED_BASE) / "pgdata"
 
 
 @click.group()
 def embedded() -> None:
     """The embedded PostgreSQL under .shardworker/ that commands use without --dsn."""
+
+
+@embedded.command("start")
+@one_line_errors
+def embedded_start() -> None:
+    """Create it if needed, start it and bring its schema up to date (commands that only read,
+    such as stats and doctor, never start it)."""
+    from shardworker.store.embedded import EmbeddedPostgres, ensure_embedded
+    from shardworker.store.migrate import apply_migrations
+
+    apply_migrations(ensure_embedded(EMBEDDED_BASE))
+    click.echo(f"embedded PostgreSQL in {EMBEDDED_DATA} running on 127.0.0.1:{EmbeddedPostgres(EMBEDDED_DATA).port}")
+
+
+@embedded.command("dsn")
+@one_line_errors
+def embedded_dsn() -> None:
+    """Print its DSN, password included (for SHARDWORKER_DSN, psql or an application); it
+    stays the same across restarts. Starts nothing."""
+    from shardworker.store.embedded import EmbeddedNotRunning, EmbeddedPostgres, running_embedded
+
+    try:
+        click.echo(running_embedded(EMBEDDED_BASE))
+    except EmbeddedNotRunning as exc:
+        if not (EMBEDDED_DATA / "PG_VERSION").exists():
+            raise
+        click.echo(EmbeddedPostgres(EMBEDDED_DATA).dsn)
+        note(f"{exc.state}; `shardworker embedded start` starts it")
 
 
 @embedded.command("status")
@@ -133,7 +168,7 @@ def embedded_status(as_json: bool) -> None:
     """Whether it runs, on which port, and where its data is; exit 1 when it is not running."""
     from shardworker.store.embedded import EmbeddedPostgres
 
-    datadir = Path(".shardworker") / "pgdata"
+    datadir = EMBEDDED_DATA
     exists = (datadir / "PG_VERSION").exists()
     server = EmbeddedPostgres(datadir) if exists else None
     running = server is not None and server.is_running()
@@ -156,7 +191,7 @@ def embedded_stop() -> None:
     without --dsn starts it again."""
     from shardworker.store.embedded import EmbeddedPostgres
 
-    datadir = Path(".shardworker") / "pgdata"
+    datadir = EMBEDDED_DATA
     if not (datadir / "PG_VERSION").exists():
         click.echo(f"no embedded PostgreSQL in {datadir}")
         return

@@ -7,7 +7,8 @@ and to those waiting on it), ``/live/...`` (the same bodies alone, which
 ``/cancel``, and ``POST /queues/pause``, ``/resume``, ``/limit`` and ``/clear`` (the queue,
 and a limit's concurrency and rate, in the form's fields). Database calls block, so each runs
 in Starlette's thread pool with a connection of its own (``data``); a database that is
-away, or a schema that is missing, becomes a banner on the page (503), never a traceback.
+away, or a schema that is missing, becomes one banner on the page (503), never a traceback,
+above the last data the page read, greyed and dated (``memory``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from starlette.templating import Jinja2Templates
 from shardworker import counts
 from shardworker.dashboard import data
 from shardworker.dashboard.chart import HEIGHT, WIDTH, chart
+from shardworker.dashboard.memory import Memory
 from shardworker.dashboard.security import SameOriginPosts, TokenAuth, unauthorized
 from shardworker.errors import JobsError, ShardworkerError
 from shardworker.jobs import dumps_json
@@ -49,6 +51,10 @@ def when(value: datetime | None) -> str:
     return "" if value is None else f"{value.astimezone(UTC):%Y-%m-%d %H:%M:%S}"
 
 
+def clock(value: datetime) -> str:
+    return f"{value.astimezone(UTC):%H:%M:%S}"
+
+
 def ago(seconds: float) -> str:
     return f"{seconds:.0f}s ago" if seconds < 120 else f"{seconds / 60:.0f}m ago"
 
@@ -63,7 +69,7 @@ def pretty(value: Any) -> str:
 
 def _templates() -> Jinja2Templates:
     templates = Jinja2Templates(directory=str(HERE / "templates"))
-    templates.env.filters.update(when=when, ago=ago, age=age, pretty=pretty,
+    templates.env.filters.update(when=when, clock=clock, ago=ago, age=age, pretty=pretty,
                                  first_line=lambda text: (text or "").splitlines()[0] if text else "")
     templates.env.globals.update(refresh_ms=REFRESH_MS, chart_width=WIDTH, chart_height=HEIGHT, split=counts.SPLIT,
                                  kind_counts=data.KIND_COUNTS)
@@ -76,6 +82,7 @@ class Dashboard:
     def __init__(self, dsn: str) -> None:
         self.dsn = dsn
         self.templates = _templates()
+        self.memory = Memory()
 
     async def _load(self, fn: Callable[..., Any], *args: Any) -> tuple[Any, str | None]:
         """``fn(dsn, *args)`` in the thread pool: (its value, None), or (None, why the database said no)."""
@@ -84,7 +91,7 @@ class Dashboard:
         except JobsError:
             raise
         except ShardworkerError as exc:
-            return None, str(exc)
+            return None, str(exc).removeprefix("database unavailable: ")  # the banner says it once
 
     def _render(self, request: Request, name: str, status: int = 200, **context: Any) -> Response:
         return self.templates.TemplateResponse(request, name, context, status_code=status)
@@ -93,19 +100,22 @@ class Dashboard:
         """The front page (or its live fragment); with ``refused``, the page a queue button
         whose input was refused answers with (400), saying why."""
         found, db_error = await self._load(data.overview)
+        shown = self.memory.shown("overview", found, db_error)
         page = "_overview.html" if request.url.path.startswith("/live/") else "overview.html"
         status = 503 if db_error else 400 if refused else 200
         notice = None if refused else self._notice(request) or queue_notice(request, found)
-        return self._render(request, page, status, o=found, chart=chart(found.minutes) if found else None,
+        o = shown.value
+        return self._render(request, page, status, o=o, chart=chart(o.minutes) if o else None, shown=shown,
                             db_error=db_error, notice=notice, refused=refused)
 
     async def job(self, request: Request) -> Response:
         job_id = path_job_id(request)
         found, db_error = await self._load(data.job, job_id)
+        shown = self.memory.shown(("job", job_id), found, db_error)
         if found is None and db_error is None:
             raise HTTPException(404, f"no job {job_id}")
         page = "_job.html" if request.url.path.startswith("/live/") else "job.html"
-        return self._render(request, page, 503 if db_error else 200, page=found, job_id=job_id,
+        return self._render(request, page, 503 if db_error else 200, page=shown.value, shown=shown, job_id=job_id,
                             db_error=db_error, notice=self._notice(request))
 
     async def change(self, request: Request) -> Response:

@@ -67,7 +67,8 @@ def table(rows: list[tuple[str, str]]) -> str:
 class Stage:
     """One demo's own embedded PostgreSQL, its worker subprocess and its ledger. Closing it
     brings PostgreSQL back if the demo stopped there (Ctrl-C mid-outage: the worker's outcomes
-    then land), stops the worker, and stops the server: it does not outlive the demo."""
+    then land), stops the worker, and stops the server: it does not outlive the demo, nor a
+    start that failed."""
 
     def __init__(self, name: str, queue: str, display: Display) -> None:
         self.shown = Path(".shardworker") / name  # as the phases name it
@@ -78,9 +79,13 @@ class Stage:
         self.worker: subprocess.Popen[bytes] | None = None
         self.down = False
         display.phase(f"starting an embedded PostgreSQL of the demo's own in {self.shown}/ …")
-        self.dsn = ensure_embedded(self.base)
-        self.server = EmbeddedPostgres(self.base / "pgdata")
-        apply_migrations(self.dsn)
+        try:
+            self.dsn = ensure_embedded(self.base)
+            self.server = EmbeddedPostgres(self.base / "pgdata")  # on the port the start saved
+            apply_migrations(self.dsn)
+        except BaseException:  # a failure or Ctrl-C before the demo began: the server is not left running
+            EmbeddedPostgres(self.base / "pgdata").stop()
+            raise
         self.store = PgStore(StoreConfig(dsn=self.dsn, connect_timeout_s=2))  # the demo's one connection
 
     def __enter__(self) -> Stage:

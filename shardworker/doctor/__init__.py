@@ -47,9 +47,11 @@ from shardworker.doctor.report import Check, Status, needs_action
 
 
 def diagnose(dsn: str | None, outbox_dir: str, *, outbox_dir_given: bool, min_free_bytes: int,
-             embedded: bool = False, dsn_error: str | None = None) -> list[Check]:
-    """Every check, the database's first. ``dsn_error``: why there is no database to check."""
-    db = gather_database(dsn, embedded=embedded) if dsn else DatabaseFacts(None, error=dsn_error or "no DSN")
+             embedded: bool = False, dsn_error: str | None = None, dsn_action: str | None = None) -> list[Check]:
+    """Every check, the database's first. ``dsn_error``: why there is no database to check,
+    ``dsn_action``: what to do about it (default: pass --dsn)."""
+    db = (gather_database(dsn, embedded=embedded) if dsn
+          else DatabaseFacts(None, error=dsn_error or "no DSN", action=dsn_action))
     checks = database_checks(db)
     try:
         facts = gather_outbox(outbox_dir)

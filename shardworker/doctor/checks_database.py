@@ -36,6 +36,7 @@ class DatabaseFacts:
     workers: list[WorkerInfo] | None = None  # None: not readable (no schema, or one too old)
     identity: Binding | None = None
     unserved: list[UnservedKind] | None = None  # None: not readable
+    action: str | None = None  # what to do when there is no database to check
 
 
 def gather_database(dsn: str, *, embedded: bool = False, connect_timeout_s: int = CONNECT_TIMEOUT_S) -> DatabaseFacts:
@@ -62,7 +63,7 @@ def gather_database(dsn: str, *, embedded: bool = False, connect_timeout_s: int 
 def check_database(facts: DatabaseFacts) -> Check:
     if facts.where is None:
         return Check("database", Status.FAIL, f"not checked: {facts.error}",
-                     "pass --dsn (or set SHARDWORKER_DSN)", {"reachable": None})
+                     facts.action or "pass --dsn (or set SHARDWORKER_DSN)", {"reachable": None})
     if facts.error is not None:
         reason = facts.error.removeprefix("database unavailable: ")
         return Check("database", Status.FAIL, f"unreachable at {facts.where}: {reason}",

@@ -7,7 +7,9 @@ writer are recovered (torn tails cut, segments sealed) and read. While it drains
 heartbeats for the worker whose outbox this is, so no peer rescues (and re-runs) jobs whose
 outcomes it is applying; like a worker, it first makes sure no live worker uses that id.
 Once every outcome is applied, it gives back (uncharged) the jobs the owner's last stop
-could not give back (``shardworker.worker.giveback``), as the next start would.
+could not give back (``shardworker.worker.giveback``) and requeues the ones the owner was
+running with no outcome (charged an attempt), as the next start would; then its heartbeat
+row goes.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Callable
 
 from outbox import OutboxLocked
 from outbox import status as outbox_status
+from outbox.fsutil import is_locked
 from shardworker import binding, layout
 from shardworker.config import StoreConfig, WorkerConfig
 from shardworker.errors import DrainTimeout, OutboxBusy, StoreError
@@ -32,6 +35,7 @@ from shardworker.worker.heartbeat import Heartbeat
 
 log = logging.getLogger(__name__)
 
+ORPHANED = "worker stopped while the job was running (requeued by outbox drain)"
 HEARTBEAT_INTERVAL_S = 2.0  # a worker's default (WorkerConfig.heartbeat_interval_s): what a peer expects
 
 
@@ -40,7 +44,7 @@ def drain(outbox_dir: str, dsn: str, *, timeout_s: float, backoff_cap_s: float =
     """Apply everything pending; raise ``DrainTimeout`` if outcomes remain at the deadline."""
     if not os.path.lexists(outbox_dir):
         raise OutboxBusy(f"no outbox directory at {outbox_dir}")
-    lock_fd = layout.lock_outbox(outbox_dir)  # refuses another user's directory, or a symlink
+    lock_fd = layout.lock_outbox(outbox_dir, "drain")  # refuses another user's directory, or a symlink
     try:
         try:
             reader = open_reader(outbox_dir, wait_s=0)
@@ -63,6 +67,8 @@ def drain(outbox_dir: str, dsn: str, *, timeout_s: float, backoff_cap_s: float =
             flusher = Flusher(reader, store, config.flusher_config(), sleep=sleep)
             stats = _drain_loop(flusher, outbox_dir, deadline, progress, heartbeat)
             _give_back(outbox_dir, store, backoff, deadline, sleep)
+            if heartbeat is not None:
+                _requeue_orphans(outbox_dir, store, heartbeat, backoff, deadline, sleep)
             return stats
         finally:
             if heartbeat is not None:
@@ -85,6 +91,27 @@ def _give_back(outbox_dir: str, store: PgStore, backoff: Backoff, deadline: floa
         jobs, claims = layout.count_giveback(outbox_dir)
         raise DrainTimeout(f"every outcome was applied, but {jobs} unstarted jobs and {claims} lost claims kept in "
                            f"{layout.GIVEBACK_FILE} could not be given back ({exc}); run drain again") from exc
+
+
+def _requeue_orphans(outbox_dir: str, store: PgStore, heartbeat: Heartbeat, backoff: Backoff, deadline: float,
+                     sleep: Callable[[float], None]) -> None:
+    """Every outcome applied: the owner's jobs still running have no outcome anywhere, so their
+    handlers never finished; requeue them (the lost run counts as an attempt) as the owner's
+    next start would, so its row can go when the drain ends. Not while a process still writes
+    a shard here (a child of a worker that died a moment ago) or another worker took the id:
+    then the row stays, naming no process, for that start or the rescuer."""
+    if heartbeat.conflict is not None or any(is_locked(p) for p in layout.shard_lock_names(outbox_dir)):
+        return
+    try:
+        requeued = retry_call(lambda: store.requeue_orphans(heartbeat.worker_id, ORPHANED),
+                              "requeueing jobs the worker was running when it stopped", backoff=backoff, log=log,
+                              deadline=deadline, sleep=sleep)
+    except StoreError as exc:
+        log.warning("could not requeue the jobs worker %s was running (%s); the rescuer will", heartbeat.worker_id,
+                    exc)
+        return
+    if requeued:
+        log.info("requeued %d jobs worker %s was running when it stopped", len(requeued), heartbeat.worker_id)
 
 
 def _release(store: PgStore, heartbeat: Heartbeat) -> None:

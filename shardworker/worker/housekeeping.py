@@ -1,6 +1,7 @@
-"""The parent's housekeeping thread: periodic jobs, retention, (with metrics) the backlog
-report, on a connection of its own, and the watch for queued kinds no live worker serves
-(``shardworker.worker.unserved``, on connections of its own).
+"""The parent's housekeeping thread: periodic jobs (and forgetting the schedules no worker
+checks any more), retention, (with metrics) the backlog report, on a connection of its own,
+and the watch for queued kinds no live worker serves (``shardworker.worker.unserved``, on
+connections of its own).
 
 Both are work no job depends on finishing quickly, so they stay off the dispatcher's
 connection and off the heartbeat's (a long prune must never make a live worker look
@@ -23,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol
 
-from shardworker.config import duration_text
+from shardworker.config import WorkerConfig, duration_text
 from shardworker.errors import StoreError
 from shardworker.retry import Backoff, Outage, is_retryable
 from shardworker.schedule import Schedule
@@ -39,6 +40,7 @@ FINISHED = ("done", "failed", "cancelled")
 
 class HousekeepingStore(PeriodicStore, Protocol):
     def prune_batch(self, older_than_s: float, limit: int, statuses: Sequence[str]) -> int | None: ...
+    def forget_schedules(self, older_than_s: float) -> list[str]: ...
     def backlog_report(self, interval_s: float) -> tuple[float, list[BacklogRow]]: ...
     def close(self) -> None: ...
 
@@ -94,9 +96,11 @@ class Housekeeper:
     def __init__(self, store: HousekeepingStore, schedules: Sequence[Schedule], retention_s: float,
                  backoff: Backoff, *, retention_failed_s: float | None = None, prune_interval_s: float = 60.0,
                  tick_s: float = 1.0, backlog_interval_s: float | None = None,
-                 unserved: UnservedWatch | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 forget_schedules_s: float = WorkerConfig.periodic_forget_s, unserved: UnservedWatch | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         """``retention_s`` for done jobs, ``retention_failed_s`` for failed and cancelled ones
-        (None: the same); 0 keeps them."""
+        (None: the same); 0 keeps them. Schedules no worker checked for ``forget_schedules_s``
+        are forgotten every ``prune_interval_s``."""
         self.store = store
         self.retentions = retentions(retention_s, retention_s if retention_failed_s is None else retention_failed_s)
         # An unreachable database is told once for the whole worker (shardworker.worker.dbwatch).
@@ -108,6 +112,7 @@ class Housekeeper:
         self.pruned = 0
         self._pass, self._pass_total = 0, 0  # the retention a round is at, and what it pruned so far
         self._next_round = clock() + min(5.0, prune_interval_s)  # let startup settle first
+        self.forget_schedules_s, self._next_forget = forget_schedules_s, self._next_round
         self._pruning = False
         self.backlog_interval_s = backlog_interval_s
         self.backlog: Backlog | None = None  # the last report read, for the metrics
@@ -127,6 +132,7 @@ class Housekeeper:
             self.scheduler.run_once()
             if self.unserved is not None:
                 self.unserved.run_once()
+            self._forget_step()
             self._backlog_step()
             if self.retentions:
                 self._prune_step()
@@ -145,6 +151,17 @@ class Housekeeper:
         log.error("housekeeping (periodic jobs, retention) refused by the database: %s; next try in %gs",
                   exc, self.prune_interval_s)
         return self.prune_interval_s
+
+    def _forget_step(self) -> None:
+        """Forget the schedules no worker has checked for ``forget_schedules_s`` (after this
+        worker's own were checked: they are never among them)."""
+        now = self.clock()
+        if now < self._next_forget:
+            return
+        self._next_forget = now + self.prune_interval_s
+        for name in self.store.forget_schedules(self.forget_schedules_s):
+            log.info("forgot periodic schedule %r: no worker has checked it for %s (removed from the code?)",
+                     name, duration_text(self.forget_schedules_s))
 
     def _backlog_step(self) -> None:
         now = self.clock()

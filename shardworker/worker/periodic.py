@@ -16,7 +16,9 @@ enqueued once however many workers and hosts run it, and a restart, or every wor
 down for a while, neither skips nor doubles a tick (up to ``catch_up`` missed ticks are
 enqueued; older ones are logged and skipped). Ticks start after the schedule is first
 seen. The database's clock decides what is due, so hosts with skewed clocks agree, and a
-step of a host's clock never silences or doubles a tick.
+step of a host's clock never silences or doubles a tick. Each check moves the row's
+``updated_at``; a row no worker has checked for ``periodic_forget_s`` (a day) is forgotten
+by housekeeping (``shardworker.worker.housekeeping``).
 
 A tick happens once per scheduled instant across DST changes: on the fall-back day a
 fixed-time schedule (``30 1 * * *``) runs once, at the first 01:30; one whose hour field
@@ -79,7 +81,7 @@ class Scheduler:
 
         jobs = self.store.run_periodic(schedule.name, schedule.cron, plan)
         if jobs:
-            log.info("periodic %s: enqueued %d job(s) of kind %s", schedule.name, jobs, schedule.kind)
+            log.debug("periodic %s: enqueued %d job(s) of kind %s", schedule.name, jobs, schedule.kind)
         # Next look when the database's clock reaches the next tick, on this host's clock.
         wait = (schedule.next_tick(seen[-1]) - seen[-1]).total_seconds()
         self._asked[schedule.name] = (now, now + min(wait, self.MAX_WAIT_S))

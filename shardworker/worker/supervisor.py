@@ -91,6 +91,7 @@ class Supervisor:
         self.housekeeper = Housekeeper(PgStore(self.store_config), list(app.schedules.values()), config.retention_s,
                                        self._backoff(), retention_failed_s=config.failed_retention_s,
                                        prune_interval_s=config.prune_interval_s,
+                                       forget_schedules_s=config.periodic_forget_s,
                                        backlog_interval_s=None if config.metrics_port is None else BACKLOG_INTERVAL_S,
                                        unserved=self.unserved)
         self.dispatcher: Dispatcher | None = None
@@ -141,7 +142,7 @@ class Supervisor:
 
     def run(self) -> RunSummary:
         """Run until stopped (signal) or idle (``exit_when_idle``); returns a summary."""
-        lock_fd = layout.lock_outbox(self.config.outbox_dir)
+        lock_fd = layout.lock_outbox(self.config.outbox_dir, "worker")
         try:
             self.worker_id = layout.resolve_worker_id(self.config.outbox_dir, self.config.worker_id)
             logs.set_worker_id(self.worker_id)

@@ -103,7 +103,7 @@ def test_outbox_drain_refuses_while_a_worker_holds_the_outbox(tmp_path: Path, pg
     jobs = claim(store, pg_dsn, 2)
     outbox_dir = tmp_path / "outbox"
     write_outcomes(outbox_dir, [Outcome.done(j.id, j.attempt, b"1") for j in jobs])
-    fd = lock_outbox(str(outbox_dir))
+    fd = lock_outbox(str(outbox_dir), "worker")
     try:
         status = json.loads(invoke("outbox", "status", "--json", "--outbox-dir", str(outbox_dir)).stdout)
         assert status["worker_running"] is True
@@ -111,7 +111,7 @@ def test_outbox_drain_refuses_while_a_worker_holds_the_outbox(tmp_path: Path, pg
         assert result.exit_code == 1, result.output
         assert result.stdout == ""
         errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-        assert len(errors) == 1 and "holds the outbox" in errors[0], result.stderr
+        assert len(errors) == 1 and f"is in use by a worker (pid {os.getpid()})" in errors[0], result.stderr
         assert "Traceback" not in result.output
         assert {r["status"] for r in rows(pg_dsn)} == {"running"}
     finally:

@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import psycopg
+
 from shardworker.store.embedded import EmbeddedPostgres
 from tests.cli.test_project_dir import shardworker_script
 
@@ -81,6 +83,25 @@ def test_the_outage_demo_refuses_a_dsn(tmp_path: Path) -> None:
     assert not (tmp_path / ".shardworker").exists()
 
 
+def test_an_outage_demo_that_fails_at_its_start_still_stops_its_postgresql(tmp_path: Path) -> None:
+    """The demo's database cannot be migrated (a table in the way): one error line, exit 1, and
+    the server the demo started is stopped again."""
+    server = EmbeddedPostgres(tmp_path / ".shardworker" / "outage-demo" / "pgdata")
+    try:
+        server.start()
+        with psycopg.connect(server.dsn, autocommit=True) as conn:
+            conn.execute("CREATE SCHEMA shardworker; CREATE TABLE shardworker.jobs (odd int)")
+        server.stop()
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SHARDWORKER_DSN")}
+        failed = subprocess.run([*shardworker_script(), "demo", "--outage"], cwd=tmp_path, env=env,
+                                capture_output=True, text=True, timeout=120)
+        assert failed.returncode == 1 and failed.stderr.splitlines()[-1].startswith("error: "), failed.stderr
+        assert "Traceback" not in failed.stderr
+        assert not server.is_running()
+    finally:
+        server.stop("immediate")
+
+
 # Ctrl-C as a terminal delivers it: a test run in a shell's background job (`pytest &`, as CI
 # scripts may do) inherits SIGINT ignored, and so would the demo, which then never sees it.
 AS_IN_A_TERMINAL = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
@@ -105,6 +126,7 @@ def test_an_interrupted_outage_demo_brings_postgresql_back_and_runs_again(tmp_pa
         _, err = demo.communicate(timeout=150)
         assert demo.returncode == 1 and "Aborted!" in err, err
         assert "starting PostgreSQL again, so the worker can store its outcomes" in err
+        assert not EmbeddedPostgres(tmp_path / ".shardworker" / "outage-demo" / "pgdata").is_running()
         again = subprocess.run([*shardworker_script(), "demo", "--outage", "--jobs", "100", "--outage-seconds", "0.5"],
                                cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
         assert again.returncode == 0, again.stderr[-3000:]

@@ -41,7 +41,7 @@ def test_doctor_says_to_drain_pending_outcomes_when_no_worker_runs(tmp_path: Pat
     assert pending["status"] == "fail" and pending["pending"] == 3 and pending["bytes"] > 0
     assert pending["oldest_age_s"] is not None and pending["worker_running"] is False
     assert f"shardworker outbox drain --outbox-dir {outbox_dir}" in pending["action"]
-    fd = lock_outbox(str(outbox_dir))
+    fd = lock_outbox(str(outbox_dir), "worker")
     try:
         code, checks = report("--dsn", pg_dsn, "--outbox-dir", str(outbox_dir))
         assert (code, checks["pending"]["status"], checks["pending"]["worker_running"]) == (0, "ok", True)

@@ -235,27 +235,3 @@ def test_a_stop_reaches_the_server_after_a_chmod_of_a_parent_directory(tmp_path:
     finally:
         private.chmod(0o711)  # whatever happened above, the cleanup can reach the server
         server.stop("immediate")
-
-
-def test_embedded_status_and_stop_through_the_command_line(tmp_path: Path) -> None:
-    """`shardworker embedded status|stop` from a project directory: none yet (exit 1), running
-    after a command created it, stopped (exit 1), and started again by the next command."""
-    env = {**{k: v for k, v in os.environ.items() if k != "SHARDWORKER_DSN"}, "PYTHONPATH": str(REPO)}
-
-    def sw(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "shardworker", *args], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=120)
-
-    none = sw("embedded", "status")
-    assert none.returncode == 1 and none.stdout.startswith("no embedded PostgreSQL in .shardworker/pgdata")
-    try:
-        assert sw("stats").returncode == 0
-        running = json.loads(sw("embedded", "status", "--json").stdout)
-        assert running["running"] and isinstance(running["port"], int)
-        assert sw("embedded", "stop").stdout == "stopped the embedded PostgreSQL in .shardworker/pgdata\n"
-        stopped = sw("embedded", "status")
-        assert stopped.returncode == 1 and stopped.stdout.endswith(": stopped\n")
-        assert sw("stats").returncode == 0  # started again, on the same port
-        assert json.loads(sw("embedded", "status", "--json").stdout)["port"] == running["port"]
-    finally:
-        sw("embedded", "stop")

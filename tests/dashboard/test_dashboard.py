@@ -42,7 +42,7 @@ def test_overview_shows_counts_failed_jobs_and_workers(pg_dsn: str, dashboard: D
     assert 'data-count="emails/mail/available">2<' in html and 'data-count="default/thumbnail/failed">1<' in html
     assert "OSError: &lt;disk&gt; full" in html  # escaped, never markup
     assert f'data-action="retry" data-job="{ids[0]}"' in html
-    assert 'data-worker="w-1"' in html and "host-a" in html and "<td class=\"num\" data-pending>17</td>" in html
+    assert 'data-worker="w-1"' in html and "host-a" in html and "<td class=\"num\" data-pending=\"w-1\">17</td>" in html
     assert page.headers["x-frame-options"] == "DENY" and "default-src 'self'" in page.headers["content-security-policy"]
     fragment = httpx.get(f"{dashboard.url}/live/overview").text
     assert 'data-count="default/available">2<' in fragment and "<html" not in fragment

@@ -15,7 +15,9 @@ from typing import Any
 
 import pytest
 
+from shardworker.store.embedded import EmbeddedPostgres
 from tests.dashboard.conftest import Dashboard, fail, running_dashboard
+from tests.dashboard.test_dashboard_outage import busy
 from tests.helpers import enqueue, execute, query, start_worker
 
 CHROMIUM = os.environ.get("SHARDWORKER_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
@@ -96,6 +98,33 @@ def test_counts_follow_new_jobs_without_a_reload(pg_dsn: str, page: Any) -> None
     expect(page.locator('[data-count="media/thumbnail/available"]')).to_have_text("3")
     assert page.evaluate("window.notReloaded") is True
     expect(page.locator("#live-status")).to_contain_text("live ·")
+
+
+def test_an_outage_greys_the_page_under_one_banner_and_the_return_brings_it_back(
+        browser: Any, private_pg: EmbeddedPostgres, tmp_path: Path) -> None:
+    """PostgreSQL stopped under an open page: the counts and the worker's outbox backlog stay,
+    greyed, under one banner with the time of the data, and the corner says the database is
+    away; PostgreSQL back, the page is live again, never reloaded."""
+    busy(private_pg.dsn)
+    with running_dashboard(private_pg.dsn, tmp_path) as board:
+        context = browser.new_context(base_url=board.url)
+        page = context.new_page()
+        page.goto("/")
+        expect(page.locator('[data-count="media/available"]')).to_have_text("3")
+        page.evaluate("window.notReloaded = true")
+        private_pg.stop("immediate")
+        expect(page.locator("[data-banner]")).to_have_count(1, timeout=LIVE_TIMEOUT_MS)
+        expect(page.locator("[data-banner]")).to_contain_text("the data read at")
+        expect(page.locator("#live [data-stale]")).to_be_visible()
+        expect(page.locator('[data-count="media/available"]')).to_have_text("3")
+        expect(page.locator('[data-pending="w-outage"]')).to_have_text("867")
+        expect(page.locator("#live-status")).to_contain_text("database unavailable")
+        private_pg.start()
+        expect(page.locator("[data-banner]")).to_have_count(0, timeout=LIVE_TIMEOUT_MS)
+        expect(page.locator("[data-stale]")).to_have_count(0)
+        expect(page.locator("#live-status")).to_contain_text("live ·")
+        assert page.evaluate("window.notReloaded") is True
+        context.close()
 
 
 def test_unknown_job_page_in_the_browser(page: Any) -> None:

@@ -73,7 +73,7 @@ def test_outbox_api_refuses_a_symlinked_directory(tmp_path: Path) -> None:
     link = tmp_path / "outbox"
     link.symlink_to(real)
     for use in (lambda: ShardWriter.open(str(link), 0), lambda: OutboxReader.open(str(link)),
-                lambda: outbox.status(str(link)), lambda: layout.lock_outbox(str(link))):
+                lambda: outbox.status(str(link)), lambda: layout.lock_outbox(str(link), "worker")):
         with pytest.raises(OutboxUntrusted, match="symlink"):
             use()
     assert os.listdir(real) == []

@@ -22,3 +22,10 @@ def test_every_sql_file_is_package_data() -> None:
     config = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
     data = config["package-data"]
     assert "*.sql" in data["shardworker.migrations"] and "*.sql" in data["shardworker.store.sql"]
+
+
+def test_license_file_matches_the_declared_license() -> None:
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["license"]["text"]
+    text = (REPO / "LICENSE").read_text(encoding="utf-8")
+    assert declared == "MIT" and text.startswith("MIT License\n")
+    assert "Permission is hereby granted, free of charge" in text

@@ -1,6 +1,8 @@
 // Keeps the page current without reloading it: every few seconds, each element with a
 // data-live URL gets that URL's HTML (the same fragment the server rendered it with).
-// A fetch that fails leaves the last content and says so; a 404 (the job was deleted)
+// While the database is away (503) the server sends its last data, greyed, under one
+// banner, and the corner says so. A fetch that fails (the dashboard itself is gone) leaves
+// the last content, greyed, and says so; a 404 (the job was deleted)
 // or 401 (the credentials went stale) reloads the page so the server can say why. An
 // element whose form someone is typing in (a queue's limits) is left alone until they
 // submit it or empty it, so a refresh never wipes what they typed.
@@ -31,15 +33,24 @@
       return;
     }
     el.innerHTML = await response.text();
+    el.classList.remove("stale");
     el.dataset.refreshed = String(Number(el.dataset.refreshed || 0) + 1);
+    return response.status === 503;
   }
 
   async function tick() {
+    const live = Array.from(document.querySelectorAll("[data-live]"));
     try {
-      await Promise.all(Array.from(document.querySelectorAll("[data-live]"), refresh));
+      const away = (await Promise.all(live.map(refresh))).some(Boolean);
       const held = document.querySelector("[data-live][data-held]");
-      say((held ? "held while you edit a form · " : "live · ") + new Date().toLocaleTimeString(), false);
+      const time = new Date().toLocaleTimeString();
+      if (away) {
+        say("database unavailable · retrying · " + time, true);
+      } else {
+        say((held ? "held while you edit a form · " : "live · ") + time, false);
+      }
     } catch (err) {
+      live.forEach((el) => el.classList.add("stale"));
       say("dashboard unreachable; retrying", true);
     }
     window.setTimeout(tick, period);

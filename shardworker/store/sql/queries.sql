@@ -716,8 +716,17 @@ RETURNING p.last_tick, now();
 UPDATE shardworker.periodic SET last_tick = %(last_tick)s, updated_at = now() WHERE name = %(name)s;
 
 -- periodic_list --
--- Every schedule's state.
-SELECT name, schedule, last_tick, updated_at FROM shardworker.periodic ORDER BY name;
+-- The state of every schedule a worker checked (periodic_advance) within the last within_s.
+SELECT name, schedule, last_tick, updated_at FROM shardworker.periodic
+WHERE updated_at >= now() - make_interval(secs => %(within_s)s)
+ORDER BY name;
+
+-- periodic_forget --
+-- Forget the schedules no worker has checked for older_than_s: removed from the code (or
+-- every worker that declares one down that long; it starts afresh when one comes back).
+DELETE FROM shardworker.periodic
+WHERE updated_at < now() - make_interval(secs => %(older_than_s)s)
+RETURNING name;
 
 -- queue_backlog --
 -- The backlog by queue and kind, from queued and running rows only: each status through its
