@@ -1,5 +1,5 @@
 """The dispatcher's backlog counts step records (the flusher counts every record it flushes),
-with the dispatcher's loop driven as tests/worker/test_dispatcher_loop.py drives it."""
+with the dispatcher's loop driven as tests/worker/dispatcher_harness.py drives it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from shardworker.jobstats import STEP_RECORDED, summarize
 from shardworker.worker.deaths import Death
 from tests.flaky_store import FlakyStore
 from tests.helpers import enqueue
-from tests.worker.test_dispatcher_loop import make, store
+from tests.worker.dispatcher_harness import make, store
 
 __all__ = ["store"]  # the fixture, shared
 

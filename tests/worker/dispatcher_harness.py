@@ -8,11 +8,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from shardworker import wire
 from shardworker.app import App
 from shardworker.config import WorkerConfig
 from shardworker.jobstats import JobCounts
 from shardworker.model import ClaimedJob
+from shardworker.store.pg_store import PgStore, StoreConfig
 from shardworker.worker.deaths import Death
 from shardworker.worker.dispatcher import Dispatcher
 from shardworker.worker.parent_outcomes import ParentOutcomes
@@ -97,6 +100,13 @@ class Flusher:
 
     def check(self) -> None:
         pass
+
+
+@pytest.fixture
+def store(pg_dsn: str) -> Any:
+    s = PgStore(StoreConfig(dsn=pg_dsn, connect_timeout_s=3, statement_timeout_s=5))
+    yield FlakyStore(s)
+    s.close()
 
 
 def make(store: FlakyStore, tmp_path: Path, procs: int = 3, **config: Any) -> tuple[Dispatcher, Children, Flusher,
