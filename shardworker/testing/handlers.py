@@ -56,7 +56,8 @@ class FollowUpJob(NamedTuple):
 class HandlerRun:
     """How a run ended: ``status`` is ``done``, ``retry`` (run again after ``delay_s`` while
     attempts remain), ``failed`` (for good), ``snoozed`` (again after ``delay_s``, no attempt
-    used) or ``cancelled``; ``error`` the text a worker would store; ``steps`` what this run
+    used) or ``cancelled``; ``error`` the text a worker would store (``traceback``: a failed
+    attempt's traceback, kept apart as the job's ``errors`` history keeps it); ``steps`` what this run
     recorded, ``replayed`` the names given back from ``steps=``; ``followups`` what lands with
     a done outcome; ``outcome`` the record a child would write."""
 
@@ -68,6 +69,10 @@ class HandlerRun:
     followups: list[FollowUpJob]
     outcome: Outcome = field(repr=False)
     _result: Any = field(default=None, repr=False)
+
+    @property
+    def traceback(self) -> str | None:
+        return self.outcome.traceback
 
     @property
     def result(self) -> Any:

@@ -130,7 +130,7 @@ def test_a_handlers_exception_is_raised_as_itself_or_kept_as_the_worker_would() 
         run_handler(app, "steer", "boom")
     run = run_handler(app, "steer", "boom", raises=False, attempt=3)
     assert run.status == "retry" and run.error is not None and run.error.startswith("ValueError: boom")
-    assert "Traceback" in run.error and run.delay_s > 0
+    assert run.traceback is not None and "Traceback" in run.traceback and run.delay_s > 0
     with pytest.raises(HandlerFailed, match="ValueError: boom"):
         _ = run.result
 
