@@ -33,8 +33,8 @@ def tree_ticks(pgid: int) -> dict[int, tuple[int, str]]:
                 fields = f.read().rsplit(")", 1)[1].split()
             if int(fields[2]) != pgid:
                 continue
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                command = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{name}/comm") as f:
+                command = f.read().strip()  # sw-shard-N, sw-flusher (each names itself), else the parent
         except (FileNotFoundError, ProcessLookupError, IndexError):
             continue
         found[int(name)] = (int(fields[11]) + int(fields[12]), command)
@@ -44,7 +44,7 @@ def tree_ticks(pgid: int) -> dict[int, tuple[int, str]]:
 def role(command: str) -> str:
     if "resource_tracker" in command:
         return "resource tracker"
-    return "child or flusher" if "spawn_main" in command else "parent"
+    return command if command.startswith("sw-") else "parent"
 
 
 def main() -> None:
@@ -58,7 +58,7 @@ def main() -> None:
         with open(os.path.join(project, "idle_app.py"), "w") as f:
             f.write(APP)
         worker = subprocess.Popen([sys.executable, "-m", "shardworker", "run", "--app", "idle_app", "--procs",
-                                   str(args.procs), "--outbox-dir", "outbox", "--dsn", dsn], cwd=project,
+                                   str(args.procs), "--outbox-dir", "sw-outbox", "--dsn", dsn], cwd=project,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:
             time.sleep(args.settle)

@@ -25,7 +25,6 @@ import tempfile
 import time
 
 import psycopg
-
 from bench_db import database
 
 APP = '''import os, time
@@ -61,18 +60,20 @@ def finished_at(dsn: str, job_id: int) -> float | None:
     return None if row is None or row[0] is None else float(row[0])
 
 
-def one_run(dsn: str, project: str, procs: int, sigterm: bool) -> tuple[float, float]:
+def one_run(dsn: str, project: str, procs: int, sigterm: bool, pythonpath: str = "") -> tuple[float, float]:
     """(launch -> first handler start, applied -> exit or SIGTERM -> exit) in seconds."""
     job_id = enqueue_one(dsn)
     started_file = os.path.join(project, "started.txt")
     if os.path.exists(started_file):
         os.unlink(started_file)
-    env = {**os.environ, "SW_BENCH_STARTED": started_file, "PYTHONPATH": project}
+    env = {**os.environ, "SW_BENCH_STARTED": started_file,
+           "PYTHONPATH": os.pathsep.join(p for p in (pythonpath, project) if p)}
     command = [sys.executable, "-m", "shardworker", "run", "--app", "startup_app", "--procs", str(procs),
                "--dsn", dsn, "--outbox-dir", os.path.join(project, "sw-outbox"), "--log-format", "text"]
-    launched = time.time()
-    worker = subprocess.Popen([*command, *([] if sigterm else ["--exit-when-idle"])], cwd=project, env=env,
-                              stdout=subprocess.DEVNULL, stderr=open(os.path.join(project, "worker.log"), "a"))
+    with open(os.path.join(project, "worker.log"), "a") as log:
+        launched = time.time()
+        worker = subprocess.Popen([*command, *([] if sigterm else ["--exit-when-idle"])], cwd=project, env=env,
+                                  stdout=subprocess.DEVNULL, stderr=log)
     if sigterm:
         while finished_at(dsn, job_id) is None:
             time.sleep(0.01)
@@ -96,6 +97,7 @@ def main() -> None:
     parser.add_argument("--dsn", help="a scratch database (default: a temporary embedded server)")
     parser.add_argument("--procs", type=int, action="append", help="repeatable (default: 2 and 16)")
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--pythonpath", default="", help="a shardworker tree to run instead (a before/after)")
     args = parser.parse_args()
     med = statistics.median
     base = [wall([sys.executable, "-c", "pass"]) for _ in range(args.runs)]
@@ -106,8 +108,8 @@ def main() -> None:
         with open(os.path.join(project, "startup_app.py"), "w") as f:
             f.write(APP)
         for procs in args.procs or [2, 16]:
-            idle = [one_run(dsn, project, procs, sigterm=False) for _ in range(args.runs)]
-            term = [one_run(dsn, project, procs, sigterm=True) for _ in range(args.runs)]
+            idle = [one_run(dsn, project, procs, False, args.pythonpath) for _ in range(args.runs)]
+            term = [one_run(dsn, project, procs, True, args.pythonpath) for _ in range(args.runs)]
             print(f"--procs {procs}: launch -> first handler start {med(r[0] for r in idle) * 1000:.0f} ms "
                   f"(min {min(r[0] for r in idle) * 1000:.0f}, max {max(r[0] for r in idle) * 1000:.0f}); "
                   f"applied -> exit (--exit-when-idle) {med(r[1] for r in idle) * 1000:.0f} ms; "

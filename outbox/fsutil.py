@@ -132,9 +132,11 @@ def append_durably(path: str, data: bytes) -> None:
 
 
 def atomic_write(directory: str, name: str, data: bytes) -> None:
-    """Durably replace ``name``: write tmp, fsync, rename, fsync the directory."""
+    """Durably replace ``name``: write tmp, fsync, rename, fsync the directory. The tmp is
+    this process's own (``name.PID.tmp``): two processes writing the same file at once (a
+    worker and its flusher binding the outbox) each rename a whole file, the last one wins."""
     path = os.path.join(directory, name)
-    tmp = path + ".tmp"
+    tmp = f"{path}.{os.getpid()}.tmp"
     # A stale tmp (a crash mid-write) or a planted symlink goes first; O_EXCL then creates a
     # fresh file and never follows or reuses whatever sits at that name.
     _unlink_quietly(tmp)

@@ -2,7 +2,6 @@
 database was away. See ``App`` for the handler API and ``enqueue`` to add jobs."""
 
 from shardworker.app import App
-from shardworker.child.steps import StepError
 from shardworker.client import JobSpec, enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from shardworker.control import Cancel, Fail, Retry, Snooze
 from shardworker.errors import (
@@ -12,6 +11,7 @@ from shardworker.errors import (
     JobsError,
     KindNotServed,
     ShardworkerError,
+    StepError,
     StoreError,
     WaitTimeout,
 )

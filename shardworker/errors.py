@@ -106,3 +106,8 @@ class DataRejected(StoreError):
 
 class OutcomeRejected(DataRejected):
     """The database rejected an outcome for good."""
+
+
+class StepError(Exception):
+    """A step was misused (``job.step``); the attempt fails (even when the handler catches
+    this) and nothing of the step is recorded."""

@@ -15,7 +15,6 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import orjson
-from croniter import croniter
 
 from shardworker.errors import ConfigError
 
@@ -42,7 +41,7 @@ class Schedule:
     def __post_init__(self) -> None:
         if not isinstance(self.kind, str) or not self.kind:
             raise ConfigError("a periodic job's kind must be a non-empty string")
-        if not isinstance(self.cron, str) or not croniter.is_valid(self.cron):
+        if not isinstance(self.cron, str) or not _croniter().is_valid(self.cron):
             raise ConfigError(f"periodic {self.kind!r}: {self.cron!r} is not a cron expression "
                               "(five fields, or six with seconds last)")
         if not isinstance(self.catch_up, int) or self.catch_up < 1:
@@ -72,7 +71,7 @@ class Schedule:
         of the schedule's time zone (``_is_scheduled``). UTC because Python compares two
         datetimes of one zone by wall clock: 01:30 EDT == 01:30 EST."""
         previous = last
-        it = croniter(self.cron, last.astimezone(self.zone))
+        it = _croniter()(self.cron, last.astimezone(self.zone))
         while True:
             tick = it.get_next(datetime).astimezone(UTC)
             if tick > previous and self._is_scheduled(tick):
@@ -91,7 +90,7 @@ class Schedule:
     def latest_tick(self, now: datetime) -> datetime:
         """The last tick at or before ``now``."""
         start = (now + timedelta(microseconds=1)).astimezone(self.zone)
-        return croniter(self.cron, start).get_prev(datetime).astimezone(UTC)
+        return _croniter()(self.cron, start).get_prev(datetime).astimezone(UTC)
 
     def next_tick(self, now: datetime) -> datetime:
         """The first scheduled instant after ``now``."""
@@ -113,3 +112,10 @@ class Schedule:
                  "priority": self.priority, "max_attempts": self.max_attempts, "run_at": tick, "delay_s": 0.0,
                  "dedupe_key": f"periodic:{self.name}:{tick.astimezone(self.zone).isoformat()}"} for tick in ticks]
         return jobs, ticks[-1]
+
+
+def _croniter() -> Any:
+    """croniter, imported with the first cron schedule: a worker without one never pays its import."""
+    from croniter import croniter
+
+    return croniter

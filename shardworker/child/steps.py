@@ -28,6 +28,7 @@ from typing import Any
 
 from shardworker import wire
 from shardworker.child.results import Unstorable, storable_json
+from shardworker.errors import StepError
 from shardworker.model import ClaimedJob, StepRecord, loads_exact
 
 MAX_STEPS = 10_000  # step names a job may record, over all its attempts
@@ -38,11 +39,6 @@ MAX_STEP_NAME_CHARS = 200
 # from a handler thread, (record), which returns once it is fsync'd.
 Sink = Callable[[bytes, Callable[[], None]], None]
 Commit = Callable[[bytes], None]
-
-
-class StepError(Exception):
-    """A step was misused; the attempt fails (even when the handler catches this) and
-    nothing of the step is recorded."""
 
 
 class StepLog:

@@ -154,11 +154,15 @@ def note(message: str, **fields: Any) -> None:
         click.echo(message, err=True)
 
 
+LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "::1", "[::1]"]  # the names of this machine's loopback
+
+
 def is_loopback(host: str) -> bool:
-    """Whether ``host`` (an address or a name) is this machine's loopback interface only."""
-    if host == "localhost":
+    """Whether binding to ``host`` (an address or a name) keeps a port on this machine: a
+    name other than ``localhost`` may resolve to any interface."""
+    if host.lower() == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
-        return False  # a host name: it may resolve to any interface
+        return False

@@ -12,8 +12,7 @@ import sys
 
 import click
 
-from shardworker.cli.common import dsn_option, one_line_errors, resolve_dsn
-from shardworker.dashboard.security import LOOPBACK_HOSTS, is_loopback
+from shardworker.cli.common import LOOPBACK_HOSTS, dsn_option, is_loopback, one_line_errors, resolve_dsn
 from shardworker.errors import ConfigError
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
-import ipaddress
 from urllib.parse import urlsplit
 
 from starlette.authentication import AuthCredentials, AuthenticationBackend, AuthenticationError, SimpleUser
@@ -26,7 +25,6 @@ from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoin
 from starlette.requests import HTTPConnection, Request
 from starlette.responses import PlainTextResponse, Response
 
-LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "::1", "[::1]"]
 REALM = 'Basic realm="shardworker dashboard", charset="UTF-8"'
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 HEADERS = {
@@ -36,17 +34,6 @@ HEADERS = {
     "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
-
-
-def is_loopback(host: str) -> bool:
-    """Whether binding to ``host`` keeps the port on this machine (a name other than
-    ``localhost`` counts as reachable from elsewhere)."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def presented_secret(authorization: str) -> str | None:

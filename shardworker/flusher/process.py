@@ -88,15 +88,16 @@ class FlusherHandle:
         self._restart_at: float | None = None
         self._crashes = procs.CrashCounter("the flusher")
 
-    def start(self) -> None:
-        ctx = procs.context()
+    def start(self, fork: bool = False) -> None:
+        """Start the flusher process: spawned, or (``fork``, at the worker's start only) forked."""
+        ctx = procs.context(fork)
         if self.state is None:
             self.state = ctx.RawValue(SharedState)
         self.state.flushed, self.state.idle, self.state.drained, self.state.last_error = 0, False, False, b""
         self.process = ctx.Process(target=flusher_main, name="shardworker-flusher", daemon=True,
                                    args=(self.outbox_dir, self.store_config, self.config, self.state,
                                          self.idle_sleep_s, os.getpid(), logs.current()))
-        procs.start(self.process)
+        procs.start_process(self.process, fork)
         self._crashes.started(self.clock())
 
     @property

@@ -124,8 +124,9 @@ class ChildHandle:
         """Suspects wait, or one runs alone: nothing else may be sent."""
         return bool(self.suspects) or self.suspect in self.sent
 
-    def start(self, now: float) -> None:
-        ctx = procs.context()
+    def start(self, now: float, fork: bool = False) -> None:
+        """Start the child process: spawned, or (``fork``, at the worker's start only) forked."""
+        ctx = procs.context(fork)
         self._close_pipes()
         to_child_r, to_child_w = ctx.Pipe(duplex=False)
         from_child_r, from_child_w = ctx.Pipe(duplex=False)
@@ -135,7 +136,7 @@ class ChildHandle:
         self.process = ctx.Process(target=child_main,
                                    args=(self.config, to_child_r, from_child_w, array, logs.current()),
                                    name=f"shardworker-shard-{self.index}", daemon=True)
-        procs.start(self.process)
+        procs.start_process(self.process, fork)
         to_child_r.close()
         from_child_w.close()
         self._pipes = [to_child_w, from_child_r]

@@ -35,6 +35,7 @@ from shardworker.worker.unserved import UnservedWatch
 log = logging.getLogger(__name__)
 
 PRUNE_BATCH = 1000
+BACKLOG_INTERVAL_S = 5.0  # how often one worker recomputes the backlog report the metrics show
 FINISHED = ("done", "failed", "cancelled")
 
 

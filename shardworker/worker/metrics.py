@@ -12,7 +12,7 @@ path takes no lock of its own and no process shares a registry:
 * the rest (claims, backlog, the database's state) are the parent's own fields;
 * the backlog by queue and kind (available, scheduled, prefetched, running, oldest available
   age) is the whole database's, not this worker's: one worker at a time computes it, at
-  most every ``BACKLOG_INTERVAL_S``, and every worker's housekeeping thread reads the last
+  most every ``housekeeping.BACKLOG_INTERVAL_S``, and every worker's housekeeping thread reads the last
   report (``shardworker.worker.housekeeping``); ``shardworker_backlog_report_age_seconds``
   says how old the numbers are. Every worker shows the same values: aggregate them across
   workers with ``max``, not ``sum``.
@@ -52,7 +52,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 OUTBOX_REFRESH_S = 1.0
-BACKLOG_INTERVAL_S = 5.0
 BACKLOG_GAUGES = (("available", "Jobs queued and due, by queue and kind (every worker's view of the database)."),
                   ("scheduled", "Jobs queued for later (run_at ahead), by queue and kind."),
                   ("prefetched", "Jobs claimed by a live worker whose handler has not started, by queue and kind."),

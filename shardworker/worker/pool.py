@@ -65,9 +65,9 @@ class ChildPool:
     def __len__(self) -> int:
         return len(self.handles)
 
-    def start(self) -> None:
+    def start(self, fork: bool = False) -> None:  # fork: before the parent connects or starts a thread
         for handle in self.handles:
-            handle.start(self.clock())
+            handle.start(self.clock(), fork)
 
     def outstanding(self, index: int) -> int:
         """Jobs routed to child ``index`` and not yet reported (sent, or waiting here)."""

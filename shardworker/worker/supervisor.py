@@ -1,15 +1,19 @@
 """The supervisor: the order of things in one worker's life.
 
-1. Take the outbox directory's worker lock; know the worker id; wait for the schema; bind
-   the outbox to this database at first use, or refuse another database.
-2. Wait until no process of a previous run still writes a shard of this outbox, and
-   until it is clear no other live worker uses this worker id (``shardworker.worker.identity``).
-3. Start heartbeating (its own thread and connection) and the flusher.
+1. Take the outbox directory's worker lock; know the worker id; wait until no process of a
+   previous run still writes a shard of this outbox.
+2. Fork the children and the flusher: nothing is connected and no thread runs yet, so they
+   start in milliseconds with what the parent imported (the app included), and never
+   inherit a connection. (A child or flusher that dies later is spawned afresh: by then the
+   parent holds connections and threads.) The children take no job before step 5.
+3. Wait for the schema; bind the outbox to this database at first use, or refuse another
+   database; make sure no other live worker uses this worker id
+   (``shardworker.worker.identity``); start heartbeating (its own thread and connection).
 4. Startup recovery: wait until the flusher has applied every pending outcome, give back
    uncharged the jobs a stop in an outage left in ``giveback.json`` (never started), then
    requeue this worker's running jobs that have none (their handlers never finished).
-5. Start the children and the housekeeping thread (periodic jobs, retention, the watch for
-   queued kinds no live worker serves); run the dispatcher until a signal, or idleness with
+5. Start the housekeeping thread (periodic jobs, retention, the watch for queued kinds no
+   live worker serves); run the dispatcher until a signal, or idleness with
    ``exit_when_idle`` (then name once more the queued kinds no live worker serves).
 6. Shut down: stop claiming, let children finish the job in hand, give back jobs never
    started (kept in ``giveback.json`` for step 4 of the next start when the database is
@@ -29,10 +33,10 @@ import signal
 import socket
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from outbox import status as outbox_status
-from shardworker import layout, logs
+from shardworker import layout, logs, procs
 from shardworker.app import App
 from shardworker.config import ChildConfig, WorkerConfig
 from shardworker.errors import CrashLoop, StoreError, WorkerIdInUse
@@ -43,12 +47,14 @@ from shardworker.store.pg_store import PgStore
 from shardworker.views import Serving
 from shardworker.worker.dispatcher import Dispatcher
 from shardworker.worker.heartbeat import Heartbeat, Load
-from shardworker.worker.housekeeping import Backlog, Housekeeper
-from shardworker.worker.metrics import BACKLOG_INTERVAL_S, MetricsServer, WorkerCollector
+from shardworker.worker.housekeeping import BACKLOG_INTERVAL_S, Backlog, Housekeeper
 from shardworker.worker.parent_outcomes import ParentOutcomes
 from shardworker.worker.pool import ChildPool
 from shardworker.worker.startup import Startup
 from shardworker.worker.unserved import UnservedWatch
+
+if TYPE_CHECKING:
+    from shardworker.worker.metrics import MetricsServer
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +104,8 @@ class Supervisor:
         self.schema_checked = False  # the database answered at startup (what database_up says until claims)
         self.metrics: MetricsServer | None = None
         if config.metrics_port is not None:
+            from shardworker.worker.metrics import MetricsServer, WorkerCollector  # prometheus_client: only then
+
             self.metrics = MetricsServer(config.metrics_host, config.metrics_port, [WorkerCollector(self)],
                                          config.metrics_token)
 
@@ -143,16 +151,17 @@ class Supervisor:
     def run(self) -> RunSummary:
         """Run until stopped (signal) or idle (``exit_when_idle``); returns a summary."""
         lock_fd = layout.lock_outbox(self.config.outbox_dir, "worker")
+        procs.close_in_forked(lock_fd)
         try:
             self.worker_id = layout.resolve_worker_id(self.config.outbox_dir, self.config.worker_id)
             logs.set_worker_id(self.worker_id)
+            self._install_signals()
+            self._fork_processes()
             if self.metrics is not None:
                 self.metrics.start()
-            self._install_signals()
             if not self._start():
                 self._raise_if_id_lost()
                 return RunSummary()
-            self.pool.start()
             dispatcher = Dispatcher(self.config, self.worker_id, self.app.kinds, self.store, self.pool,
                                     self.flusher, self.parent_outcomes, stopping=lambda: self.stopping)
             self.dispatcher = dispatcher
@@ -180,17 +189,21 @@ class Supervisor:
             self.store.close()
             os.close(lock_fd)
 
+    def _fork_processes(self) -> None:
+        """Steps 1 (the wait for a previous run's writers) and 2."""
+        Startup(self.config, self.store, self.flusher, self._backoff, lambda: self.stopping).wait_for_writers_gone()
+        self.pool.start(fork=True)
+        self.flusher.start(fork=True)
+
     def _start(self) -> bool:
-        """Steps 1 to 4 (``shardworker.worker.startup``); False when a signal came first."""
+        """Steps 3 and 4 (``shardworker.worker.startup``); False when a signal came first."""
         startup = Startup(self.config, self.store, self.flusher, self._backoff, lambda: self.stopping)
         startup.check_schema()
         self.schema_checked = True
         startup.register_kinds(list(self.app.handlers.values()))
         startup.bind()
-        startup.wait_for_writers_gone()
         startup.check_worker_id(self.worker_id)
         self._start_heartbeat()
-        self.flusher.start()
         return startup.recover(self.worker_id)
 
     def _install_signals(self) -> None:

@@ -1,8 +1,12 @@
-"""One handler that reports which database drivers its child process has loaded: a child
-holds no connection, so it has no reason to import psycopg."""
+"""One handler that reports what of the database its child process holds: the sockets it
+has open to the database server's port, and the psycopg connections alive in it. A child
+is forked from the parent before the parent connects, so it may have the driver's modules
+loaded, but never a connection."""
 
 from __future__ import annotations
 
+import gc
+import os
 import sys
 
 from shardworker import App, Job
@@ -10,7 +14,34 @@ from shardworker import App, Job
 app = App()
 
 
-@app.handler("loaded_drivers")
-def loaded_drivers(job: Job) -> dict[str, object]:
-    return {"psycopg": sorted(name for name in sys.modules if name.split(".")[0] in ("psycopg", "psycopg_binary")),
-            "store": sorted(name for name in sys.modules if name.startswith("shardworker.store"))}
+def socket_inodes_to(port: int) -> set[str]:
+    """Inodes of the TCP sockets on this host whose remote end is ``port``."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if int(fields[2].rsplit(":", 1)[1], 16) == port:
+                found.add(fields[9])
+    return found
+
+
+@app.handler("database_holdings")
+def database_holdings(job: Job) -> dict[str, int]:
+    to_database = socket_inodes_to(int(job.payload["port"]))
+    mine = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            mine.add(target[len("socket:["):-1])
+    driver = sys.modules.get("psycopg")
+    connections = [] if driver is None else [
+        o for o in gc.get_objects() if isinstance(o, driver.BaseConnection) and not o.closed]
+    return {"sockets": len(mine & to_database), "connections": len(connections)}

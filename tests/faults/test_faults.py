@@ -79,8 +79,9 @@ def test_repeated_short_outages_rerun_nothing(private_pg: EmbeddedPostgres, dirs
 
 
 def _worker_processes(parent_pid: int, pg_port: int) -> dict[str, list[int]]:
-    """The worker's spawned processes by role, read from /proc: the flusher is the one with
-    a connection to PostgreSQL (children never have one); the resource tracker is neither."""
+    """The worker's processes by role, read from /proc: each names itself ``sw-ROLE``
+    (``/proc/PID/comm``); the flusher is also the one with a connection to PostgreSQL
+    (children never have one)."""
     roles: dict[str, list[int]] = {"child": [], "flusher": []}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -88,13 +89,15 @@ def _worker_processes(parent_pid: int, pg_port: int) -> dict[str, list[int]]:
         try:
             with open(f"/proc/{entry}/stat") as f:
                 ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read()
+            with open(f"/proc/{entry}/comm") as f:
+                name = f.read().strip()
         except (OSError, IndexError, ValueError):
             continue
-        if ppid != parent_pid or b"multiprocess.spawn" not in cmdline:
+        if ppid != parent_pid or not name.startswith("sw-"):
             continue
-        roles["flusher" if pg_port in _remote_ports(int(entry)) else "child"].append(int(entry))
+        flusher = name == "sw-flusher"
+        assert flusher == (pg_port in _remote_ports(int(entry))), f"{name} (pid {entry}): only the flusher connects"
+        roles["flusher" if flusher else "child"].append(int(entry))
     return roles
 
 

@@ -89,16 +89,18 @@ def test_a_subdirectory_owned_by_another_user_is_refused(tmp_path: Path) -> None
         outbox.verify(str(d))
 
 
-@pytest.mark.parametrize("name", ["checkpoint.json.tmp", "worker-id.tmp"])
-def test_planted_tmp_symlink_is_not_followed(tmp_path: Path, name: str) -> None:
-    """A ``*.tmp`` symlink to a root-only file outside: the state file is written, the target is unchanged."""
+@pytest.mark.parametrize("state", ["checkpoint.json", "worker-id"])
+def test_planted_tmp_symlink_is_not_followed(tmp_path: Path, state: str) -> None:
+    """A symlink to a root-only file outside, planted where the writer puts its tmp
+    (``NAME.PID.tmp``): the state file is written, the target is unchanged."""
     d = tmp_path / "outbox"
     d.mkdir(mode=0o700)
     secret = tmp_path / "secret"
     secret.write_bytes(b"root only\n")
     secret.chmod(0o600)
+    name = f"{state}.{os.getpid()}.tmp"
     (d / name).symlink_to(secret)
-    if name.startswith("checkpoint"):
+    if state.startswith("checkpoint"):
         with ShardWriter.open(str(d), 0) as w:
             w.append({"n": 1})
             w.commit()
@@ -108,8 +110,8 @@ def test_planted_tmp_symlink_is_not_followed(tmp_path: Path, name: str) -> None:
     else:
         layout.resolve_worker_id(str(d), "w-1")
     assert secret.read_bytes() == b"root only\n"
-    assert not (d / name).exists() and (d / name.removesuffix(".tmp")).is_file()
-    assert not (d / name.removesuffix(".tmp")).is_symlink()
+    assert not (d / name).exists() and (d / state).is_file()
+    assert not (d / state).is_symlink()
 
 
 def test_planted_lock_symlink_is_not_followed(tmp_path: Path) -> None:
