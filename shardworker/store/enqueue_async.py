@@ -12,7 +12,7 @@ import psycopg
 
 from shardworker.config import StoreConfig
 from shardworker.errors import EnqueueError
-from shardworker.store.connection import connect_options, first_line, translate_errors
+from shardworker.store.connection import connect_async, first_line, translate_errors
 from shardworker.store.enqueue import BULK_STATEMENT_TIMEOUT_S, REFUSED, inserted_ids, needs_own_transaction
 from shardworker.store.sql import query
 
@@ -75,7 +75,7 @@ async def async_cursor_for(conn_or_dsn: Any, *, transaction: bool,
         return
     config = config or StoreConfig(dsn=conn_or_dsn)
     with translate_errors():
-        aconn = await psycopg.AsyncConnection.connect(config.dsn, **connect_options(config))
+        aconn = await connect_async(config)
     try:
         async with borrowed_async_cursor(aconn, transaction=transaction) as cur:
             yield cur

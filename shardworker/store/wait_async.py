@@ -13,7 +13,7 @@ from psycopg.pq import TransactionStatus
 
 from shardworker.config import StoreConfig
 from shardworker.errors import DatabaseUnavailable, JobsError
-from shardworker.store.connection import connect_options, translate_errors
+from shardworker.store.connection import connect_async, translate_errors
 from shardworker.store.job_queries import FINAL_STATUSES
 from shardworker.store.sql import query
 from shardworker.views import JobInfo
@@ -33,7 +33,7 @@ async def wait_job_end_async(conn_or_dsn: Any, job_id: int, timeout_s: float) ->
                 await _run(aconn, "unlisten_finished")
     config = StoreConfig(dsn=conn_or_dsn)
     with translate_errors():
-        aconn = await psycopg.AsyncConnection.connect(config.dsn, **connect_options(config))
+        aconn = await connect_async(config)
     try:
         return await _wait_on(aconn, job_id, timeout_s)
     finally:

@@ -1,10 +1,8 @@
 -- migration_lock --
--- One `shardworker migrate` at a time: a session advisory lock ("SHAW").
-SELECT pg_advisory_lock(1397244247);
-
--- migration_unlock --
--- Release the migration lock.
-SELECT pg_advisory_unlock(1397244247);
+-- One migration at a time across `shardworker migrate` runs: a transaction advisory lock
+-- ("SHAW"), taken by each migration's own transaction, so it holds through a transaction
+-- pool (PgBouncer) too, where a session lock would stay behind on a pooled server connection.
+SELECT pg_advisory_xact_lock(1397244247);
 
 -- migration_table_exists --
 -- Whether the ledger of applied migrations exists (migration 0001 creates it).
