@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.dashboard.conftest import running_dashboard
-from tests.helpers import exit_code, query, runs_per_job, start_worker, worker_env, worker_log
+from tests.helpers import exit_code, query, runs_per_job, start_worker, wait_for, worker_env, worker_log
 from tests.pgbouncer import pgbouncer
 
 JOBS = 300
@@ -57,3 +57,14 @@ def test_everything_through_a_transaction_pool(bouncer_dsn: str, empty_dsn: str,
         for page in ("/", f"/jobs/{ids[0]}", "/live/overview"):
             answer = httpx.get(board.url + page, timeout=10)
             assert answer.status_code == 200, (page, answer.text[:500], board.output())
+
+
+def test_listen_dsn_listens_on_a_direct_connection(bouncer_dsn: str, empty_dsn: str, tmp_path: Path) -> None:
+    cli(tmp_path, "migrate", "--dsn", bouncer_dsn)
+    proc = start_worker(bouncer_dsn, tmp_path / "outbox", tmp_path, "--listen-dsn", empty_dsn, procs=1)
+    listeners = "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'shardworker listen'"
+    wait_for(lambda: query(empty_dsn, listeners) == [(1,)], 15, "the worker's listen connection")
+    cli(tmp_path, "enqueue", "count", "{}", "--dsn", bouncer_dsn)
+    wait_for(lambda: query(empty_dsn, "SELECT status FROM shardworker.jobs") == [("done",)], 15, "the job done")
+    assert proc.poll() is None
+    assert "polls" not in worker_log(tmp_path)

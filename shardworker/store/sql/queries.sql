@@ -354,6 +354,14 @@ SELECT pg_notify('shardworker_jobs', '');
 LISTEN shardworker_jobs;
 LISTEN shardworker_cancel;
 
+-- backend_pid --
+-- The server backend this statement runs on (a pooler's connection reports another pid at startup).
+SELECT pg_backend_pid();
+
+-- notify_probe --
+-- Does a NOTIFY reach this worker's LISTEN? Workers ignore a cancel whose payload holds no ids.
+SELECT pg_notify('shardworker_cancel', %(token)s);
+
 -- job_stats --
 -- Job counts by queue and status.
 SELECT queue, status, count(*) FROM shardworker.jobs GROUP BY queue, status ORDER BY queue, status;
