@@ -18,7 +18,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Self
 
 import psycopg
 from psycopg import errors as pgerr
@@ -134,6 +134,25 @@ async def connect_async(config: StoreConfig) -> psycopg.AsyncConnection[Any]:
         if not refuses_options(exc, config):
             raise
     return await psycopg.AsyncConnection.connect(config.dsn, **connect_options(config, startup_options=False))
+
+
+class UnpreparedCursor(psycopg.Cursor[Any]):
+    """A cursor for a caller's own connection that never server-prepares, whatever the
+    connection's ``prepare_threshold`` (psycopg's default prepares a statement on its 5th
+    run): behind a transaction pool (PgBouncer) each statement may meet another server
+    connection, which lacks the statement or holds another client's of the same name."""
+
+    def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None,
+                binary: bool | None = None) -> Self:
+        return super().execute(query, params, prepare=False, binary=binary)
+
+
+class AsyncUnpreparedCursor(psycopg.AsyncCursor[Any]):
+    """``UnpreparedCursor`` for asyncio."""
+
+    async def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None,
+                      binary: bool | None = None) -> Self:
+        return await super().execute(query, params, prepare=False, binary=binary)
 
 
 def first_line(exc: BaseException) -> str:

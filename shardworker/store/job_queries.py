@@ -192,7 +192,7 @@ def _wait_on(conn: psycopg.Connection[Any], job_id: int, timeout_s: float) -> tu
 
 def _run(conn: psycopg.Connection[Any], name: str, params: dict[str, Any] | None = None) -> tuple[Any, ...] | None:
     """One statement, committed at once on a connection that is not in autocommit."""
-    cur = conn.execute(query(name), params)
+    cur = conn.execute(query(name), params, prepare=False)  # see UnpreparedCursor
     row = cur.fetchone() if cur.description else None
     if not conn.autocommit:
         conn.commit()

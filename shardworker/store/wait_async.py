@@ -63,7 +63,7 @@ async def _wait_on(aconn: psycopg.AsyncConnection[Any], job_id: int,
 async def _run(aconn: psycopg.AsyncConnection[Any], name: str,
                params: dict[str, Any] | None = None) -> tuple[Any, ...] | None:
     """One statement, committed at once on a connection that is not in autocommit."""
-    cur = await aconn.execute(query(name), params)
+    cur = await aconn.execute(query(name), params, prepare=False)  # see UnpreparedCursor
     row = await cur.fetchone() if cur.description else None
     if not aconn.autocommit:
         await aconn.commit()

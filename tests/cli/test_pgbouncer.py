@@ -68,3 +68,21 @@ def test_listen_dsn_listens_on_a_direct_connection(bouncer_dsn: str, empty_dsn: 
     wait_for(lambda: query(empty_dsn, "SELECT status FROM shardworker.jobs") == [("done",)], 15, "the job done")
     assert proc.poll() is None
     assert "polls" not in worker_log(tmp_path)
+
+
+def test_enqueue_and_read_on_the_callers_own_connection(bouncer_dsn: str, tmp_path: Path) -> None:
+    """psycopg prepares a statement run 5 times on a connection; through a transaction pool
+    the next run lands on a server connection that never saw it, or that holds another
+    client's statement of the same name. The library's calls on a caller's plain connection
+    (default ``prepare_threshold``) never prepare."""
+    import psycopg
+
+    import shardworker
+    from shardworker import jobs
+
+    cli(tmp_path, "migrate", "--dsn", bouncer_dsn)
+    with psycopg.connect(bouncer_dsn, autocommit=True) as one, psycopg.connect(bouncer_dsn, autocommit=True) as two:
+        ids = [shardworker.enqueue(conn, "count", {"n": n}) for n in range(10) for conn in (one, two)]
+        for job_id in ids:
+            for conn in (one, two):
+                assert jobs.get_job(conn, job_id) is not None
