@@ -18,6 +18,8 @@ from shardworker.limits import MAX_QUEUE_BYTES, MAX_WORKER_ID_BYTES, MiB, not_st
 
 # Failed and cancelled jobs are kept longer than done ones: someone may still look at why.
 FAILED_RETENTION_S = 30 * 86400.0
+# doctor --horizon-age: a transaction open longer holds the xmin horizon too long (vacuum waits).
+HORIZON_WARN_S = 300.0
 
 
 def duration_text(seconds: float) -> str:
