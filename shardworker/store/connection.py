@@ -109,7 +109,7 @@ def refuses_options(exc: psycopg.Error, config: StoreConfig) -> bool:
     if _OPTIONS_REFUSED not in str(exc) or config.dsn in _REFUSE_OPTIONS:
         return False
     _REFUSE_OPTIONS.add(config.dsn)
-    log.info("the database's pooler refuses the options startup parameter: connecting without "
+    log.debug("the database's pooler refuses the options startup parameter: connecting without "
              "statement_timeout; a statement past %.0f s is cut by the client-side deadline instead",
              config.statement_timeout_s + config.network_timeout_s)
     return True

@@ -14,7 +14,7 @@ from psycopg.pq import TransactionStatus
 from shardworker.config import StoreConfig
 from shardworker.errors import DatabaseUnavailable, JobsError
 from shardworker.store.connection import connect_async, translate_errors
-from shardworker.store.job_queries import FINAL_STATUSES
+from shardworker.store.job_queries import FINAL_STATUSES, RECHECK_S
 from shardworker.store.sql import query
 from shardworker.views import JobInfo
 
@@ -50,14 +50,17 @@ async def _wait_on(aconn: psycopg.AsyncConnection[Any], job_id: int,
             job = None if row is None else JobInfo(*row)
             if job is None or job.status in FINAL_STATUSES:
                 return job, True
-            woken = False
-            while not woken:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return job, False
-                async for note in aconn.notifies(timeout=remaining, stop_after=1):
-                    woken = woken or (note.channel == "shardworker_finished"
-                                      and str(job_id) in note.payload.split(","))
+            if time.monotonic() >= deadline:
+                return job, False
+            await _finished_note(aconn, job_id, min(deadline, time.monotonic() + RECHECK_S))
+
+
+async def _finished_note(aconn: psycopg.AsyncConnection[Any], job_id: int, until: float) -> None:
+    """Return when ``job_id``'s end is announced, or at ``until`` (monotonic) at the latest."""
+    while (remaining := until - time.monotonic()) > 0:
+        async for note in aconn.notifies(timeout=remaining, stop_after=1):
+            if note.channel == "shardworker_finished" and str(job_id) in note.payload.split(","):
+                return
 
 
 async def _run(aconn: psycopg.AsyncConnection[Any], name: str,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -86,3 +87,14 @@ def test_enqueue_and_read_on_the_callers_own_connection(bouncer_dsn: str, tmp_pa
         for job_id in ids:
             for conn in (one, two):
                 assert jobs.get_job(conn, job_id) is not None
+
+
+def test_jobs_wait_through_the_pool_sees_the_end_without_a_notification(bouncer_dsn: str, tmp_path: Path) -> None:
+    """No notification comes through a transaction pool: ``jobs wait`` reads the row again
+    every second instead of waiting out its --timeout."""
+    cli(tmp_path, "migrate", "--dsn", bouncer_dsn)
+    cli(tmp_path, "enqueue", "slow", '{"sleep": 1.5}', "--dsn", bouncer_dsn)
+    start_worker(bouncer_dsn, tmp_path / "outbox", tmp_path, procs=1)
+    started = time.monotonic()
+    assert "done" in cli(tmp_path, "jobs", "wait", "1", "--timeout", "30", "--dsn", bouncer_dsn).stdout
+    assert time.monotonic() - started < 10
