@@ -18,6 +18,8 @@ from shardworker.limits import MAX_QUEUE_BYTES, MAX_WORKER_ID_BYTES, MiB, not_st
 
 # Failed and cancelled jobs are kept longer than done ones: someone may still look at why.
 FAILED_RETENTION_S = 30 * 86400.0
+# doctor --horizon-age: a transaction open longer holds the xmin horizon too long (vacuum waits).
+HORIZON_WARN_S = 300.0
 
 
 def duration_text(seconds: float) -> str:
@@ -39,6 +41,8 @@ class StoreConfig:
     # this long, through TCP keepalives and TCP_USER_TIMEOUT, even mid-statement.
     network_timeout_s: int = 20
     application_name: str = "shardworker"
+    # A direct connection (not through a transaction pool) used for LISTEN only.
+    listen_dsn: str | None = None
 
     def __post_init__(self) -> None:
         if self.connect_timeout_s < 1:
@@ -83,6 +87,7 @@ class WorkerConfig:
 
     dsn: str
     app_ref: str
+    listen_dsn: str | None = None  # run --listen-dsn: a direct connection for LISTEN only
     procs: int = 2
     outbox_dir: str = ".shardworker/outbox"
     queues: tuple[str, ...] | None = None
@@ -241,7 +246,8 @@ class WorkerConfig:
 
     def store_config(self) -> StoreConfig:
         return StoreConfig(dsn=self.dsn, connect_timeout_s=self.connect_timeout_s,
-                           statement_timeout_s=self.statement_timeout_s, network_timeout_s=self.network_timeout_s)
+                           statement_timeout_s=self.statement_timeout_s, network_timeout_s=self.network_timeout_s,
+                           listen_dsn=self.listen_dsn)
 
     def flusher_config(self) -> FlusherConfig:
         return FlusherConfig(flush_batch=self.flush_batch, flush_bytes=self.flush_bytes,

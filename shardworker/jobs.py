@@ -103,8 +103,9 @@ def get_links(conn_or_dsn: Any, job_id: int) -> tuple[list[LinkInfo], list[LinkI
 
 
 def wait_for(conn_or_dsn: Any, job_id: int, timeout_s: float = 60.0) -> JobInfo:
-    """The job once it is ``done``, ``failed`` or ``cancelled``: it LISTENs for the end
-    (no polling). ``WaitTimeout`` (a ``TimeoutError``) when ``timeout_s`` runs out first,
+    """The job once it is ``done``, ``failed`` or ``cancelled``: it LISTENs for the end, and
+    reads the job again every second all the same (through a transaction pool such as
+    PgBouncer no notification comes). ``WaitTimeout`` (a ``TimeoutError``) when ``timeout_s`` runs out first,
     ``JobsError`` when no job has that id (or it is deleted while waited on).
 
     On your own connection it must be outside a transaction (notifications arrive only

@@ -10,13 +10,14 @@ import orjson
 
 from shardworker.cli.common import (
     EMBEDDED_BASE,
+    Seconds,
     dsn_option,
     json_option,
     one_line_errors,
     outbox_dir_option,
     resolve_dsn,
 )
-from shardworker.config import WorkerConfig
+from shardworker.config import HORIZON_WARN_S, WorkerConfig
 
 _MiB = 1024 * 1024
 
@@ -25,11 +26,15 @@ _MiB = 1024 * 1024
 @outbox_dir_option
 @click.option("--min-free-mb", type=click.IntRange(min=0), default=WorkerConfig.min_free_bytes // _MiB,
               show_default=True, help="Free space the outbox disk needs (as `run --min-free-mb`).")
+@click.option("--horizon-age", type=Seconds(1), default=HORIZON_WARN_S, show_default=True,
+              help="Seconds a transaction may hold the xmin horizon (keep vacuum from removing dead job "
+                   "rows) before it is named.")
 @json_option
 @dsn_option
 @click.pass_context
 @one_line_errors
-def doctor(ctx: click.Context, outbox_dir: str, min_free_mb: int, as_json: bool, dsn: str | None) -> None:
+def doctor(ctx: click.Context, outbox_dir: str, min_free_mb: int, horizon_age: float, as_json: bool,
+           dsn: str | None) -> None:
     """Check the schema, the database, the outbox directory and the clocks; exit 1 when action is needed."""
     from shardworker.doctor import Status, diagnose, needs_action
 
@@ -37,7 +42,7 @@ def doctor(ctx: click.Context, outbox_dir: str, min_free_mb: int, as_json: bool,
                                                       click.core.ParameterSource.ENVIRONMENT)
     checked, dsn_error, dsn_action = _doctor_dsn(dsn)
     checks = diagnose(checked, outbox_dir, outbox_dir_given=given, min_free_bytes=min_free_mb * _MiB,
-                      embedded=not dsn, dsn_error=dsn_error, dsn_action=dsn_action)
+                      embedded=not dsn, dsn_error=dsn_error, dsn_action=dsn_action, horizon_warn_s=horizon_age)
     failing = needs_action(checks)
     if as_json:
         click.echo(orjson.dumps({"needs_action": failing, "checks": [c.as_json() for c in checks]}).decode())

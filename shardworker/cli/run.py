@@ -86,6 +86,9 @@ D = WorkerConfig.default
 @click.option("--log-format", envvar="SHARDWORKER_LOG_FORMAT", type=click.Choice(logs.FORMATS), default="text",
               show_default=True,
               help="text for people, json for machines: one object a line (env SHARDWORKER_LOG_FORMAT).")
+@click.option("--listen-dsn", envvar="SHARDWORKER_LISTEN_DSN", default=None,
+              help="A direct PostgreSQL DSN (not through a transaction pool such as PgBouncer) used for "
+                   "LISTEN only, so enqueues wake the worker at once (env SHARDWORKER_LISTEN_DSN).")
 @dsn_option
 @one_line_errors
 @click.pass_context
@@ -125,7 +128,7 @@ def worker_config(app_ref: str, dsn: str | None, *, procs: int, outbox_dir: str,
                   rescue_after: float, rescue_grace: float, backoff_cap: float, network_timeout: int,
                   statement_timeout: float, min_free_mb: int, concurrency: int, prefetch: int, retention: float,
                   retention_failed: float | None, segment_bytes: int, metrics_port: int | None, metrics_host: str,
-                  metrics_token: str | None) -> WorkerConfig:
+                  metrics_token: str | None, listen_dsn: str | None) -> WorkerConfig:
     """The ``WorkerConfig`` of the command's options (``WorkerConfig`` checks each value)."""
     return WorkerConfig(
         dsn=resolve_dsn(dsn), embedded_db=dsn is None, app_ref=app_ref, procs=procs, outbox_dir=outbox_dir,
@@ -137,4 +140,4 @@ def worker_config(app_ref: str, dsn: str | None, *, procs: int, outbox_dir: str,
         connect_timeout_s=min(D("connect_timeout_s"), network_timeout), concurrency=concurrency,
         prefetch_batch=prefetch, segment_bytes=segment_bytes, retention_s=retention,
         retention_failed_s=retention_failed, metrics_port=metrics_port,
-        metrics_host=metrics_host, metrics_token=metrics_token or None)
+        metrics_host=metrics_host, metrics_token=metrics_token or None, listen_dsn=listen_dsn or None)

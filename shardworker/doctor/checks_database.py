@@ -1,6 +1,7 @@
 """The database's checks for ``shardworker doctor``: ``gather_database`` reads the facts (one
 bounded connection, nothing written) and the ``check_*`` functions judge them: reachable,
-writable, schema version, clock skew, silent workers, queued kinds no live worker serves."""
+writable, schema version, clock skew, silent workers, queued kinds no live worker serves, and
+the production checks of ``checks_production``."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING
 from shardworker import binding
 from shardworker.binding import Binding
 from shardworker.counts import unserved_text
+from shardworker.doctor.checks_production import HORIZON_WARN_S, ProductionFacts, gather_production, production_checks
 from shardworker.doctor.report import Check, Status, attempt
 from shardworker.dsn import redact_dsn
 from shardworker.errors import ShardworkerError
@@ -37,6 +39,7 @@ class DatabaseFacts:
     identity: Binding | None = None
     unserved: list[UnservedKind] | None = None  # None: not readable
     action: str | None = None  # what to do when there is no database to check
+    production: ProductionFacts | None = None
 
 
 def gather_database(dsn: str, *, embedded: bool = False, connect_timeout_s: int = CONNECT_TIMEOUT_S) -> DatabaseFacts:
@@ -55,7 +58,8 @@ def gather_database(dsn: str, *, embedded: bool = False, connect_timeout_s: int 
         workers, _ = attempt(store.workers)
         identity, _ = attempt(lambda: binding.current(store, embedded=embedded))
         unserved, _ = attempt(store.unserved_kinds)
-        return DatabaseFacts(where, None, state, versions, schema_error, workers, identity, unserved)
+        return DatabaseFacts(where, None, state, versions, schema_error, workers, identity, unserved,
+                             production=gather_production(store))
     finally:
         store.close()
 
@@ -143,7 +147,7 @@ def check_kinds(unserved: list[UnservedKind]) -> Check:
                  "it is enqueued (`enqueue --strict` refuses such kinds)", data)
 
 
-def database_checks(facts: DatabaseFacts) -> list[Check]:
+def database_checks(facts: DatabaseFacts, horizon_warn_s: float = HORIZON_WARN_S) -> list[Check]:
     """The database's checks; only the first when it is unreachable (the rest need it)."""
     checks = [check_database(facts)]
     if facts.state is None:
@@ -154,4 +158,6 @@ def database_checks(facts: DatabaseFacts) -> list[Check]:
         checks.append(check_workers(facts.workers))
     if facts.unserved is not None:
         checks.append(check_kinds(facts.unserved))
+    if facts.production is not None:
+        checks += production_checks(facts.production, horizon_warn_s)
     return checks

@@ -18,7 +18,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Self
 
 import psycopg
 from psycopg import errors as pgerr
@@ -80,14 +80,79 @@ def _tcp_liveness(timeout_s: int) -> dict[str, Any]:
             "tcp_user_timeout": timeout_s * 1000}
 
 
-def connect_options(config: StoreConfig) -> dict[str, Any]:
-    """Keyword arguments for ``psycopg.connect``: autocommit, every wait bounded."""
-    return {"autocommit": True, "connect_timeout": config.connect_timeout_s,
-            # Never server-prepare: a generic plan for the batched apply assumed ~1
-            # running row and nested-looped over all of them (seconds per batch).
-            "prepare_threshold": None, "application_name": config.application_name,
-            "options": f"-c statement_timeout={int(config.statement_timeout_s * 1000)}",
-            **_tcp_liveness(config.network_timeout_s)}
+def connect_options(config: StoreConfig, *, startup_options: bool = True) -> dict[str, Any]:
+    """Keyword arguments for ``psycopg.connect``: autocommit, every wait bounded.
+    Without ``startup_options`` the ``options`` startup parameter (the server-side
+    statement timeout) is left out, for poolers that refuse it."""
+    options = {"autocommit": True, "connect_timeout": config.connect_timeout_s,
+               # Never server-prepare: a generic plan for the batched apply assumed ~1
+               # running row and nested-looped over all of them (seconds per batch); and a
+               # transaction pool (PgBouncer) hands each statement a different server
+               # connection, where a statement prepared on another one does not exist.
+               "prepare_threshold": None, "application_name": config.application_name,
+               **_tcp_liveness(config.network_timeout_s)}
+    if startup_options and config.dsn not in _REFUSE_OPTIONS:
+        options["options"] = f"-c statement_timeout={int(config.statement_timeout_s * 1000)}"
+    return options
+
+
+# DSNs whose server refused the ``options`` startup parameter: PgBouncer (before 1.20
+# without ``ignore_startup_parameters = options``) closes such a connection at once.
+_REFUSE_OPTIONS: set[str] = set()
+_OPTIONS_REFUSED = "unsupported startup parameter: options"
+
+
+def refuses_options(exc: psycopg.Error, config: StoreConfig) -> bool:
+    """Whether ``exc`` is a pooler refusing the ``options`` startup parameter; if so,
+    remember it for ``config.dsn`` and say once that the statement timeout is left to the
+    client-side deadline (``Watchdog``) there."""
+    if _OPTIONS_REFUSED not in str(exc) or config.dsn in _REFUSE_OPTIONS:
+        return False
+    _REFUSE_OPTIONS.add(config.dsn)
+    log.debug("the database's pooler refuses the options startup parameter: connecting without "
+             "statement_timeout; a statement past %.0f s is cut by the client-side deadline instead",
+             config.statement_timeout_s + config.network_timeout_s)
+    return True
+
+
+def connect(config: StoreConfig) -> psycopg.Connection[Any]:
+    """A new connection for ``config``; once more without the ``options`` startup
+    parameter when a pooler refuses it."""
+    try:
+        return psycopg.connect(config.dsn, **connect_options(config))
+    except psycopg.OperationalError as exc:
+        if not refuses_options(exc, config):
+            raise
+    return psycopg.connect(config.dsn, **connect_options(config, startup_options=False))
+
+
+async def connect_async(config: StoreConfig) -> psycopg.AsyncConnection[Any]:
+    """``connect`` for asyncio."""
+    try:
+        return await psycopg.AsyncConnection.connect(config.dsn, **connect_options(config))
+    except psycopg.OperationalError as exc:
+        if not refuses_options(exc, config):
+            raise
+    return await psycopg.AsyncConnection.connect(config.dsn, **connect_options(config, startup_options=False))
+
+
+class UnpreparedCursor(psycopg.Cursor[Any]):
+    """A cursor for a caller's own connection that never server-prepares, whatever the
+    connection's ``prepare_threshold`` (psycopg's default prepares a statement on its 5th
+    run): behind a transaction pool (PgBouncer) each statement may meet another server
+    connection, which lacks the statement or holds another client's of the same name."""
+
+    def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None,
+                binary: bool | None = None) -> Self:
+        return super().execute(query, params, prepare=False, binary=binary)
+
+
+class AsyncUnpreparedCursor(psycopg.AsyncCursor[Any]):
+    """``UnpreparedCursor`` for asyncio."""
+
+    async def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None,
+                      binary: bool | None = None) -> Self:
+        return await super().execute(query, params, prepare=False, binary=binary)
 
 
 def first_line(exc: BaseException) -> str:
@@ -167,7 +232,7 @@ class Session:
             self.close()
             try:
                 with translate_errors():
-                    self._conn = psycopg.connect(self.config.dsn, **connect_options(self.config))
+                    self._conn = connect(self.config)
             except DatabaseUnavailable as exc:
                 raise NotConnected(str(exc)) from exc.__cause__
             self.generation += 1

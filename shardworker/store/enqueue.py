@@ -15,7 +15,7 @@ from psycopg.pq import TransactionStatus
 
 from shardworker.config import StoreConfig
 from shardworker.errors import DatabaseUnavailable, EnqueueError
-from shardworker.store.connection import Session, first_line, translate_errors
+from shardworker.store.connection import Session, UnpreparedCursor, first_line, translate_errors
 from shardworker.store.sql import query
 
 # Bulk loads may take minutes: a connection of our own for COPY has no 30 s statement timeout.
@@ -126,7 +126,7 @@ def borrowed_cursor(conn: Any, *, transaction: bool) -> Iterator[psycopg.Cursor[
     if not isinstance(conn, psycopg.Connection):
         raise EnqueueError(f"expected a DSN string or an open psycopg connection, got {type(conn).__name__}")
     own = needs_own_transaction(conn, transaction)
-    with translate_errors(), conn.transaction() if own else contextlib.nullcontext(), conn.cursor() as cur:
+    with translate_errors(), conn.transaction() if own else contextlib.nullcontext(), UnpreparedCursor(conn) as cur:
         yield cur
 
 

@@ -12,7 +12,7 @@ import psycopg
 
 from shardworker.config import StoreConfig
 from shardworker.errors import EnqueueError
-from shardworker.store.connection import connect_options, first_line, translate_errors
+from shardworker.store.connection import AsyncUnpreparedCursor, connect_async, first_line, translate_errors
 from shardworker.store.enqueue import BULK_STATEMENT_TIMEOUT_S, REFUSED, inserted_ids, needs_own_transaction
 from shardworker.store.sql import query
 
@@ -60,7 +60,7 @@ async def borrowed_async_cursor(aconn: Any, *, transaction: bool) -> AsyncIterat
         raise EnqueueError(f"expected a DSN string or an open psycopg.AsyncConnection, got {type(aconn).__name__}")
     own = needs_own_transaction(aconn, transaction)
     with translate_errors():
-        async with aconn.transaction() if own else contextlib.nullcontext(), aconn.cursor() as cur:
+        async with aconn.transaction() if own else contextlib.nullcontext(), AsyncUnpreparedCursor(aconn) as cur:
             yield cur
 
 
@@ -75,7 +75,7 @@ async def async_cursor_for(conn_or_dsn: Any, *, transaction: bool,
         return
     config = config or StoreConfig(dsn=conn_or_dsn)
     with translate_errors():
-        aconn = await psycopg.AsyncConnection.connect(config.dsn, **connect_options(config))
+        aconn = await connect_async(config)
     try:
         async with borrowed_async_cursor(aconn, transaction=transaction) as cur:
             yield cur

@@ -172,6 +172,9 @@ def wait_job_end(conn_or_dsn: Any, job_id: int, timeout_s: float) -> tuple[JobIn
         session.close()
 
 
+RECHECK_S = 1.0  # wait_for reads the job again at least this often
+
+
 def _wait_on(conn: psycopg.Connection[Any], job_id: int, timeout_s: float) -> tuple[JobInfo | None, bool]:
     deadline = time.monotonic() + max(0.0, timeout_s)
     with translate_errors():
@@ -181,18 +184,20 @@ def _wait_on(conn: psycopg.Connection[Any], job_id: int, timeout_s: float) -> tu
             job = None if row is None else JobInfo(*row)
             if job is None or job.status in FINAL_STATUSES:
                 return job, True
-            woken = False
-            while not woken:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return job, False
-                woken = any(n.channel == "shardworker_finished" and str(job_id) in n.payload.split(",")
-                            for n in conn.notifies(timeout=remaining, stop_after=1))
+            if time.monotonic() >= deadline:
+                return job, False
+            # Read the row again within RECHECK_S even without a notification: none comes
+            # through a transaction pool (PgBouncer), where LISTEN cannot work.
+            until = min(deadline, time.monotonic() + RECHECK_S)
+            while (remaining := until - time.monotonic()) > 0:
+                if any(n.channel == "shardworker_finished" and str(job_id) in n.payload.split(",")
+                       for n in conn.notifies(timeout=remaining, stop_after=1)):
+                    break
 
 
 def _run(conn: psycopg.Connection[Any], name: str, params: dict[str, Any] | None = None) -> tuple[Any, ...] | None:
     """One statement, committed at once on a connection that is not in autocommit."""
-    cur = conn.execute(query(name), params)
+    cur = conn.execute(query(name), params, prepare=False)  # see UnpreparedCursor
     row = cur.fetchone() if cur.description else None
     if not conn.autocommit:
         conn.commit()

@@ -21,6 +21,7 @@ from shardworker.config import StoreConfig
 from shardworker.store.enqueue import EnqueueQueries
 from shardworker.store.housekeeping import HousekeepingQueries
 from shardworker.store.notifications import Notifications
+from shardworker.store.production import ProductionQueries
 from shardworker.store.queue_queries import QueueQueries
 from shardworker.store.schema_queries import SchemaQueries, ServerState
 from shardworker.store.serving import ServingQueries
@@ -31,5 +32,5 @@ __all__ = ["PgStore", "ServerState", "StoreConfig"]
 
 
 class PgStore(WorkerQueries, Notifications, WorkerRows, HousekeepingQueries, SchemaQueries, EnqueueQueries,
-              QueueQueries, ServingQueries):
+              QueueQueries, ServingQueries, ProductionQueries):
     """Job storage on one PostgreSQL connection."""

@@ -34,21 +34,19 @@ class SchemaQueries(Session):
 
     def migrate(self, migrations: Sequence[Migration]) -> list[str]:
         """Apply those of ``migrations`` not yet applied, in order, each in its own
-        transaction, under an advisory lock; returns the names applied."""
+        transaction that first takes the migration lock and then reads what is applied
+        (another run may have applied it meanwhile); returns the names applied."""
         applied: list[str] = []
         with self.cursor() as cur:
-            cur.execute(query("migration_lock"))
-            try:
-                done = applied_versions(cur)
-                for migration in migrations:
+            for migration in migrations:
+                with cur.connection.transaction():
+                    cur.execute(query("migration_lock"))
+                    done = applied_versions(cur)
                     if done is None or migration.version not in done:
-                        with cur.connection.transaction():
-                            cur.execute(migration.sql().encode())
-                            cur.execute(query("migration_record"), {"version": migration.version,
-                                                                    "name": migration.name})
+                        cur.execute(migration.sql().encode())
+                        cur.execute(query("migration_record"), {"version": migration.version,
+                                                                "name": migration.name})
                         applied.append(migration.name)
-            finally:
-                cur.execute(query("migration_unlock"))
         return applied
 
     def check_schema(self) -> None:

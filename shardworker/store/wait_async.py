@@ -13,8 +13,8 @@ from psycopg.pq import TransactionStatus
 
 from shardworker.config import StoreConfig
 from shardworker.errors import DatabaseUnavailable, JobsError
-from shardworker.store.connection import connect_options, translate_errors
-from shardworker.store.job_queries import FINAL_STATUSES
+from shardworker.store.connection import connect_async, translate_errors
+from shardworker.store.job_queries import FINAL_STATUSES, RECHECK_S
 from shardworker.store.sql import query
 from shardworker.views import JobInfo
 
@@ -33,7 +33,7 @@ async def wait_job_end_async(conn_or_dsn: Any, job_id: int, timeout_s: float) ->
                 await _run(aconn, "unlisten_finished")
     config = StoreConfig(dsn=conn_or_dsn)
     with translate_errors():
-        aconn = await psycopg.AsyncConnection.connect(config.dsn, **connect_options(config))
+        aconn = await connect_async(config)
     try:
         return await _wait_on(aconn, job_id, timeout_s)
     finally:
@@ -50,20 +50,23 @@ async def _wait_on(aconn: psycopg.AsyncConnection[Any], job_id: int,
             job = None if row is None else JobInfo(*row)
             if job is None or job.status in FINAL_STATUSES:
                 return job, True
-            woken = False
-            while not woken:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return job, False
-                async for note in aconn.notifies(timeout=remaining, stop_after=1):
-                    woken = woken or (note.channel == "shardworker_finished"
-                                      and str(job_id) in note.payload.split(","))
+            if time.monotonic() >= deadline:
+                return job, False
+            await _finished_note(aconn, job_id, min(deadline, time.monotonic() + RECHECK_S))
+
+
+async def _finished_note(aconn: psycopg.AsyncConnection[Any], job_id: int, until: float) -> None:
+    """Return when ``job_id``'s end is announced, or at ``until`` (monotonic) at the latest."""
+    while (remaining := until - time.monotonic()) > 0:
+        async for note in aconn.notifies(timeout=remaining, stop_after=1):
+            if note.channel == "shardworker_finished" and str(job_id) in note.payload.split(","):
+                return
 
 
 async def _run(aconn: psycopg.AsyncConnection[Any], name: str,
                params: dict[str, Any] | None = None) -> tuple[Any, ...] | None:
     """One statement, committed at once on a connection that is not in autocommit."""
-    cur = await aconn.execute(query(name), params)
+    cur = await aconn.execute(query(name), params, prepare=False)  # see UnpreparedCursor
     row = await cur.fetchone() if cur.description else None
     if not aconn.autocommit:
         await aconn.commit()

@@ -20,8 +20,8 @@ from shardworker.wire import encode_outcome
 from tests.helpers import enqueue
 
 REPO = Path(__file__).resolve().parents[2]
-HEALTHY = ["database", "writable", "schema", "clock", "workers", "kinds", "outbox", "modes", "disk", "pending",
-           "bound-to", "quarantine"]
+HEALTHY = ["database", "writable", "schema", "clock", "workers", "kinds", "horizon", "dead-rows", "connections",
+           "outbox", "modes", "disk", "pending", "bound-to", "quarantine"]
 
 
 def invoke(*args: str) -> Result:

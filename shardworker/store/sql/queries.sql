@@ -1,10 +1,8 @@
 -- migration_lock --
--- One `shardworker migrate` at a time: a session advisory lock ("SHAW").
-SELECT pg_advisory_lock(1397244247);
-
--- migration_unlock --
--- Release the migration lock.
-SELECT pg_advisory_unlock(1397244247);
+-- One migration at a time across `shardworker migrate` runs: a transaction advisory lock
+-- ("SHAW"), taken by each migration's own transaction, so it holds through a transaction
+-- pool (PgBouncer) too, where a session lock would stay behind on a pooled server connection.
+SELECT pg_advisory_xact_lock(1397244247);
 
 -- migration_table_exists --
 -- Whether the ledger of applied migrations exists (migration 0001 creates it).
@@ -355,6 +353,14 @@ SELECT pg_notify('shardworker_jobs', '');
 -- Subscribe to enqueue notifications, and to the cancels of running jobs (job_cancel).
 LISTEN shardworker_jobs;
 LISTEN shardworker_cancel;
+
+-- backend_pid --
+-- The server backend this statement runs on (a pooler's connection reports another pid at startup).
+SELECT pg_backend_pid();
+
+-- notify_probe --
+-- Does a NOTIFY reach this worker's LISTEN? Workers ignore a cancel whose payload holds no ids.
+SELECT pg_notify('shardworker_cancel', %(token)s);
 
 -- job_stats --
 -- Job counts by queue and status.
@@ -1017,3 +1023,35 @@ WITH RECURSIVE ended AS (
     SELECT pg_notify('shardworker_jobs', '') AS sent FROM settled WHERE status = 'queued' LIMIT 1
 )
 SELECT id, status FROM settled WHERE (SELECT count(*) FROM announced) >= 0 AND (SELECT count(*) FROM woken) >= 0;
+
+-- doctor_oldest_transactions --
+-- Sessions holding the xmin horizon back (vacuum cannot remove rows dead since their
+-- snapshot), oldest first; this session's own snapshot left out.
+SELECT pid, coalesce(application_name, ''), coalesce(state, ''), coalesce(datname, ''),
+       extract(epoch FROM clock_timestamp() - xact_start)::float8
+FROM pg_stat_activity
+WHERE (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL) AND xact_start IS NOT NULL
+  AND pid <> pg_backend_pid()
+ORDER BY xact_start
+LIMIT 5;
+
+-- doctor_slots_holding --
+-- Replication slots that hold the horizon (xmin or catalog_xmin set), with its age in
+-- transactions: a slot no one reads (inactive) holds it for ever.
+SELECT slot_name, slot_type, active, age(coalesce(xmin, catalog_xmin))::bigint
+FROM pg_replication_slots
+WHERE xmin IS NOT NULL OR catalog_xmin IS NOT NULL
+ORDER BY age(coalesce(xmin, catalog_xmin)) DESC;
+
+-- doctor_jobs_tuples --
+-- Live and dead rows of the jobs table as the statistics collector last counted them.
+SELECT coalesce(sum(n_live_tup), 0)::bigint, coalesce(sum(n_dead_tup), 0)::bigint,
+       max(greatest(last_autovacuum, last_vacuum))
+FROM pg_stat_user_tables
+WHERE schemaname = 'shardworker' AND relname = 'jobs';
+
+-- doctor_connections --
+-- Client connections open on the whole server, against max_connections.
+SELECT (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')::int,
+       current_setting('max_connections')::int,
+       current_setting('superuser_reserved_connections')::int;
