@@ -38,7 +38,7 @@ def _load_crc32c() -> Callable[..., int]:
                     break
                 module = importlib.util.module_from_spec(spec)
                 spec.loader.exec_module(module)
-                return module.crc32c  # type: ignore[no-any-return]
+                return module.crc32c
             except (ImportError, AttributeError):
                 break
     from crc32c import crc32c
