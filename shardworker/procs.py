@@ -109,6 +109,7 @@ def become_worker_process(parent_pid: int, role: str, log_setup: logs.LogSetup |
         del os.environ[_SAFE_PATH]  # set by ``start`` for the bootstrap only
     # The parent coordinates shutdown: a terminal's Ctrl-C must not kill children mid-job.
     ignore_stop_signals()
+    signal.set_wakeup_fd(-1)  # a forked one's signals are not the parent's to be woken by
     name_process(f"sw-{role}")
     logs.configure(log_setup or logs.LogSetup(), role)
 

@@ -12,6 +12,7 @@ finished jobs. The pool of children (``shardworker.worker.pool``) drives these h
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import fcntl
 import logging
@@ -26,6 +27,7 @@ from shardworker.config import ChildConfig
 from shardworker.errors import StartupFailed
 from shardworker.jobstats import JobCounts
 from shardworker.model import ClaimedJob
+from shardworker.views import FlowCount
 
 log = logging.getLogger(__name__)
 
@@ -261,3 +263,19 @@ class ChildHandle:
             self._release((s.job.id, s.job.attempt))
         self.progress = None
         return sent
+
+
+def flow_counts(handles: Iterable[ChildHandle]) -> list[FlowCount]:
+    """This worker's jobs by queue and kind, for the heartbeat's flow report: prefetched
+    (held here, suspects waiting, sent and not started by its child) and running (started,
+    not yet reported). Read from the heartbeat's thread: each queue is copied in one C call
+    first, so the dispatcher's changes meanwhile cannot break the iteration."""
+    counts: collections.Counter[tuple[str, str, bool]] = collections.Counter()
+    for handle in list(handles):
+        progress, sent = handle.progress, list(handle.sent.values())
+        for job in (*list(handle.held), *list(handle.suspects)):
+            counts[(job.queue, job.kind, False)] += 1
+        for s in sent:
+            counts[(s.job.queue, s.job.kind, progress is not None and progress.started(s.slot, s.job.id))] += 1
+    names = sorted({(queue, kind) for queue, kind, _ in counts})
+    return [FlowCount(q, k, counts[(q, k, False)], counts[(q, k, True)]) for q, k in names]

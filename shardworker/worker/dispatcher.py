@@ -8,8 +8,8 @@ free-space watermark, and the database answered. (Claims never exceed the room t
 children have in all, each child's counted alone: one child stuck on a long handler has
 no room, and never stops claims for the others. Jobs go to their home child,
 ``shard_for(id, N)``; the pool holds back what a child has no room for and gives it to
-a child that has.) It then sleeps until a child reports,
-an enqueue notification arrives, or the poll interval passes.
+a child that has.) It then sleeps until a child reports, an enqueue notification arrives,
+or the poll interval passes (a few ms while a child comes up or the last outcomes land).
 
 It is built from its collaborators (config, store, pool, flusher, parent outcomes,
 clock) and touches nothing else; the heartbeat runs elsewhere, on its own connection.
@@ -83,6 +83,7 @@ class Dispatcher:
         # or the poll since the last claim (jobs may have arrived).
         self.backlog_seen, self.woken = False, True
         self.next_log_at, self.next_idle_check_at = clock() + config.log_interval_s, 0.0
+        self.wake_fds: list[int] = []  # readable when the wait should end at once (a stop signal)
         self._flushed_at_failure = 0  # flusher.flushed_total when the last claim failed
         self.db_errors = 0  # claims the database failed, in all
         self.watch = DatabaseWatch(self.backlog, clock)
@@ -132,17 +133,15 @@ class Dispatcher:
         except StoreError as exc:
             self._claim_failed(exc)  # tried again at the next look
             return
-        if pending is not None:
-            # The quarantined outcomes will never be flushed: count the backlog afresh.
+        if pending is not None:  # the quarantined outcomes will never be flushed: count afresh
             self.backlog.reset(pending)
 
     def db_failure(self) -> str | None:
         """Why the database was unreachable for this worker's last claim or flush; None when
         both worked. A claim failure counts until a claim works, or until the flusher has
         applied outcomes since (claims may stay paused after an outage: a backlog, no room)."""
-        failing = self.flusher.failing
-        if failing:
-            return failing
+        if self.flusher.failing:
+            return self.flusher.failing
         if self.outage.unreachable and self.flusher.flushed_total == self._flushed_at_failure:
             return self.outage.unreachable
         return None
@@ -243,10 +242,12 @@ class Dispatcher:
             timeout = min(timeout, self.pace_s)
         if self.next_claim_at:
             timeout = max(0.0, min(timeout, self.next_claim_at - self.clock()))
+        if self.pool.starting or (not self.pool.in_flight and self.backlog() > 0):
+            timeout = 0.005  # a child coming up, or the last outcomes landing: neither wakes the wait
         notify_fd = self._notify_fd()
         reads, writes = self.pool.wait_fds()
-        ready = procs.wait_ready([*reads, *([notify_fd] if notify_fd is not None else [])], writes,
-                                 min(timeout, 0.2))
+        ready = procs.wait_ready([*reads, *self.wake_fds, *([notify_fd] if notify_fd is not None else [])],
+                                 writes, min(timeout, 0.2))
         if notify_fd is not None and notify_fd in ready:
             try:
                 self.woken = self.store.wait_notify(0) or self.woken
@@ -266,6 +267,7 @@ class Dispatcher:
 
     def _idle(self) -> bool:
         if self.pool.in_flight or self.backlog() > 0 or not self.flusher.idle:
+            self.next_idle_check_at = 0.0  # the moment all has landed, look at once
             return False
         now = self.clock()
         if now < self.next_idle_check_at:
@@ -284,8 +286,8 @@ class Dispatcher:
         now = self.clock()
         if now >= self.next_log_at:
             self.next_log_at = now + self.config.log_interval_s
-            log.info("claimed %d, done %d, in flight %d, outbox backlog %d", self.claimed_total,
-                     self.done_total, self.pool.in_flight, self.backlog())
+            log.info("claimed %d, done %d, in flight %d, outbox backlog %d", self.claimed_total, self.done_total,
+                     self.pool.in_flight, self.backlog())
 
     @property
     def lost_claims(self) -> list[str]:
@@ -293,7 +295,6 @@ class Dispatcher:
         return self.giving_back.lost_claims
 
     def give_back(self, unstarted: list[JobKey], deadline: float) -> int:
-        """At a stop: release jobs no child started and the jobs of lost claims, retrying
-        until ``deadline`` (kept for the next start if the database stays away); returns how
-        many were released."""
+        """At a stop: release jobs no child started and the jobs of lost claims, retrying until
+        ``deadline`` (kept for the next start if the database stays away); how many were released."""
         return self.giving_back.at_stop(unstarted, deadline)

@@ -27,7 +27,6 @@ from shardworker.config import ChildConfig
 from shardworker.errors import CrashLoop
 from shardworker.jobstats import JobCounts
 from shardworker.model import ClaimedJob
-from shardworker.views import FlowCount
 from shardworker.worker import blame
 from shardworker.worker.cancelling import Cancelling
 from shardworker.worker.child_handle import ChildHandle, Sent
@@ -114,20 +113,11 @@ class ChildPool:
         return sum(max(0, self.at_once - len(h.sent) - len(h.held) - len(h.suspects))
                    for h in self.handles if h.up)
 
-    def flow_counts(self) -> list[FlowCount]:
-        """This worker's jobs by queue and kind, for the heartbeat's flow report: prefetched
-        (held here, suspects waiting, sent and not started by its child) and running (started,
-        not yet reported). Read from the heartbeat's thread: each queue is copied in one C call
-        first, so the dispatcher's changes meanwhile cannot break the iteration."""
-        counts: collections.Counter[tuple[str, str, bool]] = collections.Counter()
-        for handle in self.handles:
-            progress, sent = handle.progress, list(handle.sent.values())
-            for job in (*list(handle.held), *list(handle.suspects)):
-                counts[(job.queue, job.kind, False)] += 1
-            for s in sent:
-                counts[(s.job.queue, s.job.kind, progress is not None and progress.started(s.slot, s.job.id))] += 1
-        names = sorted({(queue, kind) for queue, kind, _ in counts})
-        return [FlowCount(q, k, counts[(q, k, False)], counts[(q, k, True)]) for q, k in names]
+    @property
+    def starting(self) -> bool:
+        """Whether some child is still coming up (alive, its app not yet loaded)."""
+        return any(h.alive and h.restart_at is None and not (h.progress is not None and h.progress.up)
+                   for h in self.handles)
 
     def held_bytes(self) -> int:
         """Payload bytes claimed and waiting here, not yet sent to a child."""

@@ -45,6 +45,7 @@ from shardworker.jobstats import JobCounts
 from shardworker.retry import Backoff
 from shardworker.store.pg_store import PgStore
 from shardworker.views import Serving
+from shardworker.worker.child_handle import flow_counts
 from shardworker.worker.dispatcher import Dispatcher
 from shardworker.worker.heartbeat import Heartbeat, Load
 from shardworker.worker.housekeeping import BACKLOG_INTERVAL_S, Backlog, Housekeeper
@@ -78,6 +79,7 @@ class Supervisor:
         self.store_config = config.store_config()
         self.store = PgStore(self.store_config)
         self.stopping = False
+        self._signalled = self._signal_fd = -1  # the pipe a signal writes to (_install_signals)
         self.worker_id = ""
         self.flusher = FlusherHandle(config.outbox_dir, self.store_config, config.flusher_config(),
                                      config.flush_idle_sleep_s)
@@ -164,6 +166,7 @@ class Supervisor:
                 return RunSummary()
             dispatcher = Dispatcher(self.config, self.worker_id, self.app.kinds, self.store, self.pool,
                                     self.flusher, self.parent_outcomes, stopping=lambda: self.stopping)
+            dispatcher.wake_fds.append(self._signalled)
             self.dispatcher = dispatcher
             if self.housekeeper.needed:
                 self.housekeeper.start()
@@ -188,6 +191,10 @@ class Supervisor:
             self.housekeeper.stop(wait_s=1.0)
             self.store.close()
             os.close(lock_fd)
+            if self._signal_fd >= 0:
+                signal.set_wakeup_fd(-1)
+                os.close(self._signalled)
+                os.close(self._signal_fd)
 
     def _fork_processes(self) -> None:
         """Steps 1 (the wait for a previous run's writers) and 2."""
@@ -217,6 +224,11 @@ class Supervisor:
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        # A signal also writes a byte here, ending the dispatcher's wait at once (not at its timeout).
+        self._signalled, self._signal_fd = os.pipe()
+        for fd in (self._signalled, self._signal_fd):
+            os.set_blocking(fd, False)
+        signal.set_wakeup_fd(self._signal_fd, warn_on_full_buffer=False)
 
     def _start_heartbeat(self) -> None:
         self.heartbeat = Heartbeat(PgStore(self.store_config), self.worker_id, self.config.heartbeat_interval_s,
@@ -243,7 +255,7 @@ class Supervisor:
         if dispatcher is None:
             return None, None, None
         try:
-            return self.pool.in_flight, max(0, dispatcher.backlog()), self.pool.flow_counts()
+            return self.pool.in_flight, max(0, dispatcher.backlog()), flow_counts(self.pool.handles)
         except Exception:  # a count caught mid-change is not worth a missed heartbeat
             return None, None, None
 

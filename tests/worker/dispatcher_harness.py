@@ -83,6 +83,8 @@ class Children:
     def wait_fds(self) -> tuple[list[int], list[int]]:
         return [], []
 
+    starting = False
+
     def cancel(self, job_ids: set[int]) -> int:
         return 0
 
