@@ -46,12 +46,15 @@ def enqueue_documents(dsn: str) -> None:
 def stop_during_a_split(server: EmbeddedPostgres, count_dirs: list[Path]) -> int:
     """Once a merge has started, stop PostgreSQL (immediate) while a split's handler is running;
     wait until that split has ended (its outcome and follow-ups in the outbox). Its id."""
+    running: list[int] = []  # the splits seen running when the wait ended (one may end right after)
+
     def split_running() -> bool:
         merges = sum(1 for e in ledger(count_dirs) if e.kind == "merge" and e.event == "start")
-        return merges >= 1 and bool(open_runs(count_dirs, "split"))
+        running[:] = open_runs(count_dirs, "split") if merges >= 1 else []
+        return bool(running)
 
     wait_for(split_running, 40, "a split running after a merge started", step_s=0.01)
-    (split_id, *_) = open_runs(count_dirs, "split")
+    split_id = running[0]
     server.stop("immediate")
     wait_for(lambda: split_id not in open_runs(count_dirs, "split"), 10, f"split {split_id} to end in the outage")
     return split_id
