@@ -140,6 +140,8 @@ class _Run:
     def finish(self, outcome: Outcome, raises: bool) -> HandlerRun:
         """The run's ``HandlerRun``, or (with ``raises``) the handler's exception raised."""
         status = outcome.disposition.value
+        if outcome.disposition is Disposition.RETRY and self.job.attempts_used >= self.job.max_attempts:
+            status = "failed"  # as the row does: no attempt left (job_apply_outcomes)
         asked = isinstance(self.trap.error, JobControl) and self.log.error is None
         if raises and outcome.disposition is not Disposition.DONE and not asked:
             raise self.log.error or self.trap.error or HandlerFailed(f"the run ended {status}: {outcome.error}")

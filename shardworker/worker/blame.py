@@ -61,7 +61,10 @@ def judge(cause: Cause, unfinished: Sequence[ClaimedJob], unsaved: Sequence[Clai
         charged = tuple((j, cause.timed_out[(j.id, j.attempt)]) for j in unfinished
                         if (j.id, j.attempt) in cause.timed_out)
         innocent = tuple(j for j in unfinished if (j.id, j.attempt) not in cause.timed_out)
-        return Verdict("killed for a timeout", charged, (*innocent, *unsaved))
+        cancels = sum(1 for _, error in charged if error.startswith("cancelled by an operator"))
+        why = "killed: a cancelled handler did not stop in time" if cancels == len(charged) and cancels else \
+            "killed for a timeout"
+        return Verdict(why, charged, (*innocent, *unsaved))
     if cause.fatal:
         return Verdict(cause.fatal, tuple((j, cause.fatal) for j in (*unfinished, *unsaved)), crash=True)
     died = process_death(cause.exitcode)

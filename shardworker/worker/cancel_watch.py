@@ -53,4 +53,5 @@ class CancelWatch:
         if ids:
             held = self.pool.cancel(ids)
             if held:
-                log.info("%d jobs held here were cancelled by an operator; stopping them", held)
+                log.info("%d %s held here cancelled by an operator; stopping %s", held,
+                         "job" if held == 1 else "jobs", "it" if held == 1 else "them")

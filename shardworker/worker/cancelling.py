@@ -31,9 +31,12 @@ class Cancelling:
     def __bool__(self) -> bool:
         return bool(self._told)
 
-    def add(self, keys: Iterable[wire.JobKey]) -> None:
-        for key in keys:
-            self._told.setdefault(key, None)
+    def add(self, keys: Iterable[wire.JobKey]) -> int:
+        """Mark ``keys`` cancelled; how many were not already."""
+        new = [key for key in keys if key not in self._told]
+        for key in new:
+            self._told[key] = None
+        return len(new)
 
     def keep_only(self, held: set[wire.JobKey]) -> None:
         """Forget the jobs no longer held (reported, given back, settled after a death)."""

@@ -137,7 +137,10 @@ def shutdown_cause(handle: ChildHandle) -> blame.Cause:
 
 
 def log_death(index: int, verdict: blame.Verdict, unstarted: int) -> None:
-    if verdict.charged or verdict.snooze:
+    if verdict.reason.startswith("killed: a cancelled handler"):  # its job stays cancelled: nothing charged
+        log.warning("child %d: %s (jobs %s); %d queued again uncharged, %d not started", index, verdict.reason,
+                    ", ".join(str(j.id) for j, _ in verdict.charged), len(verdict.snooze), unstarted)
+    elif verdict.charged or verdict.snooze:
         log.error("child %d: %s; %d jobs charged a failed attempt (%s), %d queued again uncharged (of them %d "
                   "suspects, to run alone), %d not started", index, verdict.reason,
                   len(verdict.charged), ", ".join(str(j.id) for j, _ in verdict.charged) or "none",

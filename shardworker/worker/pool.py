@@ -88,11 +88,9 @@ class ChildPool:
                 + [j.id for h in self.handles for j in h.suspects])
 
     def cancel(self, job_ids: Iterable[int]) -> int:
-        """Stop the held jobs among ``job_ids`` (``shardworker.worker.cancelling``); how many."""
+        """Stop the held jobs among ``job_ids`` (``shardworker.worker.cancelling``); how many not yet stopping."""
         wanted = set(job_ids)
-        keys = [(j.id, j.attempt) for j in self._held_jobs() if j.id in wanted]
-        self.cancelling.add(keys)
-        return len(keys)
+        return self.cancelling.add((j.id, j.attempt) for j in self._held_jobs() if j.id in wanted)
 
     def _held_jobs(self) -> list[ClaimedJob]:
         return [j for h in self.handles for j in (*(s.job for s in h.sent.values()), *h.held, *h.suspects)]

@@ -76,11 +76,11 @@ class Startup:
 
         procs.wait_for_lock(held, OutboxBusy, timeout_s)
 
-    def recover(self, worker_id: str) -> bool:
-        """Apply pending outcomes, then requeue our running jobs that have none; False when
-        a signal came first."""
+    def recover(self, worker_id: str, wait_for_flusher: bool = True) -> bool:
+        """Apply pending outcomes (unless ``wait_for_flusher`` is false: the outbox held none
+        at start), then requeue our running jobs that have none; False when a signal came first."""
         waited_since = time.monotonic()
-        while not self.flusher.drained:
+        while wait_for_flusher and not self.flusher.drained:
             self.flusher.check()
             if self.stopping():
                 return False

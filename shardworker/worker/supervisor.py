@@ -21,12 +21,12 @@
    ``shutdown_timeout_s``; during an outage, what needs the database gets only
    ``DATABASE_WAIT_IN_OUTAGE_S``), stop housekeeping and heartbeating, forget the worker.
    A second signal exits at once. A crash loop (``CrashLoop``) shuts down the same way, then is raised.
-
 Each step is another module's: this one only decides when.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from outbox import OutboxError
 from outbox import status as outbox_status
 from shardworker import layout, logs, procs
 from shardworker.app import App
@@ -79,6 +80,7 @@ class Supervisor:
         self.store_config = config.store_config()
         self.store = PgStore(self.store_config)
         self.stopping = False
+        self._outbox_empty = False  # nothing pending in the outbox at start (_fork_processes)
         self._signalled = self._signal_fd = -1  # the pipe a signal writes to (_install_signals)
         self.worker_id = ""
         self.flusher = FlusherHandle(config.outbox_dir, self.store_config, config.flusher_config(),
@@ -164,6 +166,8 @@ class Supervisor:
             if not self._start():
                 self._raise_if_id_lost()
                 return RunSummary()
+            log.info("ready: claiming %s from %s (children: %d)", ", ".join(self.app.kinds) or "nothing",
+                     ", ".join(self.config.queues or ["every queue"]), self.config.procs)
             dispatcher = Dispatcher(self.config, self.worker_id, self.app.kinds, self.store, self.pool,
                                     self.flusher, self.parent_outcomes, stopping=lambda: self.stopping)
             dispatcher.wake_fds.append(self._signalled)
@@ -199,6 +203,9 @@ class Supervisor:
     def _fork_processes(self) -> None:
         """Steps 1 (the wait for a previous run's writers) and 2."""
         Startup(self.config, self.store, self.flusher, self._backoff, lambda: self.stopping).wait_for_writers_gone()
+        # Nothing to apply before step 4 (no child has a job yet): it need not wait. Unreadable: the flusher says.
+        with contextlib.suppress(OSError, ValueError, OutboxError):
+            self._outbox_empty = outbox_status(self.config.outbox_dir).pending == 0
         self.pool.start(fork=True)
         self.flusher.start(fork=True)
 
@@ -211,7 +218,7 @@ class Supervisor:
         startup.bind()
         startup.check_worker_id(self.worker_id)
         self._start_heartbeat()
-        return startup.recover(self.worker_id)
+        return startup.recover(self.worker_id, wait_for_flusher=not self._outbox_empty)
 
     def _install_signals(self) -> None:
         def on_signal(signum: int, _frame: Any) -> None:

@@ -135,6 +135,13 @@ def test_a_handlers_exception_is_raised_as_itself_or_kept_as_the_worker_would() 
         _ = run.result
 
 
+def test_a_failure_on_the_last_attempt_ends_failed_as_in_a_worker() -> None:
+    """With no attempt left, an exception or a Retry fails the job for good, as the row would."""
+    assert run_handler(app, "steer", "boom", raises=False, attempt=3, max_attempts=3).status == "failed"
+    assert run_handler(app, "steer", "retry", attempt=3, max_attempts=3).status == "failed"
+    assert run_handler(app, "steer", "boom", raises=False, attempt=2, max_attempts=3).status == "retry"
+
+
 def test_a_misused_step_or_an_unstorable_result_fails_as_in_a_worker() -> None:
     with pytest.raises(StepError, match="ran twice"):
         run_handler(app, "steer", "twice")

@@ -48,6 +48,8 @@ def test_an_async_handler_cancelled_while_running_is_cancelled_and_the_worker_go
     done = cancel_cli(pg_dsn, long, counts)
     assert done.returncode == 0, done.stderr
     assert row(pg_dsn, long)[0] == "cancelled"  # at once, whatever the worker does next
+    assert query(pg_dsn, "SELECT last_error FROM shardworker.jobs WHERE id = %s", long) == [
+        ("cancelled by an operator",)]
     wait_for(lambda: f"{long} async" in stopped(counts), 15, "the handler's task cancelled")
     quick = enqueue(pg_dsn, "quick", 5, {"n": 1})
     wait_for(lambda: all(row(pg_dsn, i)[0] == "done" for i in quick), 30, "the worker going on")
@@ -104,7 +106,7 @@ def test_a_stop_does_not_wait_out_the_shutdown_timeout_for_a_cancelled_handler(p
                         app="cancel_app")
     wait_for(lambda: started(counts, stubborn), 30, "the handler running")
     assert cancel_cli(pg_dsn, stubborn, counts).returncode == 0
-    wait_for(lambda: "stopping them" in worker_log(counts), 15, "the worker told of the cancel")
+    wait_for(lambda: "cancelled by an operator; stopping it" in worker_log(counts), 15, "the worker told of the cancel")
     proc.send_signal(signal.SIGTERM)
     assert exit_code(proc, 15, counts) == 0, worker_log(counts)
     assert row(pg_dsn, stubborn) == ("cancelled", None, 1)

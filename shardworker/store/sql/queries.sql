@@ -617,7 +617,8 @@ WITH target AS (
     FOR UPDATE
 ), cancelled AS (
     UPDATE shardworker.jobs j
-    SET status = 'cancelled', finished_at = now(), rescued_attempt = NULL, locked_by = NULL, updated_at = now()
+    SET status = 'cancelled', finished_at = now(), rescued_attempt = NULL, locked_by = NULL, updated_at = now(),
+        last_error = 'cancelled by an operator'
     FROM target t WHERE j.id = t.id
     RETURNING j.id, t.was
 ), announced AS (
