@@ -32,7 +32,7 @@ class Check:
 
     def line(self) -> str:
         label = "FAIL" if self.status is Status.FAIL else self.status.value
-        return f"{label:<4}  {self.name:<10} {self.detail}" + (f" -> {self.action}" if self.action else "")
+        return f"{label:<4}  {self.name:<11} {self.detail}" + (f" -> {self.action}" if self.action else "")
 
     def as_json(self) -> dict[str, Any]:
         return {"check": self.name, "status": self.status.value, "detail": self.detail, "action": self.action,
