@@ -83,7 +83,7 @@ def test_doctor_on_a_refused_port_fails_fast_without_the_password(tmp_path: Path
     assert time.monotonic() - started < 60  # no retries with backoff: a refusal is reported at once
     assert result.exit_code == 1
     assert "hunter2" not in result.output and "alice:***@127.0.0.1" in result.stdout
-    assert result.stdout.splitlines()[0].startswith("FAIL  database   unreachable")
+    assert result.stdout.splitlines()[0].startswith("FAIL  database    unreachable")
     assert "Traceback" not in result.output
 
 
