@@ -306,17 +306,15 @@ WHERE status = 'running' AND locked_by = %(worker_id)s
 RETURNING id;
 
 -- job_insert --
--- Enqueue one job; NULL id when a live job already holds the dedupe key. The payload is
--- typed text first, so payload_bytes is the size of the JSON text as sent.
-WITH ins AS (
-    INSERT INTO shardworker.jobs (kind, queue, payload, payload_bytes, priority, max_attempts, run_at, dedupe_key)
-    VALUES (%(kind)s, %(queue)s, %(payload)s::text::jsonb, octet_length(%(payload)s::text), %(priority)s,
-            %(max_attempts)s, coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay_s)s),
-            %(dedupe_key)s)
-    ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('waiting', 'queued', 'running') DO NOTHING
-    RETURNING id, queue
-)
-SELECT id, pg_notify('shardworker_jobs', queue) FROM ins;
+-- Enqueue one job; no row when a live job already holds the dedupe key. The payload is
+-- typed text first, so payload_bytes is the size of the JSON text as sent. No NOTIFY here:
+-- the caller sends notify_jobs next, in its own statement (see shardworker.store.enqueue).
+INSERT INTO shardworker.jobs (kind, queue, payload, payload_bytes, priority, max_attempts, run_at, dedupe_key)
+VALUES (%(kind)s, %(queue)s, %(payload)s::text::jsonb, octet_length(%(payload)s::text), %(priority)s,
+        %(max_attempts)s, coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay_s)s),
+        %(dedupe_key)s)
+ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('waiting', 'queued', 'running') DO NOTHING
+RETURNING id;
 
 -- job_stage_create --
 -- A session-local staging table for bulk enqueue through COPY; ord is each row's position.
