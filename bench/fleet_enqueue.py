@@ -9,7 +9,7 @@ and drains what arrives, as an idle worker would. Three variants, in alternating
   transaction of its own;
 * *NOTIFY in the insert's transaction*: the same call inside ``conn.transaction()``, so both
   commit together (what every enqueue did before, and still does in a caller's transaction);
-* *without NOTIFY*: the ``notify_jobs`` statement replaced by ``SELECT 1`` in the writer
+* *without NOTIFY*: the ``notify_queue`` statement replaced by ``SELECT 1`` in the writer
   processes: the same round trips, no notification.
 
 The table gives each one's median enqueues/s and its ratio to the last.
@@ -30,7 +30,7 @@ from shardworker import enqueue
 from shardworker.store.sql import queries
 
 KIND = "bench_fleet_enqueue"  # no worker runs it: the rows only pile up
-# name: (notify_jobs replaced by, each enqueue in a transaction of its own)
+# name: (notify_queue replaced by, each enqueue in a transaction of its own)
 VARIANTS = {"NOTIFY after the commit (shipped)": (None, False),
             "NOTIFY in the insert's transaction": (None, True),
             "without NOTIFY": ("SELECT 1", False)}
@@ -42,7 +42,7 @@ def writer(dsn: str, variant: tuple[str | None, bool], start: float, stop: float
     """Enqueue single jobs from ``start`` to ``stop`` (epoch seconds); report how many."""
     replace, in_transaction = variant
     if replace is not None:
-        queries()["notify_jobs"] = replace
+        queries()["notify_queue"] = replace
     done = 0
     with psycopg.connect(dsn, autocommit=True) as conn:
         enqueue(conn, KIND)  # connection and statement warm

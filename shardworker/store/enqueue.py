@@ -81,7 +81,7 @@ def insert_job(cur: psycopg.Cursor[Any], kind: str, payload_json: str, **fields:
     row = cur.fetchone()
     if row is None:
         return None
-    cur.execute(query("notify_jobs"))
+    cur.execute(query("notify_queue"), {"queue": fields["queue"]})
     return int(row[0])
 
 

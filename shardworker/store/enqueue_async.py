@@ -27,7 +27,7 @@ async def enqueue_one_async(conn_or_dsn: Any, kind: str, payload_json: str, **fi
         row = await cur.fetchone()
         if row is None:
             return None
-        await cur.execute(query("notify_jobs"))  # a statement of its own: see insert_job
+        await cur.execute(query("notify_queue"), {"queue": fields["queue"]})  # its own statement: see insert_job
     return int(row[0])
 
 

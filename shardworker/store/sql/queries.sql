@@ -308,7 +308,7 @@ RETURNING id;
 -- job_insert --
 -- Enqueue one job; no row when a live job already holds the dedupe key. The payload is
 -- typed text first, so payload_bytes is the size of the JSON text as sent. No NOTIFY here:
--- the caller sends notify_jobs next, in its own statement (see shardworker.store.enqueue).
+-- the caller sends notify_queue next, in its own statement (see shardworker.store.enqueue).
 INSERT INTO shardworker.jobs (kind, queue, payload, payload_bytes, priority, max_attempts, run_at, dedupe_key)
 VALUES (%(kind)s, %(queue)s, %(payload)s::text::jsonb, octet_length(%(payload)s::text), %(priority)s,
         %(max_attempts)s, coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay_s)s),
@@ -348,6 +348,10 @@ DROP TABLE shardworker_stage;
 -- notify_jobs --
 -- Wake listening workers.
 SELECT pg_notify('shardworker_jobs', '');
+
+-- notify_queue --
+-- Wake listening workers for a job of one queue (the payload names it).
+SELECT pg_notify('shardworker_jobs', %(queue)s);
 
 -- listen_jobs --
 -- Subscribe to enqueue notifications, and to the cancels of running jobs (job_cancel).
