@@ -8,7 +8,8 @@ minute 1 to minute 2 a side connection holds ``BEGIN ISOLATION LEVEL REPEATABLE 
 SELECT ... FROM shardworker.jobs LIMIT 1``: vacuum can remove nothing that died after its
 snapshot. Per 10 s window it prints jobs enqueued/s and done/s, the claim statement's p50/p99, enqueue ->
 done p99 (of the jobs enqueued in the window), the backlog at the window's end,
-``n_dead_tup`` of ``shardworker.jobs`` and the size of ``jobs_claim_idx``; then the targets.
+``n_dead_tup`` of ``shardworker.jobs``, the size of ``jobs_claim_idx`` and the pages one
+read-only scan of the first 64 due queued jobs touched (``EXPLAIN (ANALYZE, BUFFERS)``); then the targets.
 
 Claim latency is the server's own: the bench sets ``log_min_duration_statement = 0`` for the
 database (its own sessions turn it off again) and ``log_line_prefix = '%n [%p] '`` (epoch
@@ -120,15 +121,21 @@ def claim_times(log: Path | None, offset: int) -> list[tuple[float, float]]:
             if (m := LOG_LINE.match(line)) and m[3].startswith(CLAIM_MARK)]
 
 
-def sample(conn: psycopg.Connection) -> tuple[int, int]:
-    """(n_dead_tup of shardworker.jobs, bytes of jobs_claim_idx) now."""
+# The claim's walk alone, read-only: the pages one scan of the queued jobs touches.
+PROBE = ("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT id FROM shardworker.jobs "
+         "WHERE status = 'queued' AND run_at <= now() ORDER BY priority, run_at, id LIMIT 64")
+
+
+def sample(conn: psycopg.Connection) -> tuple[int, int, int]:
+    """(n_dead_tup of shardworker.jobs, bytes of jobs_claim_idx, pages the probe touched) now."""
     row = conn.execute("SELECT n_dead_tup, pg_relation_size('shardworker.jobs_claim_idx') "
                        "FROM pg_stat_user_tables WHERE relid = 'shardworker.jobs'::regclass").fetchone()
     assert row is not None
-    return int(row[0]), int(row[1])
+    plan = conn.execute(PROBE).fetchone()[0][0]["Plan"]  # type: ignore[index]
+    return int(row[0]), int(row[1]), int(plan["Shared Hit Blocks"]) + int(plan["Shared Read Blocks"])
 
 
-def drive(dsn: str, args: argparse.Namespace, start: float) -> list[tuple[int, int]]:
+def drive(dsn: str, args: argparse.Namespace, start: float) -> list[tuple[int, int, int]]:
     """Run the writers from ``start``, hold the horizon in minute 2, sample every window;
     the samples, one per window."""
     window, minute = 10 * args.minutes_scale, 60 * args.minutes_scale
@@ -138,7 +145,7 @@ def drive(dsn: str, args: argparse.Namespace, start: float) -> list[tuple[int, i
                for _ in range(args.writers)]
     for w in writers:
         w.start()
-    samples: list[tuple[int, int]] = []
+    samples: list[tuple[int, int, int]] = []
     with quiet_connect(dsn) as side, quiet_connect(dsn) as holder:
         for n in range(1, round(3 * minute / window) + 1):
             time.sleep(max(0.0, start + n * window - time.time()))
@@ -156,7 +163,7 @@ def drive(dsn: str, args: argparse.Namespace, start: float) -> list[tuple[int, i
     return samples
 
 
-def windows(dsn: str, start: float, width: float, samples: list[tuple[int, int]],
+def windows(dsn: str, start: float, width: float, samples: list[tuple[int, int, int]],
             claims: list[tuple[float, float]]) -> list[Window]:
     """Per window, from the table (the server's clock) and the samples."""
     sql = ("SELECT w, (SELECT count(*) FROM shardworker.jobs WHERE created_at >= to_timestamp(%(s)s + w * %(d)s) "
@@ -173,12 +180,23 @@ def windows(dsn: str, start: float, width: float, samples: list[tuple[int, int]]
     with quiet_connect(dsn) as conn:
         rows = conn.execute(sql, {"s": start, "d": width, "n": len(samples)}).fetchall()
     out = []
-    for (w, enqueued, done, p99, backlog), (dead, idx) in zip(rows, samples, strict=True):
+    for (w, enqueued, done, p99, backlog), (dead, idx, pages) in zip(rows, samples, strict=True):
         lo = start + w * width
         ms = sorted(m for t, m in claims if lo <= t < lo + width)
         out.append(Window(w * width, enqueued / width, done / width, ms, None if p99 is None else float(p99) * 1000,
-                          int(backlog), dead, idx))
+                          int(backlog), dead, idx, pages))
     return out
+
+
+def load_history(conn: psycopg.Connection, n: int) -> None:
+    """Empty the jobs table, fill it with ``n`` jobs done an hour ago, VACUUM ANALYZE: the
+    planner sees a table in use, as in production (on a freshly emptied table it plans the
+    claim for an empty one until autovacuum's first ANALYZE, a minute into the run)."""
+    conn.execute("TRUNCATE shardworker.jobs CASCADE")  # and job_steps, job_dependencies
+    conn.execute("INSERT INTO shardworker.jobs (kind, status, attempt, created_at, run_at, attempted_at, finished_at) "
+                 "SELECT %s, 'done', 1, t, t, t, t FROM generate_series(1, %s) i, "
+                 "LATERAL (SELECT now() - interval '1 hour' + i * interval '1 ms' AS t) a", (KIND, n))
+    conn.execute("VACUUM ANALYZE shardworker.jobs")
 
 
 def run(dsn: str, args: argparse.Namespace, work_dir: str) -> list[Window]:
@@ -188,7 +206,7 @@ def run(dsn: str, args: argparse.Namespace, work_dir: str) -> list[Window]:
     proc = start_worker(dsn, work_dir, outbox_dir, args.procs, Path(work_dir, "worker.log"))
     try:
         with quiet_connect(dsn) as conn:
-            conn.execute("TRUNCATE shardworker.jobs CASCADE")  # and job_steps, job_dependencies
+            load_history(conn, args.history)
             wait_done(conn, [i for i in (enqueue(conn, KIND) for _ in range(50)) if i is not None], 60)
             offset = log.stat().st_size if log else 0
             start = float(conn.execute("SELECT extract(epoch FROM clock_timestamp())").fetchone()[0]) + 1  # type: ignore[index]
@@ -210,11 +228,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=800.0, help="jobs enqueued per second in all (default 800)")
     parser.add_argument("--writers", type=int, default=2, help="enqueuing processes (default 2)")
     parser.add_argument("--procs", type=int, default=2, help="shardworker run --procs (default 2)")
+    parser.add_argument("--history", type=int, default=100_000,
+                        help="done jobs in the table before the run (default 100,000)")
     parser.add_argument("--minutes-scale", type=float, default=1.0,
                         help="scale every duration (minutes, 10 s windows): 0.1 for an 18 s smoke run")
     args = parser.parse_args(argv)
-    if args.rate <= 0 or args.writers < 1 or args.minutes_scale <= 0:
-        parser.error("--rate and --minutes-scale must be > 0, --writers >= 1")
+    if args.rate <= 0 or args.writers < 1 or args.minutes_scale <= 0 or args.history < 0:
+        parser.error("--rate and --minutes-scale must be > 0, --writers >= 1, --history >= 0")
     os.environ["BENCH_SLEEP_MS"] = "0"
     print(f"code: {code_version()}; {args.rate:g} jobs/s from {args.writers} writers, --procs {args.procs}, "
           f"minutes x{args.minutes_scale:g}; horizon held in minute 2", flush=True)

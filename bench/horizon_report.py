@@ -18,6 +18,7 @@ class Window:
     backlog: int  # jobs enqueued and not finished at the window's end
     dead: int  # n_dead_tup of shardworker.jobs at the window's end
     claim_idx: int  # bytes of jobs_claim_idx at the window's end
+    probe_pages: int  # pages a read-only scan of the first 64 due queued jobs touched
 
 
 def pct(sorted_ms: list[float], q: float) -> float | None:
@@ -38,14 +39,14 @@ def claim_p99(rows: list[Window]) -> float | None:
 
 def print_table(rows: list[Window], hold: tuple[float, float]) -> None:
     print("| t s | horizon | enqueued/s | done/s | claims | claim p50 ms | claim p99 ms | enqueue->done p99 ms "
-          "| backlog | n_dead_tup | claim idx kB |")
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| backlog | n_dead_tup | claim idx kB | probe pages |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for w in rows:
         held = "held" if hold[0] <= w.t < hold[1] else ""
         print(f"| {w.t:.0f} | {held} | {w.enqueued_per_s:,.0f} | {w.done_per_s:,.0f} | {len(w.claim_ms)} "
               f"| {fmt(pct(w.claim_ms, 0.5), '.2f')} | {fmt(pct(w.claim_ms, 0.99), '.2f')} "
               f"| {fmt(w.e2e_p99_ms, '.0f')} | {w.backlog:,} | {w.dead:,} "
-              f"| {w.claim_idx // 1024:,} |")
+              f"| {w.claim_idx // 1024:,} | {w.probe_pages:,} |")
 
 
 def print_report(rows: list[Window], window: float, minute_s: float, logged: bool) -> None:
