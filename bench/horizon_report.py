@@ -54,6 +54,9 @@ def print_report(rows: list[Window], window: float, minute_s: float, logged: boo
     print_table(rows, (minute_s, 2 * minute_s))
     first, held, after = (minute(rows, k * minute_s, (k + 1) * minute_s) for k in range(3))
     rate1, rate2 = (sum(w.done_per_s for w in m) / max(1, len(m)) for m in (first, held))
+    enq1, enq2 = (sum(w.enqueued_per_s for w in m) / max(1, len(m)) for m in (first, held))
+    print(f"enqueued/s: minute 1 {enq1:,.0f}, held minute {enq2:,.0f} (done/s follows it while the backlog "
+          f"stays small: worst backlog {max(w.backlog for w in rows):,})")
     e2e1, e2e2 = (max((w.e2e_p99_ms or 0.0) for w in m) if m else None for m in (first, held))
     print(f"done/s: minute 1 {rate1:,.0f}, held minute {rate2:,.0f} ({rate2 / max(rate1, 1e-9):.2f}x; "
           f"target >= 0.90x): {'meets' if rate2 >= 0.9 * rate1 else 'misses'}")
