@@ -65,13 +65,24 @@ def enqueue_rows(conn_or_dsn: Any, rows: Iterable[Sequence[Any]]) -> list[int | 
 
 
 def insert_job(cur: psycopg.Cursor[Any], kind: str, payload_json: str, **fields: Any) -> int | None:
-    """Insert one job and notify workers (at commit); its id, or None when the dedupe key is live."""
+    """Insert one job and notify workers (at commit); its id, or None when the dedupe key is live.
+
+    The NOTIFY is a statement of its own. In an open transaction both land at its commit, as
+    one statement would. On an autocommit connection each is its own transaction: the row
+    commits first, with the WAL flush it needs, and the notification after it, in a
+    transaction that writes no WAL. PostgreSQL holds one lock for the whole cluster from a
+    notifying transaction's pre-commit to its end, so a NOTIFY in the insert's own transaction
+    would hold it across the flush and make concurrent enqueues commit one at a time.
+    """
     try:
         cur.execute(query("job_insert"), {"kind": kind, "payload": payload_json, **fields})
     except REFUSED as exc:
         raise EnqueueError(f"job rejected: {first_line(exc)}") from exc
     row = cur.fetchone()
-    return None if row is None else int(row[0])
+    if row is None:
+        return None
+    cur.execute(query("notify_queue"), {"queue": fields["queue"]})
+    return int(row[0])
 
 
 def copy_jobs(cur: psycopg.Cursor[Any], rows: Iterable[Sequence[Any]]) -> list[int | None]:

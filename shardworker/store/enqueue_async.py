@@ -25,7 +25,10 @@ async def enqueue_one_async(conn_or_dsn: Any, kind: str, payload_json: str, **fi
         except REFUSED as exc:
             raise EnqueueError(f"job rejected: {first_line(exc)}") from exc
         row = await cur.fetchone()
-    return None if row is None else int(row[0])
+        if row is None:
+            return None
+        await cur.execute(query("notify_queue"), {"queue": fields["queue"]})  # its own statement: see insert_job
+    return int(row[0])
 
 
 async def enqueue_rows_async(conn_or_dsn: Any, rows: Iterable[Sequence[Any]]) -> list[int | None]:

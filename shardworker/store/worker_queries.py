@@ -17,6 +17,7 @@ from shardworker.errors import EnqueueError, OutcomeRejected, SchemaMissing
 from shardworker.followups import DependentRow
 from shardworker.limits import ERRORS_KEPT, MAX_ERROR_CHARS
 from shardworker.model import ApplyResult, Claim, ClaimedJob, Outcome, StepRecord
+from shardworker.store.claim_floor import ClaimFloor
 from shardworker.store.connection import Session, first_line, is_refusal
 from shardworker.store.dependencies import plan_insert, run_plan
 from shardworker.store.sql import query
@@ -61,6 +62,25 @@ class WorkerQueries(Session):
                   "cap_kinds": list(caps or ()), "cap_rooms": [max(0, n) for n in (caps or {}).values()],
                   "run_room": limit if run_room is None else max(0, run_room),
                   "attempt_kinds": list(attempts or ()), "attempt_limits": list((attempts or {}).values())}
+        floor = self.claim_floor()
+        while True:
+            bounds = floor.params()
+            rows = self._claim_rows({**params, **bounds})
+            if not floor.claimed([(row[10], row[11], row[0]) for row in rows], bounds["floor_id"] is not None):
+                break
+        paces = [row[7] for row in rows if row[7] is not None]
+        jobs = [ClaimedJob(row[0], row[1], row[2], row[3], row[4], row[5], row[8], row[9], row[6]) for row in rows]
+        return Claim(jobs, min(paces) if paces else None)
+
+    def claim_floor(self) -> ClaimFloor:
+        """Where this store's next claim starts (``shardworker.store.claim_floor``)."""
+        floor = self.__dict__.get("_claim_floor")
+        if floor is None:
+            floor = self.__dict__["_claim_floor"] = ClaimFloor()
+        return floor
+
+    def _claim_rows(self, params: dict[str, Any]) -> list[Any]:
+        """One claim transaction, sent at once; the claimed rows."""
         with self.cursor() as cur, cur.connection.cursor() as claiming:
             conn = cur.connection
             try:
@@ -75,10 +95,7 @@ class WorkerQueries(Session):
             except psycopg.Error:
                 rollback(conn)
                 raise
-            rows = claiming.fetchall()
-        paces = [row[7] for row in rows if row[7] is not None]
-        jobs = [ClaimedJob(row[0], row[1], row[2], row[3], row[4], row[5], row[8], row[9], row[6]) for row in rows]
-        return Claim(jobs, min(paces) if paces else None)
+            return claiming.fetchall()
 
     def register_kinds(self, specs: Sequence[HandlerSpec]) -> None:
         """Make this worker's handlers' limits across workers the kinds' (``shardworker.kinds``)."""

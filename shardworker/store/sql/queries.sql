@@ -49,7 +49,10 @@ FOR UPDATE;
 -- filter that keeps one row, and sorts the whole queue instead of walking jobs_claim_idx.)
 -- The candidates stay locked only for this statement; the ids go through ARRAY(...) so
 -- the update is by primary key. Each row returned carries pace_s: for a job of a
--- rate-limited kind or queue, how long its bucket takes to refill a burst.
+-- rate-limited kind or queue, how long its bucket takes to refill a burst, and its claim key
+-- (priority, run_at). Given a floor (floor_id not NULL), jobs without limits are looked for
+-- from that key on: the index scan starts there instead of walking, from the queue's head,
+-- the entries of jobs claimed since, which a held xmin horizon keeps (see WorkerQueries).
 WITH limited AS (
     -- The kinds and queues with limits across workers, and what their rate buckets hold now.
     SELECT l.*, greatest(1, ceil(l.rate_limit / 20.0)) * l.rate_period_s / l.rate_limit AS pace_s,
@@ -96,6 +99,8 @@ WITH limited AS (
       AND kind = ANY(%(kinds)s::text[]) AND kind NOT IN (SELECT kind FROM kind_room)
       AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
       AND queue NOT IN (SELECT queue FROM queue_room)
+      AND (%(floor_id)s::bigint IS NULL
+           OR (priority, run_at, id) >= (%(floor_priority)s::int, %(floor_run_at)s::timestamptz, %(floor_id)s::bigint))
     ORDER BY priority, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -146,6 +151,7 @@ WITH limited AS (
     -- a first attempt costs nothing here; the results of the jobs it waited on (after=),
     -- read only for a job that waited on some.
     RETURNING j.id, j.kind, j.queue, j.payload::text AS payload, j.attempt, j.max_attempts, j.snoozes,
+              j.priority, j.run_at,
               CASE WHEN j.attempt > 1 THEN (SELECT jsonb_object_agg(s.name, s.result)::text
                                             FROM shardworker.job_steps s WHERE s.job_id = j.id) END AS steps,
               CASE WHEN j.deps_total > 0 THEN (SELECT jsonb_object_agg(d.depends_on::text, r.result)::text
@@ -168,7 +174,7 @@ WITH limited AS (
 SELECT c.id, c.kind, c.queue, c.payload, c.attempt, c.max_attempts, c.snoozes,
        least((SELECT k.pace_s FROM kind_room k WHERE k.kind = c.kind),
              (SELECT q.pace_s FROM queue_room q WHERE q.queue = c.queue)) AS pace_s,
-       c.steps, c.dependencies
+       c.steps, c.dependencies, c.priority, c.run_at
 FROM claimed c;
 
 -- flow_register_kinds --
@@ -304,17 +310,15 @@ WHERE status = 'running' AND locked_by = %(worker_id)s
 RETURNING id;
 
 -- job_insert --
--- Enqueue one job; NULL id when a live job already holds the dedupe key. The payload is
--- typed text first, so payload_bytes is the size of the JSON text as sent.
-WITH ins AS (
-    INSERT INTO shardworker.jobs (kind, queue, payload, payload_bytes, priority, max_attempts, run_at, dedupe_key)
-    VALUES (%(kind)s, %(queue)s, %(payload)s::text::jsonb, octet_length(%(payload)s::text), %(priority)s,
-            %(max_attempts)s, coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay_s)s),
-            %(dedupe_key)s)
-    ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('waiting', 'queued', 'running') DO NOTHING
-    RETURNING id, queue
-)
-SELECT id, pg_notify('shardworker_jobs', queue) FROM ins;
+-- Enqueue one job; no row when a live job already holds the dedupe key. The payload is
+-- typed text first, so payload_bytes is the size of the JSON text as sent. No NOTIFY here:
+-- the caller sends notify_queue next, in its own statement (see shardworker.store.enqueue).
+INSERT INTO shardworker.jobs (kind, queue, payload, payload_bytes, priority, max_attempts, run_at, dedupe_key)
+VALUES (%(kind)s, %(queue)s, %(payload)s::text::jsonb, octet_length(%(payload)s::text), %(priority)s,
+        %(max_attempts)s, coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay_s)s),
+        %(dedupe_key)s)
+ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('waiting', 'queued', 'running') DO NOTHING
+RETURNING id;
 
 -- job_stage_create --
 -- A session-local staging table for bulk enqueue through COPY; ord is each row's position.
@@ -348,6 +352,10 @@ DROP TABLE shardworker_stage;
 -- notify_jobs --
 -- Wake listening workers.
 SELECT pg_notify('shardworker_jobs', '');
+
+-- notify_queue --
+-- Wake listening workers for a job of one queue (the payload names it).
+SELECT pg_notify('shardworker_jobs', %(queue)s);
 
 -- listen_jobs --
 -- Subscribe to enqueue notifications, and to the cancels of running jobs (job_cancel).
