@@ -58,7 +58,8 @@ def test_jobs_wait_exits_1_when_the_job_ended_failed_or_cancelled(pg_dsn: str) -
     ended = sw(pg_dsn, "jobs", "wait", str(failed), "--timeout", "1", code=1)
     assert "status: failed" in ended.stdout and ended.stderr == f"job {failed} ended failed: boom\n"
     ended = sw(pg_dsn, "jobs", "wait", str(cancelled), "--timeout", "1", "--json", code=1)
-    assert json.loads(ended.stdout)["status"] == "cancelled" and ended.stderr == f"job {cancelled} ended cancelled\n"
+    assert json.loads(ended.stdout)["status"] == "cancelled"
+    assert ended.stderr == f"job {cancelled} ended cancelled: cancelled by an operator\n"
 
 
 def test_jobs_list_prints_a_header(pg_dsn: str) -> None:
