@@ -112,7 +112,8 @@ def main() -> None:
             term = [one_run(dsn, project, procs, True, args.pythonpath) for _ in range(args.runs)]
             print(f"--procs {procs}: launch -> first handler start {med(r[0] for r in idle) * 1000:.0f} ms "
                   f"(min {min(r[0] for r in idle) * 1000:.0f}, max {max(r[0] for r in idle) * 1000:.0f}); "
-                  f"applied -> exit (--exit-when-idle) {med(r[1] for r in idle) * 1000:.0f} ms; "
+                  f"applied -> exit (--exit-when-idle) {med(r[1] for r in idle) * 1000:.0f} ms "
+                  f"(min {min(r[1] for r in idle) * 1000:.0f}, max {max(r[1] for r in idle) * 1000:.0f}); "
                   f"SIGTERM -> exit, idle {med(r[1] for r in term) * 1000:.0f} ms")
 
 

@@ -73,12 +73,11 @@ class Dispatcher:
         # One line per outage comes from the watch (self.watch); the claim's own lines are for -v.
         self.outage = Outage("claim", log, Backoff(config.backoff_base_s, config.backoff_cap_s),
                              started="claim failed ({error}); retrying in {delay:.2f}s", ended=None, clock=clock)
-        self.next_claim_at = 0.0
+        self.next_claim_at, self.pause_reason = 0.0, ""
         # While claims take jobs of a rate-limited kind or queue: come back every pace_s.
         self.paced_until, self.pace_s = 0.0, 0.0
         self.backlog = Backlog(config.outbox_dir, lambda: flusher.flushed_total, clock)
         self.done_total = self.claimed_total = 0
-        self.pause_reason = ""
         # backlog_seen: the last claim took all it asked for (more jobs wait); woken: a notification
         # or the poll since the last claim (jobs may have arrived).
         self.backlog_seen, self.woken = False, True
@@ -242,7 +241,8 @@ class Dispatcher:
             timeout = min(timeout, self.pace_s)
         if self.next_claim_at:
             timeout = max(0.0, min(timeout, self.next_claim_at - self.clock()))
-        if self.pool.starting or (not self.pool.in_flight and self.backlog() > 0):
+        if self.pool.starting or (self.config.exit_when_idle and not self.pool.in_flight and not self.flusher.failing
+                                  and (self.backlog() > 0 or not self.flusher.idle)):
             timeout = 0.005  # a child coming up, or the last outcomes landing: neither wakes the wait
         notify_fd = self._notify_fd()
         reads, writes = self.pool.wait_fds()
