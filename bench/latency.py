@@ -45,6 +45,7 @@ import psycopg
 from shardworker.client import enqueue
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_db import database_settings
 from throughput import APP_MODULE, KINDS, code_version, database, write_app
 
 TARGET_P50_MS = 10.0
@@ -156,16 +157,22 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"the p50 target (default {TARGET_P50_MS:g}; behind PgBouncer 25)")
     parser.add_argument("--p99-target-ms", type=float, default=TARGET_P99_MS,
                         help=f"the p99 target (default {TARGET_P99_MS:g})")
+    parser.add_argument("--pg-setting", action="append", default=[], metavar="NAME=VALUE",
+                        help="ALTER DATABASE ... SET for the run (reset afterwards), e.g. synchronous_commit=off "
+                             "to see the latency without the server's commit flushes; repeatable")
     args = parser.parse_args(argv)
+    args.pg_setting = [tuple(s.split("=", 1)) for s in args.pg_setting]
+    if any(len(s) != 2 for s in args.pg_setting):
+        parser.error("--pg-setting takes NAME=VALUE")
     if args.rate <= 0 or args.seconds <= 0 or args.clients < 1:
         parser.error("--rate and --seconds must be > 0, --clients >= 1")
     os.environ["BENCH_SLEEP_MS"] = os.environ.get("BENCH_SLEEP_MS", "0")
     print(f"code: {code_version()}; {args.rate:g} jobs/s for {args.seconds:g}s, --procs {args.procs}, "
-          f"{args.clients} clients, kind {args.kind}"
+          f"{args.clients} clients, kind {args.kind}" + "".join(f", {n}={v}" for n, v in args.pg_setting)
           + (", worker LISTENs on --listen-dsn" if args.listen_dsn else ""), flush=True)
     p50s: list[float] = []
     p99s: list[float] = []
-    with database(args.dsn) as dsn:
+    with database(args.dsn) as dsn, database_settings(dsn, args.pg_setting):
         work_dir = tempfile.mkdtemp(prefix="sw-bench-latency-")
         try:
             write_app(work_dir)
