@@ -141,7 +141,7 @@ def percentile(sorted_ms: list[float], q: float) -> float:
     return sorted_ms[min(len(sorted_ms) - 1, int(q * len(sorted_ms)))]
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dsn", default=None, help="a scratch database (truncates shardworker.jobs); "
                                                     "default: a temporary embedded server")
@@ -166,6 +166,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--pg-setting takes NAME=VALUE")
     if args.rate <= 0 or args.seconds <= 0 or args.clients < 1:
         parser.error("--rate and --seconds must be > 0, --clients >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     os.environ["BENCH_SLEEP_MS"] = os.environ.get("BENCH_SLEEP_MS", "0")
     print(f"code: {code_version()}; {args.rate:g} jobs/s for {args.seconds:g}s, --procs {args.procs}, "
           f"{args.clients} clients, kind {args.kind}" + "".join(f", {n}={v}" for n, v in args.pg_setting)
