@@ -114,6 +114,23 @@ def become_worker_process(parent_pid: int, role: str, log_setup: logs.LogSetup |
     logs.configure(log_setup or logs.LogSetup(), role)
 
 
+def signal_wakeup_pipe() -> tuple[int, int]:
+    """A non-blocking pipe that each signal writes a byte to (``signal.set_wakeup_fd``): its
+    read end turns readable when a signal comes, so a wait on it ends at once; (read, write)."""
+    read, write = os.pipe()
+    for fd in (read, write):
+        os.set_blocking(fd, False)
+    signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    return read, write
+
+
+def close_signal_wakeup_pipe(read: int, write: int) -> None:
+    """Stop signals writing to the pipe of ``signal_wakeup_pipe``, and close it."""
+    signal.set_wakeup_fd(-1)
+    os.close(read)
+    os.close(write)
+
+
 def name_process(name: str) -> None:
     """Show ``name`` for this process in ``ps -o comm``, ``top`` and ``/proc/PID/comm``."""
     with contextlib.suppress(OSError), open("/proc/self/comm", "w", encoding="ascii", errors="replace") as f:

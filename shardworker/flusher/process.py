@@ -26,7 +26,6 @@ from shardworker import binding, logs, procs
 from shardworker.config import FlusherConfig, StoreConfig
 from shardworker.flusher.loop import BATCH_BUCKETS, Flusher, FlushStats
 from shardworker.retry import Backoff, retry_call
-from shardworker.store.pg_store import PgStore
 
 EXIT_WRONG_DATABASE = 4  # the flusher's database is not the one its outbox belongs to
 IDLE_WAIT_S = 1.0  # an idle flusher's longest wait between polls, when writers wake it
@@ -176,6 +175,7 @@ def flusher_main(directory: str, store_config: StoreConfig, config: FlusherConfi
                  idle_sleep_s: float, parent_pid: int, log_setup: logs.LogSetup | None = None) -> None:
     """Entry point of the flusher process (spawned; opens its own connection)."""
     procs.become_worker_process(parent_pid, "flusher", log_setup)
+    from shardworker.store.pg_store import PgStore  # here: the parent forks its children before importing it
     try:
         reader = open_reader(directory, wait_s=30.0)
     except Exception as exc:

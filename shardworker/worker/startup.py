@@ -17,7 +17,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from outbox.fsutil import try_lock
 from shardworker import binding, layout, procs
@@ -26,8 +26,10 @@ from shardworker.config import WorkerConfig
 from shardworker.errors import OutboxBusy
 from shardworker.flusher.process import FlusherHandle
 from shardworker.retry import Backoff, retry_call
-from shardworker.store.pg_store import PgStore
 from shardworker.worker import giveback, identity
+
+if TYPE_CHECKING:
+    from shardworker.store.pg_store import PgStore  # imported by the parent once its children are forked
 
 log = logging.getLogger(__name__)
 
@@ -61,21 +63,6 @@ class Startup:
                                                      should_stop=self.stopping),
                     "checking that no live worker uses this worker id")
 
-    def wait_for_writers_gone(self, timeout_s: float = 60.0) -> None:
-        """Wait until no process still writes a shard of this outbox (children of a worker
-        that died a moment ago), so recovery sees every outcome they acknowledged."""
-        outbox_dir = self.config.outbox_dir
-
-        def held() -> int:
-            for path in layout.shard_lock_names(outbox_dir):
-                fd = try_lock(path)
-                if fd is None:
-                    raise OutboxBusy(f"{os.path.basename(path)} in {outbox_dir} is still held by another process")
-                os.close(fd)
-            return 0
-
-        procs.wait_for_lock(held, OutboxBusy, timeout_s)
-
     def recover(self, worker_id: str, wait_for_flusher: bool = True) -> bool:
         """Apply pending outcomes (unless ``wait_for_flusher`` is false: the outbox held none
         at start), then requeue our running jobs that have none; False when a signal came first."""
@@ -98,3 +85,18 @@ class Startup:
         if requeued:
             log.info("requeued %d jobs this worker was running when it last stopped", len(requeued))
         return True
+
+
+def wait_for_writers_gone(outbox_dir: str, timeout_s: float = 60.0) -> None:
+    """Wait until no process still writes a shard of ``outbox_dir`` (children of a worker
+    that died a moment ago), so recovery sees every outcome they acknowledged."""
+
+    def held() -> int:
+        for path in layout.shard_lock_names(outbox_dir):
+            fd = try_lock(path)
+            if fd is None:
+                raise OutboxBusy(f"{os.path.basename(path)} in {outbox_dir} is still held by another process")
+            os.close(fd)
+        return 0
+
+    procs.wait_for_lock(held, OutboxBusy, timeout_s)

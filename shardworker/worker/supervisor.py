@@ -2,16 +2,16 @@
 
 1. Take the outbox directory's worker lock; know the worker id; wait until no process of a
    previous run still writes a shard of this outbox.
-2. Fork the children and the flusher: nothing is connected and no thread runs yet, so they
-   start in milliseconds with what the parent imported (the app included), and never
-   inherit a connection. (A child or flusher that dies later is spawned afresh: by then the
-   parent holds connections and threads.) The children take no job before step 5.
+2. Fork the children (before the store, so psycopg's ~13 MB is not theirs), then the
+   flusher: nothing is connected and no thread runs yet, and what the parent imported (the
+   app too) is theirs at once, frozen first (``gc.freeze``) so no collection unshares its
+   pages. A child or flusher that dies later is spawned. No child gets a job before step 5.
 3. Wait for the schema; bind the outbox to this database at first use, or refuse another
    database; make sure no other live worker uses this worker id
    (``shardworker.worker.identity``); start heartbeating (its own thread and connection).
-4. Startup recovery: wait until the flusher has applied every pending outcome, give back
-   uncharged the jobs a stop in an outage left in ``giveback.json`` (never started), then
-   requeue this worker's running jobs that have none (their handlers never finished).
+4. Startup recovery: wait until the flusher has applied every pending outcome (if the outbox
+   held any at step 1), give back uncharged the jobs a stop in an outage left in
+   ``giveback.json``, then requeue this worker's running jobs that have none.
 5. Start the housekeeping thread (periodic jobs, retention, the watch for queued kinds no
    live worker serves); run the dispatcher until a signal, or idleness with
    ``exit_when_idle`` (then name once more the queued kinds no live worker serves).
@@ -27,12 +27,14 @@ Each step is another module's: this one only decides when.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import signal
 import socket
 import time
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from outbox import OutboxError
@@ -44,18 +46,18 @@ from shardworker.errors import CrashLoop, StoreError, WorkerIdInUse
 from shardworker.flusher.process import FlusherHandle
 from shardworker.jobstats import JobCounts
 from shardworker.retry import Backoff
-from shardworker.store.pg_store import PgStore
 from shardworker.views import Serving
 from shardworker.worker.child_handle import flow_counts
 from shardworker.worker.dispatcher import Dispatcher
 from shardworker.worker.heartbeat import Heartbeat, Load
-from shardworker.worker.housekeeping import BACKLOG_INTERVAL_S, Backlog, Housekeeper
+from shardworker.worker.housekeeping import Backlog, Housekeeper
 from shardworker.worker.parent_outcomes import ParentOutcomes
 from shardworker.worker.pool import ChildPool
-from shardworker.worker.startup import Startup
+from shardworker.worker.startup import Startup, wait_for_writers_gone
 from shardworker.worker.unserved import UnservedWatch
 
 if TYPE_CHECKING:
+    from shardworker.store.pg_store import PgStore
     from shardworker.worker.metrics import MetricsServer
 
 log = logging.getLogger(__name__)
@@ -78,9 +80,12 @@ class Supervisor:
         app = app.with_default_timeout(config.default_timeout_s)  # the children apply the same
         self.config, self.app = config, app
         self.store_config = config.store_config()
-        self.store = PgStore(self.store_config)
-        self.stopping = False
-        self._outbox_empty = False  # nothing pending in the outbox at start (_fork_processes)
+        # The store and what uses it: made by _open_stores, once the children are forked.
+        self.store: PgStore
+        self.new_store: Callable[[], PgStore]
+        self.unserved: UnservedWatch
+        self.housekeeper: Housekeeper
+        self._stores_open = self.stopping = self._outbox_empty = False  # _outbox_empty: see _fork_processes
         self._signalled = self._signal_fd = -1  # the pipe a signal writes to (_install_signals)
         self.worker_id = ""
         self.flusher = FlusherHandle(config.outbox_dir, self.store_config, config.flusher_config(),
@@ -94,16 +99,6 @@ class Supervisor:
         self.parent_outcomes = ParentOutcomes(config.outbox_dir, config.segment_bytes, app.handlers,
                                               self.pool.job_counts)
         self.heartbeat: Heartbeat | None = None
-        # Its checks on short-lived connections with a short statement timeout: on millions of
-        # queued rows one is worth skipping, not waiting for.
-        self.unserved = UnservedWatch(lambda: PgStore(replace(self.store_config, statement_timeout_s=2.0)),
-                                      app.kinds, config.queues)
-        self.housekeeper = Housekeeper(PgStore(self.store_config), list(app.schedules.values()), config.retention_s,
-                                       self._backoff(), retention_failed_s=config.failed_retention_s,
-                                       prune_interval_s=config.prune_interval_s,
-                                       forget_schedules_s=config.periodic_forget_s,
-                                       backlog_interval_s=None if config.metrics_port is None else BACKLOG_INTERVAL_S,
-                                       unserved=self.unserved)
         self.dispatcher: Dispatcher | None = None
         self.schema_checked = False  # the database answered at startup (what database_up says until claims)
         self.metrics: MetricsServer | None = None
@@ -112,6 +107,12 @@ class Supervisor:
 
             self.metrics = MetricsServer(config.metrics_host, config.metrics_port, [WorkerCollector(self)],
                                          config.metrics_token)
+
+    def _open_stores(self) -> None:
+        from shardworker.worker.stores import open_stores  # imports psycopg: after the children's fork
+
+        self.new_store, self.store, self.unserved, self.housekeeper = open_stores(self.config, self.app)
+        self._stores_open = True
 
     def _child_configs(self) -> list[ChildConfig]:
         return [self.config.child_config(index, parent_pid=os.getpid(), slots=self.max_jobs)
@@ -192,21 +193,23 @@ class Supervisor:
             self.parent_outcomes.close()
             if self.heartbeat is not None:
                 self.heartbeat.stop(wait_s=1.0)
-            self.housekeeper.stop(wait_s=1.0)
-            self.store.close()
+            if self._stores_open:
+                self.housekeeper.stop(wait_s=1.0)
+                self.store.close()
             os.close(lock_fd)
             if self._signal_fd >= 0:
-                signal.set_wakeup_fd(-1)
-                os.close(self._signalled)
-                os.close(self._signal_fd)
+                procs.close_signal_wakeup_pipe(self._signalled, self._signal_fd)
 
     def _fork_processes(self) -> None:
-        """Steps 1 (the wait for a previous run's writers) and 2."""
-        Startup(self.config, self.store, self.flusher, self._backoff, lambda: self.stopping).wait_for_writers_gone()
-        # Nothing to apply before step 4 (no child has a job yet): it need not wait. Unreadable: the flusher says.
+        """Steps 1 (the wait for a previous run's writers) and 2; the store between the forks."""
+        wait_for_writers_gone(self.config.outbox_dir)
+        # Nothing pending: step 4 need not wait for the flusher (no child has a job yet). Unreadable: the flusher says.
         with contextlib.suppress(OSError, ValueError, OutboxError):
             self._outbox_empty = outbox_status(self.config.outbox_dir).pending == 0
+        gc.freeze()
         self.pool.start(fork=True)
+        self._open_stores()
+        gc.freeze()
         self.flusher.start(fork=True)
 
     def _start(self) -> bool:
@@ -231,14 +234,11 @@ class Supervisor:
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        # A signal also writes a byte here, ending the dispatcher's wait at once (not at its timeout).
-        self._signalled, self._signal_fd = os.pipe()
-        for fd in (self._signalled, self._signal_fd):
-            os.set_blocking(fd, False)
-        signal.set_wakeup_fd(self._signal_fd, warn_on_full_buffer=False)
+        # A signal also ends the dispatcher's wait at once (not at its timeout).
+        self._signalled, self._signal_fd = procs.signal_wakeup_pipe()
 
     def _start_heartbeat(self) -> None:
-        self.heartbeat = Heartbeat(PgStore(self.store_config), self.worker_id, self.config.heartbeat_interval_s,
+        self.heartbeat = Heartbeat(self.new_store(), self.worker_id, self.config.heartbeat_interval_s,
                                    self.config.rescue_after_s, self._backoff(),
                                    rescue_grace_s=self.config.rescue_grace_s, load=self._load,
                                    on_conflict=self._id_lost, serves=Serving(

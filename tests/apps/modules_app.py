@@ -1,7 +1,8 @@
-"""One handler that reports what of the database its child process holds: the sockets it
-has open to the database server's port, and the psycopg connections alive in it. A child
-is forked from the parent before the parent connects, so it may have the driver's modules
-loaded, but never a connection."""
+"""Handlers that report what of the database their child process holds: the sockets it
+has open to the database server's port and the psycopg connections alive in it
+(``database_holdings``), and the driver's modules and libraries loaded in it
+(``driver_loaded``). A child is forked from the parent before the parent imports the
+driver, so it holds neither its modules nor a connection."""
 
 from __future__ import annotations
 
@@ -45,3 +46,11 @@ def database_holdings(job: Job) -> dict[str, int]:
     connections = [] if driver is None else [
         o for o in gc.get_objects() if isinstance(o, driver.BaseConnection) and not o.closed]
     return {"sockets": len(mine & to_database), "connections": len(connections)}
+
+
+@app.handler("driver_loaded")
+def driver_loaded(job: Job) -> dict[str, int]:
+    """How many psycopg modules this process imported, and how many of its mapped files are libpq."""
+    with open("/proc/self/maps") as f:
+        libpq = sum(1 for line in f if "libpq" in line)
+    return {"modules": sum(1 for name in sys.modules if name.split(".")[0].startswith("psycopg")), "libpq": libpq}
