@@ -111,17 +111,18 @@ def written_since(directory: str, shard: int, since: float) -> tuple[set[wire.Jo
 
 
 def timed_out(handle: ChildHandle, specs: Mapping[str, HandlerSpec], now: float) -> dict[wire.JobKey, str]:
-    """The running jobs past their timeout (async ones past it and the grace), with their error."""
-    late = {}
-    for job, started in handle.running():
-        spec = specs.get(job.kind)
-        if spec is None or spec.timeout_s is None:
-            continue
-        allowed = spec.timeout_s + (ASYNC_TIMEOUT_GRACE_S if spec.is_async else 0.0)
-        if now - started > allowed:
+    """The running jobs past their timeout (async ones past it and the grace), with their error.
+    Only jobs of kinds with a timeout are looked at: this runs at every turn of the dispatcher."""
+    allowed = {kind: spec.timeout_s + (ASYNC_TIMEOUT_GRACE_S if spec.is_async else 0.0)
+               for kind, spec in specs.items() if spec.timeout_s is not None}
+    late: dict[wire.JobKey, str] = {}
+    if not allowed:
+        return late
+    for job, started in handle.running(allowed):
+        if now - started > allowed[job.kind]:
             log.error("job %d (%s) exceeded its %gs timeout; killing child %d", job.id, job.kind,
-                      spec.timeout_s, handle.index, extra=logs.job_fields(job))
-            late[(job.id, job.attempt)] = f"timed out after {spec.timeout_s:g}s"
+                      specs[job.kind].timeout_s, handle.index, extra=logs.job_fields(job))
+            late[(job.id, job.attempt)] = f"timed out after {specs[job.kind].timeout_s:g}s"
     return late
 
 
