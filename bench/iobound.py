@@ -6,9 +6,13 @@ Each round, on a fresh table each time, ``-n`` jobs (default 10,000) of a handle
 * shardworker, ``async def`` awaiting it (``bench_async``), ``run --procs P --concurrency C
   --exit-when-idle``;
 * shardworker, a ``threads=True`` handler sleeping it (``bench_threads``), the same flags;
-* pgqueuer (``pip install -e '.[bench]'``), its consumer run as its docs run one (``pgq run
-  bench_pgq_app:main --mode drain``, asyncpg, uvloop), with ``--max-concurrent-tasks C``, in
-  1 and in 2 processes started together.
+* pgqueuer (``pip install -e '.[bench]'``), its consumer run as its docs run one: ``pgq run
+  bench_pgq_app:main --mode drain --max-concurrent-tasks C --batch-size C/2`` (asyncpg,
+  uvloop; ``bench/bench_pgq_app.py`` calls that command's function, see there why), in 1 and
+  in 2 processes started together.
+
+shardworker's children run ``async def`` handlers on uvloop too when it is installed (the
+``bench`` extra installs it).
 
 Each run prints *wall* (launch to the last process's exit) and *span* (first claim to last
 finish, from the table: shardworker's ``attempted_at`` and ``finished_at``, pgqueuer's
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import shutil
 import statistics
@@ -90,13 +95,12 @@ def run_pgqueuer(dsn: str, app_dir: str, procs: int, n: int, concurrency: int, l
     cmd = [sys.executable, "-m", PGQ_APP, str(max(1, concurrency // 2)), str(concurrency)]
     env = {**os.environ, "BENCH_DSN": dsn,
            "PYTHONPATH": os.pathsep.join(filter(None, [app_dir, os.environ.get("PYTHONPATH")]))}
-    logs = [Path(log_dir, f"pgq-p{procs}-{i}.log").open("wb") for i in range(procs)]
-    launched, t0 = time.time(), time.perf_counter()
-    consumers = [subprocess.Popen(cmd, env=env, stdout=log, stderr=log) for log in logs]
-    codes = [c.wait() for c in consumers]
-    wall, exited = time.perf_counter() - t0, time.time()
-    for log in logs:
-        log.close()
+    with contextlib.ExitStack() as stack:
+        logs = [stack.enter_context(Path(log_dir, f"pgq-p{procs}-{i}.log").open("wb")) for i in range(procs)]
+        launched, t0 = time.time(), time.perf_counter()
+        consumers = [subprocess.Popen(cmd, env=env, stdout=log, stderr=log) for log in logs]
+        codes = [c.wait() for c in consumers]
+        wall, exited = time.perf_counter() - t0, time.time()
     if any(codes):
         tail = Path(log_dir, f"pgq-p{procs}-0.log").read_text(errors="replace").splitlines()[-15:]
         raise RuntimeError(f"pgq run exited {codes}; the first one's last log lines:\n" + "\n".join(tail))
