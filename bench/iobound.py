@@ -11,7 +11,8 @@ Each round, on a fresh table each time, ``-n`` jobs (default 10,000) of a handle
   uvloop; ``bench/bench_pgq_app.py`` calls that command's function, see there why), in 1 and
   in 2 processes started together.
 
-shardworker's children run ``async def`` handlers on uvloop too when it is installed (the
+``--before DIR`` adds shardworker's two runs from another checkout to every round, and the
+ratios of this one to it. shardworker's children run ``async def`` handlers on uvloop too when it is installed (the
 ``bench`` extra installs it).
 
 Each run prints *wall* (launch to the last process's exit) and *span* (first claim to last
@@ -111,12 +112,22 @@ def run_pgqueuer(dsn: str, app_dir: str, procs: int, n: int, concurrency: int, l
 # --- shardworker ------------------------------------------------------------------------
 
 
-def run_shardworker(dsn: str, args: argparse.Namespace, kind: str, work_dir: str) -> Result:
-    """One ``shardworker run --exit-when-idle`` over ``-n`` fresh jobs of ``bench_<kind>``."""
+def run_shardworker(dsn: str, args: argparse.Namespace, kind: str, work_dir: str, before: bool = False) -> Result:
+    """One ``shardworker run --exit-when-idle`` over ``-n`` fresh jobs of ``bench_<kind>``; with
+    ``before``, the worker runs from the ``--before`` checkout (first on its PYTHONPATH)."""
     load_jobs(dsn, args.jobs, f"bench_{kind}")
     extra = ("--concurrency", str(args.concurrency), *args.worker_arg)
-    name = f"shardworker P={args.procs} {kind}"
-    return run_worker(dsn, work_dir, args.procs, args.jobs, Path(work_dir, f"worker-{kind}.log"), extra, name)
+    name = f"shardworker P={args.procs} {kind}" + (" [before]" if before else "")
+    saved = os.environ.get("PYTHONPATH")
+    if before:
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [args.before, saved]))
+    try:
+        return run_worker(dsn, work_dir, args.procs, args.jobs, Path(work_dir, f"worker-{kind}.log"), extra, name)
+    finally:
+        if before and saved is None:
+            del os.environ["PYTHONPATH"]
+        elif before:
+            os.environ["PYTHONPATH"] = saved
 
 
 # --- reporting ----------------------------------------------------------------------------
@@ -130,6 +141,11 @@ def round_ratios(batch: dict[str, Result], procs: int) -> dict[str, float]:
     if "pgqueuer P=2" in batch:
         ratios["wall / pgqueuer P=2"] = a.wall_rate / batch["pgqueuer P=2"].wall_rate
         ratios["span / pgqueuer P=2 span"] = (a.span_rate or 0) / (batch["pgqueuer P=2"].span_rate or 1)
+    for kind in ("async", "threads"):
+        if (b := batch.get(f"shardworker P={procs} {kind} [before]")) is not None:
+            now = batch[f"shardworker P={procs} {kind}"]
+            ratios[f"{kind} wall / before"] = now.wall_rate / b.wall_rate
+            ratios[f"{kind} span / before"] = (now.span_rate or 0) / (b.span_rate or 1)
     return ratios
 
 
@@ -173,6 +189,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sleep-ms", type=float, default=20.0, help="each handler's wait (default 20)")
     parser.add_argument("--repeat", type=int, default=3, help="interleaved rounds; the table shows medians")
     parser.add_argument("--no-pgqueuer", action="store_true", help="shardworker's runs only")
+    parser.add_argument("--before", metavar="DIR", default=None,
+                        help="also run shardworker from this checkout (e.g. `git archive <commit> shardworker "
+                             "outbox | tar -x -C DIR`), in the same rounds, for a before/after")
     parser.add_argument("--worker-arg", action="append", default=[], metavar="ARG",
                         help="one more argument for shardworker run (repeatable)")
     return parser.parse_args(argv)
@@ -182,6 +201,9 @@ def run_round(dsn: str, args: argparse.Namespace, work_dir: str) -> dict[str, Re
     """shardworker async and threaded, then pgqueuer in 1 and 2 processes; each printed as it ends."""
     batch: dict[str, Result] = {}
     runs = [lambda kind=kind: run_shardworker(dsn, args, kind, work_dir) for kind in ("async", "threads")]
+    if args.before:
+        runs += [lambda kind=kind: run_shardworker(dsn, args, kind, work_dir, before=True)
+                 for kind in ("async", "threads")]
     if not args.no_pgqueuer:
         runs += [lambda p=p: run_pgqueuer(dsn, work_dir, p, args.jobs, args.concurrency, work_dir) for p in (1, 2)]
     for run in runs:
