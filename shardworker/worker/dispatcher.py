@@ -242,8 +242,8 @@ class Dispatcher:
             timeout = min(timeout, self.pace_s)
         if self.next_claim_at:
             timeout = max(0.0, min(timeout, self.next_claim_at - self.clock()))
-        if self.pool.starting or (not self.pool.in_flight and self.backlog() > 0):
-            timeout = 0.005  # a child coming up, or the last outcomes landing: neither wakes the wait
+        if self.pool.starting or (not self.pool.in_flight and (self.backlog() > 0 or not self.flusher.idle)):
+            timeout = 0.005  # a child coming up, the last outcomes landing, the flusher's checkpoint: none wakes us
         notify_fd = self._notify_fd()
         reads, writes = self.pool.wait_fds()
         ready = procs.wait_ready([*reads, *self.wake_fds, *([notify_fd] if notify_fd is not None else [])],
