@@ -226,8 +226,9 @@ class OutboxReader:
         if size <= 2 * HEADER_SIZE or (state.cursor.segno == last and state.cursor.offset < size):
             return  # no record in it (an empty one is what retiring leaves), or some unread
         try:
-            # The next poll passes both; the next checkpoint deletes ``last``.
-            retire_shard(self.directory, shard, last)
+            # The next poll passes both; the next checkpoint deletes ``last``. A cursor past
+            # ``last`` crossed its seal (``last`` is the newest segment).
+            retire_shard(self.directory, shard, last, sealed=state.cursor.segno == last + 1)
         except OSError as exc:
             log.warning("could not retire applied outbox shard %s segment %s yet: %s", shard, last, exc)
 

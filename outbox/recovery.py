@@ -109,17 +109,20 @@ def _truncate_and_seal(path: str, scan: Scan) -> None:
         os.close(fd)
 
 
-def retire_shard(directory: str, shard: int, last: int) -> bool:
+def retire_shard(directory: str, shard: int, last: int, *, sealed: bool = False) -> bool:
     """If no writer holds ``shard`` and ``last`` is still its newest segment: seal ``last``
     and put an empty sealed segment after it, so a reader passes it and it can be deleted.
-    False (nothing done) while a writer holds the shard: a live writer rotates by itself."""
+    False (nothing done) while a writer holds the shard: a live writer rotates by itself.
+    ``sealed``: the caller read ``last`` to its seal (a writer closed it), so it is not read
+    again here (at a worker's exit, reading every record of each shard once more)."""
     lock_fd = fsutil.try_lock(os.path.join(directory, lock_name(shard)))
     if lock_fd is None:
         return False
     try:
         if list_segments(directory).get(shard, [])[-1:] != [last]:
             return False  # a writer came and went meanwhile: its segment is newer
-        recover_shard(directory, shard)
+        if not sealed:
+            recover_shard(directory, shard)
         write_empty_segment(directory, shard, highest_segno(directory, shard) + 1)
         return True
     finally:

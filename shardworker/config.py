@@ -232,9 +232,17 @@ class WorkerConfig:
 
     def prefetch_jobs(self, concurrent: bool) -> tuple[int, int]:
         """(least, most) jobs a child holds: what it runs at once (``at_once``) plus
-        ``prefetch_batch``, or plus ``prefetch_max_jobs`` when it is faster."""
+        ``prefetch_batch``, or plus ``prefetch_max_jobs`` when it is faster.
+
+        A child running ``concurrency`` async or threaded handlers holds at least twice that
+        beyond them (up to the most): its running handlers can all finish within one claim's
+        round trip, and the jobs they finished count as held until their outcomes are
+        durable, so a prefetch of ``prefetch_batch`` alone leaves handlers without a job at
+        every claim until its pace has raised it (``bench/iobound.py``)."""
         at_once = self.at_once(concurrent)
-        return at_once + self.prefetch_batch, at_once + max(self.prefetch_batch, self.prefetch_max_jobs)
+        most = at_once + max(self.prefetch_batch, self.prefetch_max_jobs)
+        least = at_once + max(self.prefetch_batch, 2 * at_once if concurrent else 0)
+        return min(least, most), most
 
     @classmethod
     def default(cls, name: str) -> Any:

@@ -70,7 +70,7 @@ class Job:
     _followups: Any = field(default=None, repr=False, compare=False)  # shardworker.followups.FollowUps
     # Runs of this job that used no attempt (snoozed): attempts used are attempt - snoozes.
     snoozes: int = 0
-    _cancel: Any = field(default=None, repr=False, compare=False)  # a threading.Event an operator's cancel sets
+    _cancel: Any = field(default=None, repr=False, compare=False)  # a cancels.Flag an operator's cancel sets
 
     @property
     def cancelled(self) -> bool:
@@ -128,7 +128,7 @@ class ClaimedJob:
     def to_job(self, steps: Any = None, followups: Any = None, cancel: Any = None) -> Job:
         """The handler's view; ``steps`` runs its ``job.step`` calls (``shardworker.child.steps``),
         ``followups`` keeps its ``job.enqueue`` calls (``shardworker.followups``), ``cancel``
-        (an Event) tells ``job.cancelled``."""
+        (its ``cancels.Flag``) tells ``job.cancelled``."""
         dependencies = {} if self.dependencies_json is None else {
             int(key): value for key, value in loads_exact(self.dependencies_json).items()}
         return Job(self.id, self.kind, self.queue, loads_exact(self.payload_json), self.attempt,

@@ -17,17 +17,39 @@ from shardworker.wire import JobKey
 OPERATOR_CANCEL = "cancelled by an operator"  # the error of an attempt cancelled while it ran
 
 
-class Cancels:
-    """One flag (a ``threading.Event``) per job the child holds, by (id, attempt)."""
+class Flag:
+    """A job's cancel flag: set once by the child's main thread, read by its handler.
+
+    Nobody waits on it (a handler polls ``job.cancelled``; an async handler's task is
+    cancelled), so a plain attribute does, where a ``threading.Event`` would build a
+    condition and a lock for each job a child is given."""
+
+    __slots__ = ("_set",)
 
     def __init__(self) -> None:
-        self._flags: dict[JobKey, threading.Event] = {}
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+
+class Cancels:
+    """One ``Flag`` per job the child holds, by (id, attempt)."""
+
+    def __init__(self) -> None:
+        self._flags: dict[JobKey, Flag] = {}
         self._lock = threading.Lock()
 
-    def hold(self, key: JobKey) -> threading.Event:
-        """The flag of a job the child was given (made now)."""
+    def hold(self, key: JobKey) -> Flag:
+        """The flag of a job the child was given (made at the first call)."""
         with self._lock:
-            return self._flags.setdefault(key, threading.Event())
+            flag = self._flags.get(key)
+            if flag is None:
+                flag = self._flags[key] = Flag()
+            return flag
 
     def cancel(self, keys: Iterable[JobKey]) -> list[JobKey]:
         """Set the flags of the jobs held among ``keys``; returns those."""

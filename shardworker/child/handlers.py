@@ -14,13 +14,12 @@ outcome carries its traceback, bounded (``bounded_traceback``), and when it fail
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 import traceback
 from typing import NamedTuple
 
 from shardworker.app import App, HandlerSpec
-from shardworker.child.cancels import OPERATOR_CANCEL
+from shardworker.child.cancels import OPERATOR_CANCEL, Flag
 from shardworker.child.followups import FollowUps
 from shardworker.child.results import Unstorable, storable_json
 from shardworker.child.steps import AsyncSteps, StepLog, SyncSteps
@@ -41,19 +40,19 @@ class Attempt(NamedTuple):
 
 
 def run_sync(app: App, job: ClaimedJob, steps: StepLog | None = None,
-             cancel: threading.Event | None = None) -> Outcome:
+             cancel: Flag | None = None) -> Outcome:
     """The outcome of ``attempt_sync``."""
     return attempt_sync(app, job, steps, cancel).outcome
 
 
 async def run_async(app: App, job: ClaimedJob, steps: StepLog | None = None,
-                    cancel: threading.Event | None = None) -> Outcome:
+                    cancel: Flag | None = None) -> Outcome:
     """The outcome of ``attempt_async``."""
     return (await attempt_async(app, job, steps, cancel)).outcome
 
 
 def attempt_sync(app: App, job: ClaimedJob, steps: StepLog | None = None,
-                 cancel: threading.Event | None = None) -> Attempt:
+                 cancel: Flag | None = None) -> Attempt:
     """Run a sync handler to its end (timeouts of sync handlers, and cancels it does not
     heed, are the parent's to enforce); ``steps`` runs its ``job.step`` calls, ``cancel``
     is its ``job.cancelled`` (already set: the handler is not called)."""
@@ -72,7 +71,7 @@ def attempt_sync(app: App, job: ClaimedJob, steps: StepLog | None = None,
 
 
 async def attempt_async(app: App, job: ClaimedJob, steps: StepLog | None = None,
-                        cancel: threading.Event | None = None) -> Attempt:
+                        cancel: Flag | None = None) -> Attempt:
     """Await an ``async def`` handler; past its ``timeout_s`` it is cancelled and the attempt
     fails. An operator's cancel (``cancel`` set, then the task cancelled by its lane) ends
     it as cancelled."""
@@ -103,7 +102,7 @@ async def attempt_async(app: App, job: ClaimedJob, steps: StepLog | None = None,
     return ended(spec, job, steps, result=result, followups=followups)
 
 
-def cancelled_before(job: ClaimedJob, cancel: threading.Event | None) -> Attempt | None:
+def cancelled_before(job: ClaimedJob, cancel: Flag | None) -> Attempt | None:
     """The attempt of a job an operator cancelled before its handler started: it never starts."""
     if cancel is None or not cancel.is_set():
         return None

@@ -45,7 +45,7 @@ StepsFor = Callable[[ClaimedJob], StepLog]
 
 
 class Lane(Protocol):
-    def submit(self, slot: int, job: ClaimedJob) -> None: ...
+    def submit(self, jobs: list[tuple[int, ClaimedJob]]) -> None: ...
     def withdraw(self) -> list[tuple[int, ClaimedJob]]: ...
     def stop(self) -> list[tuple[int, ClaimedJob]]: ...
     def join(self, timeout_s: float | None = None) -> None: ...
@@ -66,10 +66,11 @@ class ThreadLane:
         for thread in self._threads:
             thread.start()
 
-    def submit(self, slot: int, job: ClaimedJob) -> None:
+    def submit(self, jobs: list[tuple[int, ClaimedJob]]) -> None:
+        """Queue ``(slot, job)`` pairs, in order, and wake as many threads."""
         with self._cond:
-            self._queue.append((slot, job))
-            self._cond.notify()
+            self._queue.extend(jobs)
+            self._cond.notify(len(jobs))
 
     def _work(self) -> None:
         while True:
@@ -118,25 +119,32 @@ class AsyncLane:
         self.cancels, self.hooks = cancels, hooks
         self._running: dict[tuple[int, int], asyncio.Task[None]] = {}  # the tasks of started handlers
         self.loop = hooks.events.loop
-        self._slots = asyncio.Semaphore(concurrency)
+        self._free = concurrency  # handlers that may start now
         self._tasks: set[asyncio.Task[None]] = set()
-        self._waiting: dict[int, ClaimedJob] = {}  # submitted, not yet started (by slot)
+        self._waiting: dict[int, ClaimedJob] = {}  # submitted, not yet started (by slot), in order
         self._stopping = False
 
-    def submit(self, slot: int, job: ClaimedJob) -> None:
-        self.loop.call_soon_threadsafe(self._spawn, slot, job)
+    def submit(self, jobs: list[tuple[int, ClaimedJob]]) -> None:
+        """Queue ``(slot, job)`` pairs, in order, and start what fits: one wake-up of the loop for them all."""
+        self.loop.call_soon_threadsafe(self._queue, jobs)
 
-    def _spawn(self, slot: int, job: ClaimedJob) -> None:
-        self._waiting[slot] = job
-        task = self.loop.create_task(self._run(slot, job))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def _queue(self, jobs: list[tuple[int, ClaimedJob]]) -> None:
+        self._waiting.update(jobs)
+        self._start_what_fits()
+
+    def _start_what_fits(self) -> None:
+        """A task for each waiting job while a handler may start. A job waits without a task
+        (tasks blocked on a semaphore would cost each acquire a scan of all the waiters)."""
+        while self._free > 0 and self._waiting and not self._stopping:
+            slot = next(iter(self._waiting))
+            job = self._waiting.pop(slot)
+            self._free -= 1
+            task = self.loop.create_task(self._run(slot, job))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     async def _run(self, slot: int, job: ClaimedJob) -> None:
-        async with self._slots:
-            if self._stopping or self._waiting.get(slot) is not job:
-                return  # reported by stop() or withdraw() as never started (its slot may hold a newer job)
-            del self._waiting[slot]
+        try:
             self.on_start(slot, job)
             started_at = time.monotonic()
             steps = self.steps_for(job)
@@ -151,6 +159,9 @@ class AsyncLane:
             if attempt.error is not None:
                 await self.hooks.failed_async(job, attempt.error)
             self.on_done(slot, job, attempt.outcome, started_at, steps)
+        finally:
+            self._free += 1
+            self._start_what_fits()
 
     def cancel(self, keys: list[tuple[int, int]]) -> None:
         """Cancel the tasks of these jobs' running handlers (their flags are set already)."""

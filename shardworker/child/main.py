@@ -23,6 +23,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from outbox import OutboxLocked, ShardWriter, WriterConfig
@@ -133,9 +134,7 @@ class ShardRunner:
         while (msg := wire.read_frame(self.inbox_fd)) is not None and not isinstance(msg, wire.Stop):
             if isinstance(msg, wire.Jobs):
                 self.committer.expect(len(msg.jobs))
-                for job, slot in zip(msg.jobs, msg.slots, strict=True):
-                    self.cancels.hold((job.id, job.attempt))
-                    self._lane(job).submit(slot, job)
+                self._submit(msg.jobs, msg.slots)
             elif isinstance(msg, wire.CancelJobs):
                 held = self.cancels.cancel(msg.jobs)
                 for lane in self.lanes.values():
@@ -158,6 +157,16 @@ class ShardRunner:
         self.cancels.release((j.id, j.attempt) for j in returned)
         self.committer.forget(len(returned))
         self.send(wire.Returned(tuple((j.id, j.attempt) for j in returned)))
+
+    def _submit(self, jobs: Sequence[ClaimedJob], slots: Sequence[int]) -> None:
+        """Hand the jobs of one message to their lanes, each lane its share at once (in order)."""
+        by_lane: dict[int, tuple[Lane, list[tuple[int, ClaimedJob]]]] = {}
+        for job, slot in zip(jobs, slots, strict=True):
+            self.cancels.hold((job.id, job.attempt))
+            lane = self._lane(job)
+            by_lane.setdefault(id(lane), (lane, []))[1].append((slot, job))
+        for lane, batch in by_lane.values():
+            lane.submit(batch)
 
     def _lane(self, job: ClaimedJob) -> Lane:
         spec = self.app.handlers.get(job.kind)

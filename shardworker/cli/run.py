@@ -68,7 +68,8 @@ D = WorkerConfig.default
               help="Handlers in flight per child for async def and threads=True kinds "
                    "(env SHARDWORKER_CONCURRENCY); plain sync handlers run one at a time per child.")
 @click.option("--prefetch", type=click.IntRange(min=1, max=100_000), default=D("prefetch_batch"), show_default=True,
-              help="Jobs a child holds beyond those it runs at once.")
+              help="Jobs a child holds beyond those it runs at once (async and threads=True "
+                   "handlers: at least twice --concurrency).")
 @click.option("--retention", type=Duration(), default=duration_text(D("retention_s")), show_default=True,
               help="Prune done jobs older than this (30m, 12h, 7d); 0 keeps them all (and, unless "
                    "--retention-failed is given, failed and cancelled ones too).")

@@ -17,7 +17,7 @@ import contextlib
 import fcntl
 import logging
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -246,11 +246,13 @@ class ChildHandle:
         self._free.append(sent.slot)
         return sent
 
-    def running(self) -> Iterable[tuple[ClaimedJob, float]]:
-        """(job, monotonic start) of every handler running now."""
+    def running(self, kinds: Container[str] | None = None) -> Iterable[tuple[ClaimedJob, float]]:
+        """(job, monotonic start) of every handler running now (of ``kinds`` only, when given)."""
         if self.progress is None:
             return
         for sent in self.sent.values():
+            if kinds is not None and sent.job.kind not in kinds:
+                continue
             since = self.progress.running_since(sent.slot, sent.job.id)
             if since is not None:
                 yield sent.job, since

@@ -110,19 +110,35 @@ def written_since(directory: str, shard: int, since: float) -> tuple[set[wire.Jo
     return outcomes, steps
 
 
-def timed_out(handle: ChildHandle, specs: Mapping[str, HandlerSpec], now: float) -> dict[wire.JobKey, str]:
-    """The running jobs past their timeout (async ones past it and the grace), with their error."""
-    late = {}
-    for job, started in handle.running():
-        spec = specs.get(job.kind)
-        if spec is None or spec.timeout_s is None:
-            continue
-        allowed = spec.timeout_s + (ASYNC_TIMEOUT_GRACE_S if spec.is_async else 0.0)
-        if now - started > allowed:
-            log.error("job %d (%s) exceeded its %gs timeout; killing child %d", job.id, job.kind,
-                      spec.timeout_s, handle.index, extra=logs.job_fields(job))
-            late[(job.id, job.attempt)] = f"timed out after {spec.timeout_s:g}s"
-    return late
+class Timeouts:
+    """The running jobs past their timeout (async ones past it and the grace), looked for in a
+    child only once its earliest deadline may have passed: the dispatcher asks at every turn,
+    and every handler has a timeout (``--default-timeout``)."""
+
+    def __init__(self, specs: Mapping[str, HandlerSpec]) -> None:
+        self.specs = specs
+        self.allowed = {kind: spec.timeout_s + (ASYNC_TIMEOUT_GRACE_S if spec.is_async else 0.0)
+                        for kind, spec in specs.items() if spec.timeout_s is not None}
+        self.shortest = min(self.allowed.values(), default=float("inf"))
+        self._next_at: dict[int, float] = {}  # by child index: no deadline passes before it
+
+    def late(self, handle: ChildHandle, now: float) -> dict[wire.JobKey, str]:
+        """The late jobs of ``handle``, with their error (none before its next deadline)."""
+        late: dict[wire.JobKey, str] = {}
+        if now < self._next_at.get(handle.index, 0.0):
+            return late
+        next_at = now + self.shortest  # a job started from now on
+        for job, started in handle.running(self.allowed):
+            deadline = started + self.allowed[job.kind]
+            if now <= deadline:
+                next_at = min(next_at, deadline)
+                continue
+            timeout_s = self.specs[job.kind].timeout_s
+            log.error("job %d (%s) exceeded its %gs timeout; killing child %d", job.id, job.kind, timeout_s,
+                      handle.index, extra=logs.job_fields(job))
+            late[(job.id, job.attempt)] = f"timed out after {timeout_s:g}s"
+        self._next_at[handle.index] = next_at
+        return late
 
 
 def shutdown_cause(handle: ChildHandle) -> blame.Cause:

@@ -30,7 +30,7 @@ from shardworker.model import ClaimedJob
 from shardworker.worker import blame
 from shardworker.worker.cancelling import Cancelling
 from shardworker.worker.child_handle import ChildHandle, Sent
-from shardworker.worker.deaths import Death, Suspects, leftovers, log_death, shutdown_cause, timed_out
+from shardworker.worker.deaths import Death, Suspects, Timeouts, leftovers, log_death, shutdown_cause
 from shardworker.worker.kindcaps import KindCaps
 from shardworker.worker.sending import Sender
 
@@ -47,6 +47,7 @@ class ChildPool:
         self.specs, self.clock = specs, clock
         self.at_once = at_once  # handlers one child runs at once
         self.caps = KindCaps(specs)
+        self.timeouts = Timeouts(specs)
         # The kinds whose handler sets max_attempts: a claim makes it their jobs' at the first claim.
         self.attempts = {kind: spec.max_attempts for kind, spec in specs.items() if spec.max_attempts is not None}
         self.sender = Sender(self.handles, self.caps, max_jobs=max_jobs, max_bytes=max_bytes, min_jobs=min_jobs,
@@ -189,7 +190,7 @@ class ChildPool:
                     self.sender.pump(handle)
                 continue
             if handle.alive:
-                late = timed_out(handle, self.specs, now) | self.cancelling.overdue(handle, now)
+                late = self.timeouts.late(handle, now) | self.cancelling.overdue(handle, now)
                 if not late:
                     self.sender.send_suspect(handle)
                     continue

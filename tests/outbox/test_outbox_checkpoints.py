@@ -240,3 +240,22 @@ def test_busy_writer_seals_at_reclaim_bytes_once_the_flusher_reads_its_segment(t
             reader.checkpoint()
         held = sum(os.path.getsize(os.path.join(d, segment_name(1, s))) for s in list_segments(d)[1])
     assert held < 2 * 16 * 1024 + 2048, f"{held} bytes of applied records kept"
+
+
+def test_applied_sealed_segment_is_retired_without_being_read_again(tmp_path):
+    """A closed writer's segment, read to its seal and applied, is retired as it is: not read
+    again (at a worker's exit that read every record of the shard once more). A byte flipped
+    after the reader read it shows it: a second read would quarantine the segment."""
+    d = str(tmp_path)
+    items = [{"n": i, "pad": "p" * 500} for i in range(5)]
+    write(d, 7, items, WriterConfig())
+    (segno,) = list_segments(d)[7]
+    with OutboxReader.open(d) as reader:
+        records = drain(reader)
+        reader.mark_flushed(records)
+        flip_byte(os.path.join(d, segment_name(7, segno)), 3 * HEADER_SIZE + 100)
+        reader.checkpoint()
+        reader.checkpoint()
+    assert values(records) == items
+    assert not os.path.exists(os.path.join(d, "quarantine"))
+    assert min(list_segments(d)[7]) > segno  # retired, then deleted as applied

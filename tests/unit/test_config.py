@@ -64,4 +64,12 @@ def test_worker_config_prefetch_jobs_is_concurrency_plus_batch_up_to_max() -> No
     config = WorkerConfig(app_ref="a:b", dsn="postgresql://x/y", concurrency=100, prefetch_batch=64,
                           prefetch_max_jobs=1000)
     assert config.prefetch_jobs(False) == (65, 1001)
-    assert config.prefetch_jobs(True) == (164, 1100)
+    assert config.prefetch_jobs(True) == (300, 1100)  # async or threads: twice --concurrency beyond it
+
+
+def test_worker_config_prefetch_jobs_of_a_concurrent_child_stays_within_the_max() -> None:
+    small = WorkerConfig(app_ref="a:b", dsn="postgresql://x/y", concurrency=10, prefetch_batch=64)
+    assert small.prefetch_jobs(True)[0] == 74  # prefetch_batch is more than twice the concurrency
+    big = WorkerConfig(app_ref="a:b", dsn="postgresql://x/y", concurrency=1000, prefetch_batch=64,
+                       prefetch_max_jobs=1000)
+    assert big.prefetch_jobs(True) == (2000, 2000)
