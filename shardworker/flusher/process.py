@@ -213,7 +213,9 @@ def _loop(flusher: Flusher, state: Any, idle_sleep_s: float) -> None:
         state.idle = flusher.idle
         if flusher.idle:
             state.drained = True
-        if state.stop >= StopRequest.NOW or (state.stop >= StopRequest.WHEN_IDLE and flusher.idle):
+        # WHEN_IDLE: everything is durable by now, but a pass that applied something may have
+        # read before the last records were written: only a pass that found nothing ends it.
+        if state.stop >= StopRequest.NOW or (state.stop >= StopRequest.WHEN_IDLE and flusher.idle and not flushed):
             return
         if flusher.gathering:
             time.sleep(idle_sleep_s)
