@@ -7,12 +7,13 @@ the console script in a project directory; handlers and hooks write to a ledger 
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.cli.project_cli import make_project, run_in
+from tests.cli.project_cli import enqueue_in as enqueue
+from tests.cli.project_cli import make_project
+from tests.cli.project_cli import run_ok as sw
 
 APP = '''
     """Failing handlers, and failure hooks that report to a ledger."""
@@ -83,15 +84,6 @@ def project(tmp_path: Path) -> Path:
     return make_project(tmp_path, "failures-app", APP)
 
 
-def sw(project: Path, dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
-    done = run_in(project, dsn, *args)
-    assert done.returncode == 0, (args, done.stdout, done.stderr[-3000:])
-    return done
-
-
-def enqueue(project: Path, dsn: str, kind: str) -> int:
-    (job_id,) = json.loads(sw(project, dsn, "enqueue", kind, "--json").stdout)["ids"]
-    return int(job_id)
 
 
 def run_until_idle(project: Path, dsn: str, *args: str) -> str:

@@ -38,13 +38,20 @@ def started(count_dir: Path, job_id: int) -> bool:
     return any(j == job_id for j, _ in runs(count_dir))
 
 
-def test_an_async_handler_cancelled_while_running_is_cancelled_and_the_worker_goes_on(
-        pg_dsn: str, tmp_path: Path) -> None:
+def running(dsn: str, tmp_path: Path, kind: str, *args: str) -> tuple[int, subprocess.Popen[bytes], Path]:
+    """A worker (``--procs 1``, ``args``) running one ``kind`` job that would take a minute:
+    (the job's id, the worker, its ledger directory)."""
     counts = tmp_path / "counts"
     counts.mkdir()
-    [long] = enqueue(pg_dsn, "async_long", 1, {"sleep": 60})
-    proc = start_worker(pg_dsn, tmp_path / "outbox", counts, *FAST, procs=1, app="cancel_app")
-    wait_for(lambda: started(counts, long), 30, "the handler running")
+    [job_id] = enqueue(dsn, kind, 1, {"sleep": 60})
+    proc = start_worker(dsn, tmp_path / "outbox", counts, *FAST, *args, procs=1, app="cancel_app")
+    wait_for(lambda: started(counts, job_id), 30, "the handler running")
+    return job_id, proc, counts
+
+
+def test_an_async_handler_cancelled_while_running_is_cancelled_and_the_worker_goes_on(
+        pg_dsn: str, tmp_path: Path) -> None:
+    long, proc, counts = running(pg_dsn, tmp_path, "async_long")
     done = cancel_cli(pg_dsn, long, counts)
     assert done.returncode == 0, done.stderr
     assert row(pg_dsn, long)[0] == "cancelled"  # at once, whatever the worker does next
@@ -63,11 +70,7 @@ def test_an_async_handler_cancelled_while_running_is_cancelled_and_the_worker_go
 def test_a_threaded_handler_sees_job_cancelled_and_its_result_is_not_applied(pg_dsn: str, tmp_path: Path) -> None:
     """Cancelled through the Python API; the handler returns a result once it sees
     job.cancelled, and that result is kept aside, never applied over the cancel."""
-    counts = tmp_path / "counts"
-    counts.mkdir()
-    [polite] = enqueue(pg_dsn, "polite", 1, {"sleep": 60})
-    proc = start_worker(pg_dsn, tmp_path / "outbox", counts, *FAST, procs=1, app="cancel_app")
-    wait_for(lambda: started(counts, polite), 30, "the handler running")
+    polite, proc, counts = running(pg_dsn, tmp_path, "polite")
     assert jobs.cancel(pg_dsn, [polite]) == 1
     wait_for(lambda: f"{polite} polled" in stopped(counts), 15, "the handler seeing job.cancelled")
     proc.send_signal(signal.SIGTERM)
@@ -81,12 +84,7 @@ def test_a_threaded_handler_sees_job_cancelled_and_its_result_is_not_applied(pg_
 def test_a_sync_handler_that_ignores_the_cancel_is_stopped_after_the_grace(pg_dsn: str, tmp_path: Path) -> None:
     """Its child is stopped as a timeout stops it; the job is not run again, and the jobs
     behind it in the same child run once the child is back."""
-    counts = tmp_path / "counts"
-    counts.mkdir()
-    [stubborn] = enqueue(pg_dsn, "stubborn", 1, {"sleep": 60})
-    proc = start_worker(pg_dsn, tmp_path / "outbox", counts, *FAST, "--cancel-grace", "1", procs=1,
-                        app="cancel_app")
-    wait_for(lambda: started(counts, stubborn), 30, "the handler running")
+    stubborn, proc, counts = running(pg_dsn, tmp_path, "stubborn", "--cancel-grace", "1")
     behind = enqueue(pg_dsn, "quick", 3, {"n": 2})
     assert cancel_cli(pg_dsn, stubborn, counts).returncode == 0
     wait_for(lambda: "did not stop within 1s" in worker_log(counts), 30, "the child stopped after the grace")
@@ -99,12 +97,7 @@ def test_a_sync_handler_that_ignores_the_cancel_is_stopped_after_the_grace(pg_ds
 
 def test_a_stop_does_not_wait_out_the_shutdown_timeout_for_a_cancelled_handler(pg_dsn: str, tmp_path: Path) -> None:
     """SIGTERM right after the cancel: the child is stopped at the grace, not at --shutdown-timeout."""
-    counts = tmp_path / "counts"
-    counts.mkdir()
-    [stubborn] = enqueue(pg_dsn, "stubborn", 1, {"sleep": 60})
-    proc = start_worker(pg_dsn, tmp_path / "outbox", counts, *FAST, "--cancel-grace", "1", procs=1,
-                        app="cancel_app")
-    wait_for(lambda: started(counts, stubborn), 30, "the handler running")
+    stubborn, proc, counts = running(pg_dsn, tmp_path, "stubborn", "--cancel-grace", "1")
     assert cancel_cli(pg_dsn, stubborn, counts).returncode == 0
     wait_for(lambda: "cancelled by an operator; stopping it" in worker_log(counts), 15, "the worker told of the cancel")
     proc.send_signal(signal.SIGTERM)
