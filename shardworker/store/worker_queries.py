@@ -125,14 +125,15 @@ class WorkerQueries(Session):
     def requeue_orphans(self, worker_id: str, error: str) -> list[int]:
         """Requeue (or fail, when out of attempts) this worker's running jobs."""
         with self.cursor() as cur:
-            cur.execute(query("job_requeue_orphans"), {"worker_id": worker_id, "error": error})
+            cur.execute(query("job_requeue_orphans"), {"worker_id": worker_id, "error": error,
+                                                       "errors_kept": ERRORS_KEPT})
             return [r[0] for r in cur.fetchall()]
 
     def requeue_lost(self, worker_id: str, error: str, keep_ids: Sequence[int]) -> list[int]:
         """Requeue this worker's running jobs except ``keep_ids`` (whose outcomes are still coming)."""
         with self.cursor() as cur:
             cur.execute(query("job_requeue_lost"), {"worker_id": worker_id, "error": error,
-                                                    "keep_ids": list(keep_ids)})
+                                                    "keep_ids": list(keep_ids), "errors_kept": ERRORS_KEPT})
             return [r[0] for r in cur.fetchall()]
 
     def count_active(self, kinds: Sequence[str], queues: Sequence[str] | None, worker_id: str,

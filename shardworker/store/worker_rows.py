@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 import orjson
 
+from shardworker.limits import ERRORS_KEPT
 from shardworker.store.connection import Session
 from shardworker.store.sql import query
 from shardworker.views import FlowCount, Serving, WorkerInfo
@@ -85,5 +86,6 @@ class WorkerRows(Session):
         drop their rows); rescued jobs wait ``grace_s`` before they may be claimed again."""
         with self.cursor() as cur:
             cur.execute(query("rescue_workers"), {"worker_ids": [w for w, _ in observed],
-                                                  "heartbeats": [b for _, b in observed], "grace_s": grace_s})
+                                                  "heartbeats": [b for _, b in observed], "grace_s": grace_s,
+                                                  "errors_kept": ERRORS_KEPT})
             return [r[0] for r in cur.fetchall()]

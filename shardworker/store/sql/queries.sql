@@ -301,10 +301,11 @@ WHERE claim_token = %(claim_token)s AND status = 'running' AND locked_by = %(wor
 
 -- job_requeue_orphans --
 -- At startup, after the outbox is drained: this worker's running jobs have no outcome, so
--- their handlers never finished. Retry them (the lost run counts as an attempt).
+-- their handlers never finished. Retry them (the lost run counts as an attempt, in errors too).
 UPDATE shardworker.jobs
 SET status = CASE WHEN attempt - snoozes < max_attempts THEN 'queued' ELSE 'failed' END,
     last_error = %(error)s, locked_by = NULL, updated_at = now(),
+    errors = shardworker.errors_with(errors, attempt, %(error)s, NULL, now(), %(errors_kept)s),
     finished_at = CASE WHEN attempt - snoozes < max_attempts THEN NULL ELSE now() END
 WHERE status = 'running' AND locked_by = %(worker_id)s
 RETURNING id;
@@ -497,6 +498,8 @@ WITH gone AS (
 UPDATE shardworker.jobs
 SET status = CASE WHEN attempt - snoozes < max_attempts THEN 'queued' ELSE 'failed' END,
     last_error = 'rescued: worker ' || locked_by || ' stopped heartbeating',
+    errors = shardworker.errors_with(errors, attempt, 'rescued: worker ' || locked_by || ' stopped heartbeating',
+                                     NULL, now(), %(errors_kept)s),
     rescued_attempt = attempt, run_at = now() + make_interval(secs => %(grace_s)s),
     locked_by = NULL, updated_at = now(),
     finished_at = CASE WHEN attempt - snoozes < max_attempts THEN NULL ELSE now() END
@@ -510,10 +513,11 @@ SELECT id::text, current_database() FROM shardworker.instance;
 -- job_requeue_lost --
 -- This worker's running jobs whose outcome is gone (quarantined with a corrupt outbox
 -- segment), i.e. every one no child still holds and no outbox record still carries:
--- retried at once, the lost run counted as an attempt.
+-- retried at once, the lost run counted as an attempt (in errors too).
 UPDATE shardworker.jobs
 SET status = CASE WHEN attempt - snoozes < max_attempts THEN 'queued' ELSE 'failed' END,
     last_error = %(error)s, locked_by = NULL, updated_at = now(),
+    errors = shardworker.errors_with(errors, attempt, %(error)s, NULL, now(), %(errors_kept)s),
     finished_at = CASE WHEN attempt - snoozes < max_attempts THEN NULL ELSE now() END
 WHERE status = 'running' AND locked_by = %(worker_id)s AND NOT (id = ANY(%(keep_ids)s::bigint[]))
 RETURNING id;
