@@ -47,6 +47,16 @@ def role(command: str) -> str:
     return command if command.startswith("sw-") else "parent"
 
 
+def start_worker(project: str, app: str, source: str, dsn: str, procs: int) -> subprocess.Popen[bytes]:
+    """``shardworker run`` of the app ``source`` (written to ``project/APP.py``) from ``project``,
+    leading a process group of its own (its pid is the group's: ``tree_ticks(worker.pid)``)."""
+    with open(os.path.join(project, f"{app}.py"), "w") as f:
+        f.write(source)
+    return subprocess.Popen([sys.executable, "-m", "shardworker", "run", "--app", app, "--procs", str(procs),
+                             "--outbox-dir", "sw-outbox", "--dsn", dsn], cwd=project,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dsn", help="a scratch database (default: a temporary embedded server)")
@@ -55,11 +65,7 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=4.0, help="seconds after launch before measuring")
     args = parser.parse_args()
     with database(args.dsn) as dsn, tempfile.TemporaryDirectory(prefix="sw-idle-") as project:
-        with open(os.path.join(project, "idle_app.py"), "w") as f:
-            f.write(APP)
-        worker = subprocess.Popen([sys.executable, "-m", "shardworker", "run", "--app", "idle_app", "--procs",
-                                   str(args.procs), "--outbox-dir", "sw-outbox", "--dsn", dsn], cwd=project,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        worker = start_worker(project, "idle_app", APP, dsn, args.procs)
         try:
             time.sleep(args.settle)
             before, started = tree_ticks(worker.pid), time.monotonic()

@@ -20,14 +20,12 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 
 import psycopg
 from bench_db import database
-from idle import role
+from idle import role, start_worker
 
 from shardworker import JobSpec, enqueue_many
 
@@ -97,11 +95,7 @@ def main() -> None:
     with database(args.dsn) as dsn, tempfile.TemporaryDirectory(prefix="sw-memory-") as project:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("TRUNCATE shardworker.jobs CASCADE")
-        with open(os.path.join(project, "memory_app.py"), "w") as f:
-            f.write(APP)
-        worker = subprocess.Popen([sys.executable, "-m", "shardworker", "run", "--app", "memory_app", "--procs",
-                                   str(args.procs), "--outbox-dir", "sw-outbox", "--dsn", dsn], cwd=project,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        worker = start_worker(project, "memory_app", APP, dsn, args.procs)
         try:
             time.sleep(args.settle)
             idle_rss, idle_pss = report(f"idle after startup, --procs {args.procs}", tree(worker.pid))
