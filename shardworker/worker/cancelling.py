@@ -10,7 +10,6 @@ way a timeout stops it.
 
 from __future__ import annotations
 
-import collections
 import logging
 from collections.abc import Iterable
 
@@ -45,20 +44,16 @@ class Cancelling:
 
     def tell(self, handles: Iterable[ChildHandle], now: float) -> None:
         """Send each cancelled job's child a ``CancelJobs`` unless that process was told already."""
-        news: dict[int, list[wire.JobKey]] = collections.defaultdict(list)
-        by_index = {}
         for handle in handles:
             if not handle.alive:
                 continue
             process = handle.process  # a restarted child is a new process object: tell it again
-            for key in self._told.keys() & handle.sent.keys():
-                told = self._told[key]
-                if told is None or told[0] is not handle or told[1] is not process:
-                    self._told[key] = (handle, process, now)
-                    news[handle.index].append(key)
-                    by_index[handle.index] = handle
-        for index, keys in news.items():
-            by_index[index].put(wire.CancelJobs(tuple(keys)))
+            fresh = [key for key in self._told.keys() & handle.sent.keys()
+                     if (told := self._told[key]) is None or told[0] is not handle or told[1] is not process]
+            for key in fresh:
+                self._told[key] = (handle, process, now)
+            if fresh:
+                handle.put(wire.CancelJobs(tuple(fresh)))
 
     def overdue(self, handle: ChildHandle, now: float) -> dict[wire.JobKey, str]:
         """The running jobs of ``handle`` told more than ``grace_s`` ago, with their error."""
