@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from shardworker.model import ClaimedJob
@@ -40,6 +41,7 @@ class Cause:
 
     killed: bool = False
     timed_out: Mapping[JobKey, str] = field(default_factory=dict)
+    cancelled: AbstractSet[JobKey] = frozenset()  # of timed_out: an operator cancelled them (past the grace)
     fatal: str = ""
     exitcode: int | None = None
 
@@ -53,6 +55,7 @@ class Verdict:
     snooze: tuple[ClaimedJob, ...] = ()  # queued again at once by a snooze outcome (no attempt used)
     suspects: tuple[ClaimedJob, ...] = ()  # among ``snooze``: run alone when claimed again
     crash: bool = False  # counts toward the crash-loop detector
+    cancelled: bool = False  # killed only for cancelled jobs: nothing is really charged (they stay cancelled)
 
 
 def judge(cause: Cause, unfinished: Sequence[ClaimedJob], unsaved: Sequence[ClaimedJob]) -> Verdict:
@@ -61,10 +64,9 @@ def judge(cause: Cause, unfinished: Sequence[ClaimedJob], unsaved: Sequence[Clai
         charged = tuple((j, cause.timed_out[(j.id, j.attempt)]) for j in unfinished
                         if (j.id, j.attempt) in cause.timed_out)
         innocent = tuple(j for j in unfinished if (j.id, j.attempt) not in cause.timed_out)
-        cancels = sum(1 for _, error in charged if error.startswith("cancelled by an operator"))
-        why = "killed: a cancelled handler did not stop in time" if cancels == len(charged) and cancels else \
-            "killed for a timeout"
-        return Verdict(why, charged, (*innocent, *unsaved))
+        cancelled = bool(charged) and all((j.id, j.attempt) in cause.cancelled for j, _ in charged)
+        why = "killed: a cancelled handler did not stop in time" if cancelled else "killed for a timeout"
+        return Verdict(why, charged, (*innocent, *unsaved), cancelled=cancelled)
     if cause.fatal:
         return Verdict(cause.fatal, tuple((j, cause.fatal) for j in (*unfinished, *unsaved)), crash=True)
     died = process_death(cause.exitcode)

@@ -153,7 +153,7 @@ def shutdown_cause(handle: ChildHandle) -> blame.Cause:
 
 
 def log_death(index: int, verdict: blame.Verdict, unstarted: int) -> None:
-    if verdict.reason.startswith("killed: a cancelled handler"):  # its job stays cancelled: nothing charged
+    if verdict.cancelled:  # its jobs stay cancelled: nothing charged
         log.warning("child %d: %s (jobs %s); %d queued again uncharged, %d not started", index, verdict.reason,
                     ", ".join(str(j.id) for j, _ in verdict.charged), len(verdict.snooze), unstarted)
     elif verdict.charged or verdict.snooze:

@@ -190,12 +190,14 @@ class ChildPool:
                     self.sender.pump(handle)
                 continue
             if handle.alive:
-                late = self.timeouts.late(handle, now) | self.cancelling.overdue(handle, now)
+                cancelled = self.cancelling.overdue(handle, now)
+                late = self.timeouts.late(handle, now) | cancelled
                 if not late:
                     self.sender.send_suspect(handle)
                     continue
                 procs.kill_quietly(handle.process.pid)
-                deaths.append(self._settle(handle, blame.Cause(killed=True, timed_out=late), now))
+                deaths.append(self._settle(handle, blame.Cause(killed=True, timed_out=late, cancelled=set(cancelled)),
+                                           now))
                 continue
             deaths.append(self._settle(handle, blame.Cause(fatal=handle.fatal, exitcode=handle.process.exitcode), now))
             self._crash_loop = handle.start_failed() or self._crash_loop  # read once _settle read its Fatal
@@ -273,7 +275,7 @@ class ChildPool:
             late = self.cancelling.overdue(handle, self.clock()) if handle.alive and not handle.stopped else {}
             if late:
                 procs.kill_quietly(handle.process.pid)
-                deaths.append(self._settle(handle, blame.Cause(killed=True, timed_out=late)))
+                deaths.append(self._settle(handle, blame.Cause(killed=True, timed_out=late, cancelled=set(late))))
                 handle.stopped, handle.unstarted = True, ()
         return deaths
 
