@@ -41,7 +41,7 @@ from outbox import OutboxError
 from outbox import status as outbox_status
 from shardworker import layout, logs, procs
 from shardworker.app import App
-from shardworker.config import ChildConfig, WorkerConfig
+from shardworker.config import WorkerConfig
 from shardworker.errors import CrashLoop, StoreError, WorkerIdInUse
 from shardworker.flusher.process import FlusherHandle
 from shardworker.jobstats import JobCounts
@@ -79,7 +79,6 @@ class Supervisor:
     def __init__(self, config: WorkerConfig, app: App) -> None:
         app = app.with_default_timeout(config.default_timeout_s)  # the children apply the same
         self.config, self.app = config, app
-        self.store_config = config.store_config()
         # The store and what uses it: made by _open_stores, once the children are forked.
         self.store: PgStore
         self.new_store: Callable[[], PgStore]
@@ -88,11 +87,12 @@ class Supervisor:
         self._stores_open = self.stopping = self._outbox_empty = False  # _outbox_empty: see _fork_processes
         self._signalled = self._signal_fd = -1  # the pipe a signal writes to (_install_signals)
         self.worker_id = ""
-        self.flusher = FlusherHandle(config.outbox_dir, self.store_config, config.flusher_config(),
+        self.flusher = FlusherHandle(config.outbox_dir, config.store_config(), config.flusher_config(),
                                      config.flush_idle_sleep_s)
         concurrent = any(spec.lane != "sync" for spec in app.handlers.values())
         self.min_jobs, self.max_jobs = config.prefetch_jobs(concurrent)
-        self.pool = ChildPool(self._child_configs(), app.handlers, min_jobs=self.min_jobs, max_jobs=self.max_jobs,
+        children = [config.child_config(i, parent_pid=os.getpid(), slots=self.max_jobs) for i in range(config.procs)]
+        self.pool = ChildPool(children, app.handlers, min_jobs=self.min_jobs, max_jobs=self.max_jobs,
                               max_bytes=config.prefetch_bytes, horizon_s=config.prefetch_horizon_s,
                               steal_after_s=config.steal_after_s, at_once=config.at_once(concurrent),
                               cancel_grace_s=config.cancel_grace_s)
@@ -113,10 +113,6 @@ class Supervisor:
 
         self.new_store, self.store, self.unserved, self.housekeeper = open_stores(self.config, self.app)
         self._stores_open = True
-
-    def _child_configs(self) -> list[ChildConfig]:
-        return [self.config.child_config(index, parent_pid=os.getpid(), slots=self.max_jobs)
-                for index in range(self.config.procs)]
 
     def _backoff(self) -> Backoff:
         return Backoff(self.config.backoff_base_s, self.config.backoff_cap_s)
@@ -276,9 +272,11 @@ class Supervisor:
         # With the database away, what needs it (giving back, applying outcomes) is tried
         # briefly, not for the whole timeout: nothing is lost by leaving it. Unstarted jobs wait
         # in giveback.json for the next start (or a rescue); outcomes wait in the outbox.
+        dispatcher.watch.update(dispatcher.db_failure())  # again here and below: the loop that looked has ended
         db_by = deadline if dispatcher.watch.up else min(deadline, time.monotonic() + DATABASE_WAIT_IN_OUTAGE_S)
         released = dispatcher.give_back(unstarted, db_by)
         self.flusher.stop(db_by, lambda: dispatcher.backlog() <= 0)
+        dispatcher.watch.update(dispatcher.db_failure())
         self.housekeeper.stop(wait_s=1.0)
         if self.heartbeat is not None:
             self.heartbeat.stop()

@@ -32,6 +32,7 @@ from tests.faults.network_scenario import (
 )
 from tests.helpers import (
     query,
+    runs_per_job,
     status_counts,
     wait_for,
     worker_log,
@@ -70,6 +71,24 @@ def test_refused_connections(scenario: Scenario) -> None:
     sc.assert_each_job_done_once()
     log = worker_log(sc.count_dir)
     # One line when the database was lost, one when it came back: not one per retry.
+    assert log.count("database unreachable") == 1 and log.count("database back after") == 1, log
+
+
+def test_database_back_during_stop(scenario: Scenario) -> None:
+    """Connects refused until the moment of a SIGTERM: every outcome waited in the outbox, the stop
+    applies them as the database returns, and the log says it came back (the parent's next pass,
+    which would have said so, never comes once a stop has begun)."""
+    sc = scenario
+    sc.enqueue("slow", 200, SLOW)
+    sc.start()
+    wait_for(lambda: sc.done() >= 20, 30, "a first part done")
+    sc.proxy.refuse(reset_existing=True)
+    wait_for(lambda: len(runs_per_job(sc.count_dir)) == 200, 30, "every held job run during the outage")
+    assert sc.done() < 200, "every outcome applied through a refusing proxy?"
+    sc.proxy.set_pass()
+    sc.stop()
+    sc.assert_each_job_done_once()
+    log = worker_log(sc.count_dir)
     assert log.count("database unreachable") == 1 and log.count("database back after") == 1, log
 
 
