@@ -37,6 +37,15 @@ from shardworker.errors import (
 log = logging.getLogger(__name__)
 
 
+def _not_pipeline_exit_noise(record: logging.LogRecord) -> bool:
+    """psycopg warns when closing a pipeline fails behind an error its block already raised
+    (a connection lost mid-batch); that error reaches the caller, whose outage is told once."""
+    return not str(record.msg).startswith("error ignored terminating")
+
+
+logging.getLogger("psycopg").addFilter(_not_pipeline_exit_noise)
+
+
 @contextlib.contextmanager
 def translate_errors() -> Iterator[None]:
     """Turn psycopg errors into shardworker errors at the store boundary."""
