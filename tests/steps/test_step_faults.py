@@ -23,7 +23,6 @@ from tests.helpers import (
     start_worker,
     wait_for,
     worker_env,
-    worker_log,
 )
 from tests.steps.step_ledger import assert_steps_once, step_runs
 
@@ -68,29 +67,33 @@ def test_a_child_killed_in_an_outage_carries_its_steps_ahead_of_its_failure(
     proc = start_worker(dsn, outbox_dir, count_dir, *FAST, "--exit-when-idle", app="steps_app", procs=2)
     wait_for(lambda: ledger_shows(count_dir, ids, "fetch"), 30, "the first steps under way")
     private_pg.stop("immediate")
-    wait_for(lambda: worker_log(count_dir).count("charged a failed attempt") >= len(ids), 30,
-             "the children dying after their second step")
-    carried = _parent_shard_steps(outbox_dir)
-    assert {(job_id, name) for job_id, name in carried} >= {(j, n) for j in ids for n in ("fetch", "ocr")}
+    # The deaths are logged before the parent's next pass writes what they leave to its shard.
+    wait_for(lambda: {job_id for kind, job_id, _ in _parent_shard(outbox_dir) if kind == "outcome"} >= set(ids),
+             30, "the failures of the children that died after their second step")
+    records = _parent_shard(outbox_dir)
+    for job_id in ids:
+        failure = records.index(("outcome", job_id, ""))
+        assert {name for kind, j, name in records[:failure] if kind == "step" and j == job_id} == {"fetch", "ocr"}, \
+            records
     private_pg.start()
     assert exit_code(proc, 90, count_dir) == 0
     assert_steps_once(dsn, count_dir, ids)
 
 
-def _parent_shard_steps(outbox_dir: Path) -> list[tuple[int, str]]:
-    """(job id, step name) of the step records in the parent's shard."""
+def _parent_shard(outbox_dir: Path) -> list[tuple[str, int, str]]:
+    """The parent's shard in order: ("step", job id, step name) and ("outcome", job id, "")."""
     from outbox.segment import list_segments, parse, read_file, segment_name
     from shardworker.layout import PARENT_SHARD
     from shardworker.model import StepRecord
     from shardworker.wire import decode_record
 
-    found = []
+    found: list[tuple[str, int, str]] = []
     for segno in list_segments(str(outbox_dir)).get(PARENT_SHARD, []):
         buf = read_file(str(outbox_dir / segment_name(PARENT_SHARD, segno)))
         for frame in parse(buf, PARENT_SHARD, segno).data:
             record = decode_record(frame.payload)
-            if isinstance(record, StepRecord):
-                found.append((record.job_id, record.name))
+            found.append(("step", record.job_id, record.name) if isinstance(record, StepRecord)
+                         else ("outcome", record.job_id, ""))
     return found
 
 
