@@ -34,6 +34,7 @@ class FrontendParser:
         self.statements: dict[bytes, bytes] = {}
         self.portals: dict[bytes, bytes] = {}
         self.unsynced = False
+        self.pending_start = -1
 
     def feed(self, chunk: bytes) -> list[tuple[int, int, bytes]]:
         if self.opaque:
@@ -66,6 +67,7 @@ class FrontendParser:
             else:
                 self._track(kind, body)
         self.unsynced = bool(pending)  # executes whose Sync is still to come (a pipeline sent in parts)
+        self.pending_start = pending[0][0] - chunk_start if pending else -1  # where they begin in the chunk
         found.extend(pending)
         return [(s - chunk_start, e - chunk_start, q) for s, e, q in found]
 
@@ -120,12 +122,14 @@ class BackendParser:
         self.buf = bytearray()
         self.single_bytes_seen = 0
         self.opaque = False
+        self.statuses = b""  # the transaction status of each ReadyForQuery in the last chunk fed
 
     def feed(self, chunk: bytes) -> bytes:
         if self.opaque:
             return b""
         self.buf += chunk
         kinds, pos, buf = bytearray(), 0, self.buf
+        statuses = bytearray()
         while pos < len(buf):
             if self.single_bytes_seen < self.frontend.single_byte_replies:
                 self.single_bytes_seen += 1
@@ -143,8 +147,11 @@ class BackendParser:
             if len(buf) - pos < 1 + length:
                 break
             kinds += buf[pos : pos + 1]
+            if buf[pos : pos + 1] == b"Z":
+                statuses += buf[pos + 5 : pos + 6]  # I idle (committed or never begun), T in a transaction, E failed
             pos += 1 + length
         del buf[:pos]
+        self.statuses = bytes(statuses)
         return bytes(kinds)
 
 
@@ -165,7 +172,7 @@ class ProxyEvent:
 @dataclasses.dataclass
 class CutRule:
     needles: tuple[bytes, ...]
-    when: str  # "before" or "after"
+    when: str  # "before", "after" or "commit"
     times: int
 
 
@@ -182,6 +189,7 @@ class Conn:
         self.backend = BackendParser(self.parser)
         self.in_flight = b""  # the statement sent to the server and not yet answered by ReadyForQuery
         self.awaiting_reply: str = ""  # an "after" cut: swallow the reply, then reset
+        self.cut_at_commit: str = ""  # a "commit" cut: reset once the matched statement's transaction ends
         self.until_sync = False  # after an "after" cut: the rest of the pipeline, up to its Sync, still goes
         self.reply_kinds = bytearray()
         self.to_server: asyncio.Queue[tuple[float, Any]] = asyncio.Queue()

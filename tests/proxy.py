@@ -134,10 +134,13 @@ class PgProxy(ProxyLoop):
         self._call(self._arm_cut_after(n_bytes, times))
 
     def cut_on_query(self, *needles: bytes, when: str = "before", times: int = 1) -> None:
-        """RST a connection when it executes a statement containing every needle, ``times`` times.
+        """RST a connection when it executes a statement containing every needle, ``times`` times:
+        ``before`` it reaches the server; ``after`` the server ran it and the rest of its
+        pipeline (up to the Sync), its reply dropped; ``commit`` once the transaction it ran in
+        ended (the reply to the statement that ended it dropped: "maybe committed").
         Rules add up (the first that matches fires); ``set_pass()`` clears them."""
-        if when not in ("before", "after") or not needles:
-            raise ValueError("when must be 'before' or 'after', with at least one needle")
+        if when not in ("before", "after", "commit") or not needles:
+            raise ValueError("when must be 'before', 'after' or 'commit', with at least one needle")
         self._call(self._add_cut_rule(CutRule(tuple(needles), when, times)))
 
     # observation (test thread) -----------------------------------------------------------

@@ -16,15 +16,15 @@ import time
 from typing import Any
 
 from tests.pg_wire import Conn, CutRule, ProxyEvent, summary
+from tests.proxy_cuts import REPLY_WAIT_S, CutRules
 
 LOOPBACK = "127.0.0.1"
 READ_SIZE = 65536
-REPLY_WAIT_S = 5.0  # "after" cuts: RST anyway if the server has not answered by then
 UPSTREAM_CONNECT_TIMEOUT_S = 3.0
 _RESET = object()  # queue sentinel: reset the connection once everything before it is written
 
 
-class ProxyLoop:
+class ProxyLoop(CutRules):
     """State shared by both threads, and everything that runs on the proxy's event loop."""
 
     def __init__(self, upstream_port: int, *, dbname: str = "postgres", user: str = "postgres",
@@ -178,7 +178,10 @@ class ProxyLoop:
                 upto, when, why = cut
                 if upto > 0:
                     conn.to_server.put_nowait((due, data[:upto]))
-                if when == "after":
+                if when == "commit":
+                    conn.cut_at_commit = why
+                    conn.reply_kinds.clear()
+                elif when == "after":
                     conn.in_flight = b""
                     conn.awaiting_reply = why
                     conn.until_sync = conn.parser.unsynced  # the rest of its pipeline still goes through
@@ -192,26 +195,6 @@ class ProxyLoop:
         if not conn.closed:
             conn.to_server.put_nowait((time.monotonic() + self._latency_s, None))
 
-    def _cut_point(self, conn: Conn, data: bytes, statements: list[tuple[int, int, bytes]]
-                   ) -> tuple[int, str, str] | None:
-        """Where to cut this chunk, if a rule fires: (bytes to forward first, before/after, why)."""
-        for start, end, query in statements:
-            for rule in self._cut_rules:
-                if all(n in query for n in rule.needles):
-                    rule.times -= 1
-                    self._cut_rules = [r for r in self._cut_rules if r.times > 0]
-                    text = summary(query)
-                    if rule.when == "before":
-                        return max(0, start), "before", f"before execute of: {text}"
-                    return end, "after", f"after execute of: {text}"
-        if self._cut_after is not None:
-            n_bytes, times = self._cut_after
-            carried = conn.c2s_bytes - conn.cut_base
-            if carried >= n_bytes:
-                self._cut_after = (n_bytes, times - 1) if times > 1 else None
-                return len(data) - (carried - n_bytes), "before", f"after {n_bytes} bytes"
-        return None
-
     async def _pump_s2c(self, conn: Conn) -> None:
         if conn.up_reader is None:  # black-holed from the start: nothing upstream
             return
@@ -223,6 +206,8 @@ class ProxyLoop:
                 if self._blackholed(conn, len(data)):
                     continue
                 kinds = conn.backend.feed(data)
+                if conn.cut_at_commit and self._transaction_ended(conn, kinds):
+                    break
                 if conn.awaiting_reply:
                     self._swallow_reply(conn, kinds)
                     continue
@@ -231,21 +216,6 @@ class ProxyLoop:
                 conn.to_client.put_nowait((time.monotonic() + self._latency_s, data))
         if not conn.closed:
             conn.to_client.put_nowait((time.monotonic() + self._latency_s, None))
-
-    def _swallow_reply(self, conn: Conn, kinds: bytes) -> None:
-        """Drop the server's reply to an executed statement; reset once ReadyForQuery came."""
-        conn.reply_kinds += kinds
-        if b"Z" in kinds:
-            committed = b"C" in conn.reply_kinds and b"E" not in conn.reply_kinds
-            shown = conn.reply_kinds.decode(errors="replace")
-            shown = shown if len(shown) < 12 else f"{shown[:4]}...{shown[-4:]} ({len(shown)} messages)"
-            self._event("cut", conn.id, f"{conn.awaiting_reply}; server replied {shown} (committed={committed})")
-            self._reset(conn, "")
-
-    def _reply_timeout(self, conn: Conn) -> None:
-        if not conn.closed and conn.awaiting_reply:
-            self._event("cut", conn.id, f"{conn.awaiting_reply}; no reply within {REPLY_WAIT_S}s")
-            self._reset(conn, "")
 
     async def _writer_loop(self, conn: Conn, queue: asyncio.Queue[tuple[float, Any]], side: str) -> None:
         writer = conn.up_writer if side == "server" else conn.client_writer

@@ -28,7 +28,7 @@ NETWORK_TIMEOUT_S = 3
 STATEMENT_TIMEOUT_S = 5
 WORKER_ARGS = ("--backoff-cap", "1", "--network-timeout", str(NETWORK_TIMEOUT_S),
                "--statement-timeout", str(STATEMENT_TIMEOUT_S), "--prefetch", "500")  # work in hand
-FLUSH = (b"unnest(", b"UPDATE shardworker.jobs")  # job_apply_outcomes, the flusher's batch
+FLUSH = (b"applied_attempt = o.attempt",)  # job_apply_outcomes, the flusher's batch (job_claim has unnest too)
 CLAIM = (b"FOR UPDATE SKIP LOCKED", b"UPDATE shardworker.jobs")  # job_claim
 SLOW = {"sleep": 0.005}
 STALL_S = 8.0  # job counts unchanged this long after a fault ended: the worker is stuck (backoff cap is 1 s)

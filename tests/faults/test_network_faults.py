@@ -122,7 +122,7 @@ def test_reset_before_flush_reaches_server(scenario: Scenario) -> None:
     sc.proxy.cut_on_query(*FLUSH, when="before", times=times)
     sc.start("--exit-when-idle")
     cuts = sc.proxy.wait_events("cut", times, 30)
-    assert all("before execute" in c.detail for c in cuts), cuts
+    assert all("before execute of: -- Apply a batch of outcomes" in c.detail for c in cuts), cuts
     sc.assert_alive("flush resets")
     sc.wait_idle_exit(30)
     sc.assert_each_job_done_once()
@@ -138,10 +138,10 @@ def test_reset_after_flush_committed_replays_harmlessly(scenario: Scenario) -> N
     flusher replays the batches, the fenced update changes nothing, nothing runs again."""
     sc = scenario
     sc.enqueue("slow", 300, SLOW)
-    sc.proxy.cut_on_query(*FLUSH, when="after", times=3)
+    sc.proxy.cut_on_query(*FLUSH, when="commit", times=3)
     sc.start("--exit-when-idle")
     cuts = sc.proxy.wait_events("cut", 3, 30)
-    assert all("committed=True" in c.detail for c in cuts), cuts
+    assert all("of: -- Apply a batch of outcomes" in c.detail and "committed=True" in c.detail for c in cuts), cuts
     sc.assert_alive("lost flush replies")
     sc.wait_idle_exit(30)
     sc.assert_each_job_done_once()
@@ -209,7 +209,8 @@ def test_claim_reply_lost(scenario: Scenario) -> None:
     sc.assert_alive("a lost claim reply")
     sc.wait_idle_exit(20)
     sc.assert_each_job_done_once()
-    assert "gave back 100 jobs of a claim whose reply was lost" in worker_log(sc.count_dir), sc.context()
+    assert "gave back 100 jobs of a claim whose reply was lost" in worker_log(sc.count_dir), \
+        f"the cut: {cut.detail}" + sc.context()
 
 
 class OrphanedRunningJobs(AssertionError):
