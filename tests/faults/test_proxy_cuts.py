@@ -4,7 +4,9 @@ however the client's writes fell into the chunks the proxy read."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -18,68 +20,67 @@ from tests.proxy import PgProxy
 pg_proxy = proxy_module.pg_proxy  # the fixture: a proxy in front of ``private_pg``
 
 
-def _send(conn: psycopg.Connection[Any], sql: str) -> None:
-    conn.pgconn.send_query_params(sql.encode(), None)
+@pytest.fixture
+def dsn(private_pg: EmbeddedPostgres) -> str:
+    """The server itself (not through the proxy), with an empty table ``cut_probe``."""
+    direct = private_pg.dsn_for("postgres")
+    execute(direct, "CREATE TABLE cut_probe (marker text)")
+    return direct
 
 
-def test_after_cut_runs_the_rest_of_a_pipeline_read_in_parts(private_pg: EmbeddedPostgres, pg_proxy: PgProxy) -> None:
-    """BEGIN, the matched INSERT and COMMIT reach the proxy in one write, the Sync in a later
-    one: the COMMIT must still reach the server, as the event's committed=True says."""
-    dsn = private_pg.dsn_for("postgres")
-    execute(dsn, "CREATE TABLE cut_probe (marker text)")
-    pg_proxy.cut_on_query(b"INSERT INTO cut_probe", when="after")
-    conn = psycopg.connect(pg_proxy.dsn, autocommit=True)
+@contextlib.contextmanager
+def pipeline_through(proxy: PgProxy) -> Iterator[Any]:
+    """libpq's own pipeline mode on a connection through ``proxy``: what is sent when is the test's."""
+    conn = psycopg.connect(proxy.dsn, autocommit=True)
     try:
-        pgconn = conn.pgconn
-        pgconn.enter_pipeline_mode()
-        _send(conn, "BEGIN")
-        _send(conn, "INSERT INTO cut_probe VALUES ('kept')")
-        _send(conn, "COMMIT")
-        while pgconn.flush():  # one write for the three
-            pass
-        time.sleep(0.3)  # the proxy reads them as one chunk, without a Sync
-        pgconn.pipeline_sync()
-        while pgconn.flush():
-            pass
-        [cut] = pg_proxy.wait_events("cut", 1, 10)
+        conn.pgconn.enter_pipeline_mode()
+        yield conn.pgconn
     finally:
         conn.close()
+
+
+def _send(pgconn: Any, *statements: str, sync: bool = False) -> None:
+    """Queue ``statements`` (and a Sync), then write them all: one write, read by the proxy as one chunk."""
+    for sql in statements:
+        pgconn.send_query_params(sql.encode(), None)
+    if sync:
+        pgconn.pipeline_sync()
+    while pgconn.flush():
+        pass
+
+
+def test_after_cut_runs_the_rest_of_a_pipeline_read_in_parts(dsn: str, pg_proxy: PgProxy) -> None:
+    """BEGIN, the matched INSERT and COMMIT reach the proxy in one write, the Sync in a later
+    one: the COMMIT must still reach the server, as the event's committed=True says."""
+    pg_proxy.cut_on_query(b"INSERT INTO cut_probe", when="after")
+    with pipeline_through(pg_proxy) as pgconn:
+        _send(pgconn, "BEGIN", "INSERT INTO cut_probe VALUES ('kept')", "COMMIT")
+        time.sleep(0.3)  # read as one chunk, without a Sync
+        _send(pgconn, sync=True)
+        [cut] = pg_proxy.wait_events("cut", 1, 10)
     assert "committed=True" in cut.detail, cut
     assert query(dsn, "SELECT marker FROM cut_probe") == [("kept",)], cut
 
 
 @pytest.mark.parametrize("sync_with_it", [True, False])
-def test_after_cut_drops_what_follows_the_sync(private_pg: EmbeddedPostgres, pg_proxy: PgProxy,
-                                               sync_with_it: bool) -> None:
-    """What the client sends after the cut pipeline's Sync never reaches the server."""
-    dsn = private_pg.dsn_for("postgres")
-    execute(dsn, "CREATE TABLE cut_probe (marker text)")
+def test_after_cut_drops_what_follows_the_sync(dsn: str, pg_proxy: PgProxy, sync_with_it: bool) -> None:
+    """What the client sends after the cut pipeline's Sync never reaches the server, in the same
+    chunk or a later one."""
     pg_proxy.cut_on_query(b"INSERT INTO cut_probe VALUES ('first')", when="after")
-    conn = psycopg.connect(pg_proxy.dsn, autocommit=True)
-    try:
-        pgconn = conn.pgconn
-        pgconn.enter_pipeline_mode()
-        _send(conn, "INSERT INTO cut_probe VALUES ('first')")
+    with pipeline_through(pg_proxy) as pgconn:
+        pgconn.send_query_params(b"INSERT INTO cut_probe VALUES ('first')", None)
         pgconn.pipeline_sync()
         if not sync_with_it:
-            while pgconn.flush():
-                pass
+            _send(pgconn)
             time.sleep(0.3)
-        _send(conn, "INSERT INTO cut_probe VALUES ('second')")
-        pgconn.pipeline_sync()
-        while pgconn.flush():
-            pass
+        _send(pgconn, "INSERT INTO cut_probe VALUES ('second')", sync=True)
         pg_proxy.wait_events("cut", 1, 10)
-    finally:
-        conn.close()
     assert query(dsn, "SELECT marker FROM cut_probe") == [("first",)]
 
 
-def test_commit_cut_waits_for_the_transaction_to_end(private_pg: EmbeddedPostgres, pg_proxy: PgProxy) -> None:
+def test_commit_cut_waits_for_the_transaction_to_end(dsn: str, pg_proxy: PgProxy) -> None:
     """A statement matched in one round trip, its transaction committed in the next: the client
     gets the first reply, then loses the COMMIT's and its connection; the row is committed."""
-    dsn = private_pg.dsn_for("postgres")
-    execute(dsn, "CREATE TABLE cut_probe (marker text)")
     pg_proxy.cut_on_query(b"INSERT INTO cut_probe", when="commit")
     conn = psycopg.connect(pg_proxy.dsn)
     try:
