@@ -11,7 +11,6 @@ only then (``shardworker.store.serving``).
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from shardworker.limits import (
     not_storable_text,
     too_long,
 )
+from shardworker.model import has_non_finite
 
 DEFAULT_MAX_ATTEMPTS = 25
 _INT32 = (-(2**31), 2**31 - 1)
@@ -87,7 +87,7 @@ class JobSpec:
         if len(data) > MAX_PAYLOAD_BYTES:
             raise EnqueueError(f"payload too large: {len(data)} bytes of JSON, the limit is {MAX_PAYLOAD_BYTES} "
                                "(shardworker.limits.MAX_PAYLOAD_BYTES); store big data elsewhere and pass a key")
-        if b"null" in data and _has_non_finite(self.payload):  # orjson writes nan and inf as null
+        if b"null" in data and has_non_finite(self.payload):  # orjson writes nan and inf as null
             raise EnqueueError("payload holds a float that is not a finite number (nan or infinity), "
                                "which JSON cannot hold")
         text = data.decode()
@@ -127,16 +127,6 @@ def loads_json(text: str | bytes) -> Any:
     if digits:  # rare: look at each integer as written (orjson has accepted the syntax)
         json.loads(text, parse_int=_checked_int)
     return value
-
-
-def _has_non_finite(value: Any) -> bool:
-    if isinstance(value, float):
-        return not math.isfinite(value)
-    if isinstance(value, dict):
-        return any(_has_non_finite(v) for v in value.values())
-    if isinstance(value, list | tuple):
-        return any(_has_non_finite(v) for v in value)
-    return False
 
 
 def _checked_int(digits: str) -> int:

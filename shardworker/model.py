@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -42,6 +43,17 @@ def dumps_exact(value: Any) -> bytes:
             return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
         except (TypeError, ValueError):
             raise exc from None
+
+
+def has_non_finite(value: Any) -> bool:
+    """Whether ``value`` holds a float that is nan or infinite (orjson writes them as null)."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(has_non_finite(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(has_non_finite(v) for v in value)
+    return False
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import orjson
 
 from shardworker.limits import MAX_RESULT_BYTES
-from shardworker.model import dumps_exact
+from shardworker.model import dumps_exact, has_non_finite
 
 
 class Unstorable(ValueError):
@@ -24,6 +24,8 @@ def storable_json(value: object) -> bytes:
     if len(encoded) > MAX_RESULT_BYTES:
         raise Unstorable(f"result too large: {len(encoded)} bytes of JSON, the limit is {MAX_RESULT_BYTES} "
                          "(shardworker.limits.MAX_RESULT_BYTES)")
+    if b"null" in encoded and has_non_finite(value):  # orjson writes nan and infinity as null
+        raise Unstorable("result holds a float that is not a finite number (nan or infinity), which JSON cannot hold")
     if b"\\u0000" in encoded:
         raise Unstorable("result holds a NUL character (\\u0000), which PostgreSQL jsonb cannot store")
     return encoded

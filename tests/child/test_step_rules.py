@@ -113,7 +113,8 @@ def test_the_same_name_twice_fails_the_attempt_even_when_caught(tmp_path: Path) 
 
 
 @pytest.mark.parametrize(("result", "why"), [(object(), "not JSON-serializable"), ("\x00", "NUL character"),
-                                              ("x" * 2000, "result too large")])
+                                              ("x" * 2000, "result too large"), (float("nan"), "not a finite number"),
+                                              ({"r": [1.0, float("inf")]}, "not a finite number")])
 def test_an_unstorable_step_result_fails_the_attempt_and_records_nothing(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, result: object, why: str) -> None:
     monkeypatch.setattr(results, "MAX_RESULT_BYTES", 1000)
@@ -186,3 +187,11 @@ def test_a_coroutine_function_in_a_sync_handler_is_refused(tmp_path: Path) -> No
 def test_a_job_made_by_hand_has_no_steps() -> None:
     with pytest.raises(RuntimeError, match="inside a worker's handler"):
         Job(1, "k", "default", None, 1, 25).step("a", lambda: 1)
+
+
+@pytest.mark.parametrize("result", [float("nan"), {"ratio": float("inf"), "ok": 1}, [float("-inf")]])
+def test_a_result_that_is_not_a_finite_number_fails_the_job(tmp_path: Path, result: object) -> None:
+    """orjson writes nan and infinity as null: such a result fails the job for good, as a result
+    that is not JSON does, instead of ending done with nulls in it."""
+    outcome, _, _ = run_one(tmp_path, lambda job: result)
+    assert outcome.disposition is Disposition.FAILED and "not a finite number" in (outcome.error or ""), outcome
