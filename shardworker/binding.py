@@ -66,11 +66,14 @@ def bind(directory: str, store: IdentityStore, *, embedded: bool = False) -> Bin
     outbox already belongs to another."""
     here = current(store, embedded=embedded)
     recorded = bound_to(directory)
-    if recorded is None:
-        atomic_write(directory, DATABASE_FILE, orjson.dumps({
-            "instance": here.instance, "database": here.database, "server": here.server, "embedded": embedded}))
-        return here
-    if not recorded.same_database(here):
+    if recorded is not None and not recorded.same_database(here):
         raise WrongDatabase(f"the outbox {directory} belongs to {recorded.describe()}, not {here.describe()}: "
                             "point --dsn at the database it belongs to")
+    # Marked embedded by whoever knows it is (a bind that does not know never unmarks it).
+    if recorded is None or (embedded and not recorded.embedded):
+        marked = Binding(here.instance, here.database, here.server, embedded)
+        atomic_write(directory, DATABASE_FILE, orjson.dumps({
+            "instance": marked.instance, "database": marked.database, "server": marked.server,
+            "embedded": marked.embedded}))
+        return marked
     return recorded

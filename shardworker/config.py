@@ -62,6 +62,7 @@ class FlusherConfig:
     checkpoint_interval_s: float
     backoff_base_s: float
     backoff_cap_s: float
+    embedded_db: bool = False  # the database is the embedded server (recorded in the outbox's binding)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -260,7 +261,7 @@ class WorkerConfig:
     def flusher_config(self) -> FlusherConfig:
         return FlusherConfig(flush_batch=self.flush_batch, flush_bytes=self.flush_bytes,
                              checkpoint_interval_s=self.checkpoint_interval_s, backoff_base_s=self.backoff_base_s,
-                             backoff_cap_s=self.backoff_cap_s)
+                             backoff_cap_s=self.backoff_cap_s, embedded_db=self.embedded_db)
 
     def child_config(self, shard: int, *, parent_pid: int, slots: int) -> ChildConfig:
         return ChildConfig(shard=shard, outbox_dir=self.outbox_dir, app_ref=self.app_ref,

@@ -187,7 +187,8 @@ def flusher_main(directory: str, store_config: StoreConfig, config: FlusherConfi
         procs.sleep_until(time.monotonic() + seconds, lambda: state.stop >= StopRequest.NOW)
 
     try:
-        retry_call(lambda: binding.bind(directory, store), "checking which database the outbox belongs to",
+        retry_call(lambda: binding.bind(directory, store, embedded=config.embedded_db),
+                   "checking which database the outbox belongs to",
                    backoff=Backoff(config.backoff_base_s, config.backoff_cap_s), log=log,
                    should_stop=lambda: state.stop >= StopRequest.NOW, sleep=sleep)
     except binding.WrongDatabase as exc:

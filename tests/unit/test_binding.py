@@ -1,0 +1,41 @@
+"""Which database an outbox belongs to (shardworker/binding.py), and whether it is the
+embedded server's: ``outbox drain`` without --dsn trusts only that flag."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from shardworker import binding
+from shardworker.config import WorkerConfig
+
+
+class Identity:
+    """A database's identity as the store reports it (the binding reads nothing else)."""
+
+    def __init__(self, instance: str = "6eab3810-aaaa", database: str = "postgres",
+                 server: str = "127.0.0.1:47031") -> None:
+        self.triple = (instance, database, server)
+
+    def identity(self) -> tuple[str, str, str]:
+        return self.triple
+
+
+def test_the_worker_marks_an_outbox_its_flusher_bound_first_as_embedded(tmp_path: Path) -> None:
+    """The flusher and the parent bind at the same start; whichever writes first, an outbox of a
+    no-DSN worker ends marked embedded (four of six were not, in a new user's trial)."""
+    binding.bind(str(tmp_path), Identity())
+    assert binding.bind(str(tmp_path), Identity(), embedded=True).embedded
+    recorded = binding.bound_to(str(tmp_path))
+    assert recorded is not None and recorded.embedded
+
+
+def test_a_bind_without_the_flag_never_unmarks_it(tmp_path: Path) -> None:
+    binding.bind(str(tmp_path), Identity(), embedded=True)
+    binding.bind(str(tmp_path), Identity())
+    recorded = binding.bound_to(str(tmp_path))
+    assert recorded is not None and recorded.embedded
+
+
+def test_the_flusher_knows_its_database_is_the_embedded_one() -> None:
+    config = WorkerConfig(dsn="postgresql://127.0.0.1/postgres", app_ref="app:app", embedded_db=True)
+    assert config.flusher_config().embedded_db
