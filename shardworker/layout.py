@@ -28,7 +28,11 @@ import uuid
 
 import orjson
 
+from outbox.checkpoint import CHECKPOINT_NAME
 from outbox.fsutil import NOFOLLOW, atomic_write, ensure_dir, fsync_dir, read_small, try_lock
+from outbox.reader import FLUSHER_LOCK
+from outbox.recovery import QUARANTINE_DIR, TORN_DIR
+from outbox.wake import WAKE_SOCKET
 from shardworker.errors import OutboxBusy, ShardworkerError
 
 WORKER_LOCK = "worker.lock"
@@ -40,6 +44,10 @@ LOST_LOG = "lost.jsonl"
 DATABASE_FILE = "database.json"
 GIVEBACK_FILE = "giveback.json"
 PARENT_SHARD = 9999  # above any child's shard: --procs is capped below it
+# An outbox's names, the outbox package's and ours (not_an_outbox): any one of them makes it an outbox.
+_OUTBOX_PREFIXES = ("shard-", "progress")
+_OUTBOX_NAMES = {WORKER_LOCK, WORKER_ID_FILE, DEADLETTER_DIR, STALE_LOG, SETASIDE_LOG, LOST_LOG, DATABASE_FILE,
+                 GIVEBACK_FILE, FLUSHER_LOCK, CHECKPOINT_NAME, WAKE_SOCKET, TORN_DIR, QUARANTINE_DIR}
 
 
 # What to do when the outbox is in use, by (holder, the one refused): "worker" or "drain".
@@ -54,7 +62,9 @@ _HOLDERS = {"worker": "a worker", "drain": "`outbox drain`"}
 
 def lock_outbox(directory: str, role: str) -> int:
     """Take the directory's worker lock (held for the worker's or drain's life, ``role`` being
-    which) and write our pid and role in it; ``OutboxBusy`` naming the holder's if held."""
+    which) and write our pid and role in it; ``OutboxBusy`` naming the holder's if held. A
+    directory holding files and none of an outbox's is refused untouched (``not_an_outbox``)."""
+    not_an_outbox(directory)
     ensure_dir(directory)
     path = os.path.join(directory, WORKER_LOCK)
     fd = try_lock(path)
@@ -63,6 +73,20 @@ def lock_outbox(directory: str, role: str) -> int:
     os.ftruncate(fd, 0)
     os.pwrite(fd, orjson.dumps({"pid": os.getpid(), "role": role}), 0)
     return fd
+
+
+def not_an_outbox(directory: str) -> None:
+    """Refuse an existing directory that holds files and nothing an outbox or a worker writes
+    (a folder of the user's, named by mistake): taking it would make it 0700 and add ours."""
+    try:
+        names = os.listdir(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return  # made at first use (ensure_dir says what is wrong with a file of that name)
+    if not names or any(name.startswith(_OUTBOX_PREFIXES) or name in _OUTBOX_NAMES for name in names):
+        return
+    shown = ", ".join(sorted(names)[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    raise ShardworkerError(f"--outbox-dir {directory} holds files that are not an outbox's ({shown}): "
+                           "give a new or empty directory (an outbox is made 0700 for the results it keeps)")
 
 
 def _in_use(directory: str, path: str, role: str) -> str:

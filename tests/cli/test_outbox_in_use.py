@@ -36,3 +36,20 @@ def test_a_second_worker_and_a_drain_on_a_held_outbox_name_the_holder(tmp_path: 
     assert os.path.exists(outbox_dir / "worker.lock")
     after = _shardworker(tmp_path, "outbox", "drain", "--outbox-dir", str(outbox_dir), "--dsn", pg_dsn)
     assert after.returncode == 0, after.stderr
+
+
+def test_a_folder_of_other_files_is_not_taken_for_an_outbox(tmp_path: Path, pg_dsn: str) -> None:
+    """--outbox-dir naming a folder that holds files of the user's and nothing of an outbox: one
+    line, exit 1, and the folder is left as it was (its mode too), for a run and a drain."""
+    exports = tmp_path / "exports"
+    exports.mkdir(mode=0o755)
+    os.chmod(exports, 0o755)
+    (exports / "invoice-1.pdf").write_text("a")
+    for args in (["run", "--app", "counting_app", "--dsn", pg_dsn, "--exit-when-idle"],
+                 ["outbox", "drain", "--dsn", pg_dsn]):
+        result = _shardworker(tmp_path, *args, "--outbox-dir", str(exports))
+        assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+        assert result.stderr.startswith(f"error: --outbox-dir {exports} holds files that are not an outbox's "
+                                        "(invoice-1.pdf)"), result.stderr
+    assert sorted(p.name for p in exports.iterdir()) == ["invoice-1.pdf"]
+    assert exports.stat().st_mode & 0o777 == 0o755
