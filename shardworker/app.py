@@ -225,6 +225,21 @@ def _check_sizes(whose: str, fields: tuple[tuple[str, Any, int], ...]) -> None:
             raise ConfigError(why)
 
 
+def _no_attribute(module_name: str, module: Any, attr: str, cwd: str) -> str:
+    """Why ``module`` has no App at ``attr``: a folder of data, an installed module that
+    shadows the project's own of that name, or just no such attribute."""
+    where = getattr(module, "__file__", None)
+    if where is None:  # a namespace package: a folder without __init__.py
+        folder = next(iter(getattr(module, "__path__", [])), module_name)
+        return f"--app {module_name}: {folder} is a folder without Python code, not a module (--app MODULE[:ATTR])"
+    local = os.path.join(cwd, module_name.split(".")[0])
+    ours = local + ".py" if os.path.exists(local + ".py") else local + os.sep if os.path.isdir(local) else None
+    if ours is not None and not os.path.abspath(where).startswith(cwd + os.sep):
+        return (f"--app {module_name} loaded {where}, not the project's {os.path.relpath(ours)}: an installed "
+                "module of that name comes first; rename the project's module")
+    return f"module {module_name!r} has no attribute {attr!r} (--app MODULE[:ATTR]; ATTR defaults to app)"
+
+
 def load_app(ref: str) -> App:
     """Import ``module[:attr]`` (attr defaults to ``app``) and return the App it names."""
     module_name, _, attr = ref.partition(":")
@@ -240,8 +255,7 @@ def load_app(ref: str) -> App:
     except Exception as exc:
         raise AppLoadError(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}") from exc
     if not hasattr(module, attr or "app"):
-        raise AppLoadError(f"module {module_name!r} has no attribute {attr or 'app'!r} (--app MODULE[:ATTR]; "
-                           "ATTR defaults to app)")
+        raise AppLoadError(_no_attribute(module_name, module, attr or "app", cwd))
     app = getattr(module, attr or "app")
     if not isinstance(app, App):
         raise AppLoadError(f"{module_name}:{attr or 'app'} is a {type(app).__name__}, not a shardworker App")

@@ -88,3 +88,24 @@ def test_load_app_raises_app_load_error(app_modules: Path, ref: str, message: st
     with pytest.raises(AppLoadError) as info:
         load_app(ref)
     assert message in str(info.value)
+
+
+def test_a_project_module_named_like_an_installed_one_is_named_in_the_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """./email.py with an App: the standard library's email loads first (the project directory comes
+    after installed modules), and the error says which file loaded and what to do."""
+    (tmp_path / "email.py").write_text("from shardworker import App\napp = App()\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(AppLoadError) as info:
+        load_app("email")
+    message = str(info.value)
+    assert "email" in message and "__init__.py" in message and "rename" in message, message
+
+
+def test_a_folder_of_data_is_named_as_such(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "sw_reports_dir").mkdir()
+    (tmp_path / "sw_reports_dir" / "q1.csv").write_text("a,b\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(AppLoadError) as info:
+        load_app("sw_reports_dir")
+    assert "a folder without Python code" in str(info.value), str(info.value)
