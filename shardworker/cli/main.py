@@ -37,7 +37,7 @@ def _ids(value: str | None) -> tuple[int, ...]:
     if not value:
         return ()
     try:
-        ids = tuple(int(part) for part in value.split(",") if part.strip())
+        ids = tuple(int(part) for part in value.split(","))
     except ValueError:
         raise click.BadParameter(f"expected comma-separated job ids, got {value!r}", param_hint="--after") from None
     if not ids or min(ids) < 1:

@@ -34,7 +34,8 @@ D = WorkerConfig.default
 @click.option("--procs", type=click.IntRange(min=1, max=512), default=D("procs"), show_default=True,
               help="Child processes running handlers.")
 @outbox_dir_option
-@click.option("--queues", type=UTF8, default=None, help="Comma-separated queues to claim from (default: all).")
+@click.option("--queues", type=UTF8, default=None, help="Comma-separated queues to claim from (default: all).",
+              callback=lambda _ctx, _param, value: value if value is None else ",".join(queue_names(value)))
 @click.option("--worker-id", default=None, help="Worker id (default: stored in the outbox directory).")
 @click.option("--exit-when-idle", is_flag=True,
               help="Exit 0 once nothing is due or running and the outbox is empty; retries due within "
@@ -123,6 +124,15 @@ def refuse_bad_combinations(*, rescue_after: float, shutdown_timeout: float, met
                                  "(or SHARDWORKER_METRICS_TOKEN) too, or bind 127.0.0.1", param_hint="--metrics-host")
 
 
+def queue_names(value: str) -> tuple[str, ...]:
+    """--queues a,b: the names, none of them empty (an unset variable must not mean every queue)."""
+    names = tuple(name.strip() for name in value.split(","))
+    if not all(names):
+        raise click.BadParameter(f"{value!r} has an empty queue name (leave --queues out to claim from every "
+                                 "queue)", param_hint="--queues")
+    return names
+
+
 def worker_config(app_ref: str, dsn: str | None, *, procs: int, outbox_dir: str, queues: str | None,
                   worker_id: str | None, exit_when_idle: bool, shutdown_timeout: float, default_timeout: float,
                   cancel_grace: float,
@@ -133,7 +143,7 @@ def worker_config(app_ref: str, dsn: str | None, *, procs: int, outbox_dir: str,
     """The ``WorkerConfig`` of the command's options (``WorkerConfig`` checks each value)."""
     return WorkerConfig(
         dsn=resolve_dsn(dsn), embedded_db=dsn is None, app_ref=app_ref, procs=procs, outbox_dir=outbox_dir,
-        queues=tuple(q.strip() for q in queues.split(",")) if queues else None, worker_id=worker_id,
+        queues=None if queues is None else queue_names(queues), worker_id=worker_id,
         exit_when_idle=exit_when_idle, shutdown_timeout_s=shutdown_timeout, default_timeout_s=default_timeout,
         cancel_grace_s=cancel_grace, rescue_after_s=rescue_after, rescue_grace_s=rescue_grace,
         backoff_cap_s=backoff_cap, backoff_base_s=min(D("backoff_base_s"), backoff_cap),

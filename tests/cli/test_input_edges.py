@@ -197,3 +197,16 @@ def test_a_python_payload_with_nan_or_infinity_is_refused_not_stored_as_null(pg_
     assert job_count(pg_dsn) == 0
     enqueue(pg_dsn, "k", {"a": None, "b": 1.5})  # null and finite floats are fine
     assert job_count(pg_dsn) == 1
+
+
+@pytest.mark.parametrize("queues", ["", "a,,b", " , "])
+def test_run_with_an_empty_queue_name_is_a_usage_error(queues: str) -> None:
+    """An empty --queues (an unset $QUEUES in a script) must not mean every queue."""
+    result = invoke("run", "--app", "counting_app", "--dsn", "postgresql://127.0.0.1:1/none", "--queues", queues)
+    assert_one_line(result, "--queues", "empty", codes=(2,))
+
+
+@pytest.mark.parametrize("after", ["1,,2", ",", "1,"])
+def test_enqueue_after_with_an_empty_id_is_a_usage_error(after: str) -> None:
+    result = invoke("enqueue", "k", "--after", after, "--dsn", "postgresql://127.0.0.1:1/none")
+    assert_one_line(result, "--after", codes=(2,))
