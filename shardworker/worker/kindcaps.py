@@ -34,3 +34,13 @@ class KindCaps:
         """A job of ``kind`` is off its child (reported, returned, or its child died)."""
         if kind in self.limits:
             self.by_kind[kind] -= 1
+
+
+def caps_that_fill_every_child(specs: Mapping[str, HandlerSpec], procs: int) -> list[str]:
+    """A line for each plain sync kind whose ``concurrency`` cap still lets its jobs occupy
+    every child's sync lane (a cap of ``procs`` or more): other sync kinds wait behind it."""
+    return [f"kind {kind}: concurrency={spec.concurrency} lets its plain sync jobs hold every child "
+            f"(--procs {procs}), so other sync jobs wait behind them; give it threads=True (or async def), "
+            "a cap below --procs, or a worker of its own (docs/scheduling.md)"
+            for kind, spec in sorted(specs.items())
+            if spec.lane == "sync" and spec.concurrency is not None and spec.concurrency >= procs]

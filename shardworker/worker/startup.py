@@ -27,6 +27,7 @@ from shardworker.errors import OutboxBusy
 from shardworker.flusher.process import FlusherHandle
 from shardworker.retry import Backoff, retry_call
 from shardworker.worker import giveback, identity
+from shardworker.worker.kindcaps import caps_that_fill_every_child
 
 if TYPE_CHECKING:
     from shardworker.store.pg_store import PgStore  # imported by the parent once its children are forked
@@ -51,8 +52,11 @@ class Startup:
         self._retry(self.store.check_schema, "checking the schema")
 
     def register_kinds(self, specs: list[HandlerSpec]) -> None:
-        """Make this worker's limits across workers (global_concurrency, rate) the kinds'."""
+        """Make this worker's limits across workers (global_concurrency, rate) the kinds'; say
+        which caps leave no child free for other kinds."""
         self._retry(lambda: self.store.register_kinds(specs), "registering the kinds' limits")
+        for line in caps_that_fill_every_child({spec.kind: spec for spec in specs}, self.config.procs):
+            log.warning("%s", line)
 
     def bind(self) -> None:
         self._retry(lambda: binding.bind(self.config.outbox_dir, self.store, embedded=self.config.embedded_db),
