@@ -78,7 +78,7 @@ def jobs() -> None:
 def list_command(status: tuple[str, ...], kind: str | None, queue: str | None, since: str | None, limit: int,
                  as_json: bool, dsn: str | None) -> None:
     """Jobs, newest first."""
-    found = jobs_api.list_jobs(resolve_dsn(dsn), status=status or None, kind=kind, queue=queue,
+    found = jobs_api.list_jobs(resolve_dsn(dsn, start=False), status=status or None, kind=kind, queue=queue,
                                since=parse_since(since), limit=limit)
     _echo_jobs(found, as_json)
 
@@ -92,7 +92,7 @@ def show_command(job_id: int, as_json: bool, dsn: str | None) -> None:
     """One job: payload, result, last error, attempts, timings, worker, its last failed
     attempts (each with its error and traceback), its recorded steps (name, attempt, when,
     size; the first 50 unless --json), the jobs it waits on (after=) and the jobs waiting on it."""
-    dsn = resolve_dsn(dsn)
+    dsn = resolve_dsn(dsn, start=False)
     job = jobs_api.get_job(dsn, job_id)
     if job is None:
         raise jobs_api.JobsError(f"no job {job_id}")
@@ -122,7 +122,7 @@ def show_command(job_id: int, as_json: bool, dsn: str | None) -> None:
 def wait_command(job_id: int, timeout_s: float, as_json: bool, dsn: str | None) -> None:
     """Wait until a job is done, failed or cancelled, then show it: exit 0 when done, 1 when
     it ended failed or cancelled (saying so on stderr) or is still not done at --timeout."""
-    job = jobs_api.wait_for(resolve_dsn(dsn), job_id, timeout_s)
+    job = jobs_api.wait_for(resolve_dsn(dsn, start=False), job_id, timeout_s)
     _echo_job(job, as_json)
     if job.status != "done":
         error = (job.last_error or "").strip().splitlines()[0] if job.last_error else ""

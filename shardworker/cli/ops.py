@@ -77,7 +77,7 @@ def _ago(seconds: float) -> str:
 @one_line_errors
 def workers(show_all: bool, silent_after: float, as_json: bool, dsn: str | None) -> None:
     """Live workers: host, pid, started, last heartbeat, jobs running, outcomes pending."""
-    store = _store(resolve_dsn(dsn))
+    store = _store(resolve_dsn(dsn, start=False))
     try:
         rows = store.workers()
     finally:
@@ -111,7 +111,7 @@ def periodic(as_json: bool, dsn: str | None) -> None:
     from shardworker.config import WorkerConfig, duration_text
 
     within = WorkerConfig.periodic_forget_s
-    store = _store(resolve_dsn(dsn))
+    store = _store(resolve_dsn(dsn, start=False))
     try:
         rows = store.periodic_state(within)
     finally:

@@ -70,7 +70,7 @@ def queues(ctx: click.Context, as_json: bool, dsn: str | None) -> None:
     not started), running (started), and the oldest available job's age."""
     if ctx.invoked_subcommand is not None:
         return
-    found = queues_api.list_queues(resolve_dsn(dsn))
+    found = queues_api.list_queues(resolve_dsn(dsn, start=False))
     if as_json:
         click.echo(orjson.dumps([_info_json(q) for q in found]).decode())
         return

@@ -54,8 +54,9 @@ def test_embedded_status_and_stop_through_the_command_line(tmp_path: Path) -> No
 
 def test_embedded_start_and_dsn_and_readers_that_never_start_it(tmp_path: Path) -> None:
     """`embedded start` creates, starts and migrates the server; `embedded dsn` prints a DSN that
-    connects, stopped or not; `stats` and `doctor` on a stopped server say so, with how to start
-    it, and leave it stopped."""
+    connects, stopped or not; `stats`, `doctor` and the other commands that only read (jobs list,
+    show and wait, queues, workers, periodic) on a stopped server say so, with how to start it,
+    and leave it stopped."""
     sw = _console(tmp_path)
     datadir = tmp_path / ".shardworker" / "pgdata"
     try:
@@ -76,6 +77,12 @@ def test_embedded_start_and_dsn_and_readers_that_never_start_it(tmp_path: Path) 
         assert (stopped.returncode, stopped.stdout) == (1, "")
         assert stopped.stderr == ("error: the embedded PostgreSQL in .shardworker/pgdata is stopped: "
                                   "`shardworker embedded start` starts it (or give --dsn)\n")
+        for reader in (["jobs", "list"], ["jobs", "show", "1"], ["jobs", "wait", "1", "--timeout", "1"], ["queues"],
+                       ["workers"], ["periodic"]):
+            read = sw(*reader)
+            assert read.returncode == 1 and read.stderr.endswith("is stopped: `shardworker embedded start` starts "
+                                                                 "it (or give --dsn)\n"), (reader, read.stderr)
+            assert not server.is_running(), reader
         doctor = sw("doctor", "--json")
         [database] = [c for c in json.loads(doctor.stdout)["checks"] if c["check"] == "database"]
         assert doctor.returncode == 1 and database["status"] == "fail", doctor.stdout
