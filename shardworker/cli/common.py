@@ -133,6 +133,11 @@ def resolve_dsn(dsn: str | None, *, migrate: bool = True, start: bool = True) ->
     else an ``EmbeddedNotRunning`` error that says how to start it: a command that only reads
     leaves a stopped server stopped)."""
     if dsn:
+        scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", dsn)
+        if scheme and scheme.group(1).lower() not in ("postgresql", "postgres"):
+            raise click.BadParameter(f"{scheme.group(1)}:// is not a PostgreSQL DSN (expected "
+                                     "postgresql://user:password@host:port/dbname, or key=value pairs)",
+                                     param_hint="--dsn")
         return dsn
     from shardworker.dsn import redact_dsn
     from shardworker.store.embedded import ensure_embedded, running_embedded

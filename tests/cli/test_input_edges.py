@@ -210,3 +210,9 @@ def test_run_with_an_empty_queue_name_is_a_usage_error(queues: str) -> None:
 def test_enqueue_after_with_an_empty_id_is_a_usage_error(after: str) -> None:
     result = invoke("enqueue", "k", "--after", after, "--dsn", "postgresql://127.0.0.1:1/none")
     assert_one_line(result, "--after", codes=(2,))
+
+
+@pytest.mark.parametrize("dsn", ["mysql://u@h/db", "sqlite:///tmp/x.db", "http://127.0.0.1:5432/db"])
+def test_a_dsn_of_another_database_says_so(dsn: str) -> None:
+    """libpq's own line ('missing "=" ... in connection info string') does not say the scheme is wrong."""
+    assert_one_line(invoke("stats", "--dsn", dsn), "not a PostgreSQL DSN", "postgresql://", codes=(2,))
