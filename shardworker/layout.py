@@ -14,6 +14,12 @@ The ``outbox`` package owns its segments, shard locks, ``flusher.lock``, the che
     lost.jsonl       jobs requeued because their outcome was in a quarantined segment
     giveback.json    jobs a stop could not give back (database away): never started, so the
                      next start or drain releases them without charging an attempt
+    progress-<shard>.bin  a child's progress slots, mapped by the parent and the child
+                     (``shardworker.child.progress``): which jobs' handlers started
+    progress-boot    the boot id of the host when the progress files were made: they are
+                     trusted at the next start only in that same boot
+    started.json     the jobs the last start found started (or that nothing could be
+                     trusted), kept until its recovery has charged them
 
 Everything that opens, locks or counts one of these names comes through here, and opens
 nothing through a symlink (the directory itself is checked by ``outbox.fsutil.ensure_dir``:
@@ -137,6 +143,20 @@ def shard_lock_names(directory: str) -> list[str]:
     """Paths of the shard writer locks present in ``directory`` (live or left behind)."""
     return sorted(os.path.join(directory, name) for name in os.listdir(directory)
                   if name.startswith("shard-") and name.endswith(".lock"))
+
+
+PROGRESS_BOOT = "progress-boot"
+STARTED_FILE = "started.json"
+
+
+def progress_path(directory: str, shard: int) -> str:
+    return os.path.join(directory, f"progress-{shard}.bin")
+
+
+def progress_names(directory: str) -> list[str]:
+    """Paths of the progress files in ``directory``, of any shard."""
+    return sorted(os.path.join(directory, name) for name in os.listdir(directory)
+                  if name.startswith("progress-") and name.endswith(".bin"))
 
 
 # Jobs to give back: {worker id: {"jobs": [[id, attempt], ...], "claims": [token, ...]}}.
