@@ -5,11 +5,12 @@ never started ran nothing and go back uncharged, the others are charged an attem
 (``shardworker.worker.startup``). The children's progress slots tell them apart: they live in
 ``progress-<shard>.bin`` (``shardworker.child.progress``) and hold every job whose handler
 started and whose outcome may not be durable. A write to them reaches the page cache, not
-the disk, so they are trusted only in the boot that wrote them (``progress-boot``); a
-missing or unreadable file, or one of the wrong size, trusts nothing: every orphan is
-charged, as when no progress file existed. Before the new children rewrite the files,
-``take_previous`` keeps what it read in ``started.json`` (fsync'd) until the recovery that
-uses it is over (``recovered``): a start that dies first leaves it to the next one.
+the disk, so they are trusted only in the boot that wrote them (``progress-boot`` holds its
+id and how many children the run had); a missing or unreadable file, or one of the wrong
+size, trusts nothing: every orphan is charged, as when no progress file existed. Before
+the new children rewrite the files, ``take_previous`` keeps what it read in ``started.json``
+(fsync'd) until the recovery that uses it is over (``recovered``): a start that dies first
+leaves it to the next one.
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ BOOT_ID = "/proc/sys/kernel/random/boot_id"
 Started = frozenset[int] | None  # None: nothing can be trusted, every orphan is charged
 
 
-def take_previous(directory: str) -> Started:
+def take_previous(directory: str, shards: int) -> Started:
     """Before the children start: the ids of the jobs the earlier runs' children started
-    (kept in ``started.json``), then a fresh start for this run's progress files."""
+    (kept in ``started.json``), then a fresh start for this run's ``shards`` progress files."""
     found = _previous(directory)
     try:
         if found or found is None or os.path.exists(os.path.join(directory, layout.STARTED_FILE)):
@@ -42,8 +43,8 @@ def take_previous(directory: str) -> Started:
         for path in layout.progress_names(directory):
             os.unlink(path)
         boot = boot_id()
-        if boot and _read_boot(directory) != boot:
-            atomic_write(directory, layout.PROGRESS_BOOT, (boot + "\n").encode())
+        if boot and _read_boot(directory) != f"{boot}\n{shards}\n":
+            atomic_write(directory, layout.PROGRESS_BOOT, f"{boot}\n{shards}\n".encode())
     except OSError as exc:
         # Without started.json this run's files would hide what earlier runs started: trust none.
         log.warning("could not keep which jobs the last run started (%s); its running jobs are charged", exc)
@@ -71,17 +72,17 @@ def _previous(directory: str) -> Started:
 
 
 def read_progress(directory: str) -> Started:
-    """The job ids in the progress files of ``directory``; None unless every file is whole
-    and ``progress-boot`` names this boot."""
-    boot = boot_id()
-    written = _read_boot(directory)
-    if not boot or written != boot:
-        if written:
+    """The job ids in the progress files of ``directory``; None unless ``progress-boot``
+    names this boot and every file of the children it counts is there and whole."""
+    boot, written = boot_id(), _read_boot(directory).split("\n")
+    if not boot or written[0] != boot or len(written) < 2 or not written[1].isdigit():
+        if written[0]:
             log.info("the progress files are of another boot: the jobs the last run left running are charged")
         return None
+    paths = {layout.progress_path(directory, shard) for shard in range(int(written[1]))}
     ids: set[int] = set()
     try:
-        for path in layout.progress_names(directory):
+        for path in sorted(paths | set(layout.progress_names(directory))):
             ids |= read_started(path)
     except (OSError, ValueError) as exc:
         log.warning("unreadable progress file (%s): the jobs the last run left running are charged", exc)
@@ -103,7 +104,7 @@ def _read_kept(directory: str) -> Started:
 
 def _read_boot(directory: str) -> str:
     try:
-        return read_small(os.path.join(directory, layout.PROGRESS_BOOT)).decode(errors="replace").strip()
+        return read_small(os.path.join(directory, layout.PROGRESS_BOOT)).decode(errors="replace")
     except OSError:
         return ""
 

@@ -200,7 +200,7 @@ class Supervisor:
     def _fork_processes(self) -> None:
         """Steps 1 (the wait for a previous run's writers) and 2; the store between the forks."""
         wait_for_writers_gone(self.config.outbox_dir)
-        self._started = started.take_previous(self.config.outbox_dir)  # before the children rewrite it
+        self._started = started.take_previous(self.config.outbox_dir, self.config.procs)  # before children rewrite it
         # Nothing pending: step 4 need not wait for the flusher (no child has a job yet). Unreadable: the flusher says.
         with contextlib.suppress(OSError, ValueError, OutboxError):
             self._outbox_empty = outbox_status(self.config.outbox_dir).pending == 0
