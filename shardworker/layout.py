@@ -14,6 +14,12 @@ The ``outbox`` package owns its segments, shard locks, ``flusher.lock``, the che
     lost.jsonl       jobs requeued because their outcome was in a quarantined segment
     giveback.json    jobs a stop could not give back (database away): never started, so the
                      next start or drain releases them without charging an attempt
+    progress-<shard>.bin  a child's progress slots, mapped by the parent and the child
+                     (``shardworker.child.progress``): which jobs' handlers started
+    progress-boot    the boot id of the host when the progress files were made: they are
+                     trusted at the next start only in that same boot
+    started.json     the jobs the last start found started (or that nothing could be
+                     trusted), kept until its recovery has charged them
 
 Everything that opens, locks or counts one of these names comes through here, and opens
 nothing through a symlink (the directory itself is checked by ``outbox.fsutil.ensure_dir``:
@@ -43,11 +49,13 @@ SETASIDE_LOG = "setaside.jsonl"
 LOST_LOG = "lost.jsonl"
 DATABASE_FILE = "database.json"
 GIVEBACK_FILE = "giveback.json"
+PROGRESS_BOOT = "progress-boot"  # the boot and the children count of the progress-<shard>.bin files
+STARTED_FILE = "started.json"  # the jobs the last run's children started, until the next recovery is over
 PARENT_SHARD = 9999  # above any child's shard: --procs is capped below it
 # An outbox's names, the outbox package's and ours (not_an_outbox): any one of them makes it an outbox.
-_OUTBOX_PREFIXES = ("shard-", "progress")
+_OUTBOX_PREFIXES = ("shard-", "progress-")
 _OUTBOX_NAMES = {WORKER_LOCK, WORKER_ID_FILE, DEADLETTER_DIR, STALE_LOG, SETASIDE_LOG, LOST_LOG, DATABASE_FILE,
-                 GIVEBACK_FILE, FLUSHER_LOCK, CHECKPOINT_NAME, WAKE_SOCKET, TORN_DIR, QUARANTINE_DIR}
+                 GIVEBACK_FILE, STARTED_FILE, FLUSHER_LOCK, CHECKPOINT_NAME, WAKE_SOCKET, TORN_DIR, QUARANTINE_DIR}
 
 
 # What to do when the outbox is in use, by (holder, the one refused): "worker" or "drain".
@@ -161,6 +169,16 @@ def shard_lock_names(directory: str) -> list[str]:
     """Paths of the shard writer locks present in ``directory`` (live or left behind)."""
     return sorted(os.path.join(directory, name) for name in os.listdir(directory)
                   if name.startswith("shard-") and name.endswith(".lock"))
+
+
+def progress_path(directory: str, shard: int) -> str:
+    return os.path.join(directory, f"progress-{shard}.bin")
+
+
+def progress_names(directory: str) -> list[str]:
+    """Paths of the progress files in ``directory``, of any shard."""
+    return sorted(os.path.join(directory, name) for name in os.listdir(directory)
+                  if name.startswith("progress-") and name.endswith(".bin"))
 
 
 # Jobs to give back: {worker id: {"jobs": [[id, attempt], ...], "claims": [token, ...]}}.

@@ -11,10 +11,8 @@ before the child reads its first job and its ``on_shutdown`` hooks after its las
 (``shardworker.child.hooks``); a startup hook that raises ends the child with
 ``EXIT_START_FAILED`` and a ``Fatal`` that says so, and the parent stops the worker.
 
-``Progress``, in shared memory, has one slot per job in flight: the parent picks the slot
-when it sends the job, the child marks it when the handler starts and when it finishes.
-After a death the parent knows exactly which jobs were started; while alive, which ones
-run past their timeout.
+``Progress`` (``shardworker.child.progress``), a file every process maps, has one slot per
+job in flight: the child marks it when the handler starts and when it finishes.
 """
 
 from __future__ import annotations
@@ -33,6 +31,7 @@ from shardworker.child.cancels import OPERATOR_CANCEL, Cancels
 from shardworker.child.committer import Committer
 from shardworker.child.hooks import EventLoop, HookFailed, Hooks
 from shardworker.child.lanes import AsyncLane, Lane, ThreadLane
+from shardworker.child.progress import Progress, ProgressFile
 from shardworker.child.steps import StepLog
 from shardworker.config import ChildConfig
 from shardworker.jobstats import OUTCOMES, STEP_RECORDED, STEP_REPLAYED, outcome_label, summarize
@@ -42,61 +41,6 @@ log = logging.getLogger(__name__)
 
 EXIT_OUTBOX_FAILED = 3  # the child exits with this when its outbox cannot take outcomes
 EXIT_START_FAILED = 4  # ... and with this when a startup hook raised: restarting it would not help
-
-
-class Progress:
-    """One child's slots in shared memory (``ctx.Array("q", Progress.width(slots))``).
-
-    Per slot: the job id whose handler started in it (0: none), when it started
-    (``time.monotonic()`` in ms, one clock for every process of the host), and 1 once that
-    handler finished. The child writes ``begin``/``finish``; the parent ``clear``s a slot
-    before giving it to the next job. After the slots, one flag: 1 once the child has
-    loaded the app and reads jobs (``up``), so the parent counts no room in a child still
-    starting.
-    """
-
-    FIELDS = 3
-
-    def __init__(self, array: Any, slots: int) -> None:
-        self.array, self.slots = array, slots
-
-    @classmethod
-    def width(cls, slots: int) -> int:
-        return cls.FIELDS * slots + 1
-
-    def mark_up(self) -> None:
-        self.array[self.FIELDS * self.slots] = 1
-
-    @property
-    def up(self) -> bool:
-        return bool(self.array[self.FIELDS * self.slots])
-
-    def begin(self, slot: int, job_id: int) -> None:
-        base = slot * self.FIELDS
-        self.array[base + 1] = int(time.monotonic() * 1000)
-        self.array[base + 2] = 0
-        self.array[base] = job_id
-
-    def finish(self, slot: int) -> None:
-        self.array[slot * self.FIELDS + 2] = 1
-
-    def clear(self, slot: int) -> None:
-        base = slot * self.FIELDS
-        self.array[base] = self.array[base + 1] = self.array[base + 2] = 0
-
-    def started(self, slot: int, job_id: int) -> bool:
-        return bool(self.array[slot * self.FIELDS] == job_id)
-
-    def began_at(self, slot: int) -> float:
-        """When the handler in ``slot`` started (monotonic s), running or finished."""
-        return float(self.array[slot * self.FIELDS + 1]) / 1000
-
-    def running_since(self, slot: int, job_id: int) -> float | None:
-        """When the handler of ``job_id`` started (monotonic s), if it runs now in ``slot``."""
-        base = slot * self.FIELDS
-        if self.array[base] != job_id or self.array[base + 2]:
-            return None
-        return float(self.array[base + 1]) / 1000
 
 
 class ShardRunner:
@@ -246,9 +190,10 @@ def open_writer(config: ChildConfig, wait_s: float = 30.0) -> ShardWriter:
                                OutboxLocked, wait_s)
 
 
-def child_main(config: ChildConfig, inbox: Any, outbox: Any, progress: Any,
+def child_main(config: ChildConfig, inbox: Any, outbox: Any, progress: ProgressFile,
                log_setup: logs.LogSetup | None = None) -> None:
-    """Entry point of a child process (started with spawn); ``inbox``/``outbox`` are pipe ends."""
+    """Entry point of a child process (forked or spawned); ``inbox``/``outbox`` are pipe ends,
+    ``progress`` the file of its slots (it maps it itself)."""
     procs.become_worker_process(config.parent_pid, f"shard-{config.shard}", log_setup)
     inbox_fd, outbox_fd = inbox.fileno(), outbox.fileno()
     try:
@@ -257,7 +202,7 @@ def child_main(config: ChildConfig, inbox: Any, outbox: Any, progress: Any,
     except Exception as exc:
         wire.write_frame(outbox_fd, wire.Fatal(procs.one_line(exc)))
         os._exit(EXIT_OUTBOX_FAILED)
-    runner = ShardRunner(config, app, writer, inbox_fd, outbox_fd, Progress(progress, config.slots))
+    runner = ShardRunner(config, app, writer, inbox_fd, outbox_fd, progress.open())
     try:
         runner.run()
     except HookFailed as exc:

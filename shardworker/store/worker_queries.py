@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import psycopg
@@ -120,6 +120,12 @@ class WorkerQueries(Session):
         """Give back the jobs of a claim whose reply was lost; returns how many."""
         with self.cursor() as cur:
             cur.execute(query("job_release_claim"), {"claim_token": claim_token, "worker_id": worker_id})
+            return cur.rowcount
+
+    def release_unstarted(self, worker_id: str, started: Collection[int]) -> int:
+        """Give back this worker's running jobs except ``started`` (their handlers started)."""
+        with self.cursor() as cur:
+            cur.execute(query("job_release_unstarted"), {"worker_id": worker_id, "started": sorted(started)})
             return cur.rowcount
 
     def requeue_orphans(self, worker_id: str, error: str) -> list[int]:

@@ -2,7 +2,8 @@
 
 ``ChildHandle`` starts the child (with a large non-blocking pipe each way), queues frames
 for it without ever blocking, reads what it reports, tracks which sent jobs it started
-(one progress slot per job in flight) and, after a death, hands over what it held, for
+(one progress slot per job in flight, in the outbox directory's ``progress-<shard>.bin``:
+``shardworker.child.progress``) and, after a death, hands over what it held, for
 ``shardworker.worker.deaths`` to sort by those slots and its shard.
 While it lives, the pool may ``recall`` the jobs it was sent and has not started (they come
 back to its ``held`` queue, for any child with room); one whose startup hook raised is
@@ -21,8 +22,9 @@ from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardworker import logs, procs, wire
-from shardworker.child.main import EXIT_START_FAILED, Progress, child_main
+from shardworker import layout, logs, procs, wire
+from shardworker.child.main import EXIT_START_FAILED, child_main
+from shardworker.child.progress import Progress, ProgressFile
 from shardworker.config import ChildConfig
 from shardworker.errors import StartupFailed
 from shardworker.jobstats import JobCounts
@@ -134,16 +136,19 @@ class ChildHandle:
         from_child_r, from_child_w = ctx.Pipe(duplex=False)
         with contextlib.suppress(OSError):
             fcntl.fcntl(to_child_w.fileno(), _F_SETPIPE_SZ, PIPE_BYTES)
-        array = ctx.Array("q", Progress.width(self.config.slots), lock=False)
+        # The slots a dead predecessor left stay until reused: its jobs' outcomes are the parent's to write.
+        slots = ProgressFile(layout.progress_path(self.config.outbox_dir, self.index), self.config.slots)
+        progress = slots.open()
+        progress.mark_starting()
         self.process = ctx.Process(target=child_main,
-                                   args=(self.config, to_child_r, from_child_w, array, logs.current()),
+                                   args=(self.config, to_child_r, from_child_w, slots, logs.current()),
                                    name=f"shardworker-shard-{self.index}", daemon=True)
         procs.start_process(self.process, fork)
         to_child_r.close()
         from_child_w.close()
         self._pipes = [to_child_w, from_child_r]
         self.out, self.inp = wire.OutFrames(to_child_w.fileno()), wire.InFrames(from_child_r.fileno())
-        self.progress, self._free = Progress(array, self.config.slots), list(range(self.config.slots - 1, -1, -1))
+        self.progress, self._free = progress, list(range(self.config.slots - 1, -1, -1))
         self.stopped, self.fatal, self.restart_at = False, "", None
         self.recalling = self.saturated = False
         self.crashes.started(now)

@@ -6,8 +6,9 @@ outbox belongs to this database (bound at first use), no process of a previous r
 writes a shard of this outbox, and no other live worker uses this worker id
 (``shardworker.worker.identity``). The recovery (step 4), once the flusher runs: wait until
 it has applied every pending outcome, give back uncharged the jobs a stop in an outage left
-in ``giveback.json`` (``shardworker.worker.giveback``), then requeue this worker's running
-jobs that have none (their handlers never finished). Each waits out an outage, retrying,
+in ``giveback.json`` (``shardworker.worker.giveback``), then give back uncharged this worker's
+running jobs that no child started (its progress files: ``shardworker.worker.started``) and
+requeue, charged, those that have no outcome (their handlers never finished). Each waits out an outage, retrying,
 until a signal; the supervisor decides when each runs.
 """
 
@@ -27,7 +28,9 @@ from shardworker.errors import OutboxBusy
 from shardworker.flusher.process import FlusherHandle
 from shardworker.retry import Backoff, retry_call
 from shardworker.worker import giveback, identity
+from shardworker.worker import started as started_file
 from shardworker.worker.kindcaps import caps_that_fill_every_child
+from shardworker.worker.started import Started
 
 if TYPE_CHECKING:
     from shardworker.store.pg_store import PgStore  # imported by the parent once its children are forked
@@ -67,9 +70,10 @@ class Startup:
                                                      should_stop=self.stopping),
                     "checking that no live worker uses this worker id")
 
-    def recover(self, worker_id: str, wait_for_flusher: bool = True) -> bool:
+    def recover(self, worker_id: str, started: Started, wait_for_flusher: bool = True) -> bool:
         """Apply pending outcomes (unless ``wait_for_flusher`` is false: the outbox held none
-        at start), then requeue our running jobs that have none; False when a signal came first."""
+        at start), then settle our running jobs that have none (``started``: the ids of those
+        whose handler started, from ``shardworker.worker.started``); False when a signal came first."""
         waited_since = time.monotonic()
         while wait_for_flusher and not self.flusher.drained:
             self.flusher.check()
@@ -84,11 +88,22 @@ class Startup:
                     "giving back jobs left unstarted at the last stop")
         if self.stopping():
             return False  # a signal, or another live worker under our id: its running jobs are not orphans
+        self._settle_orphans(worker_id, started)
+        return True
+
+    def _settle_orphans(self, worker_id: str, started: Started) -> None:
+        """Give back uncharged our running jobs no handler started (unless ``started`` is
+        None: nothing known), then requeue the rest charged: their handlers never finished."""
+        released = 0
+        if started is not None:
+            released = self._retry(lambda: self.store.release_unstarted(worker_id, started),
+                                   "giving back jobs no child started")
         requeued = self._retry(lambda: self.store.requeue_orphans(
             worker_id, "worker restarted while the job was running"), "requeueing unfinished jobs")
-        if requeued:
-            log.info("requeued %d jobs this worker was running when it last stopped", len(requeued))
-        return True
+        if released or requeued:
+            log.info("of the jobs this worker held when it last stopped, %d never started, given back uncharged, "
+                     "and %d had started: requeued, charged an attempt", released, len(requeued))
+        started_file.recovered(self.config.outbox_dir)
 
 
 def wait_for_writers_gone(outbox_dir: str, timeout_s: float = 60.0) -> None:

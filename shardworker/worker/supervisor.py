@@ -1,7 +1,7 @@
 """The supervisor: the order of things in one worker's life.
 
-1. Take the outbox directory's worker lock; know the worker id; wait until no process of a
-   previous run still writes a shard of this outbox.
+1. Take the outbox directory's worker lock; know the worker id; wait until no process of a previous
+   run still writes a shard of this outbox; read which jobs its children started.
 2. Fork the children (before the store, so psycopg's ~13 MB is not theirs), then the
    flusher: nothing is connected and no thread runs yet, and what the parent imported (the
    app too) is theirs at once, frozen first (``gc.freeze``) so no collection unshares its
@@ -11,16 +11,15 @@
    (``shardworker.worker.identity``); start heartbeating (its own thread and connection).
 4. Startup recovery: wait until the flusher has applied every pending outcome (if the outbox
    held any at step 1), give back uncharged the jobs a stop in an outage left in
-   ``giveback.json``, then requeue this worker's running jobs that have none.
+   ``giveback.json`` and this worker's running jobs no child started, requeue the rest.
 5. Start the housekeeping thread (periodic jobs, retention, the watch for queued kinds no
    live worker serves); run the dispatcher until a signal, or idleness with
    ``exit_when_idle`` (then name once more the queued kinds no live worker serves).
-6. Shut down: stop claiming, let children finish the job in hand, give back jobs never
-   started (kept in ``giveback.json`` for step 4 of the next start when the database is
-   away), let the flusher apply what the database accepts (all bounded by
-   ``shutdown_timeout_s``; during an outage, what needs the database gets only
-   ``DATABASE_WAIT_IN_OUTAGE_S``), stop housekeeping and heartbeating, forget the worker.
-   A second signal exits at once. A crash loop (``CrashLoop``) shuts down the same way, then is raised.
+6. Shut down: stop claiming, let children finish the job in hand, give back jobs never started (kept in
+   ``giveback.json`` for step 4 of the next start when the database is away), let the flusher apply what
+   the database accepts (all bounded by ``shutdown_timeout_s``; during an outage, what needs the database
+   gets only ``DATABASE_WAIT_IN_OUTAGE_S``), stop housekeeping and heartbeating, forget the worker. A
+   second signal exits at once. A crash loop (``CrashLoop``) shuts down the same way, then is raised.
 Each step is another module's: this one only decides when.
 """
 
@@ -47,6 +46,7 @@ from shardworker.flusher.process import FlusherHandle
 from shardworker.jobstats import JobCounts
 from shardworker.retry import Backoff
 from shardworker.views import Serving
+from shardworker.worker import started
 from shardworker.worker.child_handle import flow_counts
 from shardworker.worker.dispatcher import Dispatcher
 from shardworker.worker.heartbeat import Heartbeat, Load
@@ -86,6 +86,7 @@ class Supervisor:
         self.housekeeper: Housekeeper
         self._stores_open = self.stopping = self._outbox_empty = False  # _outbox_empty: see _fork_processes
         self._signalled = self._signal_fd = -1  # the pipe a signal writes to (_install_signals)
+        self._started: started.Started = None  # what the last run's children started (_fork_processes)
         self.worker_id = ""
         self.flusher = FlusherHandle(config.outbox_dir, config.store_config(), config.flusher_config(),
                                      config.flush_idle_sleep_s)
@@ -199,6 +200,7 @@ class Supervisor:
     def _fork_processes(self) -> None:
         """Steps 1 (the wait for a previous run's writers) and 2; the store between the forks."""
         wait_for_writers_gone(self.config.outbox_dir)
+        self._started = started.take_previous(self.config.outbox_dir, self.config.procs)  # before children rewrite it
         # Nothing pending: step 4 need not wait for the flusher (no child has a job yet). Unreadable: the flusher says.
         with contextlib.suppress(OSError, ValueError, OutboxError):
             self._outbox_empty = outbox_status(self.config.outbox_dir).pending == 0
@@ -217,7 +219,7 @@ class Supervisor:
         startup.bind()
         startup.check_worker_id(self.worker_id)
         self._start_heartbeat()
-        return startup.recover(self.worker_id, wait_for_flusher=not self._outbox_empty)
+        return startup.recover(self.worker_id, self._started, wait_for_flusher=not self._outbox_empty)
 
     def _install_signals(self) -> None:
         def on_signal(signum: int, _frame: Any) -> None:

@@ -299,6 +299,14 @@ UPDATE shardworker.jobs
 SET status = 'queued', attempt = attempt - 1, locked_by = NULL, updated_at = now()
 WHERE claim_token = %(claim_token)s AND status = 'running' AND locked_by = %(worker_id)s;
 
+-- job_release_unstarted --
+-- At startup, after the outbox is drained: this worker's running jobs whose handler never
+-- started (no child's progress slot names them) are given back as job_release does, uncharged.
+UPDATE shardworker.jobs
+SET status = 'queued', attempt = attempt - 1, locked_by = NULL, updated_at = now()
+WHERE status = 'running' AND locked_by = %(worker_id)s AND id <> ALL(%(started)s::bigint[])
+RETURNING id;
+
 -- job_requeue_orphans --
 -- At startup, after the outbox is drained: this worker's running jobs have no outcome, so
 -- their handlers never finished. Retry them (the lost run counts as an attempt, in errors too).
