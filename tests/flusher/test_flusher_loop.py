@@ -228,12 +228,15 @@ def test_an_idle_childs_applied_segment_is_deleted(pg_dsn: str, store: FlakyStor
         committer.add((job.id, job.attempt), wire.encode_outcome(Outcome.done(job.id, job.attempt, b"{}")), 0.0)
     first = writer.segno
     flusher = make_flusher(tmp_path, store, FakeClock())
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30  # a few seconds; a loaded CI machine once took more than 10
     while time.monotonic() < deadline and (tmp_path / f"shard-0000-{first:010d}.seg").exists():
         flusher.run_once()
         time.sleep(0.05)
     committer.stop()
+    checkpoint = tmp_path / "checkpoint.json"
+    state = (f"writer at segment {writer.segno}; files {sorted(p.name for p in tmp_path.iterdir())}; "
+             f"checkpoint {checkpoint.read_text() if checkpoint.exists() else None}")
     writer.close()
     flusher.reader.close()
     assert statuses(pg_dsn) == {"done": 3}
-    assert not (tmp_path / f"shard-0000-{first:010d}.seg").exists(), "the applied segment is kept"
+    assert not (tmp_path / f"shard-0000-{first:010d}.seg").exists(), f"the applied segment is kept: {state}"
