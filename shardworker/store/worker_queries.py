@@ -83,14 +83,19 @@ class WorkerQueries(Session):
         """One claim transaction, sent at once; the claimed rows."""
         with self.cursor() as cur, cur.connection.cursor() as claiming:
             conn = cur.connection
+            prepare = self.prepares(conn)
             try:
                 # BEGIN ... COMMIT spelled out in one pipeline: one Sync, one round trip, and a
                 # reply lost after it means committed (psycopg's transaction() syncs before COMMIT).
                 with conn.pipeline():
                     cur.execute("BEGIN")
-                    cur.execute(query("flow_lock_kinds"), params)
-                    cur.execute(query("flow_lock_queues"), params)
-                    claiming.execute(query("job_claim"), params)
+                    if prepare:
+                        # Planned once: the claim's plan is the same whatever its arrays (its
+                        # index scan starts at the floor either way; see job_claim).
+                        cur.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+                    cur.execute(query("flow_lock_kinds"), params, prepare=prepare)
+                    cur.execute(query("flow_lock_queues"), params, prepare=prepare)
+                    claiming.execute(query("job_claim"), params, prepare=prepare)
                     cur.execute("COMMIT")
             except psycopg.Error:
                 rollback(conn)
@@ -170,7 +175,11 @@ class WorkerQueries(Session):
                     conn.execute("BEGIN")
                     if steps:
                         stepping.execute(query("job_steps_insert"), step_params(steps))
-                    cur.execute(query("job_apply_outcomes"), outcome_params(outcomes))
+                    if prepare := self.prepares(conn):
+                        # Planned for each batch's own arrays: a generic plan assumed ~1 running
+                        # row and nested-looped over all of them (seconds per batch).
+                        conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
+                    cur.execute(query("job_apply_outcomes"), outcome_params(outcomes), prepare=prepare)
                 rows = cur.fetchall()
                 ended = [(job_id, status) for job_id, _, status, dependents in rows
                          if dependents and status in ("done", "failed", "cancelled")]

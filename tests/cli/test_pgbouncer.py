@@ -13,6 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from shardworker.model import Outcome
+from shardworker.store.migrate import apply_migrations
+from shardworker.store.pg_store import PgStore, StoreConfig
 from tests.dashboard.conftest import running_dashboard
 from tests.helpers import exit_code, query, runs_per_job, start_worker, wait_for, worker_env, worker_log
 from tests.pgbouncer import pgbouncer
@@ -58,6 +61,25 @@ def test_everything_through_a_transaction_pool(bouncer_dsn: str, empty_dsn: str,
         for page in ("/", f"/jobs/{ids[0]}", "/live/overview"):
             answer = httpx.get(board.url + page, timeout=10)
             assert answer.status_code == 200, (page, answer.text[:500], board.output())
+
+
+def test_nothing_is_prepared_through_a_transaction_pool(bouncer_dsn: str) -> None:
+    """Two workers' stores take turns on the pool's server connections: a statement one of
+    them prepared would be missing, or already there, for the other."""
+    apply_migrations(bouncer_dsn)
+    stores = [PgStore(StoreConfig(dsn=bouncer_dsn, connect_timeout_s=3, statement_timeout_s=5)) for _ in range(2)]
+    try:
+        for n in range(12):
+            store = stores[n % 2]
+            assert store.enqueue("k", "null", queue="default", priority=0, max_attempts=3, run_at=None, delay_s=0,
+                                 dedupe_key=None) is not None
+            (job,) = store.claim(["k"], None, f"w{n % 2}", 1)
+            assert store.apply_outcomes([Outcome.done(job.id, job.attempt, b"1")]).applied == 1
+        with stores[0].cursor() as cur:
+            assert stores[0].prepares(cur.connection) is False
+    finally:
+        for store in stores:
+            store.close()
 
 
 def test_listen_dsn_listens_on_a_direct_connection(bouncer_dsn: str, empty_dsn: str, tmp_path: Path) -> None:

@@ -53,6 +53,9 @@ FOR UPDATE;
 -- (priority, run_at). Given a floor (floor_id not NULL), jobs without limits are looked for
 -- from that key on: the index scan starts there instead of walking, from the queue's head,
 -- the entries of jobs claimed since, which a held xmin horizon keeps (see WorkerQueries).
+-- Without one the bound is the smallest key there is: the same condition either way, so the
+-- statement's one generic plan (a direct connection keeps the claim prepared) starts its
+-- index scan at the floor too.
 WITH limited AS (
     -- The kinds and queues with limits across workers, and what their rate buckets hold now.
     SELECT l.*, greatest(1, ceil(l.rate_limit / 20.0)) * l.rate_period_s / l.rate_limit AS pace_s,
@@ -99,8 +102,9 @@ WITH limited AS (
       AND kind = ANY(%(kinds)s::text[]) AND kind NOT IN (SELECT kind FROM kind_room)
       AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
       AND queue NOT IN (SELECT queue FROM queue_room)
-      AND (%(floor_id)s::bigint IS NULL
-           OR (priority, run_at, id) >= (%(floor_priority)s::int, %(floor_run_at)s::timestamptz, %(floor_id)s::bigint))
+      AND (priority, run_at, id) >= (coalesce(%(floor_priority)s::int, -2147483648),
+                                     coalesce(%(floor_run_at)s::timestamptz, '-infinity'),
+                                     coalesce(%(floor_id)s::bigint, -9223372036854775808))
     ORDER BY priority, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED

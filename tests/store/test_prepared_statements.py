@@ -1,0 +1,96 @@
+"""The worker's hot statements run prepared on a direct connection (``Session.prepares``):
+the claim with one generic plan whose index scan starts at the claim floor, the apply
+planned for each batch. Through a transaction pool nothing is prepared
+(tests/cli/test_pgbouncer.py)."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from shardworker.store.claim_floor import FULL_SCAN_S, ClaimFloor
+from shardworker.store.pg_store import PgStore
+from shardworker.store.sql import query
+from tests.store.support import add_id, claim_one, connect, done, row
+
+
+def prepared(store: PgStore) -> list[tuple[str, int, int]]:
+    """The first line of each statement prepared on the store's connection, its generic and custom plans."""
+    with store.cursor() as cur:
+        rows = cur.execute("SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements").fetchall()
+    return [(text.lstrip().splitlines()[0], generic, custom) for text, generic, custom in rows]
+
+
+def first_line(name: str) -> str:
+    return query(name).lstrip().splitlines()[0]
+
+
+def test_the_claim_and_the_apply_are_prepared_again_after_a_reconnect(store: PgStore) -> None:
+    for _ in range(2):  # the second time on a new connection
+        add_id(store)
+        store.apply_outcomes([done(claim_one(store))])
+        assert {first for first, _, _ in prepared(store)} == {
+            first_line(name) for name in ("flow_lock_kinds", "flow_lock_queues", "job_claim", "job_apply_outcomes")}
+        store.close()
+
+
+def test_the_apply_is_planned_for_each_batch_and_the_claim_once(store: PgStore) -> None:
+    for _ in range(8):  # past the five custom plans after which the server may settle on a generic one
+        add_id(store)
+        store.apply_outcomes([done(claim_one(store))])
+    plans: dict[str, list[int]] = {}
+    for first, generic, custom in prepared(store):  # (psycopg prepares once per set of parameter types)
+        plans.setdefault(first, [0, 0])[0] += generic
+        plans[first][1] += custom
+    assert plans[first_line("job_apply_outcomes")] == [0, 8]
+    assert plans[first_line("job_claim")] == [8, 0]
+
+
+@pytest.fixture
+def generic(store: PgStore) -> PgStore:
+    """The store, its claims on their generic plan from the first."""
+    with store.cursor() as cur:
+        cur.execute("SET plan_cache_mode = force_generic_plan")
+    return store
+
+
+def test_on_its_generic_plan_a_claim_starts_at_the_floor_and_a_job_before_it_waits(generic: PgStore,
+                                                                                  pg_dsn: str) -> None:
+    now = [100.0]
+    generic.__dict__["_claim_floor"] = ClaimFloor(clock=lambda: now[0])
+    first = add_id(generic)
+    assert [j.id for j in generic.claim(["k"], None, "w1", 1)] == [first]
+    early = add_id(generic, run_at=datetime.now(UTC) - timedelta(hours=1))
+    later = add_id(generic)
+    assert [j.id for j in generic.claim(["k"], None, "w1", 1)] == [later]
+    now[0] += FULL_SCAN_S
+    assert [j.id for j in generic.claim(["k"], None, "w1", 1)] == [early]
+    assert row(pg_dsn, early)["status"] == "running"
+
+
+def test_the_generic_claim_plan_bounds_its_index_scan_by_the_floor(pg_dsn: str) -> None:
+    """The point of the floor under a held xmin horizon: the scan starts there. An ``x IS
+    NULL OR key >= x`` condition is no index bound on a generic plan; the floor's is."""
+    with connect(pg_dsn) as conn:
+        version = conn.execute("SHOW server_version_num").fetchone()
+        if version is None or int(version[0]) < 160000:
+            pytest.skip("EXPLAIN (GENERIC_PLAN) needs PostgreSQL 16")
+        explain = "EXPLAIN (GENERIC_PLAN, COSTS OFF) " + numbered(query("job_claim"))
+        plan = "\n".join(r[0] for r in conn.execute(explain))
+    bound = (r"Index Scan using jobs_claim_idx on jobs\s+"
+             r"Index Cond: \(\(ROW\(priority, run_at, id\) >= ROW\(COALESCE\(\$")
+    assert re.search(bound, plan), plan
+
+
+def numbered(sql: str) -> str:
+    """``sql`` with its named placeholders as PostgreSQL's $1, $2, ... (one number per name)."""
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match[1] not in names:
+            names.append(match[1])
+        return f"${names.index(match[1]) + 1}"
+
+    return re.sub(r"%\((\w+)\)s", number, sql)
