@@ -263,6 +263,10 @@ class Session:
             direct = conn.execute(query("backend_pid")).fetchone() == (conn.info.backend_pid,)
             if direct:  # prepare=True prepares at once; nothing else ever reaches this count
                 conn.prepare_threshold = PREPARE_ONLY_WHEN_ASKED
+                # Each planned once: the claim's plan is the same whatever its arrays (its
+                # index scan starts at the floor either way; see job_claim). The apply plans
+                # each batch (SET LOCAL in its transaction).
+                conn.execute("SET plan_cache_mode = force_generic_plan")
             self._prepares = (self.generation, direct)
         return self._prepares[1]
 

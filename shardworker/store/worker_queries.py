@@ -20,7 +20,7 @@ from shardworker.model import ApplyResult, Claim, ClaimedJob, Outcome, StepRecor
 from shardworker.store.claim_floor import ClaimFloor
 from shardworker.store.connection import Session, first_line, is_refusal
 from shardworker.store.dependencies import plan_insert, run_plan
-from shardworker.store.sql import query
+from shardworker.store.sql import native, native_params, query
 
 if TYPE_CHECKING:
     from shardworker.app import HandlerSpec
@@ -81,7 +81,7 @@ class WorkerQueries(Session):
 
     def _claim_rows(self, params: dict[str, Any]) -> list[Any]:
         """One claim transaction, sent at once; the claimed rows."""
-        with self.cursor() as cur, cur.connection.cursor() as claiming:
+        with self.cursor() as cur, psycopg.RawCursor(cur.connection) as claiming:
             conn = cur.connection
             prepare = self.prepares(conn)
             try:
@@ -89,13 +89,9 @@ class WorkerQueries(Session):
                 # reply lost after it means committed (psycopg's transaction() syncs before COMMIT).
                 with conn.pipeline():
                     cur.execute("BEGIN")
-                    if prepare:
-                        # Planned once: the claim's plan is the same whatever its arrays (its
-                        # index scan starts at the floor either way; see job_claim).
-                        cur.execute("SET LOCAL plan_cache_mode = force_generic_plan")
                     cur.execute(query("flow_lock_kinds"), params, prepare=prepare)
                     cur.execute(query("flow_lock_queues"), params, prepare=prepare)
-                    claiming.execute(query("job_claim"), params, prepare=prepare)
+                    claiming.execute(native("job_claim")[0], native_params("job_claim", params), prepare=prepare)
                     cur.execute("COMMIT")
             except psycopg.Error:
                 rollback(conn)
@@ -168,7 +164,7 @@ class WorkerQueries(Session):
         outcomes are replays or stale."""
         if not outcomes:
             return self._apply_steps(steps)
-        with self.cursor() as cur, cur.connection.cursor() as stepping:
+        with self.cursor() as cur, cur.connection.cursor() as stepping, psycopg.RawCursor(cur.connection) as applying:
             conn = cur.connection
             try:
                 with conn.pipeline():
@@ -179,8 +175,9 @@ class WorkerQueries(Session):
                         # Planned for each batch's own arrays: a generic plan assumed ~1 running
                         # row and nested-looped over all of them (seconds per batch).
                         conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
-                    cur.execute(query("job_apply_outcomes"), outcome_params(outcomes), prepare=prepare)
-                rows = cur.fetchall()
+                    applying.execute(native("job_apply_outcomes")[0],
+                                     native_params("job_apply_outcomes", outcome_params(outcomes)), prepare=prepare)
+                rows = applying.fetchall()
                 ended = [(job_id, status) for job_id, _, status, dependents in rows
                          if dependents and status in ("done", "failed", "cancelled")]
                 if ended:

@@ -9,13 +9,25 @@ from pathlib import Path
 import pytest
 
 import shardworker.store
-from shardworker.store.sql import parse_queries, queries
+from shardworker.store.sql import native, parse_queries, queries, to_native
 
 
 def test_parse_queries_maps_names_to_stripped_sql() -> None:
     """Each ``-- name --`` block becomes one entry whose SQL runs to the next header."""
     text = "prelude ignored\n-- one --\n-- first\nSELECT 1;\n\n-- two_2 --\n-- second\nSELECT 2;\n"
     assert parse_queries(text) == {"one": "-- first\nSELECT 1;", "two_2": "-- second\nSELECT 2;"}
+
+
+def test_to_native_numbers_each_name_once_in_order_of_first_use() -> None:
+    sql = "SELECT %(b)s, %(a)b, %(b)s || '%%' WHERE x LIKE 'y%%' AND %(c)t"
+    assert to_native(sql) == ("SELECT $1, $2, $1 || '%' WHERE x LIKE 'y%' AND $3", ("b", "a", "c"))
+
+
+def test_the_claim_and_the_apply_have_only_native_placeholders() -> None:
+    for name in ("job_claim", "job_apply_outcomes"):
+        text, names = native(name)
+        assert "%(" not in text and names
+        assert f"${len(names)}" in text and f"${len(names) + 1}" not in text
 
 
 def test_parse_queries_rejects_a_duplicate_name() -> None:
