@@ -166,12 +166,13 @@ class WorkerQueries(Session):
             return self._apply_steps(steps)
         with self.cursor() as cur, cur.connection.cursor() as stepping, psycopg.RawCursor(cur.connection) as applying:
             conn = cur.connection
+            prepare = self.prepares(conn)  # before BEGIN: what it sets is the session's
             try:
                 with conn.pipeline():
                     conn.execute("BEGIN")
                     if steps:
                         stepping.execute(query("job_steps_insert"), step_params(steps))
-                    if prepare := self.prepares(conn):
+                    if prepare:
                         # Planned for each batch's own arrays: a generic plan assumed ~1 running
                         # row and nested-looped over all of them (seconds per batch).
                         conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
