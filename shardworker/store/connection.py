@@ -5,8 +5,7 @@ errors become ``shardworker.errors``: connection failures ``DatabaseUnavailable`
 ``DataRejected``; never retried, never told as an outage.
 
 ``Session`` owns one connection, opened lazily and re-opened after a failure; the store's
-query classes build on it. Never share a session across processes: children get none, and
-the flusher opens its own after spawn.
+query classes build on it. Never share one across processes (children have none).
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from typing import Any, Self
 
 import psycopg
 from psycopg import errors as pgerr
+from psycopg.pq import TransactionStatus
 
 from shardworker.config import StoreConfig
 from shardworker.dsn import redact_dsn
@@ -254,18 +254,15 @@ class Session:
 
     def prepares(self, conn: psycopg.Connection[Any]) -> bool:
         """Whether the worker's hot statements (the claim, the apply) run prepared on
-        ``conn``: parsing and planning the claim cost the server twice what running it did
-        (1.3 ms of 1.9 for three jobs), hundreds of times a second under load. Only on a
-        direct connection, never through a transaction pool (PgBouncer), where the next
-        statement may meet a server connection it was never prepared on. Asked once per
-        connection: the pid its server reports against the one its startup gave."""
+        ``conn``: planning the claim cost the server twice what running it did. Only on a
+        direct connection (its server's pid is the one its startup gave, asked once), never
+        through a transaction pool, where a statement may meet a server it was not prepared on."""
         if self._prepares[0] != self.generation:
             direct = conn.execute(query("backend_pid")).fetchone() == (conn.info.backend_pid,)
             if direct:  # prepare=True prepares at once; nothing else ever reaches this count
                 conn.prepare_threshold = PREPARE_ONLY_WHEN_ASKED
-                # Each planned once: the claim's plan is the same whatever its arrays (its
-                # index scan starts at the floor either way; see job_claim). The apply plans
-                # each batch (SET LOCAL in its transaction).
+                # The claims planned once (their index scans start at the floor either way;
+                # see job_claim); the apply plans each batch (SET LOCAL in its transaction).
                 conn.execute("SET plan_cache_mode = force_generic_plan")
             self._prepares = (self.generation, direct)
         return self._prepares[1]
@@ -294,3 +291,10 @@ class Session:
         except DatabaseUnavailable:
             self.close()
             raise
+
+
+def rollback(conn: psycopg.Connection[Any]) -> None:
+    """End a transaction a failed statement left open (nothing to do in autocommit)."""
+    if conn.info.transaction_status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
+        with contextlib.suppress(psycopg.Error):
+            conn.execute("ROLLBACK")

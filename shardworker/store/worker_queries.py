@@ -4,21 +4,19 @@ says what a batch did; everything here runs on the worker's own ``Session``."""
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import psycopg
-from psycopg.pq import TransactionStatus
 
 from shardworker import followups
 from shardworker.errors import EnqueueError, OutcomeRejected, SchemaMissing
 from shardworker.followups import DependentRow
 from shardworker.limits import ERRORS_KEPT, MAX_ERROR_CHARS
-from shardworker.model import ApplyResult, Claim, ClaimedJob, Outcome, StepRecord
-from shardworker.store.claim_floor import ClaimFloor
-from shardworker.store.connection import Session, first_line, is_refusal
+from shardworker.model import ApplyResult, Outcome, StepRecord
+from shardworker.store.claiming import ClaimQueries
+from shardworker.store.connection import first_line, is_refusal, rollback
 from shardworker.store.dependencies import plan_insert, run_plan
 from shardworker.store.sql import native, native_params, query
 
@@ -34,69 +32,8 @@ class DatabaseIdentity(NamedTuple):
     server: str  # host:port
 
 
-class WorkerQueries(Session):
-    """Claiming, applying and notifications for one worker."""
-
-    def claim(self, kinds: Sequence[str], queues: Sequence[str] | None, worker_id: str,
-              limit: int, claim_token: str | None = None, max_bytes: int = 1 << 62) -> list[ClaimedJob]:
-        """``claim_within`` with no caps of this worker's own: the jobs only."""
-        return self.claim_within(kinds, queues, worker_id, limit, claim_token, max_bytes).jobs
-
-    def claim_within(self, kinds: Sequence[str], queues: Sequence[str] | None, worker_id: str, limit: int,
-                     claim_token: str | None = None, max_bytes: int = 1 << 62, *,
-                     caps: Mapping[str, int] | None = None, run_room: int | None = None,
-                     attempts: Mapping[str, int] | None = None) -> Claim:
-        """Claim up to ``limit`` due jobs and ``max_bytes`` of payload (at least one job when
-        any is due): status running, attempt + 1, locked_by worker_id; at a job's first claim,
-        ``attempts`` (kind: its handler's max_attempts) lowers its max_attempts. Within every limit:
-        ``caps`` (kind: jobs this worker may still take of it), and for kinds and queues
-        limited across workers, ``run_room`` (jobs it can start now; ``limit`` when None),
-        their global concurrency and their rates; paused queues are skipped.
-
-        One transaction, sent at once (a pipeline): lock the limited kinds' and queues'
-        rows, then claim. ``claim_token`` tags the claimed rows; if the reply is lost,
-        ``release_claim`` with the same token gives back whatever the server did commit.
-        """
-        params = {"kinds": list(kinds), "queues": list(queues) if queues else None,
-                  "worker_id": worker_id, "limit": limit, "claim_token": claim_token, "max_bytes": max_bytes,
-                  "cap_kinds": list(caps or ()), "cap_rooms": [max(0, n) for n in (caps or {}).values()],
-                  "run_room": limit if run_room is None else max(0, run_room),
-                  "attempt_kinds": list(attempts or ()), "attempt_limits": list((attempts or {}).values())}
-        floor = self.claim_floor()
-        while True:
-            bounds = floor.params()
-            rows = self._claim_rows({**params, **bounds})
-            if not floor.claimed([(row[10], row[11], row[0]) for row in rows], bounds["floor_id"] is not None):
-                break
-        paces = [row[7] for row in rows if row[7] is not None]
-        jobs = [ClaimedJob(row[0], row[1], row[2], row[3], row[4], row[5], row[8], row[9], row[6]) for row in rows]
-        return Claim(jobs, min(paces) if paces else None)
-
-    def claim_floor(self) -> ClaimFloor:
-        """Where this store's next claim starts (``shardworker.store.claim_floor``)."""
-        floor = self.__dict__.get("_claim_floor")
-        if floor is None:
-            floor = self.__dict__["_claim_floor"] = ClaimFloor()
-        return floor
-
-    def _claim_rows(self, params: dict[str, Any]) -> list[Any]:
-        """One claim transaction, sent at once; the claimed rows."""
-        with self.cursor() as cur, psycopg.RawCursor(cur.connection) as claiming:
-            conn = cur.connection
-            prepare = self.prepares(conn)
-            try:
-                # BEGIN ... COMMIT spelled out in one pipeline: one Sync, one round trip, and a
-                # reply lost after it means committed (psycopg's transaction() syncs before COMMIT).
-                with conn.pipeline():
-                    cur.execute("BEGIN")
-                    cur.execute(query("flow_lock_kinds"), params, prepare=prepare)
-                    cur.execute(query("flow_lock_queues"), params, prepare=prepare)
-                    claiming.execute(native("job_claim")[0], native_params("job_claim", params), prepare=prepare)
-                    cur.execute("COMMIT")
-            except psycopg.Error:
-                rollback(conn)
-                raise
-            return claiming.fetchall()
+class WorkerQueries(ClaimQueries):
+    """Claiming (``shardworker.store.claiming``), applying and giving back for one worker."""
 
     def register_kinds(self, specs: Sequence[HandlerSpec]) -> None:
         """Make this worker's handlers' limits across workers the kinds' (``shardworker.kinds``)."""
@@ -243,13 +180,6 @@ def step_params(steps: Sequence[StepRecord]) -> dict[str, list[Any]]:
     return {"job_ids": [s.job_id for s in steps], "names": [s.name for s in steps],
             "attempts": [s.attempt for s in steps], "results": [s.result_json for s in steps],
             "recorded_at": [s.recorded_at for s in steps]}
-
-
-def rollback(conn: psycopg.Connection[Any]) -> None:
-    """End a transaction a failed statement left open (nothing to do in autocommit)."""
-    if conn.info.transaction_status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
-        with contextlib.suppress(psycopg.Error):
-            conn.execute("ROLLBACK")
 
 
 def insert_followups(cur: psycopg.Cursor[Any], outcomes: Sequence[Outcome], applied: Sequence[tuple[Any, ...]]) -> int:

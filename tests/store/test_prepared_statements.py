@@ -12,7 +12,7 @@ import pytest
 
 from shardworker.store.claim_floor import FULL_SCAN_S, ClaimFloor
 from shardworker.store.pg_store import PgStore
-from shardworker.store.sql import query
+from shardworker.store.sql import query, to_native
 from tests.store.support import add_id, claim_one, connect, done, row
 
 
@@ -27,12 +27,14 @@ def first_line(name: str) -> str:
     return query(name).lstrip().splitlines()[0]
 
 
-def test_the_claim_and_the_apply_are_prepared_again_after_a_reconnect(store: PgStore) -> None:
+def test_the_claims_and_the_apply_are_prepared_again_after_a_reconnect(store: PgStore) -> None:
     for _ in range(2):  # the second time on a new connection
         add_id(store)
         store.apply_outcomes([done(claim_one(store))])
-        assert {first for first, _, _ in prepared(store)} == {
-            first_line(name) for name in ("flow_lock_kinds", "flow_lock_queues", "job_claim", "job_apply_outcomes")}
+        add_id(store)
+        store.claim_within(["k"], None, "w1", 1, caps={"k": 1})  # the full claim: within caps of its own
+        assert {first for first, _, _ in prepared(store)} == {first_line(name) for name in (
+            "job_claim_plain", "flow_lock_kinds", "flow_lock_queues", "job_claim", "job_apply_outcomes")}
         store.close()
 
 
@@ -45,7 +47,7 @@ def test_the_apply_is_planned_for_each_batch_and_the_claim_once(store: PgStore) 
         plans.setdefault(first, [0, 0])[0] += generic
         plans[first][1] += custom
     assert plans[first_line("job_apply_outcomes")] == [0, 8]
-    assert plans[first_line("job_claim")] == [8, 0]
+    assert plans[first_line("job_claim_plain")] == [8, 0]
 
 
 @pytest.fixture
@@ -70,27 +72,16 @@ def test_on_its_generic_plan_a_claim_starts_at_the_floor_and_a_job_before_it_wai
     assert row(pg_dsn, early)["status"] == "running"
 
 
-def test_the_generic_claim_plan_bounds_its_index_scan_by_the_floor(pg_dsn: str) -> None:
+@pytest.mark.parametrize("name", ["job_claim_plain", "job_claim"])
+def test_the_generic_claim_plan_bounds_its_index_scan_by_the_floor(pg_dsn: str, name: str) -> None:
     """The point of the floor under a held xmin horizon: the scan starts there. An ``x IS
     NULL OR key >= x`` condition is no index bound on a generic plan; the floor's is."""
+    sql, names = to_native(query(name))
     with connect(pg_dsn) as conn:
-        version = conn.execute("SHOW server_version_num").fetchone()
-        if version is None or int(version[0]) < 160000:
-            pytest.skip("EXPLAIN (GENERIC_PLAN) needs PostgreSQL 16")
-        explain = "EXPLAIN (GENERIC_PLAN, COSTS OFF) " + numbered(query("job_claim"))
-        plan = "\n".join(r[0] for r in conn.execute(explain))
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        conn.execute(f"PREPARE claim AS {sql}")
+        nulls = ", ".join(["NULL"] * len(names))
+        plan = "\n".join(r[0] for r in conn.execute(f"EXPLAIN (COSTS OFF) EXECUTE claim({nulls})"))
     bound = (r"Index Scan using jobs_claim_idx on jobs\s+"
-             r"Index Cond: \(\(ROW\(priority, run_at, id\) >= ROW\(COALESCE\(\$")
+             r"Index Cond: \(\(?ROW\(priority, run_at, id\) >= ROW\(COALESCE\(\$")
     assert re.search(bound, plan), plan
-
-
-def numbered(sql: str) -> str:
-    """``sql`` with its named placeholders as PostgreSQL's $1, $2, ... (one number per name)."""
-    names: list[str] = []
-
-    def number(match: re.Match[str]) -> str:
-        if match[1] not in names:
-            names.append(match[1])
-        return f"${names.index(match[1]) + 1}"
-
-    return re.sub(r"%\((\w+)\)s", number, sql)

@@ -181,6 +181,60 @@ SELECT c.id, c.kind, c.queue, c.payload, c.attempt, c.max_attempts, c.snoozes,
        c.steps, c.dependencies, c.priority, c.run_at
 FROM claimed c;
 
+-- job_claim_plain --
+-- job_claim for the common case, one statement in a transaction of its own: a worker with no
+-- caps of its own (the caller knows) whose kinds are not limited across workers and whose
+-- queues are neither limited nor paused (checked here, in this statement's snapshot). Then
+-- nothing needs locking or counting: the claim is job_claim's `plain` part, and half of
+-- job_claim's cost to the server and to the worker. Where some limit is in the way it claims
+-- nothing and returns one row whose id is NULL: the caller runs job_claim instead. Its
+-- columns, the update and what it returns are job_claim's (keep the two in step:
+-- tests/store/test_claim_paths.py compares them), pace_s always NULL.
+WITH flow AS (
+    SELECT EXISTS (SELECT FROM shardworker.kinds
+                   WHERE name = ANY(%(kinds)s::text[])
+                     AND (global_concurrency IS NOT NULL OR rate_limit IS NOT NULL))
+        OR EXISTS (SELECT FROM shardworker.queues
+                   WHERE (paused OR concurrency IS NOT NULL OR rate_limit IS NOT NULL)
+                     AND (%(queues)s::text[] IS NULL OR name = ANY(%(queues)s::text[]))) AS limited
+), candidate AS (
+    SELECT id, priority, run_at, coalesce(payload_bytes, pg_column_size(payload)) + deps_bytes AS bytes
+    FROM shardworker.jobs
+    WHERE NOT (SELECT limited FROM flow)
+      AND status = 'queued' AND run_at <= now() AND kind = ANY(%(kinds)s::text[])
+      AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+      AND (priority, run_at, id) >= (coalesce(%(floor_priority)s::int, -2147483648),
+                                     coalesce(%(floor_run_at)s::timestamptz, '-infinity'),
+                                     coalesce(%(floor_id)s::bigint, -9223372036854775808))
+    ORDER BY priority, run_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), running_total AS (
+    SELECT id, row_number() OVER w AS n, sum(bytes) OVER w AS upto
+    FROM candidate
+    WINDOW w AS (ORDER BY priority, run_at, id)
+), claimed AS (
+    UPDATE shardworker.jobs j
+    SET status = 'running', attempt = j.attempt + 1, locked_by = %(worker_id)s, rescued_attempt = NULL,
+        claim_token = %(claim_token)s, attempted_at = now(), updated_at = now(),
+        max_attempts = CASE WHEN j.attempt = 0 THEN least(j.max_attempts, (
+                           SELECT a.n FROM unnest(%(attempt_kinds)s::text[], %(attempt_limits)s::int[]) AS a(kind, n)
+                           WHERE a.kind = j.kind)) ELSE j.max_attempts END
+    WHERE j.id = ANY(ARRAY(SELECT id FROM running_total WHERE n = 1 OR upto <= %(max_bytes)s))
+    RETURNING j.id, j.kind, j.queue, j.payload::text AS payload, j.attempt, j.max_attempts, j.snoozes,
+              NULL::numeric AS pace_s,
+              CASE WHEN j.attempt > 1 THEN (SELECT jsonb_object_agg(s.name, s.result)::text
+                                            FROM shardworker.job_steps s WHERE s.job_id = j.id) END AS steps,
+              CASE WHEN j.deps_total > 0 THEN (SELECT jsonb_object_agg(d.depends_on::text, r.result)::text
+                                               FROM shardworker.job_dependencies d
+                                               JOIN shardworker.jobs r ON r.id = d.depends_on
+                                               WHERE d.job_id = j.id) END AS dependencies,
+              j.priority, j.run_at
+)
+SELECT * FROM claimed
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL WHERE (SELECT limited FROM flow);
+
 -- flow_register_kinds --
 -- At a worker's start: its handlers' limits across workers become the kinds' rows (the
 -- last worker to start sets them); kinds it handles without such limits lose theirs.
