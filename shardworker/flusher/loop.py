@@ -9,7 +9,10 @@ commit marks them flushed and (at most every ``checkpoint_interval_s``) checkpoi
 records read with no outcome beside them are held up to ``gather_steps_s`` while more
 arrive (nobody waits on a step's row: its handler waited on its fsync), so steps land in
 transactions of hundreds rather than of a few; an outcome, a full batch or
-``gather = False`` (a stop) applies what is held at once. When the database is away, the
+``gather = False`` (a stop) applies what is held at once. A worker's flusher
+(``lazy_checkpoints``), which outcomes reach a few at a time, catches up after nearly every
+batch: caught up, it checkpoints only every ``checkpoint_interval_s`` (a checkpoint is two
+fsyncs ahead of the next batch), or at once for a segment to reclaim or a stop. When the database is away, the
 same batch is retried with capped, jittered backoff: the flusher never gives up because
 PostgreSQL is down. An outcome the database refuses for good is written to ``deadletter/`` and applied
 as a failure instead, so the job does not stay running forever; if even that failure is
@@ -18,7 +21,6 @@ refused, the job is set aside (one ERROR line, ``stats.refused``) and the batch 
 
 from __future__ import annotations
 
-import base64
 import bisect
 import logging
 import time
@@ -26,13 +28,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import orjson
-
 from outbox import OutboxReader, Record
-from outbox.fsutil import append_durably, atomic_write, ensure_dir
 from shardworker import layout, wire
 from shardworker.config import FlusherConfig
 from shardworker.errors import OutcomeRejected, StoreError
+from shardworker.flusher import kept
 from shardworker.model import ApplyResult, Outcome, StepRecord
 from shardworker.retry import Backoff, Outage
 
@@ -72,9 +72,10 @@ class Flusher:
 
     def __init__(self, reader: OutboxReader, store: OutcomeStore, config: FlusherConfig,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                 report_outages: bool = True, gather_steps_s: float = 0.0) -> None:
+                 report_outages: bool = True, gather_steps_s: float = 0.0, lazy_checkpoints: bool = False) -> None:
         self.reader, self.store, self.config = reader, store, config
-        self.gather_steps_s = gather_steps_s
+        self.gather_steps_s, self.lazy_checkpoints = gather_steps_s, lazy_checkpoints
+        self.caught_up = False  # the last pass found nothing to apply
         self.gather = True  # False: apply held steps at once (the worker stops)
         self._gathering_since: float | None = None  # when the held steps-only batch began to gather
         self.clock, self.sleep = clock, sleep
@@ -99,7 +100,14 @@ class Flusher:
 
     @property
     def idle(self) -> bool:
+        """Caught up, and the checkpoint written."""
         return not self._held and not self._dirty
+
+    def checkpoint_due_in(self) -> float:
+        """Seconds until the checkpoint a caught-up pass put off is due; inf when none is."""
+        if not self._dirty:
+            return float("inf")
+        return max(0.0, self._last_checkpoint + self.config.checkpoint_interval_s - self.clock())
 
     @property
     def gathering(self) -> bool:
@@ -109,14 +117,16 @@ class Flusher:
     def run_once(self) -> int:
         """Apply one batch; returns the records flushed (0 when idle, gathering steps, or the
         database failed)."""
+        self.caught_up = False
         if not self._held or self.gathering:
             self._read()
             if self._gather():
                 return 0
         if not self._held:
+            self.caught_up = True
             # A passed seal or empty segment frees space only once a checkpoint deletes it.
             self._dirty = self._dirty or self.reader.wants_checkpoint
-            self._maybe_checkpoint(force=True)
+            self._maybe_checkpoint(force=not self.lazy_checkpoints or self.reader.wants_checkpoint or not self.gather)
             return 0
         try:
             result = self._apply(self._outcomes, self._steps)
@@ -231,17 +241,8 @@ class Flusher:
         return result
 
     def _deadletter(self, payload: bytes, reason: str, outcome: Outcome | None = None) -> str:
-        """Keep a record the database refused (with its outcome, readable) or could not
-        decode (its bytes in base64) in ``deadletter/``; returns the file's name."""
-        directory = layout.deadletter_dir(self.reader.directory)
-        ensure_dir(directory)
-        name = f"{time.time_ns()}.json"
-        letter: dict[str, object] = {"reason": reason, "record_base64": base64.b64encode(payload).decode()}
-        if outcome is not None:
-            letter.update(_readable(outcome))
-        atomic_write(directory, name, orjson.dumps(letter))
         self.stats.deadlettered += 1
-        return name
+        return kept.deadletter(self.reader.directory, payload, reason, outcome)
 
     def _record(self, result: ApplyResult) -> None:
         self.stats.applied += result.applied
@@ -265,11 +266,8 @@ class Flusher:
                        "set aside: no such job in this database")
 
     def _keep(self, path: str, job_ids: tuple[int, ...], reason: str) -> None:
-        """Append the whole outcome of each job in ``job_ids`` to ``path`` (JSON lines), durably."""
         wanted = set(job_ids)
-        lines = b"".join(orjson.dumps({"at": time.time(), "reason": reason, **_readable(o)}) + b"\n"
-                         for o in self._outcomes if o.job_id in wanted)
-        append_durably(path, lines)
+        kept.keep(path, (o for o in self._outcomes if o.job_id in wanted), reason)
 
     def _maybe_checkpoint(self, force: bool = False) -> None:
         now = self.clock()
@@ -282,16 +280,3 @@ class Flusher:
                 return
             self._last_checkpoint, self._dirty = now, False
 
-
-def _readable(outcome: Outcome) -> dict[str, object]:
-    """An outcome as a JSON object for a person: the result as a JSON value (or, when it
-    is not valid JSON, its text under ``result_text``)."""
-    value: dict[str, object] = {"job_id": outcome.job_id, "attempt": outcome.attempt,
-                                "disposition": outcome.disposition.value, "delay_s": outcome.delay_s,
-                                "result": None, "error": outcome.error}
-    if outcome.result_json is not None:
-        try:
-            value["result"] = orjson.loads(outcome.result_json)
-        except orjson.JSONDecodeError:
-            value["result_text"] = outcome.result_json.decode(errors="replace")
-    return value

@@ -194,7 +194,8 @@ def flusher_main(directory: str, store_config: StoreConfig, config: FlusherConfi
     except binding.WrongDatabase as exc:
         state.last_error = str(exc).encode()[:511]
         os._exit(EXIT_WRONG_DATABASE)
-    flusher = Flusher(reader, store, config, sleep=sleep, report_outages=False, gather_steps_s=STEP_GATHER_S)
+    flusher = Flusher(reader, store, config, sleep=sleep, report_outages=False, gather_steps_s=STEP_GATHER_S,
+                      lazy_checkpoints=True)
     try:
         _loop(flusher, state, idle_sleep_s)
     except Exception as exc:
@@ -211,19 +212,23 @@ def _loop(flusher: Flusher, state: Any, idle_sleep_s: float) -> None:
         flushed = flusher.run_once()
         if flushed or not flusher.idle:  # an idle pass changes no count: nothing to publish
             state.publish(flusher.stats)
-        state.idle = flusher.idle
-        if flusher.idle:
+        # The parent's "idle": everything applied (the checkpoint may wait: a stop writes it).
+        state.idle = flusher.caught_up
+        if flusher.caught_up:
             state.drained = True
         # WHEN_IDLE: everything is durable by now, but a pass that applied something may have
-        # read before the last records were written: only a pass that found nothing ends it.
+        # read before the last records were written: only a pass that found nothing ends it
+        # (and, stopping, wrote the checkpoint).
         if state.stop >= StopRequest.NOW or (state.stop >= StopRequest.WHEN_IDLE and flusher.idle and not flushed):
             return
         if flusher.gathering:
             time.sleep(idle_sleep_s)
-        elif not flushed and flusher.idle:
-            # Until a writer commits (outbox.wake) or a stop pokes; the timeout is a safety net
-            # for a wake-up lost (a directory too deep for a socket: every idle_sleep_s).
-            flusher.reader.wait(IDLE_WAIT_S if flusher.reader.waking else idle_sleep_s)
+        elif flusher.caught_up:
+            # Until a writer commits (outbox.wake), a stop pokes or the checkpoint put off is
+            # due; the timeout is a safety net for a wake-up lost (a directory too deep for a
+            # socket: every idle_sleep_s).
+            flusher.reader.wait(min(IDLE_WAIT_S if flusher.reader.waking else idle_sleep_s,
+                                    flusher.checkpoint_due_in()))
 
 
 def _add(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:

@@ -240,3 +240,42 @@ def test_an_idle_childs_applied_segment_is_deleted(pg_dsn: str, store: FlakyStor
     flusher.reader.close()
     assert statuses(pg_dsn) == {"done": 3}
     assert not (tmp_path / f"shard-0000-{first:010d}.seg").exists(), f"the applied segment is kept: {state}"
+
+
+def test_a_worker_flusher_caught_up_checkpoints_at_the_interval_or_when_stopping(
+        pg_dsn: str, store: FlakyStore, tmp_path: Path) -> None:
+    """A worker's flusher (``lazy_checkpoints``), which outcomes reach a few at a time and
+    which catches up after nearly every batch, does not write a checkpoint each time it
+    catches up (two fsyncs ahead of the next batch), only every checkpoint_interval_s, or at
+    once when a stop comes (``gather`` False). Caught up, it is not yet idle until then."""
+    enqueue(pg_dsn, "k", 3)
+    jobs = store.claim(["k"], None, "w1", 3)
+    clock = FakeClock()
+    flusher = Flusher(OutboxReader.open(str(tmp_path)), store, worker_config(checkpoint_interval_s=10.0).flusher_config(),
+                      clock=clock, sleep=clock.sleep, lazy_checkpoints=True)
+    checkpoint = tmp_path / "checkpoint.json"
+    with ShardWriter.open(str(tmp_path), 0) as writer:  # a child's, open all along
+
+        def finish(*done: Any) -> None:
+            for job in done:
+                writer.append_bytes(wire.encode_outcome(Outcome.done(job.id, job.attempt, b"1")))
+            writer.commit()
+
+        assert flusher.run_once() == 0  # (the reader's first pass reaches the writer's segment: a checkpoint)
+        written = checkpoint.read_bytes()
+        finish(*jobs[:2])
+        assert flusher.run_once() == 2
+        assert flusher.run_once() == 0
+        assert flusher.caught_up and not flusher.idle and checkpoint.read_bytes() == written
+        assert flusher.checkpoint_due_in() == pytest.approx(10.0)
+        clock.now += 10.0
+        assert flusher.run_once() == 0
+        assert checkpoint.read_bytes() != written and flusher.idle and flusher.checkpoint_due_in() == float("inf")
+        written = checkpoint.read_bytes()
+        finish(jobs[2])
+        assert flusher.run_once() == 1 and not flusher.caught_up
+        assert flusher.run_once() == 0 and flusher.caught_up and checkpoint.read_bytes() == written
+        flusher.gather = False  # the worker stops
+        assert flusher.run_once() == 0
+        assert flusher.idle and checkpoint.read_bytes() != written
+    assert statuses(pg_dsn) == {"done": 3}

@@ -1,0 +1,48 @@
+"""What the flusher keeps on disk beside the outbox, for a person to read: a record the
+database refused or could not decode (``deadletter/``, one file each), and outcomes not
+applied because their attempt was stale, cancelled or their job missing (JSON lines)."""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Iterable
+
+import orjson
+
+from outbox.fsutil import append_durably, atomic_write, ensure_dir
+from shardworker import layout
+from shardworker.model import Outcome
+
+
+def deadletter(outbox_dir: str, payload: bytes, reason: str, outcome: Outcome | None = None) -> str:
+    """Keep a record the database refused (with its outcome, readable) or could not decode
+    (its bytes in base64) in ``deadletter/``; returns the file's name."""
+    directory = layout.deadletter_dir(outbox_dir)
+    ensure_dir(directory)
+    name = f"{time.time_ns()}.json"
+    letter: dict[str, object] = {"reason": reason, "record_base64": base64.b64encode(payload).decode()}
+    if outcome is not None:
+        letter.update(readable(outcome))
+    atomic_write(directory, name, orjson.dumps(letter))
+    return name
+
+
+def keep(path: str, outcomes: Iterable[Outcome], reason: str) -> None:
+    """Append each outcome whole to ``path`` (JSON lines), durably."""
+    append_durably(path, b"".join(orjson.dumps({"at": time.time(), "reason": reason, **readable(o)}) + b"\n"
+                                  for o in outcomes))
+
+
+def readable(outcome: Outcome) -> dict[str, object]:
+    """An outcome as a JSON object for a person: the result as a JSON value (or, when it
+    is not valid JSON, its text under ``result_text``)."""
+    value: dict[str, object] = {"job_id": outcome.job_id, "attempt": outcome.attempt,
+                                "disposition": outcome.disposition.value, "delay_s": outcome.delay_s,
+                                "result": None, "error": outcome.error}
+    if outcome.result_json is not None:
+        try:
+            value["result"] = orjson.loads(outcome.result_json)
+        except orjson.JSONDecodeError:
+            value["result_text"] = outcome.result_json.decode(errors="replace")
+    return value
