@@ -261,8 +261,8 @@ class Session:
             direct = conn.execute(query("backend_pid")).fetchone() == (conn.info.backend_pid,)
             if direct:  # prepare=True prepares at once; nothing else ever reaches this count
                 conn.prepare_threshold = PREPARE_ONLY_WHEN_ASKED
-                # The claims planned once (their index scans start at the floor either way;
-                # see job_claim); the apply plans each batch (SET LOCAL in its transaction).
+                # Planned once: the claims' index scans start at the floor either way (see
+                # job_claim), and the apply's plan is a lookup per outcome (job_apply_lookups).
                 conn.execute("SET plan_cache_mode = force_generic_plan")
             self._prepares = (self.generation, direct)
         return self._prepares[1]

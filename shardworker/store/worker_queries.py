@@ -109,19 +109,19 @@ class WorkerQueries(ClaimQueries):
                     conn.execute("BEGIN")
                     if steps:
                         stepping.execute(query("job_steps_insert"), step_params(steps))
-                    if prepare:
-                        # Planned for each batch's own arrays: a generic plan assumed ~1 running
-                        # row and nested-looped over all of them (seconds per batch).
-                        conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
+                    cur.execute(query("job_apply_lookups"), prepare=prepare)
                     applying.execute(native("job_apply_outcomes")[0],
                                      native_params("job_apply_outcomes", outcome_params(outcomes)), prepare=prepare)
                 rows = applying.fetchall()
                 ended = [(job_id, status) for job_id, _, status, dependents in rows
                          if dependents and status in ("done", "failed", "cancelled")]
+                has_followups = any(o.followups_json for o in outcomes)
+                if ended or has_followups:
+                    cur.execute(query("job_apply_lookups_end"))
                 if ended:
                     cur.execute(query("job_dependents_settle"), {"ids": [i for i, _ in ended],
                                                                  "statuses": [s for _, s in ended]})
-                followups = insert_followups(cur, outcomes, rows) if any(o.followups_json for o in outcomes) else 0
+                followups = insert_followups(cur, outcomes, rows) if has_followups else 0
                 conn.execute("COMMIT")
             except (psycopg.Error, EnqueueError) as exc:
                 rollback(conn)

@@ -251,8 +251,9 @@ def test_a_worker_flusher_caught_up_checkpoints_at_the_interval_or_when_stopping
     enqueue(pg_dsn, "k", 3)
     jobs = store.claim(["k"], None, "w1", 3)
     clock = FakeClock()
-    flusher = Flusher(OutboxReader.open(str(tmp_path)), store, worker_config(checkpoint_interval_s=10.0).flusher_config(),
-                      clock=clock, sleep=clock.sleep, lazy_checkpoints=True)
+    config = worker_config(checkpoint_interval_s=10.0).flusher_config()
+    flusher = Flusher(OutboxReader.open(str(tmp_path)), store, config, clock=clock, sleep=clock.sleep,
+                      lazy_checkpoints=True)
     checkpoint = tmp_path / "checkpoint.json"
     with ShardWriter.open(str(tmp_path), 0) as writer:  # a child's, open all along
 
