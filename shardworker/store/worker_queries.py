@@ -4,8 +4,9 @@ says what a batch did; everything here runs on the worker's own ``Session``."""
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import psycopg
@@ -94,24 +95,51 @@ class WorkerQueries(ClaimQueries):
     def apply_outcomes(self, outcomes: Sequence[Outcome], steps: Sequence[StepRecord] = ()) -> ApplyResult:
         """Apply a batch of outcomes in one fenced statement and its steps' results with them,
         in one transaction: a job's steps are in PostgreSQL no later than the outcome that
-        queues it again. The first round trip sends BEGIN, the steps and the outcomes at once
-        (a pipeline, as ``claim_within``); the second settles the jobs waiting on those applied
-        (``job_dependents_settle``, only when some have dependents), inserts the follow-up jobs
-        of those applied as done (only for a batch that carries some), and commits. Zero-row
-        outcomes are replays or stale."""
+        queues it again. A batch is one round trip: BEGIN, the steps, the outcomes and COMMIT
+        sent at once (a pipeline, as the full claim). The outcomes of jobs that others wait on
+        are left out of it, and applied next in a transaction of their own that settles the
+        jobs waiting on them (``job_dependents_settle``); so is a batch that carries follow-up
+        jobs, inserted with it. Zero-row outcomes are replays or stale."""
         if not outcomes:
             return self._apply_steps(steps)
+        if any(o.followups_json for o in outcomes):
+            return self._apply_settling(outcomes, steps)
         with self.cursor() as cur, cur.connection.cursor() as stepping, psycopg.RawCursor(cur.connection) as applying:
             conn = cur.connection
             prepare = self.prepares(conn)  # before BEGIN: what it sets is the session's
-            try:
+            with refusals(conn), conn.pipeline():
+                cur.execute("BEGIN")
+                if steps:
+                    stepping.execute(query("job_steps_insert"), step_params(steps))
+                cur.execute(query("job_apply_lookups"), prepare=prepare)
+                applying.execute(native("job_apply_outcomes")[0],
+                                 native_params("job_apply_outcomes", outcome_params(outcomes, settles=False)),
+                                 prepare=prepare)
+                cur.execute("COMMIT")
+            applied = {(job_id, attempt) for job_id, attempt, _, _ in applying.fetchall()}
+            landed = max(0, stepping.rowcount) if steps else 0
+        result = ApplyResult(applied=len(applied), steps=landed)
+        missed = [o for o in outcomes if (o.job_id, o.attempt) not in applied]
+        # Jobs with dependents, or (rarely) replays and stale attempts, which it classifies.
+        return result + self._apply_settling(missed, ()) if missed else result
+
+    def _apply_settling(self, outcomes: Sequence[Outcome], steps: Sequence[StepRecord]) -> ApplyResult:
+        """``apply_outcomes`` in two round trips: the first sends BEGIN, the steps and the
+        outcomes at once; the second settles the jobs waiting on those applied (only when
+        some have dependents), inserts the follow-up jobs of those applied as done (only for
+        outcomes that carry some), and commits."""
+        with self.cursor() as cur, cur.connection.cursor() as stepping, psycopg.RawCursor(cur.connection) as applying:
+            conn = cur.connection
+            prepare = self.prepares(conn)
+            with refusals(conn):
                 with conn.pipeline():
-                    conn.execute("BEGIN")
+                    cur.execute("BEGIN")
                     if steps:
                         stepping.execute(query("job_steps_insert"), step_params(steps))
                     cur.execute(query("job_apply_lookups"), prepare=prepare)
                     applying.execute(native("job_apply_outcomes")[0],
-                                     native_params("job_apply_outcomes", outcome_params(outcomes)), prepare=prepare)
+                                     native_params("job_apply_outcomes", outcome_params(outcomes, settles=True)),
+                                     prepare=prepare)
                 rows = applying.fetchall()
                 ended = [(job_id, status) for job_id, _, status, dependents in rows
                          if dependents and status in ("done", "failed", "cancelled")]
@@ -122,12 +150,7 @@ class WorkerQueries(ClaimQueries):
                     cur.execute(query("job_dependents_settle"), {"ids": [i for i, _ in ended],
                                                                  "statuses": [s for _, s in ended]})
                 followups = insert_followups(cur, outcomes, rows) if has_followups else 0
-                conn.execute("COMMIT")
-            except (psycopg.Error, EnqueueError) as exc:
-                rollback(conn)
-                if isinstance(exc, psycopg.Error) and not is_refusal(exc):
-                    raise
-                raise OutcomeRejected(f"outcome rejected: {first_line(exc)}") from exc
+                cur.execute("COMMIT")
             landed = max(0, stepping.rowcount) if steps else 0
             applied = {(job_id, attempt) for job_id, attempt, _, _ in rows}
             missed = [o for o in outcomes if (o.job_id, o.attempt) not in applied]
@@ -163,16 +186,29 @@ class WorkerQueries(ClaimQueries):
         return DatabaseIdentity(str(row[0]), str(row[1]), f"{info.host}:{info.port}")
 
 
-def outcome_params(outcomes: Sequence[Outcome]) -> dict[str, Any]:
-    """``job_apply_outcomes``' arrays. Every one goes in binary: results as bytea, the
-    child's JSON bytes unescaped (the statement turns them into jsonb), the rest without
-    text formatting."""
-    return {"ids": [o.job_id for o in outcomes], "attempts": [o.attempt for o in outcomes],
+def outcome_params(outcomes: Sequence[Outcome], *, settles: bool = True) -> dict[str, Any]:
+    """``job_apply_outcomes``' arrays (every one in binary: results as bytea, the child's
+    JSON bytes unescaped, which the statement turns into jsonb), and whether the jobs with
+    dependents are applied too (``settles``: their dependents are settled next)."""
+    return {"settles": settles, "ids": [o.job_id for o in outcomes], "attempts": [o.attempt for o in outcomes],
             "dispositions": [o.disposition.value for o in outcomes], "results": [o.result_json for o in outcomes],
             "errors": [o.error for o in outcomes], "delays": [float(o.delay_s) for o in outcomes],
             "tracebacks": [o.traceback for o in outcomes],
             "failed_at": [math.nan if o.failed_at is None else o.failed_at for o in outcomes],
             "errors_kept": ERRORS_KEPT, "error_chars": MAX_ERROR_CHARS}
+
+
+@contextlib.contextmanager
+def refusals(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """Around an apply's transaction: on an error, roll it back; an error the database would
+    repeat (``is_refusal``) or a follow-up refused becomes ``OutcomeRejected``."""
+    try:
+        yield
+    except (psycopg.Error, EnqueueError) as exc:
+        rollback(conn)
+        if isinstance(exc, psycopg.Error) and not is_refusal(exc):
+            raise
+        raise OutcomeRejected(f"outcome rejected: {first_line(exc)}") from exc
 
 
 def step_params(steps: Sequence[StepRecord]) -> dict[str, list[Any]]:

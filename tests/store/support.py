@@ -3,10 +3,13 @@ build outcomes through a ``PgStore``."""
 
 from __future__ import annotations
 
+import tempfile
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 import psycopg
+from psycopg import pq
 from psycopg.rows import dict_row
 
 from shardworker.model import ClaimedJob, Outcome
@@ -59,3 +62,19 @@ def done(job: ClaimedJob, result: str = '{"ok": true}') -> Outcome:
 
 def failure(job: ClaimedJob, delay_s: float, error: str = "boom") -> Outcome:
     return Outcome.retry(job.id, job.attempt, error, delay_s)
+
+
+def frontend_messages(store: PgStore, action: Callable[[], Any]) -> list[str]:
+    """The protocol messages the store's connection sends while ``action`` runs (libpq's trace)."""
+    with store.cursor() as cur:
+        pgconn = cur.connection.pgconn
+    with tempfile.TemporaryFile() as trace:
+        pgconn.trace(trace.fileno())
+        pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+        try:
+            action()
+        finally:
+            pgconn.untrace()
+        trace.seek(0)
+        lines = trace.read().decode(errors="replace").splitlines()
+    return [line.split("\t")[2] for line in lines if line.startswith("F\t")]

@@ -9,36 +9,17 @@ and says so; the full claim runs); once the limits are gone, claims go plain aga
 
 from __future__ import annotations
 
-import tempfile
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import orjson
 import pytest
-from psycopg import pq
 
 from shardworker.app import App
 from shardworker.client import enqueue
 from shardworker.model import ClaimedJob, Outcome, StepRecord
 from shardworker.store import claiming
 from shardworker.store.pg_store import PgStore, StoreConfig
-from tests.store.support import add_id
-
-
-def frontend_messages(store: PgStore, action: Callable[[], Any]) -> list[str]:
-    """The protocol messages the store's connection sends while ``action`` runs (libpq's trace)."""
-    with store.cursor() as cur:
-        pgconn = cur.connection.pgconn
-    with tempfile.TemporaryFile() as trace:
-        pgconn.trace(trace.fileno())
-        pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
-        try:
-            action()
-        finally:
-            pgconn.untrace()
-        trace.seek(0)
-        lines = trace.read().decode(errors="replace").splitlines()
-    return [line.split("\t")[2] for line in lines if line.startswith("F\t")]
+from tests.store.support import add_id, frontend_messages
 
 
 def register(store: PgStore, kind: str, **limits: object) -> None:

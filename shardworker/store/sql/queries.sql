@@ -281,6 +281,9 @@ WHERE name IN ('enable_seqscan', 'enable_bitmapscan', 'enable_hashjoin', 'enable
 -- announced on the channel shardworker_finished (shardworker.jobs.wait_for listens), their
 -- ids comma-separated, up to 300 a notification (within the 8,000-byte payload limit).
 -- RETURNING has_dependents: whether job_dependents_settle must look for jobs waiting on it.
+-- Without `settles` a job with dependents is left alone (as if the outcome were stale): the
+-- batch then commits in the same round trip, and the caller applies those outcomes again
+-- with `settles`, in a transaction that settles their dependents.
 -- A failed attempt (retry, failed) is added to errors, the job's history of its last
 -- failures (migration 0012; how many: shardworker.limits.ERRORS_KEPT), with its traceback
 -- and when it failed (NaN: unknown, then now()); last_error holds its message and
@@ -325,6 +328,7 @@ WITH o AS (
     FROM o
     WHERE j.id = o.id AND j.attempt = o.attempt
       AND (j.status = 'running' OR (j.rescued_attempt = o.attempt AND j.status IN ('queued', 'failed')))
+      AND (%(settles)s::boolean OR NOT j.has_dependents)
     RETURNING j.id, j.attempt, j.status, j.has_dependents
 ), announced AS (
     SELECT pg_notify('shardworker_finished', string_agg(id::text, ',')) AS sent
