@@ -108,13 +108,7 @@ class WorkerQueries(ClaimQueries):
             conn = cur.connection
             prepare = self.prepares(conn)  # before BEGIN: what it sets is the session's
             with refusals(conn), conn.pipeline():
-                cur.execute("BEGIN")
-                if steps:
-                    stepping.execute(query("job_steps_insert"), step_params(steps))
-                cur.execute(query("job_apply_lookups"), prepare=prepare)
-                applying.execute(native("job_apply_outcomes")[0],
-                                 native_params("job_apply_outcomes", outcome_params(outcomes, settles=False)),
-                                 prepare=prepare)
+                send_apply(cur, stepping, applying, outcomes, steps, prepare=prepare, settles=False)
                 cur.execute("COMMIT")
             applied = {(job_id, attempt) for job_id, attempt, _, _ in applying.fetchall()}
             landed = max(0, stepping.rowcount) if steps else 0
@@ -133,13 +127,7 @@ class WorkerQueries(ClaimQueries):
             prepare = self.prepares(conn)
             with refusals(conn):
                 with conn.pipeline():
-                    cur.execute("BEGIN")
-                    if steps:
-                        stepping.execute(query("job_steps_insert"), step_params(steps))
-                    cur.execute(query("job_apply_lookups"), prepare=prepare)
-                    applying.execute(native("job_apply_outcomes")[0],
-                                     native_params("job_apply_outcomes", outcome_params(outcomes, settles=True)),
-                                     prepare=prepare)
+                    send_apply(cur, stepping, applying, outcomes, steps, prepare=prepare, settles=True)
                 rows = applying.fetchall()
                 ended = [(job_id, status) for job_id, _, status, dependents in rows
                          if dependents and status in ("done", "failed", "cancelled")]
@@ -196,6 +184,17 @@ def outcome_params(outcomes: Sequence[Outcome], *, settles: bool = True) -> dict
             "tracebacks": [o.traceback for o in outcomes],
             "failed_at": [math.nan if o.failed_at is None else o.failed_at for o in outcomes],
             "errors_kept": ERRORS_KEPT, "error_chars": MAX_ERROR_CHARS}
+
+
+def send_apply(cur: psycopg.Cursor[Any], stepping: psycopg.Cursor[Any], applying: psycopg.RawCursor[Any],
+               outcomes: Sequence[Outcome], steps: Sequence[StepRecord], *, prepare: bool, settles: bool) -> None:
+    """Into an open pipeline: BEGIN, the steps (on ``stepping``), and the outcomes (on ``applying``)."""
+    cur.execute("BEGIN")
+    if steps:
+        stepping.execute(query("job_steps_insert"), step_params(steps))
+    cur.execute(query("job_apply_lookups"), prepare=prepare)
+    applying.execute(native("job_apply_outcomes")[0],
+                     native_params("job_apply_outcomes", outcome_params(outcomes, settles=settles)), prepare=prepare)
 
 
 @contextlib.contextmanager
