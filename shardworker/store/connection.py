@@ -33,7 +33,7 @@ from shardworker.errors import (
     StoreError,
     TransientConflict,
 )
-from shardworker.store.sql import query
+from shardworker.store.plans import Plans
 
 log = logging.getLogger(__name__)
 
@@ -103,11 +103,6 @@ def connect_options(config: StoreConfig, *, startup_options: bool = True) -> dic
     if startup_options and config.dsn not in _REFUSE_OPTIONS:
         options["options"] = f"-c statement_timeout={int(config.statement_timeout_s * 1000)}"
     return options
-
-
-# A connection's prepare_threshold (psycopg prepares a statement on its nth execution, and
-# none at all while it is None): never by count, so only a statement that asks is prepared.
-PREPARE_ONLY_WHEN_ASKED = 1 << 62
 
 # DSNs whose server refused the ``options`` startup parameter: PgBouncer (before 1.20
 # without ``ignore_startup_parameters = options``) closes such a connection at once.
@@ -239,7 +234,7 @@ class Session:
         self.generation = 0
         self._watchdog = Watchdog()
         self._deadline_s = config.statement_timeout_s + config.network_timeout_s
-        self._prepares = (-1, False)  # (generation, whether its connection prepares)
+        self._plans = Plans()
 
     def connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed or self._conn.broken:
@@ -253,19 +248,8 @@ class Session:
         return self._conn
 
     def prepares(self, conn: psycopg.Connection[Any]) -> bool:
-        """Whether the worker's hot statements (the claim, the apply) run prepared on
-        ``conn``: planning the claim cost the server twice what running it did. Only on a
-        direct connection (its server's pid is the one its startup gave, asked once), never
-        through a transaction pool, where a statement may meet a server it was not prepared on."""
-        if self._prepares[0] != self.generation:
-            direct = conn.execute(query("backend_pid")).fetchone() == (conn.info.backend_pid,)
-            if direct:  # prepare=True prepares at once; nothing else ever reaches this count
-                conn.prepare_threshold = PREPARE_ONLY_WHEN_ASKED
-                # Planned once: the claims' index scans start at the floor either way (see
-                # job_claim), and the apply's plan is a lookup per outcome (job_apply_lookups).
-                conn.execute("SET plan_cache_mode = force_generic_plan")
-            self._prepares = (self.generation, direct)
-        return self._prepares[1]
+        """Whether the worker's hot statements run prepared on ``conn`` (``shardworker.store.plans``)."""
+        return self._plans.prepares(conn, self.generation)
 
     def close(self) -> None:
         """Close the connection and stop its deadline thread; the next call reconnects."""

@@ -107,9 +107,13 @@ class WorkerQueries(ClaimQueries):
         with self.cursor() as cur, cur.connection.cursor() as stepping, psycopg.RawCursor(cur.connection) as applying:
             conn = cur.connection
             prepare = self.prepares(conn)  # before BEGIN: what it sets is the session's
-            with refusals(conn), conn.pipeline():
-                send_apply(cur, stepping, applying, outcomes, steps, prepare=prepare, settles=False)
-                cur.execute("COMMIT")
+            if not steps:  # the apply alone: a transaction of its own
+                with refusals(conn):
+                    execute_apply(applying, outcomes, prepare=prepare, settles=False)
+            else:
+                with refusals(conn), conn.pipeline():
+                    send_apply(cur, stepping, applying, outcomes, steps, prepare=prepare, settles=False)
+                    cur.execute("COMMIT")
             applied = {(job_id, attempt) for job_id, attempt, _, _ in applying.fetchall()}
             landed = max(0, stepping.rowcount) if steps else 0
         result = ApplyResult(applied=len(applied), steps=landed)
@@ -132,8 +136,6 @@ class WorkerQueries(ClaimQueries):
                 ended = [(job_id, status) for job_id, _, status, dependents in rows
                          if dependents and status in ("done", "failed", "cancelled")]
                 has_followups = any(o.followups_json for o in outcomes)
-                if ended or has_followups:
-                    cur.execute(query("job_apply_lookups_end"))
                 if ended:
                     cur.execute(query("job_dependents_settle"), {"ids": [i for i, _ in ended],
                                                                  "statuses": [s for _, s in ended]})
@@ -192,7 +194,11 @@ def send_apply(cur: psycopg.Cursor[Any], stepping: psycopg.Cursor[Any], applying
     cur.execute("BEGIN")
     if steps:
         stepping.execute(query("job_steps_insert"), step_params(steps))
-    cur.execute(query("job_apply_lookups"), prepare=prepare)
+    execute_apply(applying, outcomes, prepare=prepare, settles=settles)
+
+
+def execute_apply(applying: psycopg.RawCursor[Any], outcomes: Sequence[Outcome], *, prepare: bool,
+                  settles: bool) -> None:
     applying.execute(native("job_apply_outcomes")[0],
                      native_params("job_apply_outcomes", outcome_params(outcomes, settles=settles)), prepare=prepare)
 

@@ -24,6 +24,18 @@ def test_a_batch_with_its_steps_is_one_round_trip(store: PgStore, pg_dsn: str) -
     assert [row(pg_dsn, j.id)["status"] for j in jobs] == ["done", "done"]
 
 
+def test_on_a_direct_connection_a_batch_without_steps_is_one_statement(store: PgStore, pg_dsn: str) -> None:
+    """No BEGIN, no planner settings for the transaction, no COMMIT: the apply alone, its own
+    transaction (the planner settings it needs are the connection's, set at its first batch)."""
+    for _ in range(2):
+        add_id(store)
+        store.apply_outcomes([done(claim_one(store))])
+    jobs = [claim_one(store) for _ in (add_id(store), add_id(store))]
+    sent = frontend_messages(store, lambda: store.apply_outcomes([done(j) for j in jobs]))
+    assert sent.count("Execute") == 1 and sent.count("Sync") == 1, sent
+    assert [row(pg_dsn, j.id)["status"] for j in jobs] == ["done", "done"]
+
+
 def test_a_job_with_a_dependent_is_applied_in_a_second_transaction_that_releases_it(store: PgStore,
                                                                                     pg_dsn: str) -> None:
     add_id(store), add_id(store)

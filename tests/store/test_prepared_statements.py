@@ -1,6 +1,6 @@
 """The worker's hot statements run prepared on a direct connection (``Session.prepares``):
 the claim with one generic plan whose index scan starts at the claim floor, the apply with
-one that looks each outcome's job up by primary key. Through a transaction pool nothing is prepared
+one too, each made again every PLAN_REFRESH_S. Through a transaction pool nothing is prepared
 (tests/cli/test_pgbouncer.py)."""
 
 from __future__ import annotations
@@ -10,8 +10,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from shardworker.store import plans
 from shardworker.store.claim_floor import FULL_SCAN_S, ClaimFloor
 from shardworker.store.pg_store import PgStore
+from shardworker.store.plans import PLAN_REFRESH_S
 from shardworker.store.sql import query, to_native
 from tests.store.support import add_id, claim_one, connect, done, row
 
@@ -34,8 +36,7 @@ def test_the_claims_and_the_apply_are_prepared_again_after_a_reconnect(store: Pg
         add_id(store)
         store.claim_within(["k"], None, "w1", 1, caps={"k": 1})  # the full claim: within caps of its own
         assert {first for first, _, _ in prepared(store)} == {first_line(name) for name in (
-            "job_claim_plain", "flow_lock_kinds", "flow_lock_queues", "job_claim", "job_apply_lookups",
-            "job_apply_outcomes")}
+            "job_claim_plain", "flow_lock_kinds", "flow_lock_queues", "job_claim", "job_apply_outcomes")}
         store.close()
 
 
@@ -88,19 +89,34 @@ def test_the_generic_claim_plan_bounds_its_index_scan_by_the_floor(pg_dsn: str, 
     assert re.search(bound, plan), plan
 
 
-def test_the_apply_made_when_the_table_was_empty_still_looks_jobs_up_by_primary_key(store: PgStore,
-                                                                                   pg_dsn: str) -> None:
-    """The apply runs on one plan per connection, made at its first batch. Made on a small
-    table, the planner's choice would be a hash join over a scan of the whole table, kept as
-    the table grows: the batch's transaction rules out all but a lookup per outcome."""
-    add_id(store)
-    store.apply_outcomes([done(claim_one(store))])  # the table all but empty: the plan is made now
-    with connect(pg_dsn) as conn:
-        conn.execute("INSERT INTO shardworker.jobs (kind, payload, status) "
-                     "SELECT 'k', 'null', 'done' FROM generate_series(1, 20000)")
+def apply_plan(store: PgStore) -> str:
+    """The plan the store's connection holds for its prepared apply (EXPLAIN EXECUTE uses it)."""
     with store.cursor() as cur:
         (name,) = [n for n, text in cur.execute("SELECT name, statement FROM pg_prepared_statements")
                    if text.lstrip().startswith(first_line("job_apply_outcomes"))]
         params = ", ".join(["NULL"] * len(to_native(query("job_apply_outcomes"))[1]))
-        plan = "\n".join(r[0] for r in cur.execute(f"EXPLAIN (COSTS OFF) EXECUTE {name}({params})"))
-    assert "Index Scan using jobs_pkey on jobs j" in plan and "Seq Scan on jobs" not in plan, plan
+        return "\n".join(r[0] for r in cur.execute(f"EXPLAIN (COSTS OFF) EXECUTE {name}({params})"))
+
+
+def test_a_plan_made_while_the_table_was_small_is_made_again_within_the_refresh(
+        store: PgStore, pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The apply's plan, made on an all but empty table, scans the whole table; 20,000 rows
+    later (no vacuum or analyze to make it again meanwhile) it still does, until
+    PLAN_REFRESH_S has passed: then it looks each outcome's job up by primary key."""
+    now = [1000.0]
+    monkeypatch.setattr(plans, "monotonic", lambda: now[0])
+    with connect(pg_dsn) as conn:
+        conn.execute("ALTER TABLE shardworker.jobs SET (autovacuum_enabled = false)")
+    add_id(store)
+    store.apply_outcomes([done(claim_one(store))])
+    with connect(pg_dsn) as conn:
+        conn.execute("INSERT INTO shardworker.jobs (kind, payload, status) "
+                     "SELECT 'k', 'null', 'done' FROM generate_series(1, 20000)")
+    add_id(store)
+    store.apply_outcomes([done(claim_one(store))])
+    assert "Seq Scan on jobs j" in apply_plan(store)
+    now[0] += PLAN_REFRESH_S
+    add_id(store)
+    store.apply_outcomes([done(claim_one(store))])
+    plan = apply_plan(store)
+    assert "Index Cond: (id = o.id)" in plan and "Seq Scan on jobs" not in plan, plan

@@ -252,22 +252,6 @@ SET global_concurrency = EXCLUDED.global_concurrency, rate_limit = EXCLUDED.rate
 WHERE (k.global_concurrency, k.rate_limit, k.rate_period_s)
       IS DISTINCT FROM (EXCLUDED.global_concurrency, EXCLUDED.rate_limit, EXCLUDED.rate_period_s);
 
--- job_apply_lookups --
--- Before job_apply_outcomes, in its transaction: rule out every plan but the one that suits
--- it whatever the table's size and statistics, a lookup by primary key for each outcome (a
--- nested loop over the batch). The apply's plan is made once per connection (again after
--- the table is analyzed): made while the table was small, a hash join over a scan of the
--- whole table would be kept as the table grew, a second or more per batch. These settings
--- last to the end of the transaction (job_apply_lookups_end restores them).
-SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true),
-       set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true);
-
--- job_apply_lookups_end --
--- After job_apply_outcomes, when more statements follow in its transaction: the planner's
--- settings as they were before job_apply_lookups.
-SELECT set_config(name, reset_val, true) FROM pg_settings
-WHERE name IN ('enable_seqscan', 'enable_bitmapscan', 'enable_hashjoin', 'enable_mergejoin');
-
 -- job_apply_outcomes --
 -- Apply a batch of outcomes, fenced: only the attempt that produced an outcome, while it is
 -- still running, or while it waits rescued and not yet claimed again (a late outcome from a
