@@ -11,8 +11,9 @@ arrive (nobody waits on a step's row: its handler waited on its fsync), so steps
 transactions of hundreds rather than of a few; an outcome, a full batch or
 ``gather = False`` (a stop) applies what is held at once. A worker's flusher
 (``lazy_checkpoints``), which outcomes reach a few at a time, catches up after nearly every
-batch: caught up, it checkpoints only every ``checkpoint_interval_s`` (a checkpoint is two
-fsyncs ahead of the next batch), or at once for a segment to reclaim or a stop. When the database is away, the
+batch: caught up, it checkpoints once nothing more has come for ``QUIET_CHECKPOINT_S``, or
+every ``checkpoint_interval_s`` while outcomes keep coming (a checkpoint is two fsyncs ahead of
+the next batch), or at once for a segment to reclaim or a stop. When the database is away, the
 same batch is retried with capped, jittered backoff: the flusher never gives up because
 PostgreSQL is down. An outcome the database refuses for good is written to ``deadletter/`` and applied
 as a failure instead, so the job does not stay running forever; if even that failure is
@@ -38,6 +39,7 @@ from shardworker.retry import Backoff, Outage
 
 log = logging.getLogger(__name__)
 
+QUIET_CHECKPOINT_S = 0.02  # caught up this long with nothing new: the outbox is quiet, checkpoint it
 BATCH_BUCKETS = (1, 5, 10, 50, 100, 250, 500, 1000, 5000)  # outcomes per flushed batch, for the metrics
 
 
@@ -76,6 +78,7 @@ class Flusher:
         self.reader, self.store, self.config = reader, store, config
         self.gather_steps_s, self.lazy_checkpoints = gather_steps_s, lazy_checkpoints
         self.caught_up = False  # the last pass found nothing to apply
+        self._caught_up_at: float | None = None  # when a pass first found nothing after the last batch
         self.gather = True  # False: apply held steps at once (the worker stops)
         self._gathering_since: float | None = None  # when the held steps-only batch began to gather
         self.clock, self.sleep = clock, sleep
@@ -107,7 +110,10 @@ class Flusher:
         """Seconds until the checkpoint a caught-up pass put off is due; inf when none is."""
         if not self._dirty:
             return float("inf")
-        return max(0.0, self._last_checkpoint + self.config.checkpoint_interval_s - self.clock())
+        due = self._last_checkpoint + self.config.checkpoint_interval_s
+        if self._caught_up_at is not None:
+            due = min(due, self._caught_up_at + QUIET_CHECKPOINT_S)
+        return max(0.0, due - self.clock())
 
     @property
     def gathering(self) -> bool:
@@ -124,9 +130,13 @@ class Flusher:
                 return 0
         if not self._held:
             self.caught_up = True
+            if self._caught_up_at is None:
+                self._caught_up_at = self.clock()
+            quiet = self.clock() - self._caught_up_at >= QUIET_CHECKPOINT_S
             # A passed seal or empty segment frees space only once a checkpoint deletes it.
             self._dirty = self._dirty or self.reader.wants_checkpoint
-            self._maybe_checkpoint(force=not self.lazy_checkpoints or self.reader.wants_checkpoint or not self.gather)
+            self._maybe_checkpoint(force=not self.lazy_checkpoints or self.reader.wants_checkpoint or not self.gather
+                                   or quiet)
             return 0
         try:
             result = self._apply(self._outcomes, self._steps)
@@ -149,6 +159,7 @@ class Flusher:
         self.outage.recovered()
         self.stats.failing = ""
         flushed, self._held, self._outcomes, self._steps = self._held, [], [], []
+        self._caught_up_at = None
         self.reader.mark_flushed(flushed)
         self.stats.flushed += len(flushed)
         self.stats.batch(len(flushed))

@@ -212,9 +212,10 @@ def _loop(flusher: Flusher, state: Any, idle_sleep_s: float) -> None:
         flushed = flusher.run_once()
         if flushed or not flusher.idle:  # an idle pass changes no count: nothing to publish
             state.publish(flusher.stats)
-        # The parent's "idle": everything applied (the checkpoint may wait: a stop writes it).
-        state.idle = flusher.caught_up
-        if flusher.caught_up:
+        # Idle for the parent: everything applied and checkpointed (an --exit-when-idle run
+        # exits once the outbox holds nothing, its checkpoint the proof; see Flusher).
+        state.idle = flusher.idle
+        if flusher.idle:
             state.drained = True
         # WHEN_IDLE: everything is durable by now, but a pass that applied something may have
         # read before the last records were written: only a pass that found nothing ends it

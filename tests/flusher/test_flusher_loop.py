@@ -13,7 +13,7 @@ import pytest
 from outbox import OutboxReader, ShardWriter
 from shardworker import layout, wire
 from shardworker.errors import OutcomeRejected, StoreError, TransientConflict
-from shardworker.flusher.loop import Flusher
+from shardworker.flusher.loop import QUIET_CHECKPOINT_S, Flusher
 from shardworker.model import Disposition, Outcome
 from tests.flaky_store import FlakyStore
 from tests.helpers import enqueue, query, worker_config
@@ -242,14 +242,15 @@ def test_an_idle_childs_applied_segment_is_deleted(pg_dsn: str, store: FlakyStor
     assert not (tmp_path / f"shard-0000-{first:010d}.seg").exists(), f"the applied segment is kept: {state}"
 
 
-def test_a_worker_flusher_caught_up_checkpoints_at_the_interval_or_when_stopping(
+def test_a_worker_flusher_caught_up_checkpoints_once_quiet_or_when_stopping(
         pg_dsn: str, store: FlakyStore, tmp_path: Path) -> None:
     """A worker's flusher (``lazy_checkpoints``), which outcomes reach a few at a time and
     which catches up after nearly every batch, does not write a checkpoint each time it
-    catches up (two fsyncs ahead of the next batch), only every checkpoint_interval_s, or at
-    once when a stop comes (``gather`` False). Caught up, it is not yet idle until then."""
-    enqueue(pg_dsn, "k", 3)
-    jobs = store.claim(["k"], None, "w1", 3)
+    catches up (two fsyncs ahead of the next batch): only once nothing more has come for
+    QUIET_CHECKPOINT_S (or checkpoint_interval_s has passed), or at once when a stop comes
+    (``gather`` False). Caught up, it is not yet idle until then."""
+    enqueue(pg_dsn, "k", 4)
+    jobs = store.claim(["k"], None, "w1", 4)
     clock = FakeClock()
     config = worker_config(checkpoint_interval_s=10.0).flusher_config()
     flusher = Flusher(OutboxReader.open(str(tmp_path)), store, config, clock=clock, sleep=clock.sleep,
@@ -268,15 +269,20 @@ def test_a_worker_flusher_caught_up_checkpoints_at_the_interval_or_when_stopping
         assert flusher.run_once() == 2
         assert flusher.run_once() == 0
         assert flusher.caught_up and not flusher.idle and checkpoint.read_bytes() == written
-        assert flusher.checkpoint_due_in() == pytest.approx(10.0)
-        clock.now += 10.0
+        assert flusher.checkpoint_due_in() == pytest.approx(QUIET_CHECKPOINT_S)
+        clock.now += QUIET_CHECKPOINT_S / 2
+        finish(jobs[2])  # more came before it was quiet: caught up again, the wait starts again
+        assert flusher.run_once() == 1 and not flusher.caught_up
+        assert flusher.run_once() == 0 and checkpoint.read_bytes() == written
+        assert flusher.checkpoint_due_in() == pytest.approx(QUIET_CHECKPOINT_S)
+        clock.now += QUIET_CHECKPOINT_S * 1.01
         assert flusher.run_once() == 0
         assert checkpoint.read_bytes() != written and flusher.idle and flusher.checkpoint_due_in() == float("inf")
         written = checkpoint.read_bytes()
-        finish(jobs[2])
-        assert flusher.run_once() == 1 and not flusher.caught_up
+        finish(jobs[3])
+        assert flusher.run_once() == 1
         assert flusher.run_once() == 0 and flusher.caught_up and checkpoint.read_bytes() == written
         flusher.gather = False  # the worker stops
         assert flusher.run_once() == 0
         assert flusher.idle and checkpoint.read_bytes() != written
-    assert statuses(pg_dsn) == {"done": 3}
+    assert statuses(pg_dsn) == {"done": 4}
