@@ -3,21 +3,20 @@
 Pure logic over an ``OutboxReader`` and an ``OutcomeStore``; the process around it (and
 the parent's handle on that process) is ``shardworker.flusher.process``.
 
-``Flusher.run_once`` reads up to ``flush_batch`` records and ``flush_bytes`` of them
-(one bigger record alone), applies them in one fenced statement, and only after the
-commit marks them flushed and (at most every ``checkpoint_interval_s``) checkpoints. Step
-records read with no outcome beside them are held up to ``gather_steps_s`` while more
-arrive (nobody waits on a step's row: its handler waited on its fsync), so steps land in
-transactions of hundreds rather than of a few; an outcome, a full batch or
-``gather = False`` (a stop) applies what is held at once. A worker's flusher
+``Flusher.run_once`` reads up to ``flush_batch`` records and ``flush_bytes`` of them (one
+bigger record alone), applies them in one fenced statement, and only after the commit marks
+them flushed and checkpoints. Step records read with no outcome beside them are held up to
+``gather_steps_s`` while more arrive (nobody waits on a step's row: its handler waited on
+its fsync), so steps land in transactions of hundreds rather than of a few; an outcome, a
+full batch or ``gather = False`` (a stop) applies what is held at once. A worker's flusher
 (``lazy_checkpoints``), which outcomes reach a few at a time, catches up after nearly every
-batch: caught up, it checkpoints once nothing more has come for ``QUIET_CHECKPOINT_S``, or
-every ``checkpoint_interval_s`` while outcomes keep coming (a checkpoint is two fsyncs ahead of
-the next batch), or at once for a segment to reclaim or a stop. When the database is away, the
-same batch is retried with capped, jittered backoff: the flusher never gives up because
-PostgreSQL is down. An outcome the database refuses for good is written to ``deadletter/`` and applied
-as a failure instead, so the job does not stay running forever; if even that failure is
-refused, the job is set aside (one ERROR line, ``stats.refused``) and the batch goes on.
+batch: then it checkpoints (two fsyncs ahead of the next batch) once nothing more has come
+for ``QUIET_CHECKPOINT_S``, every ``checkpoint_interval_s`` while outcomes keep coming, or at
+once for a segment to reclaim or a stop. When the database is away, the same batch is
+retried with capped, jittered backoff: the flusher never gives up because PostgreSQL is
+down. An outcome the database refuses for good is written to ``deadletter/`` and applied as
+a failure instead; if even that failure is refused, the job is set aside (one ERROR line,
+``stats.refused``) and the batch goes on.
 """
 
 from __future__ import annotations
@@ -79,6 +78,7 @@ class Flusher:
         self.gather_steps_s, self.lazy_checkpoints = gather_steps_s, lazy_checkpoints
         self.caught_up = False  # the last pass found nothing to apply
         self._caught_up_at: float | None = None  # when a pass first found nothing after the last batch
+        self._checkpoint_retry_at = float("-inf")  # after a checkpoint failed, not before this
         self.gather = True  # False: apply held steps at once (the worker stops)
         self._gathering_since: float | None = None  # when the held steps-only batch began to gather
         self.clock, self.sleep = clock, sleep
@@ -93,8 +93,7 @@ class Flusher:
         self._held: list[Record] = []  # read but not yet applied (kept across failures)
         self._outcomes: list[Outcome] = []  # _held decoded, once: its outcomes
         self._steps: list[StepRecord] = []  # and its step records
-        self._last_checkpoint = clock()
-        self._dirty = False
+        self._last_checkpoint, self._dirty = clock(), False
 
     @property
     def in_hand(self) -> int:
@@ -113,7 +112,7 @@ class Flusher:
         due = self._last_checkpoint + self.config.checkpoint_interval_s
         if self._caught_up_at is not None:
             due = min(due, self._caught_up_at + QUIET_CHECKPOINT_S)
-        return max(0.0, due - self.clock())
+        return max(0.0, max(due, self._checkpoint_retry_at) - self.clock())
 
     @property
     def gathering(self) -> bool:
@@ -129,9 +128,7 @@ class Flusher:
             if self._gather():
                 return 0
         if not self._held:
-            self.caught_up = True
-            if self._caught_up_at is None:
-                self._caught_up_at = self.clock()
+            self.caught_up, self._caught_up_at = True, self._caught_up_at or self.clock()
             quiet = self.clock() - self._caught_up_at >= QUIET_CHECKPOINT_S
             # A passed seal or empty segment frees space only once a checkpoint deletes it.
             self._dirty = self._dirty or self.reader.wants_checkpoint
@@ -280,14 +277,23 @@ class Flusher:
         wanted = set(job_ids)
         kept.keep(path, (o for o in self._outcomes if o.job_id in wanted), reason)
 
-    def _maybe_checkpoint(self, force: bool = False) -> None:
+    def finish(self) -> None:
+        """Before the flusher exits: write the checkpoint a caught-up pass put off."""
+        if not self._held:
+            self._maybe_checkpoint(final=True)
+
+    def _maybe_checkpoint(self, force: bool = False, final: bool = False) -> None:
         now = self.clock()
-        if self._dirty and (force or now - self._last_checkpoint >= self.config.checkpoint_interval_s):
+        if not self._dirty or (now < self._checkpoint_retry_at and not final):
+            return
+        if final or force or now - self._last_checkpoint >= self.config.checkpoint_interval_s:
             try:
                 self.reader.checkpoint()
             except OSError as exc:
-                # Only a hint: a stale checkpoint costs harmless replays, never outcomes.
+                # Only a hint: a stale checkpoint costs harmless replays, never outcomes. Tried
+                # again after the interval, not at every pass (a full disk would spin the loop).
                 log.warning("outbox checkpoint not written (%s); will retry", exc)
+                self._checkpoint_retry_at = now + self.config.checkpoint_interval_s
                 return
             self._last_checkpoint, self._dirty = now, False
 

@@ -131,7 +131,8 @@ class WorkerQueries(ClaimQueries):
             prepare = self.prepares(conn)
             with refusals(conn):
                 with conn.pipeline():
-                    send_apply(cur, stepping, applying, outcomes, steps, prepare=prepare, settles=True)
+                    send_apply(cur, stepping, applying, outcomes, steps, prepare=prepare, settles=True,
+                               custom_plans=True)
                 rows = applying.fetchall()
                 ended = [(job_id, status) for job_id, _, status, dependents in rows
                          if dependents and status in ("done", "failed", "cancelled")]
@@ -189,9 +190,15 @@ def outcome_params(outcomes: Sequence[Outcome], *, settles: bool = True) -> dict
 
 
 def send_apply(cur: psycopg.Cursor[Any], stepping: psycopg.Cursor[Any], applying: psycopg.RawCursor[Any],
-               outcomes: Sequence[Outcome], steps: Sequence[StepRecord], *, prepare: bool, settles: bool) -> None:
-    """Into an open pipeline: BEGIN, the steps (on ``stepping``), and the outcomes (on ``applying``)."""
+               outcomes: Sequence[Outcome], steps: Sequence[StepRecord], *, prepare: bool, settles: bool,
+               custom_plans: bool = False) -> None:
+    """Into an open pipeline: BEGIN, the steps (on ``stepping``), and the outcomes (on ``applying``).
+    ``custom_plans``: every statement of the transaction planned for its own values, as the
+    rare ones that settle dependents and insert follow-ups want (the session's plans are
+    generic where the worker prepares: ``shardworker.store.plans``)."""
     cur.execute("BEGIN")
+    if custom_plans:
+        cur.execute("SET LOCAL plan_cache_mode = force_custom_plan")
     if steps:
         stepping.execute(query("job_steps_insert"), step_params(steps))
     execute_apply(applying, outcomes, prepare=prepare, settles=settles)
