@@ -62,6 +62,7 @@ class FlushStats:
     batch_sum: int = 0  # records in every batch flushed, and how many batches per size bucket:
     batch_buckets: list[int] = field(default_factory=lambda: [0] * (len(BATCH_BUCKETS) + 1))
     failing: str = ""  # why the last try failed, while the database is failing; "" once it works
+    batch_started_at: float = 0.0  # when the last batch applied began (the flusher's clock)
 
     def batch(self, size: int) -> None:
         self.batch_sum += size
@@ -135,6 +136,7 @@ class Flusher:
             self._maybe_checkpoint(force=not self.lazy_checkpoints or self.reader.wants_checkpoint or not self.gather
                                    or quiet)
             return 0
+        started = self.clock()
         try:
             result = self._apply(self._outcomes, self._steps)
         except StoreError as exc:
@@ -154,7 +156,7 @@ class Flusher:
             self.sleep(self.outage.backoff.next_delay())
             return 0
         self.outage.recovered()
-        self.stats.failing = ""
+        self.stats.failing, self.stats.batch_started_at = "", started
         flushed, self._held, self._outcomes, self._steps = self._held, [], [], []
         self._caught_up_at = None
         self.reader.mark_flushed(flushed)
@@ -279,8 +281,7 @@ class Flusher:
 
     def finish(self) -> None:
         """Before the flusher exits: write the checkpoint a caught-up pass put off."""
-        if not self._held:
-            self._maybe_checkpoint(final=True)
+        self._maybe_checkpoint(final=not self._held)
 
     def _maybe_checkpoint(self, force: bool = False, final: bool = False) -> None:
         now = self.clock()

@@ -52,12 +52,14 @@ class SharedState(ctypes.Structure):
     _fields_ = [("flushed", ctypes.c_int64), ("idle", ctypes.c_bool), ("drained", ctypes.c_bool),
                 ("stop", ctypes.c_int), ("last_error", ctypes.c_char * 512),
                 *((name, ctypes.c_int64) for name in COUNTERS),
-                ("batch_buckets", ctypes.c_int64 * (len(BATCH_BUCKETS) + 1)), ("failing", ctypes.c_char * 256)]
+                ("batch_buckets", ctypes.c_int64 * (len(BATCH_BUCKETS) + 1)), ("failing", ctypes.c_char * 256),
+                ("batch_started_at", ctypes.c_double)]
 
     def publish(self, stats: FlushStats) -> None:
         """Copy the flusher's stats (the flusher's side; ``failing`` first, so the parent
         never sees new counts with an old state)."""
         self.failing = stats.failing.encode(errors="replace")[:255]
+        self.batch_started_at = stats.batch_started_at
         for name in COUNTERS:
             setattr(self, name, getattr(stats, name))
         for i, count in enumerate(stats.batch_buckets):
@@ -174,6 +176,12 @@ class FlusherHandle:
             return SharedState().counters()
         with self._carry_lock:
             return _add(self._carried_counters, self.state.counters())
+
+    @property
+    def batch_started_at(self) -> float:
+        """When the last batch the current flusher applied began (``time.monotonic``, the
+        same clock in every process); 0 before the first."""
+        return float(self.state.batch_started_at) if self.state is not None else 0.0
 
     @property
     def failing(self) -> str:

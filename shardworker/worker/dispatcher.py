@@ -83,7 +83,7 @@ class Dispatcher:
         self.backlog_seen, self.woken = False, True
         self.next_log_at, self.next_idle_check_at = clock() + config.log_interval_s, 0.0
         self.wake_fds: list[int] = []  # readable when the wait should end at once (a stop signal)
-        self._flushed_at_failure = 0  # flusher.flushed_total when the last claim failed
+        self._failed_at = 0.0  # when the last claim failed
         self.db_errors = 0  # claims the database failed, in all
         self.watch = DatabaseWatch(self.backlog, clock)
         self.giving_back = GiveBack(store, worker_id, config.outbox_dir, clock=clock,
@@ -137,11 +137,11 @@ class Dispatcher:
 
     def db_failure(self) -> str | None:
         """Why the database was unreachable for this worker's last claim or flush; None when
-        both worked. A claim failure counts until a claim works, or until the flusher has
-        applied outcomes since (claims may stay paused after an outage: a backlog, no room)."""
+        both worked. A claim failure counts until a claim works, or the flusher applies a batch
+        begun since (claims may stay paused after an outage: a backlog, no room)."""
         if self.flusher.failing:
             return self.flusher.failing
-        if self.outage.unreachable and self.flusher.flushed_total == self._flushed_at_failure:
+        if self.outage.unreachable and self.flusher.batch_started_at <= self._failed_at:
             return self.outage.unreachable
         return None
 
@@ -220,7 +220,7 @@ class Dispatcher:
             raise exc
         self.next_claim_at = self.clock() + self.outage.failed(exc)  # raises what is not retryable
         self.db_errors += 1
-        self._flushed_at_failure = self.flusher.flushed_total
+        self._failed_at = self.clock()
 
     def _claim_ok(self) -> None:
         self.outage.recovered()

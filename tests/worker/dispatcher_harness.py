@@ -97,6 +97,7 @@ class Flusher:
 
     def __init__(self) -> None:
         self.flushed_total = 0
+        self.batch_started_at = 0.0  # when the last batch applied began (the test's clock)
         self.idle = True
         self.failing = ""
 

@@ -115,16 +115,23 @@ def test_give_back_releases_unstarted_jobs(pg_dsn: str, store: FlakyStore, tmp_p
 
 def test_the_database_is_back_once_the_flusher_applies_even_while_claims_wait(
         pg_dsn: str, store: FlakyStore, tmp_path: Path) -> None:
-    """After a failed claim the watch says the database is down; outcomes applied since (claims
-    still waiting out their backoff, or paused for a backlog) say it is back."""
+    """After a failed claim the watch says the database is down; a batch the flusher began
+    since and applied (claims still waiting out their backoff, or paused for a backlog) says it
+    is back. One that began before the failure and landed after it says nothing: its commit
+    may have beaten the cut (it once logged "back after 0.0s" between two outage lines)."""
     enqueue(pg_dsn, "k", 5)
-    dispatcher, _, flusher, _ = make(store, tmp_path)
+    dispatcher, _, flusher, clock = make(store, tmp_path)
+    flusher.batch_started_at = clock.now - 0.001
+    clock.now += 0.01
     store.fail("claim_within", times=1)
     dispatcher.run_once()
     assert not dispatcher.watch.up and dispatcher.watch.outages == 1
+    flusher.flushed_total += 3  # applied now, but begun before the claim failed
     dispatcher.run_once()
-    assert not dispatcher.watch.up  # nothing applied since: still down
+    assert not dispatcher.watch.up
+    clock.now += 0.01
     flusher.flushed_total += 3
+    flusher.batch_started_at = clock.now
     dispatcher.run_once()
     assert dispatcher.watch.up and store.calls["claim_within"] == 1
 
