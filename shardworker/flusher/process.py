@@ -235,7 +235,7 @@ def _loop(flusher: Flusher, state: Any, idle_sleep_s: float) -> None:
     while True:
         flusher.gather = state.stop == StopRequest.NONE  # a stop applies held steps at once
         flushed = flusher.run_once()
-        if flushed or not flusher.idle:  # an idle pass changes no count: nothing to publish
+        if flushed or not flusher.caught_up:  # a pass that found nothing changes no count
             state.publish(flusher.stats)
         # Idle for the parent: everything applied and checkpointed (an --exit-when-idle run
         # exits once the outbox holds nothing, its checkpoint the proof; see Flusher).
