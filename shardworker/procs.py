@@ -152,6 +152,33 @@ def ignore_stop_signals() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
+_held_signals: list[int] = []  # stop signals that came before the supervisor's handlers (hold_stop_signals)
+
+
+def hold_stop_signals() -> None:
+    """From the first line of ``shardworker run`` until the supervisor installs its own handlers
+    (the app's import can take seconds): a SIGTERM or SIGINT is remembered, and the worker then
+    stops before starting anything; a second one exits at once, as it does later."""
+
+    def remember(signum: int, _frame: Any) -> None:
+        if _held_signals:
+            os.write(2, b"second signal while starting: exiting now\n")
+            os._exit(1)
+        _held_signals.append(signum)
+
+    signal.signal(signal.SIGTERM, remember)
+    signal.signal(signal.SIGINT, remember)
+
+
+def handle_stop_signals(handler: Callable[[int, Any], None]) -> None:
+    """``handler`` for SIGTERM and SIGINT from now on; given at once a signal held since
+    ``hold_stop_signals``."""
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    if _held_signals:
+        handler(_held_signals[0], None)
+
+
 def kill_quietly(pid: int | None) -> None:
     if pid:
         with contextlib.suppress(ProcessLookupError):

@@ -96,6 +96,9 @@ D = WorkerConfig.default
 @click.pass_context
 def run(ctx: click.Context, app_ref: str, log_format: str, dsn: str | None, **options: Any) -> None:
     """Run the worker: a parent, N children and one flusher."""
+    from shardworker import procs
+
+    procs.hold_stop_signals()  # a SIGTERM while the app imports stops the worker cleanly, as later
     from shardworker.app import load_app
     from shardworker.worker.supervisor import Supervisor
 

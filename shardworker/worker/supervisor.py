@@ -29,7 +29,6 @@ import contextlib
 import gc
 import logging
 import os
-import signal
 import socket
 import time
 from collections.abc import Callable
@@ -158,6 +157,8 @@ class Supervisor:
             self.worker_id = layout.resolve_worker_id(self.config.outbox_dir, self.config.worker_id)
             logs.set_worker_id(self.worker_id)
             self._install_signals()
+            if self.stopping:  # a signal came while the app was imported: nothing is started
+                return RunSummary()
             self._fork_processes()
             if self.metrics is not None:
                 self.metrics.start()
@@ -230,8 +231,7 @@ class Supervisor:
             log.info("signal %s: stopping (finishing jobs in hand; a second signal exits at once)", signum)
             self.stopping = True
 
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
+        procs.handle_stop_signals(on_signal)
         # A signal also ends the dispatcher's wait at once (not at its timeout).
         self._signalled, self._signal_fd = procs.signal_wakeup_pipe()
 
