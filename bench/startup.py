@@ -84,9 +84,10 @@ def one_run(dsn: str, project: str, procs: int, sigterm: bool, pythonpath: str =
         stop = time.time() - asked
     else:
         worker.wait(120)
+        exited = time.time()  # before the query below: its connection is no part of the worker's exit
         applied = finished_at(dsn, job_id)
         assert applied is not None, "the job did not finish"
-        stop = time.time() - applied
+        stop = exited - applied
     with open(started_file) as f:
         first = float(f.read().split()[0])
     return first - launched, stop
