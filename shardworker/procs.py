@@ -19,7 +19,7 @@ import select
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -152,13 +152,15 @@ def ignore_stop_signals() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
-_held_signals: list[int] = []  # stop signals that came before the supervisor's handlers (hold_stop_signals)
+_held_signals: list[int] = []  # stop signals that came before the supervisor's handlers (stop_signals_held)
 
 
-def hold_stop_signals() -> None:
-    """From the first line of ``shardworker run`` until the supervisor installs its own handlers
-    (the app's import can take seconds): a SIGTERM or SIGINT is remembered, and the worker then
-    stops before starting anything; a second one exits at once, as it does later."""
+@contextlib.contextmanager
+def stop_signals_held() -> Iterator[None]:
+    """Around ``shardworker run``, from its first line: until the supervisor installs its own
+    handlers (``handle_stop_signals``; the app's import can take seconds), a SIGTERM or SIGINT is
+    remembered, and the worker then stops before starting anything; a second one exits at once,
+    as it does later. The handlers in place before are put back at the end (a run in-process)."""
 
     def remember(signum: int, _frame: Any) -> None:
         if _held_signals:
@@ -166,8 +168,13 @@ def hold_stop_signals() -> None:
             os._exit(1)
         _held_signals.append(signum)
 
-    signal.signal(signal.SIGTERM, remember)
-    signal.signal(signal.SIGINT, remember)
+    previous = {signum: signal.signal(signum, remember) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        _held_signals.clear()
 
 
 def handle_stop_signals(handler: Callable[[int, Any], None]) -> None:

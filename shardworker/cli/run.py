@@ -98,17 +98,17 @@ def run(ctx: click.Context, app_ref: str, log_format: str, dsn: str | None, **op
     """Run the worker: a parent, N children and one flusher."""
     from shardworker import procs
 
-    procs.hold_stop_signals()  # a SIGTERM while the app imports stops the worker cleanly, as later
-    from shardworker.app import load_app
-    from shardworker.worker.supervisor import Supervisor
+    with procs.stop_signals_held():  # a SIGTERM while the app imports stops the worker cleanly, as later
+        from shardworker.app import load_app
+        from shardworker.worker.supervisor import Supervisor
 
-    refuse_bad_combinations(**options)
-    logs.configure(logs.LogSetup(log_format, (ctx.obj or {}).get("level", logging.INFO)), "parent")
-    app = load_app(app_ref)
-    config = worker_config(app_ref, dsn, **options)
-    started = time.monotonic()
-    summary = Supervisor(config, app).run()
-    elapsed = time.monotonic() - started
+        refuse_bad_combinations(**options)
+        logs.configure(logs.LogSetup(log_format, (ctx.obj or {}).get("level", logging.INFO)), "parent")
+        app = load_app(app_ref)
+        config = worker_config(app_ref, dsn, **options)
+        started = time.monotonic()
+        summary = Supervisor(config, app).run()
+        elapsed = time.monotonic() - started
     kinds = ", ".join(f"{n} {name}" for name, n in summary.outcomes.items() if n)
     note(f"worker stopped after {elapsed:.1f}s: {summary.done} outcomes" + (f" ({kinds})" if kinds else "")
          + f", {summary.released} jobs given back, {summary.pending_outcomes} outcomes pending in the outbox",

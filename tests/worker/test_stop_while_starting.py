@@ -12,7 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from shardworker.cli.main import main as cli
 from tests.cli.test_project_dir import shardworker_script
 from tests.helpers import STARTED, enqueue, query, wait_for
 
@@ -83,3 +85,13 @@ def test_second_signal_while_the_app_imports_exits_at_once(project: Path, pg_dsn
     assert time.monotonic() - sent < 5, "the second signal waited for the app's import"
     assert proc.returncode == 1, output
     assert query(pg_dsn, "SELECT status, attempt FROM shardworker.jobs") == [("queued", 0)]
+
+
+def test_a_run_in_process_puts_the_signal_handlers_back(pg_dsn: str, tmp_path: Path) -> None:
+    """``shardworker run`` invoked in-process (click's runner, a program's own entry point): the
+    handlers it holds signals with while starting are not left behind once it returns."""
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    result = CliRunner().invoke(cli, ["run", "--app", "no_such_module_here", "--outbox-dir", str(tmp_path / "o"),
+                                      "--dsn", pg_dsn])
+    assert result.exit_code == 1 and "no_such_module_here" in result.output, result.output
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
