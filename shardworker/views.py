@@ -4,7 +4,8 @@
 ``StepInfo`` a step a job recorded, ``ErrorInfo`` one of its failed attempts; ``FlowCount`` is
 what a worker's heartbeat reports of the jobs it holds, ``BacklogRow``, ``QueueState`` and
 ``QueueInfo`` what ``shardworker queues`` shows, ``Serving`` what a worker's heartbeat says it
-serves, ``UnservedKind`` queued jobs of a kind no live worker serves (``doctor``, the dashboard).
+serves, ``UnservedKind`` queued jobs of a kind no live worker serves (``doctor``, the dashboard),
+``Rescued`` what a rescue of silent workers did.
 """
 
 from __future__ import annotations
@@ -14,6 +15,13 @@ from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from shardworker.flow import Rate
+
+
+class Rescued(NamedTuple):
+    """What one rescue did: the silent workers whose rows it removed, the jobs it requeued."""
+
+    workers: tuple[str, ...]
+    jobs: list[int]
 
 
 def in_utc(value: datetime) -> datetime:

@@ -12,7 +12,7 @@ import orjson
 from shardworker.limits import ERRORS_KEPT
 from shardworker.store.connection import Session
 from shardworker.store.sql import query
-from shardworker.views import FlowCount, Serving, WorkerInfo
+from shardworker.views import FlowCount, Rescued, Serving, WorkerInfo
 
 
 class HeartbeatRow(NamedTuple):
@@ -68,24 +68,19 @@ class WorkerRows(Session):
         with self.cursor() as cur:
             cur.execute(query("worker_release"), {"worker_id": worker_id, "hostname": hostname, "pid": pid})
 
-    def try_rescue_lock(self) -> bool:
-        """Take (or confirm) the cluster-wide rescuer lock on this connection."""
-        with self.cursor() as cur:
-            cur.execute(query("rescue_lock"))
-            row = cur.fetchone()
-        return bool(row and row[0])
-
     def heartbeats(self) -> dict[str, datetime]:
         """Each worker id's last heartbeat."""
         with self.cursor() as cur:
             cur.execute(query("worker_heartbeats"))
             return {w: t for w, t in cur.fetchall()}
 
-    def rescue_workers(self, observed: Sequence[tuple[str, datetime]], grace_s: float = 0.0) -> list[int]:
+    def rescue_workers(self, observed: Sequence[tuple[str, datetime]], grace_s: float = 0.0) -> Rescued:
         """Requeue the running jobs of workers whose heartbeat is still the one observed (and
-        drop their rows); rescued jobs wait ``grace_s`` before they may be claimed again."""
+        drop their rows); rescued jobs wait ``grace_s`` before they may be claimed again. A
+        worker another rescuer removed first is in neither list."""
         with self.cursor() as cur:
             cur.execute(query("rescue_workers"), {"worker_ids": [w for w, _ in observed],
                                                   "heartbeats": [b for _, b in observed], "grace_s": grace_s,
                                                   "errors_kept": ERRORS_KEPT})
-            return [r[0] for r in cur.fetchall()]
+            row = cur.fetchone()
+        return Rescued(tuple(row[0]), list(row[1])) if row else Rescued((), [])

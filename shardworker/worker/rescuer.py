@@ -1,14 +1,19 @@
 """The rescuer: requeues the running jobs of workers that went silent.
 
-One rescuer runs at a time across hosts (a session advisory lock). It rescues a worker
-only after *watching* its heartbeat stay unchanged for ``rescue_after_s`` while the
-rescuer itself stayed connected: silence the rescuer did not witness proves nothing; and
-only if the heartbeat is still the one it watched when the rescue runs. Rescued jobs
+Every worker's heartbeat thread runs one, and no lock picks one of them: a lock held for a
+session would be held by a worker that froze (a hung host, a paused VM keep their sessions
+open), and then no one would ever be rescued. Rescuers that act at once are harmless: a
+rescue removes a silent worker's row only if its heartbeat is the one watched, and requeues
+only the jobs of rows it removed, so one of them does it and the others find nothing. A
+rescuer rescues a worker only after *watching* its heartbeat stay unchanged for
+``rescue_after_s`` while the rescuer itself stayed connected: silence the rescuer did not
+witness proves nothing; and only if the heartbeat is still the one it watched when the
+rescue runs. Rescued jobs
 wait ``grace_s`` before they may be claimed again: the silent worker's late outcomes of
 those attempts still apply meanwhile.
 So a database outage, which silences every worker at once (the rescuer included),
 rescues nobody when it ends; only a worker that stayed silent while this one kept
-beating is rescued. Losing the connection (or the lock) forgets every observation.
+beating is rescued. Losing the connection forgets every observation.
 A rescue the database refuses for good (``DataRejected``: retrying would fail the same
 way) is told at ERROR and set aside: those workers are not tried again until they beat
 again or this worker restarts; a lost connection is raised, for the heartbeat to retry.
@@ -22,6 +27,7 @@ from typing import Protocol
 
 from shardworker.errors import StoreError
 from shardworker.retry import is_retryable
+from shardworker.views import Rescued
 
 log = logging.getLogger(__name__)
 
@@ -29,9 +35,8 @@ log = logging.getLogger(__name__)
 class RescueStore(Protocol):
     generation: int  # changes whenever the store opened a new database session
 
-    def try_rescue_lock(self) -> bool: ...
     def heartbeats(self) -> dict[str, datetime]: ...
-    def rescue_workers(self, observed: list[tuple[str, datetime]], grace_s: float = 0.0) -> list[int]: ...
+    def rescue_workers(self, observed: list[tuple[str, datetime]], grace_s: float = 0.0) -> Rescued: ...
 
 
 class Rescuer:
@@ -41,23 +46,17 @@ class Rescuer:
         self.store, self.worker_id, self.rescue_after_s, self.grace_s = store, worker_id, rescue_after_s, grace_s
         self._seen: dict[str, tuple[datetime, float]] = {}  # worker -> (heartbeat, first seen at)
         self._refused: dict[str, datetime] = {}  # worker -> the heartbeat whose rescue was refused
-        self._has_lock = False
         self._generation = -1
 
     def connection_lost(self) -> None:
         """Forget all observations: silence during our own outage proves nothing."""
         self._seen.clear()
-        self._has_lock = False
 
     def run_once(self, now: float) -> list[int]:
         """Observe heartbeats; rescue workers watched silent long enough. Returns job ids."""
         if self.store.generation != self._generation:
-            self.connection_lost()  # a new session: our lock and our watching both ended
+            self.connection_lost()  # a new session: our watching ended
             self._generation = self.store.generation
-        if not self._has_lock:
-            self._has_lock = self.store.try_rescue_lock()
-            if not self._has_lock:
-                return []
         beats = self.store.heartbeats()
         if self.store.generation != self._generation:
             self.connection_lost()  # reconnected inside that call: start watching afresh
@@ -81,13 +80,12 @@ class Rescuer:
         for worker, _ in silent:
             self._seen.pop(worker, None)
         rescued = self._rescue(silent)
-        done = [w for w, beat in silent if self._refused.get(w) != beat]
-        if done:
-            log.warning("rescued %d jobs of silent workers %s (claimable again in %gs)", len(rescued),
-                        ", ".join(sorted(done)), self.grace_s)
-        return rescued
+        if rescued.workers:  # else a peer rescued them first (or the database refused: told)
+            log.warning("rescued %d jobs of silent workers %s (claimable again in %gs)", len(rescued.jobs),
+                        ", ".join(sorted(rescued.workers)), self.grace_s)
+        return rescued.jobs
 
-    def _rescue(self, silent: list[tuple[str, datetime]]) -> list[int]:
+    def _rescue(self, silent: list[tuple[str, datetime]]) -> Rescued:
         """Rescue ``silent`` in one statement; if the database refuses it for good, each
         worker alone, so one worker's refused rescue holds back no other's."""
         if len(silent) == 1:
@@ -97,16 +95,17 @@ class Rescuer:
         except StoreError as exc:
             if is_retryable(exc):
                 raise
-        return [job for one in silent for job in self._rescue_alone(one)]
+        alone = [self._rescue_alone(one) for one in silent]
+        return Rescued(tuple(w for r in alone for w in r.workers), [job for r in alone for job in r.jobs])
 
-    def _rescue_alone(self, silent: tuple[str, datetime]) -> list[int]:
+    def _rescue_alone(self, silent: tuple[str, datetime]) -> Rescued:
         try:
             return self.store.rescue_workers([silent], self.grace_s)
         except StoreError as exc:
             if is_retryable(exc):
                 raise
             self._set_aside(silent, exc)
-            return []
+            return Rescued((), [])
 
     def _set_aside(self, silent: tuple[str, datetime], exc: StoreError) -> None:
         """The database refuses this worker's rescue for good: say so, and stop trying until

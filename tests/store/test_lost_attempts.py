@@ -50,7 +50,7 @@ def test_a_rescued_attempt_is_in_the_history_which_keeps_its_last_twenty(store: 
                      "VALUES ('gone', 'h', 1, now() - interval '1 hour')")
         [(beat,)] = conn.execute("SELECT heartbeat_at FROM shardworker.workers WHERE worker_id = 'gone'").fetchall()
     running(pg_dsn, job_id, "gone", attempt=ERRORS_KEPT + 1)
-    assert store.rescue_workers([("gone", beat)]) == [job_id]
+    assert store.rescue_workers([("gone", beat)]) == (("gone",), [job_id])
     errors = row(pg_dsn, job_id)["errors"]
     assert len(errors) == ERRORS_KEPT and errors[0]["attempt"] == 2
     assert (errors[-1]["attempt"], errors[-1]["error"]) == (

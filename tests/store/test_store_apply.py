@@ -93,14 +93,14 @@ def test_rescue_spares_a_worker_whose_heartbeat_changed_since_it_was_watched(sto
     store.heartbeat("w-slow", "host", 1)
     observed = store.heartbeats()["w-slow"]
     store.heartbeat("w-slow", "host", 1)  # it beat again after the observation
-    assert store.rescue_workers([("w-slow", observed)]) == []
+    assert store.rescue_workers([("w-slow", observed)]) == ((), [])
     assert row(pg_dsn, job.id)["status"] == "running"
 
 
 def rescue(store: PgStore, worker: str, grace_s: float = 0.0) -> list[int]:
     """Rescue ``worker`` as a rescuer that watched its (fresh) heartbeat would."""
     store.heartbeat(worker, "host", 1)
-    return store.rescue_workers([(worker, store.heartbeats()[worker])], grace_s)
+    return store.rescue_workers([(worker, store.heartbeats()[worker])], grace_s).jobs
 
 
 def test_applying_an_outcome_twice_is_a_replay(store: PgStore, pg_dsn: str) -> None:

@@ -3,6 +3,8 @@ tests get a server of their own (``private_pg``)."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import logging
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -12,6 +14,7 @@ from shardworker.retry import is_retryable
 from shardworker.store.embedded import EmbeddedPostgres
 from shardworker.store.pg_store import PgStore, StoreConfig
 from shardworker.worker.rescuer import Rescuer
+from tests.helpers import query, wait_for
 from tests.store.support import add, add_id, claim_one, connect, count_jobs, done, row
 
 # --- enqueue --------------------------------------------------------------------------------
@@ -183,17 +186,46 @@ def test_rescuer_restarts_the_clock_when_a_heartbeat_changes(store: PgStore, oth
     assert rescuer.run_once(19.0) != []
 
 
-def test_only_one_rescuer_holds_the_lock(store: PgStore, other: PgStore, pg_dsn: str) -> None:
-    """A second rescuer on another connection rescues nothing while the first holds the lock."""
+def test_two_rescuers_watching_one_silent_worker_rescue_it_once(
+        store: PgStore, other: PgStore, pg_dsn: str, caplog: pytest.LogCaptureFixture) -> None:
+    """No lock picks a rescuer (a frozen holder would keep it for good): two workers watch the
+    same silent one. The first to act requeues its job (one failed attempt) and says so; the
+    second finds its row gone, requeues nothing and says nothing."""
     job_id = add_id(store)
     store.claim(["k"], None, "w-dead", 10)
     beat(store, "w-dead")
     first, second = Rescuer(store, "w-1", 10.0), Rescuer(other, "w-2", 10.0)
-    assert first.run_once(0.0) == []
-    assert second.run_once(0.0) == []
-    assert second.run_once(50.0) == []
-    assert row(pg_dsn, job_id)["status"] == "running"
-    assert first.run_once(10.0) == [job_id]
+    beat(store, "w-1")
+    beat(other, "w-2")  # each rescuer runs after its own worker's beat, on the same session
+    assert first.run_once(0.0) == [] and second.run_once(0.0) == []
+    beat(store, "w-1")
+    beat(other, "w-2")
+    with caplog.at_level(logging.WARNING):
+        assert second.run_once(10.0) == [job_id]
+        assert first.run_once(10.0) == []
+    assert [r.getMessage() for r in caplog.records if "rescued" in r.getMessage()] == [
+        "rescued 1 jobs of silent workers w-dead (claimable again in 0s)"]
+    r = row(pg_dsn, job_id)
+    assert (r["status"], r["attempt"], r["rescued_attempt"], len(r["errors"])) == ("queued", 1, 1, 1)
+
+
+def test_concurrent_rescues_of_one_worker_requeue_its_jobs_once(store: PgStore, other: PgStore, pg_dsn: str) -> None:
+    """The same rescue from two sessions at once: both wait on the silent worker's row (locked
+    here meanwhile), then one deletes it and the other, its DELETE rechecking the row, finds it
+    gone; the jobs are requeued once."""
+    job_id = add_id(store)
+    store.claim(["k"], None, "w-dead", 10)
+    beat(store, "w-dead")
+    observed = [("w-dead", store.heartbeats()["w-dead"])]
+    with connect(pg_dsn) as holder, concurrent.futures.ThreadPoolExecutor(2) as pool:
+        holder.execute("BEGIN")
+        holder.execute("SELECT 1 FROM shardworker.workers WHERE worker_id = 'w-dead' FOR UPDATE")
+        futures = [pool.submit(s.rescue_workers, observed) for s in (store, other)]
+        wait_for(lambda: waiting_on_locks(pg_dsn) == 2, 10, "both rescues waiting on the row")
+        holder.execute("COMMIT")
+        results = [f.result(10) for f in futures]
+    assert sorted(results) == [((), []), (("w-dead",), [job_id])]
+    assert row(pg_dsn, job_id)["errors"][-1]["attempt"] == 1 and len(row(pg_dsn, job_id)["errors"]) == 1
 
 
 def test_rescuer_rescues_nobody_right_after_its_store_reconnected(private_pg: EmbeddedPostgres) -> None:
@@ -224,3 +256,8 @@ def test_a_name_that_does_not_resolve_is_an_outage() -> None:
         assert is_retryable(failed.value)
     finally:
         store.close()
+
+
+def waiting_on_locks(dsn: str) -> int:
+    return int(query(dsn, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                          "AND wait_event_type = 'Lock'")[0][0])

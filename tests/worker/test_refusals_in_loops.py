@@ -16,6 +16,7 @@ import pytest
 from shardworker.errors import DataRejected
 from shardworker.retry import Backoff
 from shardworker.store.pg_store import PgStore, StoreConfig
+from shardworker.views import Rescued
 from shardworker.worker.heartbeat import Heartbeat
 from shardworker.worker.housekeeping import Housekeeper
 from shardworker.worker.rescuer import Rescuer
@@ -59,7 +60,7 @@ def test_one_workers_refused_rescue_holds_back_no_other(pg_dsn: str, store: Flak
         store.heartbeat(worker, socket.gethostname(), os.getpid())
     real = store.store.rescue_workers
 
-    def refuse_bad(observed: list[Any], grace_s: float = 0.0) -> list[int]:
+    def refuse_bad(observed: list[Any], grace_s: float = 0.0) -> Rescued:
         if any(w == "gone-bad" for w, _ in observed):
             raise DataRejected(REFUSAL)
         return real(observed, grace_s)

@@ -544,10 +544,6 @@ WITH gone AS (
 UPDATE shardworker.workers SET pid = 0
 WHERE worker_id = %(worker_id)s AND hostname = %(hostname)s AND pid = %(pid)s AND NOT EXISTS (SELECT 1 FROM gone);
 
--- rescue_lock --
--- Only one rescuer at a time across hosts: a session advisory lock held while connected.
-SELECT pg_try_advisory_lock(hashtext('shardworker.worker.rescuer'));
-
 -- worker_heartbeats --
 -- Every worker's last heartbeat.
 SELECT worker_id, heartbeat_at FROM shardworker.workers;
@@ -558,23 +554,27 @@ SELECT worker_id, heartbeat_at FROM shardworker.workers;
 -- The lost run counts as a failed attempt; the job remembers it (rescued_attempt) and waits
 -- a grace period before it may be claimed again, so that attempt's outcome, if the worker
 -- computed one, can still land. Their heartbeat rows go too; a worker that comes back
--- re-registers.
+-- re-registers. Every live worker watches and may run this at once: the DELETE of a row
+-- succeeds for one of them (the others wait for its lock, then find the row gone), and only
+-- the jobs of rows it deleted are requeued. Returns the workers removed and the jobs requeued.
 WITH gone AS (
     DELETE FROM shardworker.workers w
     USING unnest(%(worker_ids)s::text[], %(heartbeats)s::timestamptz[]) AS s(worker_id, heartbeat_at)
     WHERE w.worker_id = s.worker_id AND w.heartbeat_at = s.heartbeat_at
     RETURNING w.worker_id
+), requeued AS (
+    UPDATE shardworker.jobs
+    SET status = CASE WHEN attempt - snoozes < max_attempts THEN 'queued' ELSE 'failed' END,
+        last_error = 'rescued: worker ' || locked_by || ' stopped heartbeating',
+        errors = shardworker.errors_with(errors, attempt, 'rescued: worker ' || locked_by || ' stopped heartbeating',
+                                         NULL, now(), %(errors_kept)s),
+        rescued_attempt = attempt, run_at = now() + make_interval(secs => %(grace_s)s),
+        locked_by = NULL, updated_at = now(),
+        finished_at = CASE WHEN attempt - snoozes < max_attempts THEN NULL ELSE now() END
+    WHERE status = 'running' AND locked_by IN (SELECT worker_id FROM gone)
+    RETURNING id
 )
-UPDATE shardworker.jobs
-SET status = CASE WHEN attempt - snoozes < max_attempts THEN 'queued' ELSE 'failed' END,
-    last_error = 'rescued: worker ' || locked_by || ' stopped heartbeating',
-    errors = shardworker.errors_with(errors, attempt, 'rescued: worker ' || locked_by || ' stopped heartbeating',
-                                     NULL, now(), %(errors_kept)s),
-    rescued_attempt = attempt, run_at = now() + make_interval(secs => %(grace_s)s),
-    locked_by = NULL, updated_at = now(),
-    finished_at = CASE WHEN attempt - snoozes < max_attempts THEN NULL ELSE now() END
-WHERE status = 'running' AND locked_by IN (SELECT worker_id FROM gone)
-RETURNING id;
+SELECT ARRAY(SELECT worker_id FROM gone ORDER BY worker_id), ARRAY(SELECT id FROM requeued ORDER BY id);
 
 -- db_identity --
 -- What an outbox directory is bound to: this database's instance id and name.
