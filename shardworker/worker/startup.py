@@ -14,10 +14,11 @@ until a signal; the supervisor decides when each runs.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
 from outbox.fsutil import try_lock
@@ -40,6 +41,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+class StoppedWhileStarting(Exception):
+    """A stop came while a step of the start waited out an outage (retrying)."""
+
+
 class Startup:
     """The checks and the recovery of one worker's start."""
 
@@ -49,7 +54,19 @@ class Startup:
         self.backoff, self.stopping = backoff, stopping
 
     def _retry(self, call: Callable[[], T], what: str) -> T:
-        return retry_call(call, what, backoff=self.backoff(), log=log, should_stop=self.stopping)
+        try:
+            return retry_call(call, what, backoff=self.backoff(), log=log, should_stop=self.stopping,
+                              sleep=lambda delay: procs.sleep_until(time.monotonic() + delay, self.stopping))
+        except Exception:
+            if self.stopping():
+                raise StoppedWhileStarting from None
+            raise
+
+    @contextlib.contextmanager
+    def stoppable(self) -> Iterator[None]:
+        """Around the steps: a step a stop cut short (``StoppedWhileStarting``) ends them quietly."""
+        with contextlib.suppress(StoppedWhileStarting):
+            yield
 
     def check_schema(self) -> None:
         self._retry(self.store.check_schema, "checking the schema")

@@ -212,15 +212,17 @@ class Supervisor:
         self.flusher.start(fork=True)
 
     def _start(self) -> bool:
-        """Steps 3 and 4 (``shardworker.worker.startup``); False when a signal came first."""
+        """Steps 3 and 4 (``shardworker.worker.startup``); False when a signal came first, even mid-outage."""
         startup = Startup(self.config, self.store, self.flusher, self._backoff, lambda: self.stopping)
-        startup.check_schema()
-        self.schema_checked = True
-        startup.register_kinds(list(self.app.handlers.values()))
-        startup.bind()
-        startup.check_worker_id(self.worker_id)
-        self._start_heartbeat()
-        return startup.recover(self.worker_id, self._started, wait_for_flusher=not self._outbox_empty)
+        with startup.stoppable():
+            startup.check_schema()
+            self.schema_checked = True
+            startup.register_kinds(list(self.app.handlers.values()))
+            startup.bind()
+            startup.check_worker_id(self.worker_id)
+            self._start_heartbeat()
+            return startup.recover(self.worker_id, self._started, wait_for_flusher=not self._outbox_empty)
+        return False
 
     def _install_signals(self) -> None:
         def on_signal(signum: int, _frame: Any) -> None:
@@ -232,8 +234,7 @@ class Supervisor:
             self.stopping = True
 
         procs.handle_stop_signals(on_signal)
-        # A signal also ends the dispatcher's wait at once (not at its timeout).
-        self._signalled, self._signal_fd = procs.signal_wakeup_pipe()
+        self._signalled, self._signal_fd = procs.signal_wakeup_pipe()  # a signal ends the dispatcher's wait at once
 
     def _start_heartbeat(self) -> None:
         self.heartbeat = Heartbeat(self.new_store(), self.worker_id, self.config.heartbeat_interval_s,
@@ -271,9 +272,8 @@ class Supervisor:
         self.pool.request_stop()
         deaths, unstarted = self.pool.finish(deadline, dispatcher.count_finished)
         dispatcher.settle(deaths)
-        # With the database away, what needs it (giving back, applying outcomes) is tried
-        # briefly, not for the whole timeout: nothing is lost by leaving it. Unstarted jobs wait
-        # in giveback.json for the next start (or a rescue); outcomes wait in the outbox.
+        # With the database away, what needs it (giving back, applying outcomes) is tried briefly: nothing
+        # is lost by leaving it. Unstarted jobs wait in giveback.json for the next start; outcomes, in the outbox.
         dispatcher.watch.update(dispatcher.db_failure())  # again here and below: the loop that looked has ended
         db_by = deadline if dispatcher.watch.up else min(deadline, time.monotonic() + DATABASE_WAIT_IN_OUTAGE_S)
         released = dispatcher.give_back(unstarted, db_by)

@@ -15,8 +15,9 @@ import pytest
 from click.testing import CliRunner
 
 from shardworker.cli.main import main as cli
+from shardworker.store.embedded import EmbeddedPostgres
 from tests.cli.test_project_dir import shardworker_script
-from tests.helpers import STARTED, enqueue, query, wait_for
+from tests.helpers import STARTED, enqueue, query, start_worker, wait_for, worker_log
 
 APP = '''
     """An app whose import takes a while, as a web framework's does; it says when it begins."""
@@ -95,3 +96,20 @@ def test_a_run_in_process_puts_the_signal_handlers_back(pg_dsn: str, tmp_path: P
                                       "--dsn", pg_dsn])
     assert result.exit_code == 1 and "no_such_module_here" in result.output, result.output
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+
+
+def test_sigterm_while_the_start_waits_out_an_outage_exits_0(private_pg: EmbeddedPostgres, tmp_path: Path) -> None:
+    """Started while PostgreSQL is down, the worker retries its first checks; a SIGTERM then is
+    a stop like any other (exit 0, at once), not the outage's error (exit 1)."""
+    counts = tmp_path / "counts"
+    counts.mkdir()
+    private_pg.stop("immediate")
+    proc = start_worker(private_pg.dsn, tmp_path / "outbox", counts, "--backoff-cap", "30", procs=2)
+    wait_for(lambda: "retrying" in worker_log(counts), 30, "the start waiting out the outage")
+    time.sleep(1.0)  # into the backoff's sleep
+    asked = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(30)
+    assert code == 0, worker_log(counts)
+    assert time.monotonic() - asked < 3, "the stop waited for the backoff"
+    assert "error:" not in worker_log(counts)
