@@ -4,7 +4,8 @@ The count is the parent's estimate, kept without reading the outbox: records the
 (and the parent, for a dead child's jobs) acknowledged, less those the flusher reports
 flushed. It gates claims (``max_backlog``) and tells an idle worker when it may exit.
 
-It can drift high: after a quarantine it is recounted from the outbox's files while the
+It runs behind for a moment when the flusher applies a record before the parent has read
+the child's report of it (the count is then 0, not negative). It can drift high: after a quarantine it is recounted from the outbox's files while the
 flusher goes on applying, and a record applied in between counts as still to come. A count
 that only ever ran high would pause claims and keep ``--exit-when-idle`` waiting for good,
 so when nothing is in flight and the flusher is idle, the outbox itself is asked (at most
@@ -34,7 +35,9 @@ class Backlog:
         self._recount_at = 0.0
 
     def __call__(self) -> int:
-        return self.acked - (self._flushed() - self._base)
+        # A child commits, then reports: the flusher may apply a record before its report is
+        # read. Ahead of the reports, nothing is behind (0, not a negative count).
+        return max(0, self.acked - (self._flushed() - self._base))
 
     def add(self, records: int) -> None:
         self.acked += records

@@ -4,7 +4,10 @@ count that drifted high is recounted from the outbox."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+
+import pytest
 
 from tests.flaky_store import FlakyStore
 from tests.helpers import enqueue, query
@@ -62,3 +65,19 @@ def test_a_backlog_counted_too_high_is_recounted_once_the_outbox_is_empty(
     assert dispatcher.run_once() is True
     assert dispatcher.backlog() == 0
     assert "behind" not in dispatcher.pause_reason
+
+
+def test_outcomes_applied_before_their_report_arrives_leave_no_negative_backlog(
+        pg_dsn: str, store: FlakyStore, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A child commits an outcome, then reports it; the flusher can apply it before the parent
+    reads that report (seen by a new user: "outbox backlog -2" in the progress line). Nothing
+    is behind then: the backlog is 0, in the progress line too, not negative."""
+    enqueue(pg_dsn, "k", 2)
+    dispatcher, children, flusher, clock = make(store, tmp_path, procs=1, log_interval_s=1.0)
+    dispatcher.run_once()
+    flusher.flushed_total = 2  # applied; the children's reports not read yet
+    assert dispatcher.backlog() == 0
+    clock.now += 2
+    with caplog.at_level(logging.INFO):
+        dispatcher.run_once()
+    assert "outbox backlog 0" in caplog.text and "backlog -" not in caplog.text
