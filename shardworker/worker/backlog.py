@@ -5,11 +5,12 @@ The count is the parent's estimate, kept without reading the outbox: records the
 flushed. It gates claims (``max_backlog``) and tells an idle worker when it may exit.
 
 It runs behind for a moment when the flusher applies a record before the parent has read
-the child's report of it (the count is then 0, not negative). It can drift high: after a quarantine it is recounted from the outbox's files while the
-flusher goes on applying, and a record applied in between counts as still to come. A count
-that only ever ran high would pause claims and keep ``--exit-when-idle`` waiting for good,
-so when nothing is in flight and the flusher is idle, the outbox itself is asked (at most
-once per ``RECOUNT_EVERY_S``): empty on disk means nothing is behind.
+the child's report of it (the count is then 0, not negative). It can drift high: after a
+quarantine it is recounted from the outbox's files while the flusher goes on applying, and
+a record applied in between counts as still to come. A count that only ever ran high would
+pause claims and keep ``--exit-when-idle`` waiting for good, so when nothing is in flight
+and the flusher is idle, the outbox itself is asked (at most once per ``RECOUNT_EVERY_S``):
+empty on disk means nothing is behind.
 """
 
 from __future__ import annotations

@@ -277,7 +277,7 @@ class Supervisor:
         dispatcher.watch.update(dispatcher.db_failure())  # again here and below: the loop that looked has ended
         db_by = deadline if dispatcher.watch.up else min(deadline, time.monotonic() + DATABASE_WAIT_IN_OUTAGE_S)
         released = dispatcher.give_back(unstarted, db_by)
-        self.flusher.stop(db_by, lambda: dispatcher.backlog() <= 0)
+        self.flusher.stop(db_by)
         dispatcher.watch.update(dispatcher.db_failure())
         self.housekeeper.stop(wait_s=1.0)
         if self.heartbeat is not None:
