@@ -60,7 +60,14 @@ from typing import Any
 from shardworker.control import MAX_DELAY_S
 from shardworker.errors import AppLoadError, ConfigError
 from shardworker.flow import Rate, parse_rate
-from shardworker.limits import MAX_KIND_BYTES, MAX_PERIODIC_NAME_BYTES, MAX_QUEUE_BYTES, not_storable_text, too_long
+from shardworker.limits import (
+    MAX_KIND_BYTES,
+    MAX_PERIODIC_NAME_BYTES,
+    MAX_QUEUE_BYTES,
+    not_storable_text,
+    too_long,
+    unservable_queue_name,
+)
 from shardworker.model import Job
 from shardworker.retry import job_retry_delay
 from shardworker.schedule import DEFAULT_CATCH_UP, Schedule
@@ -144,6 +151,8 @@ class App:
         the function as the handler of ``kind`` (with ``handler_options``)."""
         _check_sizes("a periodic job's", (("kind", kind, MAX_KIND_BYTES), ("queue", queue, MAX_QUEUE_BYTES),
                                           ("name", name, MAX_PERIODIC_NAME_BYTES)))
+        if why := isinstance(queue, str) and unservable_queue_name(queue):
+            raise ConfigError(f"a periodic job's {why}")
         schedule = Schedule(cron, kind, Schedule.encode_payload(kind, payload), name or "", queue, priority,
                             max_attempts, tz, catch_up)
         if schedule.name in self.schedules:

@@ -28,6 +28,7 @@ from shardworker.limits import (
     MAX_QUEUE_BYTES,
     not_storable_text,
     too_long,
+    unservable_queue_name,
 )
 from shardworker.model import has_non_finite
 
@@ -76,6 +77,8 @@ class JobSpec:
             why = None if value is None else too_long(name, value, limit) or not_storable_text(name, value)
             if why:
                 raise EnqueueError(why)
+        if why := unservable_queue_name(self.queue):
+            raise EnqueueError(why)
 
     def payload_json(self) -> str:
         try:

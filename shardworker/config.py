@@ -14,7 +14,14 @@ from typing import Any
 
 from shardworker.errors import ConfigError
 from shardworker.layout import PARENT_SHARD
-from shardworker.limits import MAX_QUEUE_BYTES, MAX_WORKER_ID_BYTES, MiB, not_storable_text, too_long
+from shardworker.limits import (
+    MAX_QUEUE_BYTES,
+    MAX_WORKER_ID_BYTES,
+    MiB,
+    not_storable_text,
+    too_long,
+    unservable_queue_name,
+)
 
 # Failed and cancelled jobs are kept longer than done ones: someone may still look at why.
 FAILED_RETENTION_S = 30 * 86400.0
@@ -214,7 +221,7 @@ class WorkerConfig:
             sized.append(("worker_id", self.worker_id, MAX_WORKER_ID_BYTES))
         for field_name, value, limit in sized:
             refusal = too_long(field_name, value, limit) or not_storable_text(field_name, value)
-            if refusal:
+            if refusal or (field_name == "queue" and (refusal := unservable_queue_name(value))):
                 raise ConfigError(refusal)
 
     @property

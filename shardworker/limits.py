@@ -22,7 +22,9 @@ third of an 8 KiB page less its headers, and a value that does not fit is refuse
   0007), at most 255 characters of at most 4 bytes each: 2 x (1,020 + a 4-byte header) +
   an 8-byte tuple header = 2,056 bytes, under 2,704 whatever a row holds. The 255-byte
   limit at enqueue keeps the expressions equal to the names, so those indexes answer
-  exactly. Also handler kinds, periodic kinds and queues, and ``run --queues``.
+  exactly. Also handler kinds, periodic kinds and queues, and ``run --queues``. A queue's
+  name is a name ``run --queues`` can give (``unservable_queue_name``): no comma, control
+  character, or white space at either end.
 * ``MAX_DEDUPE_KEY_BYTES`` (1,024): ``jobs_dedupe_idx`` holds the whole key.
 * ``MAX_WORKER_ID_BYTES`` (255): ``jobs_running_idx`` holds ``locked_by`` and the workers
   table's primary key the id. ``MAX_PERIODIC_NAME_BYTES`` (255): the periodic table's key.
@@ -50,6 +52,8 @@ about 512 MiB together (``bench/large.py`` measures it).
 """
 
 from __future__ import annotations
+
+import unicodedata
 
 MiB = 1024 * 1024
 
@@ -88,4 +92,16 @@ def not_storable_text(field: str, value: str) -> str | None:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
         return f"{field} is not valid UTF-8 text (a lone surrogate at character {exc.start})"
+    return None
+
+
+def unservable_queue_name(value: str) -> str | None:
+    """Why no worker could be given ``value`` in ``run --queues`` (comma-separated names, each
+    trimmed), or why it would break a table that lists it; None when it can name a queue."""
+    if "," in value:
+        return f"queue name {value!r} holds a comma, which separates the names of run --queues"
+    if any(unicodedata.category(char) == "Cc" for char in value):
+        return f"queue name {value!r} holds a control character"
+    if value != value.strip():
+        return f"queue name {value!r} begins or ends with white space"
     return None

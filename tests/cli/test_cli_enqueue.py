@@ -131,3 +131,20 @@ def test_enqueue_json_names_the_new_job(pg_dsn: str) -> None:
     bulk = invoke("enqueue", "k", "--count", "3", "--json", "--dsn", pg_dsn)
     assert json.loads(bulk.stdout) == {"enqueued": 3, "ids": [r["id"] for r in rows(pg_dsn)][1:]}
     assert len(rows(pg_dsn)) == 4
+
+
+@pytest.mark.parametrize("queue", ["a,b", "new\nline", "tab\there", " padded", "padded "])
+def test_enqueue_refuses_a_queue_name_no_worker_could_be_given(pg_dsn: str, queue: str) -> None:
+    """`run --queues` takes comma-separated names, trimmed: a job in a queue named with a comma
+    or space at either end could never be claimed by a worker given its queue, and a control
+    character breaks the `queues` table. Such a name is refused at enqueue, one line, nothing
+    written; from Python and from the App's periodic jobs too."""
+    from shardworker import App, JobSpec
+    from shardworker.errors import ConfigError, EnqueueError
+
+    assert_one_line_error(invoke("enqueue", "k", "--queue", queue, "--dsn", pg_dsn), "queue name")
+    assert rows(pg_dsn) == []
+    with pytest.raises(EnqueueError, match="queue name"):
+        JobSpec("k", None, queue=queue)
+    with pytest.raises(ConfigError, match="queue name"):
+        App().periodic("* * * * *", kind="tick", queue=queue)

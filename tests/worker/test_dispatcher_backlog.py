@@ -73,7 +73,7 @@ def test_outcomes_applied_before_their_report_arrives_leave_no_negative_backlog(
     reads that report (seen by a new user: "outbox backlog -2" in the progress line). Nothing
     is behind then: the backlog is 0, in the progress line too, not negative."""
     enqueue(pg_dsn, "k", 2)
-    dispatcher, children, flusher, clock = make(store, tmp_path, procs=1, log_interval_s=1.0)
+    dispatcher, _children, flusher, clock = make(store, tmp_path, procs=1, log_interval_s=1.0)
     dispatcher.run_once()
     flusher.flushed_total = 2  # applied; the children's reports not read yet
     assert dispatcher.backlog() == 0
