@@ -161,6 +161,20 @@ def count_stale(directory: str) -> int:
     return count_lines(stale_log(directory)) + count_lines(os.path.join(directory, "stale.log"))  # + before 0.2
 
 
+CANCELLED_REASON = "cancelled while it ran"  # the reason of an outcome kept in stale.jsonl because of a cancel
+
+
+def count_cancelled_kept(directory: str) -> int:
+    """Of the outcomes ``count_stale`` counts, those kept because their job was cancelled."""
+    marker = b'"reason":"' + CANCELLED_REASON.encode() + b'"'
+    try:
+        fd = os.open(stale_log(directory), os.O_RDONLY | NOFOLLOW)
+    except FileNotFoundError:
+        return 0
+    with open(fd, "rb") as f:
+        return sum(1 for line in f if marker in line)
+
+
 def count_setaside(directory: str) -> int:
     return count_lines(setaside_log(directory))
 

@@ -53,7 +53,8 @@ def status(outbox_dir: str, as_json: bool) -> None:
 class _Kept(NamedTuple):
     """What an outbox directory keeps besides its segments, counted for ``status``."""
 
-    stale: int
+    stale: int  # of them, ``cancelled`` kept because their jobs were cancelled while they ran
+    cancelled: int
     setaside: int
     lost: int
     deadletters: int
@@ -64,19 +65,20 @@ class _Kept(NamedTuple):
 def _count_kept(outbox_dir: str) -> _Kept:
     from shardworker import layout
 
-    stale = layout.count_stale(outbox_dir)
+    stale, cancelled = layout.count_stale(outbox_dir), layout.count_cancelled_kept(outbox_dir)
     setaside = layout.count_setaside(outbox_dir)
     lost = layout.count_lines(layout.lost_log(outbox_dir))
     deadletters = layout.count_deadlettered(outbox_dir)
     give_jobs, give_claims = layout.count_giveback(outbox_dir)
-    return _Kept(stale, setaside, lost, deadletters, give_jobs, give_claims)
+    return _Kept(stale, cancelled, setaside, lost, deadletters, give_jobs, give_claims)
 
 
 def _echo_status_json(outbox_dir: str, st: OutboxStatus, worker: bool, kept: _Kept) -> None:
     click.echo(orjson.dumps({
         "directory": outbox_dir, "pending": st.pending, "worker_running": worker,
         "flusher_running": st.flusher_alive, "quarantined": st.quarantined, "torn_tails": st.torn_tails,
-        "stale_outcomes": kept.stale, "set_aside_outcomes": kept.setaside, "requeued_after_quarantine": kept.lost,
+        "stale_outcomes": kept.stale, "cancelled_outcomes": kept.cancelled, "set_aside_outcomes": kept.setaside,
+        "requeued_after_quarantine": kept.lost,
         "deadlettered": kept.deadletters, "to_give_back": {"jobs": kept.give_jobs, "claims": kept.give_claims},
         "shards": [{"shard": s.shard, "pending": s.pending, "bytes": s.pending_bytes,
                     "oldest_age_s": s.oldest_age_s, "segments": s.segments,
@@ -97,9 +99,12 @@ def _echo_status_text(outbox_dir: str, st: OutboxStatus, worker: bool, kept: _Ke
         click.echo(f"  QUARANTINED {name}")
     for name in st.torn_tails:
         click.echo(f"  torn tail kept: {name}")
-    if kept.stale:
-        click.echo(f"  {kept.stale} stale outcome(s) kept, not applied (their attempts were rescued and claimed "
-                   f"again); see {layout.STALE_LOG}")
+    if kept.stale > kept.cancelled:
+        click.echo(f"  {kept.stale - kept.cancelled} stale outcome(s) kept, not applied (their attempts were rescued "
+                   f"and claimed again); see {layout.STALE_LOG}")
+    if kept.cancelled:
+        click.echo(f"  {kept.cancelled} outcome(s) kept, not applied (their jobs were cancelled while they ran); "
+                   f"see {layout.STALE_LOG}")
     if kept.setaside:
         click.echo(f"  {kept.setaside} outcome(s) set aside, their jobs missing from the database; see "
                    f"{layout.SETASIDE_LOG}")

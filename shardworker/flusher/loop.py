@@ -268,7 +268,7 @@ class Flusher:
         if result.cancelled_ids:
             log.info("%d outcomes not applied, kept in %s: their jobs were cancelled while they ran: ids %s",
                      len(result.cancelled_ids), layout.STALE_LOG, list(result.cancelled_ids[:10]))
-            self._keep(layout.stale_log(self.reader.directory), result.cancelled_ids, "cancelled while it ran")
+            self._keep(layout.stale_log(self.reader.directory), result.cancelled_ids, layout.CANCELLED_REASON)
         if result.missing_ids:
             log.error("%d outcomes set aside in %s: their jobs do not exist in this database: ids %s",
                       len(result.missing_ids), layout.SETASIDE_LOG, list(result.missing_ids[:10]))

@@ -173,3 +173,21 @@ def test_outbox_drain_fails_naming_a_quarantined_segment(tmp_path: Path, pg_dsn:
     assert [r["status"] for r in rows(pg_dsn)] == ["done"] * 3 + ["running"] * 3
     status = invoke("outbox", "status", "--outbox-dir", str(outbox_dir))
     assert f"QUARANTINED {name}" in status.stdout
+
+
+def test_outbox_status_says_why_it_kept_an_outcome_of_a_cancelled_job(
+        tmp_path: Path, pg_dsn: str, store: PgStore) -> None:
+    """An outcome of a job an operator cancelled while it ran is kept in stale.jsonl, not
+    applied; `outbox status` says it was cancelled, not that its attempt was rescued (as a new
+    user saw it say), and tells it apart from a stale attempt's."""
+    cancelled, stale = claim(store, pg_dsn, 2)
+    invoke("jobs", "cancel", str(cancelled.id), "--dsn", pg_dsn)
+    outbox_dir = tmp_path / "outbox"
+    write_outcomes(outbox_dir, [Outcome.done(cancelled.id, cancelled.attempt, b"1"),
+                                Outcome.done(stale.id, 99, b"2")])  # an attempt that never existed
+    assert invoke("outbox", "drain", "--outbox-dir", str(outbox_dir), "--dsn", pg_dsn).exit_code == 0
+    text = invoke("outbox", "status", "--outbox-dir", str(outbox_dir)).stdout
+    assert "1 outcome(s) kept, not applied (their jobs were cancelled while they ran)" in text, text
+    assert "1 stale outcome(s) kept, not applied (their attempts were rescued" in text, text
+    counts = json.loads(invoke("outbox", "status", "--json", "--outbox-dir", str(outbox_dir)).stdout)
+    assert (counts["stale_outcomes"], counts["cancelled_outcomes"]) == (2, 1)
