@@ -57,7 +57,7 @@ class Duration(click.ParamType):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
         seconds = float(value) if isinstance(value, int | float) else duration_seconds(str(value))
         if seconds is None:
-            self.fail(f"{value!r} is not a duration (like 90s, 30m, 2h, 7d, 0)", param, ctx)
+            self.fail(f"{value!r} is not a duration (like 90s, 30m, 2h, 7d)", param, ctx)
         if not 0 <= seconds <= MAX_DURATION_S:
             self.fail(f"{value!r} {TOO_LONG}", param, ctx)
         return seconds

@@ -134,8 +134,10 @@ class Timeouts:
                 next_at = min(next_at, deadline)
                 continue
             timeout_s = self.specs[job.kind].timeout_s
-            log.error("job %d (%s) exceeded its %gs timeout; killing child %d", job.id, job.kind, timeout_s,
-                      handle.index, extra=logs.job_fields(job))
+            grace = (f" and did not stop within {ASYNC_TIMEOUT_GRACE_S:g}s more (its event loop blocked?)"
+                     if self.specs[job.kind].is_async else "")
+            log.error("job %d (%s) exceeded its %gs timeout%s; killing child %d", job.id, job.kind, timeout_s,
+                      grace, handle.index, extra=logs.job_fields(job))
             late[(job.id, job.attempt)] = f"timed out after {timeout_s:g}s"
         self._next_at[handle.index] = next_at
         return late

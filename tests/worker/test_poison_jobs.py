@@ -110,6 +110,8 @@ def test_neighbours_of_an_async_handler_that_blocks_the_loop_are_not_charged(
     assert run_idle(pg_dsn, dirs, "--concurrency", "10", procs=1) == 0, worker_log(dirs[1])[-3000:]
     assert row(pg_dsn, blocker) == ("failed", 1, "timed out after 1s")
     assert assert_uncharged(pg_dsn, dirs[1], neighbours) >= 1, "no neighbour was running at the kill"
+    # The log says why the kill came after the timeout and its grace (a user read "1s" and counted 11).
+    assert "exceeded its 1s timeout and did not stop within 10s more" in worker_log(dirs[1])
 
 
 def test_a_sync_handler_that_never_returns_is_ended_by_the_default_timeout(
