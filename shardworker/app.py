@@ -254,6 +254,10 @@ def load_app(ref: str) -> App:
     module_name, _, attr = ref.partition(":")
     if not module_name:
         raise AppLoadError(f"--app {ref!r}: expected MODULE[:ATTR]")
+    if module_name.endswith(".py") or os.sep in module_name:
+        dotted = module_name.removesuffix(".py").strip(os.sep).replace(os.sep, ".")
+        raise AppLoadError(f"--app {ref!r} is a path; give the module, as Python imports it: "
+                           f"--app {dotted}{':' + attr if attr else ''}")
     # Modules in the working directory load (like `python -m`), but after the installed
     # packages: a project folder named `outbox/` must not shadow shardworker's own.
     cwd = os.getcwd()

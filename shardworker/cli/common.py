@@ -35,6 +35,7 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 # wait, and inside what everything downstream holds: Python's timedelta (999,999,999 days),
 # its waits (threading.TIMEOUT_MAX, about 292 years), PostgreSQL's intervals and now()
 # minus it (timestamptz starts at 4713 BC).
+JOB_ID = click.IntRange(min=1, max=2**63 - 1)  # a job id: a bigint, positive (a usage error, not the database's)
 MAX_DURATION_S = 100 * 365.25 * 86400
 TOO_LONG = "is beyond the longest duration, 100 years (36525d)"
 MAX_PG_TIMEOUT_S = 2_147_483  # statement_timeout: milliseconds in a C int

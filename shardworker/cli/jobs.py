@@ -15,6 +15,7 @@ import orjson
 
 from shardworker import jobs as jobs_api
 from shardworker.cli.common import (
+    JOB_ID,
     MAX_DURATION_S,
     TOO_LONG,
     UTF8,
@@ -71,7 +72,7 @@ def jobs() -> None:
 @click.option("--kind", type=UTF8, default=None, help="Only this kind.")
 @click.option("--queue", type=UTF8, default=None, help="Only this queue.")
 @click.option("--since", default=None, help="Created since: 30m, 2h, 7d, or an ISO 8601 time.")
-@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option("--limit", type=JOB_ID, default=50, show_default=True)
 @json_option
 @dsn_option
 @one_line_errors
@@ -84,7 +85,7 @@ def list_command(status: tuple[str, ...], kind: str | None, queue: str | None, s
 
 
 @jobs.command("show")
-@click.argument("job_id", type=click.IntRange(min=1))
+@click.argument("job_id", type=JOB_ID)
 @json_option
 @dsn_option
 @one_line_errors
@@ -113,7 +114,7 @@ def show_command(job_id: int, as_json: bool, dsn: str | None) -> None:
 
 
 @jobs.command("wait")
-@click.argument("job_id", type=click.IntRange(min=1))
+@click.argument("job_id", type=JOB_ID)
 @click.option("--timeout", "timeout_s", type=Seconds(), default=60.0, show_default=True,
               help="Seconds to wait; exit 1 if the job has not ended by then.")
 @json_option
@@ -188,7 +189,7 @@ def _echo_changed(action: str, changed: int, as_json: bool, *, steps_reset: bool
 
 
 @jobs.command("retry")
-@click.argument("job_ids", type=click.IntRange(min=1), nargs=-1)
+@click.argument("job_ids", type=JOB_ID, nargs=-1)
 @click.option("--failed", is_flag=True, help="Retry every failed job (with --kind / --queue).")
 @click.option("--kind", type=UTF8, default=None, help="With --failed: only this kind.")
 @click.option("--queue", type=UTF8, default=None, help="With --failed: only this queue.")
@@ -219,7 +220,7 @@ def retry_command(job_ids: tuple[int, ...], failed: bool, kind: str | None, queu
 
 
 @jobs.command("cancel")
-@click.argument("job_ids", type=click.IntRange(min=1), nargs=-1, required=True)
+@click.argument("job_ids", type=JOB_ID, nargs=-1, required=True)
 @json_option
 @dsn_option
 @one_line_errors
@@ -229,7 +230,7 @@ def cancel_command(job_ids: tuple[int, ...], as_json: bool, dsn: str | None) -> 
 
 
 @jobs.command("delete")
-@click.argument("job_ids", type=click.IntRange(min=1), nargs=-1, required=True)
+@click.argument("job_ids", type=JOB_ID, nargs=-1, required=True)
 @json_option
 @dsn_option
 @one_line_errors

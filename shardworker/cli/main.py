@@ -40,7 +40,7 @@ def _ids(value: str | None) -> tuple[int, ...]:
         ids = tuple(int(part) for part in value.split(","))
     except ValueError:
         raise click.BadParameter(f"expected comma-separated job ids, got {value!r}", param_hint="--after") from None
-    if not ids or min(ids) < 1:
+    if not ids or min(ids) < 1 or max(ids) > 2**63 - 1:
         raise click.BadParameter(f"expected comma-separated job ids, got {value!r}", param_hint="--after")
     return ids
 

@@ -216,3 +216,16 @@ def test_enqueue_after_with_an_empty_id_is_a_usage_error(after: str) -> None:
 def test_a_dsn_of_another_database_says_so(dsn: str) -> None:
     """libpq's own line ('missing "=" ... in connection info string') does not say the scheme is wrong."""
     assert_one_line(invoke("stats", "--dsn", dsn), "not a PostgreSQL DSN", "postgresql://", codes=(2,))
+
+
+@pytest.mark.parametrize("args", [
+    ["jobs", "delete", str(2**63)],
+    ["jobs", "show", "999999999999999999999"],
+    ["jobs", "cancel", str(2**63)],
+    ["enqueue", "k", "--after", str(2**63)],
+])
+def test_a_job_id_beyond_a_bigint_is_a_usage_error_not_the_databases(pg_dsn: str, args: list[str]) -> None:
+    """Ids past PostgreSQL's bigint were sent, and refused there ("bigint out of range")."""
+    result = invoke(*args, "--dsn", pg_dsn)
+    assert result.exit_code == 2 and "out of range" not in result.output, result.output
+    assert job_count(pg_dsn) == 0

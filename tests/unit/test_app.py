@@ -82,6 +82,8 @@ def test_load_app_returns_the_named_app(app_modules: Path) -> None:
     ("sw_good_app:missing", "module 'sw_good_app' has no attribute 'missing'"),
     ("sw_good_app:empty", "the App has no handlers"),
     (":app", "expected MODULE"),
+    ("webapp/tasks.py", "is a path; give the module, as Python imports it: --app webapp.tasks"),
+    ("tasks.py:worker_app", "--app tasks:worker_app"),
 ])
 def test_load_app_raises_app_load_error(app_modules: Path, ref: str, message: str) -> None:
     """A bad module, a failing import, or an attribute that is not an App with handlers raises AppLoadError."""
