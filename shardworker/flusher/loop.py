@@ -103,8 +103,10 @@ class Flusher:
 
     @property
     def idle(self) -> bool:
-        """Caught up, and the checkpoint written."""
-        return not self._held and not self._dirty
+        """Caught up (the last pass read and found nothing), and the checkpoint written. Nothing
+        held and nothing dirty is not enough: a batch that ends on a due checkpoint leaves both
+        so, with more records waiting on disk."""
+        return self.caught_up and not self._held and not self._dirty
 
     def checkpoint_due_in(self) -> float:
         """Seconds until the checkpoint a caught-up pass put off is due; inf when none is."""

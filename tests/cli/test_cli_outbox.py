@@ -191,3 +191,16 @@ def test_outbox_status_says_why_it_kept_an_outcome_of_a_cancelled_job(
     assert "1 stale outcome(s) kept, not applied (their attempts were rescued" in text, text
     counts = json.loads(invoke("outbox", "status", "--json", "--outbox-dir", str(outbox_dir)).stdout)
     assert (counts["stale_outcomes"], counts["cancelled_outcomes"]) == (2, 1)
+
+
+def test_outbox_drain_applies_more_than_a_batch(tmp_path: Path, pg_dsn: str, store: PgStore) -> None:
+    """12,000 outcomes, many batches (flush_batch 1,000): drain applies them all before it
+    says it is done (it used to stop after a batch that ended on a due checkpoint)."""
+    jobs = claim(store, pg_dsn, 12000)
+    outbox_dir = tmp_path / "outbox"
+    write_outcomes(outbox_dir, [Outcome.done(j.id, j.attempt, b"1") for j in jobs], shards=1)
+    result = invoke("outbox", "drain", "--outbox-dir", str(outbox_dir), "--dsn", pg_dsn, "--timeout", "60")
+    assert result.exit_code == 0, result.output
+    assert "12000 applied" in result.stdout, result.stdout
+    assert json.loads(invoke("outbox", "status", "--json", "--outbox-dir", str(outbox_dir)).stdout)["pending"] == 0
+    assert {r["status"] for r in rows(pg_dsn)} == {"done"}
