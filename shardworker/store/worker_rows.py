@@ -70,9 +70,13 @@ class WorkerRows(Session):
 
     def heartbeats(self) -> dict[str, datetime]:
         """Each worker id's last heartbeat."""
+        return {w: beat for w, (beat, _) in self.rescue_watch().items()}
+
+    def rescue_watch(self) -> dict[str, tuple[datetime, float | None]]:
+        """Each worker id's last heartbeat and its own rescue window (None: not given)."""
         with self.cursor() as cur:
             cur.execute(query("worker_heartbeats"))
-            return {w: t for w, t in cur.fetchall()}
+            return {w: (t, window) for w, t, window in cur.fetchall()}
 
     def rescue_workers(self, observed: Sequence[tuple[str, datetime]], grace_s: float = 0.0) -> Rescued:
         """Requeue the running jobs of workers whose heartbeat is still the one observed (and

@@ -59,7 +59,8 @@ class Heartbeat:
         self.outage = Outage("heartbeat", log, backoff, floor_s=interval_s, clock=clock, ended=None,
                              started="heartbeat failed ({error}); retrying every {delay:.1f}s or so")
         # No rescuer when it only keeps a worker alive (``outbox drain`` beating for the owner).
-        self.rescuer = None if rescue_after_s is None else Rescuer(store, worker_id, rescue_after_s, rescue_grace_s)
+        self.rescuer = None if rescue_after_s is None else Rescuer(store, worker_id, rescue_after_s, rescue_grace_s,
+                                                                   max_gap_s=3 * interval_s)
         self.last_ok: float | None = None
         self._refusing = False
         self.on_conflict = on_conflict

@@ -8,7 +8,10 @@ only the jobs of rows it removed, so one of them does it and the others find not
 rescuer rescues a worker only after *watching* its heartbeat stay unchanged for
 ``rescue_after_s`` while the rescuer itself stayed connected: silence the rescuer did not
 witness proves nothing; and only if the heartbeat is still the one it watched when the
-rescue runs. Rescued jobs
+rescue runs; and only after the silent worker's own ``--rescue-after`` too, when it is the
+longer (its row says it), so a peer started with a short window rescues no one sooner than
+they asked. A gap between two looks longer than ``max_gap_s`` (this host was paused) starts
+every watch again: peers paused with it, or cut off from it, had no chance to beat. Rescued jobs
 wait ``grace_s`` before they may be claimed again: the silent worker's late outcomes of
 those attempts still apply meanwhile.
 So a database outage, which silences every worker at once (the rescuer included),
@@ -35,18 +38,21 @@ log = logging.getLogger(__name__)
 class RescueStore(Protocol):
     generation: int  # changes whenever the store opened a new database session
 
-    def heartbeats(self) -> dict[str, datetime]: ...
+    def rescue_watch(self) -> dict[str, tuple[datetime, float | None]]: ...
     def rescue_workers(self, observed: list[tuple[str, datetime]], grace_s: float = 0.0) -> Rescued: ...
 
 
 class Rescuer:
     """Call ``run_once(now)`` after each successful heartbeat; ``now`` is monotonic seconds."""
 
-    def __init__(self, store: RescueStore, worker_id: str, rescue_after_s: float, grace_s: float = 0.0) -> None:
+    def __init__(self, store: RescueStore, worker_id: str, rescue_after_s: float, grace_s: float = 0.0,
+                 max_gap_s: float | None = None) -> None:
         self.store, self.worker_id, self.rescue_after_s, self.grace_s = store, worker_id, rescue_after_s, grace_s
+        self.max_gap_s = max_gap_s  # a longer gap between two looks (this host paused): watch afresh
         self._seen: dict[str, tuple[datetime, float]] = {}  # worker -> (heartbeat, first seen at)
         self._refused: dict[str, datetime] = {}  # worker -> the heartbeat whose rescue was refused
         self._generation = -1
+        self._looked_at: float | None = None
 
     def connection_lost(self) -> None:
         """Forget all observations: silence during our own outage proves nothing."""
@@ -57,23 +63,26 @@ class Rescuer:
         if self.store.generation != self._generation:
             self.connection_lost()  # a new session: our watching ended
             self._generation = self.store.generation
-        beats = self.store.heartbeats()
+        if self.max_gap_s is not None and self._looked_at is not None and now - self._looked_at > self.max_gap_s:
+            self.connection_lost()  # this host was paused: its peers had no chance to beat meanwhile
+        self._looked_at = now
+        watch = self.store.rescue_watch()
         if self.store.generation != self._generation:
             self.connection_lost()  # reconnected inside that call: start watching afresh
             self._generation = self.store.generation
             return []
         silent: list[tuple[str, datetime]] = []
-        for worker, beat in beats.items():
+        for worker, (beat, theirs) in watch.items():
             if worker == self.worker_id or self._refused.get(worker) == beat:
                 continue
             seen = self._seen.get(worker)
             if seen is None or seen[0] != beat:
                 self._seen[worker] = (beat, now)
-            elif now - seen[1] >= self.rescue_after_s:
+            elif now - seen[1] >= max(self.rescue_after_s, theirs or 0.0):  # the longer window counts
                 silent.append((worker, beat))
-        for gone in set(self._seen) - set(beats):
+        for gone in set(self._seen) - set(watch):
             del self._seen[gone]
-        for gone in set(self._refused) - set(beats):
+        for gone in set(self._refused) - set(watch):
             del self._refused[gone]
         if not silent:
             return []

@@ -13,6 +13,7 @@ from shardworker.errors import DatabaseUnavailable, EnqueueError, ShardworkerErr
 from shardworker.retry import is_retryable
 from shardworker.store.embedded import EmbeddedPostgres
 from shardworker.store.pg_store import PgStore, StoreConfig
+from shardworker.views import Serving
 from shardworker.worker.rescuer import Rescuer
 from tests.helpers import query, wait_for
 from tests.store.support import add, add_id, claim_one, connect, count_jobs, done, row
@@ -226,6 +227,40 @@ def test_concurrent_rescues_of_one_worker_requeue_its_jobs_once(store: PgStore, 
         results = [f.result(10) for f in futures]
     assert sorted(results) == [((), []), (("w-dead",), [job_id])]
     assert row(pg_dsn, job_id)["errors"][-1]["attempt"] == 1 and len(row(pg_dsn, job_id)["errors"]) == 1
+
+
+def test_a_worker_is_rescued_only_after_its_own_rescue_window_too(store: PgStore, other: PgStore, pg_dsn: str) -> None:
+    """Without a lock every worker rescues: a peer started with a short --rescue-after (say, one
+    debugging against production) must not rescue a worker whose own window is longer. The
+    longer of the two windows counts (the silent worker's is in its row)."""
+    job_id = add_id(store)
+    other.claim(["k"], None, "w-prod", 10)
+    other.heartbeat("w-prod", "host", 1, serves=Serving(("k",), None, 3600.0))
+    beat(store, "w-debug")
+    rescuer = Rescuer(store, "w-debug", rescue_after_s=10.0)
+    assert rescuer.run_once(0.0) == []
+    assert rescuer.run_once(11.0) == []  # its own window passed, not w-prod's
+    assert rescuer.run_once(3599.0) == []
+    assert row(pg_dsn, job_id)["status"] == "running"
+    assert rescuer.run_once(3600.0) == [job_id]
+
+
+def test_a_rescuer_paused_longer_than_its_heartbeats_watches_afresh(store: PgStore, other: PgStore,
+                                                                     pg_dsn: str) -> None:
+    """A host paused (SIGSTOP, a VM suspended) keeps its sessions; on resume its rescuer must not
+    count the pause as watched silence: peers paused with it, or cut off from it, have not had
+    their chance to beat. A gap between two looks longer than max_gap_s starts the watch again."""
+    job_id = add_id(store)
+    other.claim(["k"], None, "w-peer", 10)
+    beat(other, "w-peer")
+    beat(store, "w-me")
+    rescuer = Rescuer(store, "w-me", rescue_after_s=60.0, max_gap_s=6.0)
+    assert rescuer.run_once(0.0) == []
+    assert rescuer.run_once(120.0) == []  # paused for 120 s: not 120 s of watching
+    assert row(pg_dsn, job_id)["status"] == "running"
+    for now in range(122, 180, 2):
+        assert rescuer.run_once(float(now)) == []
+    assert rescuer.run_once(180.0) == [job_id]
 
 
 def test_rescuer_rescues_nobody_right_after_its_store_reconnected(private_pg: EmbeddedPostgres) -> None:

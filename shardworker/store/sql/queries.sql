@@ -545,8 +545,9 @@ UPDATE shardworker.workers SET pid = 0
 WHERE worker_id = %(worker_id)s AND hostname = %(hostname)s AND pid = %(pid)s AND NOT EXISTS (SELECT 1 FROM gone);
 
 -- worker_heartbeats --
--- Every worker's last heartbeat.
-SELECT worker_id, heartbeat_at FROM shardworker.workers;
+-- Every worker's last heartbeat, and the silence it says its peers must watch before they
+-- rescue it (its --rescue-after; NULL for a drain's row).
+SELECT worker_id, heartbeat_at, rescue_after_s FROM shardworker.workers;
 
 -- rescue_workers --
 -- Requeue the running jobs of workers the rescuer watched stay silent, each only if its
