@@ -100,8 +100,8 @@ def unservable_queue_name(value: str) -> str | None:
     trimmed), or why it would break a table that lists it; None when it can name a queue."""
     if "," in value:
         return f"queue name {value!r} holds a comma, which separates the names of run --queues"
-    if any(unicodedata.category(char) == "Cc" for char in value):
-        return f"queue name {value!r} holds a control character"
+    if any(unicodedata.category(char) in ("Cc", "Zl", "Zp") for char in value):
+        return f"queue name {value!r} holds a control character or a line break"
     if value != value.strip():
         return f"queue name {value!r} begins or ends with white space"
     return None

@@ -179,7 +179,7 @@ def stop_signals_held() -> Iterator[None]:
 
 def handle_stop_signals(handler: Callable[[int, Any], None]) -> None:
     """``handler`` for SIGTERM and SIGINT from now on; given at once a signal held since
-    ``hold_stop_signals``."""
+    ``stop_signals_held`` began."""
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
     if _held_signals:

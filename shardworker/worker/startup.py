@@ -27,7 +27,7 @@ from shardworker.app import HandlerSpec
 from shardworker.config import WorkerConfig
 from shardworker.errors import OutboxBusy
 from shardworker.flusher.process import FlusherHandle
-from shardworker.retry import Backoff, retry_call
+from shardworker.retry import Backoff, is_retryable, retry_call
 from shardworker.worker import giveback, identity
 from shardworker.worker import started as started_file
 from shardworker.worker.kindcaps import caps_that_fill_every_child
@@ -57,8 +57,8 @@ class Startup:
         try:
             return retry_call(call, what, backoff=self.backoff(), log=log, should_stop=self.stopping,
                               sleep=lambda delay: procs.sleep_until(time.monotonic() + delay, self.stopping))
-        except Exception:
-            if self.stopping():
+        except Exception as exc:
+            if self.stopping() and is_retryable(exc):  # an outage waited out: the stop ends it quietly
                 raise StoppedWhileStarting from None
             raise
 

@@ -133,7 +133,7 @@ def test_enqueue_json_names_the_new_job(pg_dsn: str) -> None:
     assert len(rows(pg_dsn)) == 4
 
 
-@pytest.mark.parametrize("queue", ["a,b", "new\nline", "tab\there", " padded", "padded "])
+@pytest.mark.parametrize("queue", ["a,b", "new\nline", "tab\there", "para\u2029graph", " padded", "padded "])
 def test_enqueue_refuses_a_queue_name_no_worker_could_be_given(pg_dsn: str, queue: str) -> None:
     """`run --queues` takes comma-separated names, trimmed: a job in a queue named with a comma
     or space at either end could never be claimed by a worker given its queue, and a control

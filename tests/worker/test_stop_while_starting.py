@@ -113,3 +113,22 @@ def test_sigterm_while_the_start_waits_out_an_outage_exits_0(private_pg: Embedde
     assert code == 0, worker_log(counts)
     assert time.monotonic() - asked < 3, "the stop waited for the backoff"
     assert "error:" not in worker_log(counts)
+
+
+def test_a_stop_does_not_hide_a_start_error_that_is_no_outage(empty_dsn: str, tmp_path: Path) -> None:
+    """Only an outage being waited out ends quietly on a stop; an error a retry would not cure
+    (here the schema missing: `shardworker migrate` never ran) is still raised, stop or not."""
+    from shardworker.errors import SchemaMissing
+    from shardworker.retry import Backoff
+    from shardworker.store.pg_store import PgStore, StoreConfig
+    from shardworker.worker.startup import Startup
+    from tests.helpers import worker_config
+
+    store = PgStore(StoreConfig(dsn=empty_dsn))
+    try:
+        startup = Startup(worker_config(dsn=empty_dsn, outbox_dir=str(tmp_path)), store, None,  # type: ignore[arg-type]
+                          lambda: Backoff(0.01, 0.05), stopping=lambda: True)
+        with pytest.raises(SchemaMissing), startup.stoppable():
+            startup.check_schema()
+    finally:
+        store.close()
