@@ -44,7 +44,6 @@ BATCH_BUCKETS = (1, 5, 10, 50, 100, 250, 500, 1000, 5000)  # outcomes per flushe
 
 class OutcomeStore(Protocol):
     """What the flusher needs from a store (``PgStore`` provides it)."""
-
     def apply_outcomes(self, outcomes: Sequence[Outcome], steps: Sequence[StepRecord] = ()) -> ApplyResult: ...
 
 
@@ -103,9 +102,8 @@ class Flusher:
 
     @property
     def idle(self) -> bool:
-        """Caught up (the last pass read and found nothing), and the checkpoint written. Nothing
-        held and nothing dirty is not enough: a batch that ends on a due checkpoint leaves both
-        so, with more records waiting on disk."""
+        """The last pass read and found nothing (a batch ending on a due checkpoint holds nothing, is not dirty, and
+        may leave records on disk), and the checkpoint is written."""
         return self.caught_up and not self._held and not self._dirty
 
     def checkpoint_due_in(self) -> float:

@@ -27,7 +27,8 @@ from tests.helpers import (
 )
 from tests.worker.test_mission import acknowledged
 
-PEER = ("--rescue-after", "5", "--shutdown-timeout", "1")  # a peer quick to rescue the silent
+# Quick to rescue the silent, and quick to be rescued: a peer waits the longer of its window and the silent one's.
+PEER = ("--rescue-after", "5", "--shutdown-timeout", "1")
 
 
 def test_a_slow_handler_neither_stalls_the_heartbeat_nor_hoards_jobs(pg_dsn: str, tmp_path: Path) -> None:
@@ -39,7 +40,7 @@ def test_a_slow_handler_neither_stalls_the_heartbeat_nor_hoards_jobs(pg_dsn: str
     b_counts.mkdir()
     [slow] = enqueue(pg_dsn, "sleepy", 1, {"sleep": 10})
     enqueue(pg_dsn, "count", 600, {"pad": "x" * 2048})
-    a = start_worker(pg_dsn, tmp_path / "a", a_counts, "--worker-id", "host-a", procs=1)
+    a = start_worker(pg_dsn, tmp_path / "a", a_counts, "--worker-id", "host-a", *PEER, procs=1)
     wait_for(lambda: runs(a_counts).get((slow, 1)) == 1, 30, "A running the long job")
     b = start_worker(pg_dsn, tmp_path / "b", b_counts, "--worker-id", "host-b", *PEER, "--rescue-grace", "0",
                      procs=1)
@@ -82,7 +83,8 @@ def test_a_worker_stopped_in_an_outage_loses_no_outcome_to_a_rescue(
     dsn, counts, a_outbox = private_pg.dsn, tmp_path / "counts", tmp_path / "a"
     counts.mkdir()
     enqueue(dsn, "slow", 120, {"sleep": 0.01})
-    a = start_worker(dsn, a_outbox, counts, *FAST, "--worker-id", "host-a", "--shutdown-timeout", "2", procs=1)
+    a = start_worker(dsn, a_outbox, counts, *FAST, "--worker-id", "host-a", "--rescue-after", "5", "--shutdown-timeout",
+                     "2", procs=1)
     wait_for(lambda: status_counts(dsn).get("done", 0) >= 10, 30, "A working")
     private_pg.stop("immediate")
     wait_for(lambda: len(runs(counts)) == 120, 30, "A finishing what it holds into its outbox")

@@ -208,7 +208,8 @@ def test_dead_host_is_rescued_and_its_outbox_drains_stale(private_pg: EmbeddedPo
     a_outbox, b_outbox, counts = tmp_path / "a", tmp_path / "b", tmp_path / "counts"
     counts.mkdir()
     enqueue(dsn, "slow", 200, {"sleep": 0.05})
-    a = start_worker(dsn, a_outbox, counts, *FAST, "--worker-id", "host-a", procs=1)
+    a = start_worker(dsn, a_outbox, counts, *FAST, "--worker-id", "host-a", "--rescue-after", "5",
+                     "--shutdown-timeout", "2", procs=1)
     wait_for(lambda: "queued" not in status_counts(dsn) and len(runs(counts)) >= 5, 30, "A holds the jobs")
     b = start_worker(dsn, b_outbox, counts, *FAST, "--worker-id", "host-b", "--rescue-after", "5",
                      "--shutdown-timeout", "2", "--rescue-grace", "0", procs=2)

@@ -72,7 +72,8 @@ def test_a_peer_rescues_a_dead_workers_job_of_an_oversized_queue(pg_dsn: str, tm
     job = insert_raw(pg_dsn, "sleepy", max_attempts=1, payload='{"sleep": 120}')
     counts = tmp_path / "counts"
     counts.mkdir()
-    a = start_worker(pg_dsn, tmp_path / "a", counts, "--worker-id", "host-a", procs=1)
+    a = start_worker(pg_dsn, tmp_path / "a", counts, "--worker-id", "host-a", "--rescue-after", "5",
+                     "--shutdown-timeout", "1", procs=1)
     wait_for(lambda: (job, 1) in runs(counts), 30, "A running the job")
     kill_worker_group(a)
     b = start_worker(pg_dsn, tmp_path / "b", counts, "--worker-id", "host-b", "--rescue-after", "5",

@@ -161,7 +161,8 @@ def test_a_rescue_onto_another_host_replays_the_steps_that_reached_postgresql(
     counts = tmp_path / "counts"
     counts.mkdir()
     ids = enqueue(pg_dsn, "extract_threads", 4, {"wait_after": "ocr"})
-    a = start_worker(pg_dsn, tmp_path / "a", counts, *FAST, "--worker-id", "host-a", app="steps_app", procs=1)
+    a = start_worker(pg_dsn, tmp_path / "a", counts, *FAST, "--worker-id", "host-a", "--rescue-after", "5",
+                     "--shutdown-timeout", "2", app="steps_app", procs=1)
     wait_for(lambda: steps_landed(pg_dsn, ids, "ocr"), 30, "A's steps in PostgreSQL")
     b = start_worker(pg_dsn, tmp_path / "b", counts, *FAST, "--worker-id", "host-b", "--rescue-after", "5",
                      "--shutdown-timeout", "2", "--rescue-grace", "0", app="steps_app", procs=1)
