@@ -80,6 +80,11 @@ class WorkerIdInUse(ShardworkerError):
     """Another live worker runs under this worker id: give each worker its own --worker-id."""
 
 
+class WorkerRescued(ShardworkerError):
+    """A peer rescued this worker's jobs while it was silent (paused, or cut off, for longer than
+    --rescue-after): the jobs it holds run elsewhere now."""
+
+
 class StoreError(ShardworkerError):
     """The database refused the operation."""
 

@@ -5,7 +5,7 @@
 what a worker's heartbeat reports of the jobs it holds, ``BacklogRow``, ``QueueState`` and
 ``QueueInfo`` what ``shardworker queues`` shows, ``Serving`` what a worker's heartbeat says it
 serves, ``UnservedKind`` queued jobs of a kind no live worker serves (``doctor``, the dashboard),
-``Rescued`` what a rescue of silent workers did.
+``Beat`` what a heartbeat did, ``Rescued`` what a rescue of silent workers did.
 """
 
 from __future__ import annotations
@@ -15,6 +15,13 @@ from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from shardworker.flow import Rate
+
+
+class Beat(NamedTuple):
+    """What a heartbeat did: who else holds the row (None: written), and whether it inserted it."""
+
+    holder: tuple[str, int] | None
+    inserted: bool
 
 
 class Rescued(NamedTuple):

@@ -19,7 +19,9 @@ takes back the jobs submitted and not started (the lane goes on with the next it
 given): a job is either returned or started, never both, since a job leaves the queue
 under the same lock (or on the same loop) that ``withdraw`` takes it under. ``stop()``
 stops starting new jobs and returns those never started; ``join()`` waits for the
-running ones. Lanes know nothing of the outbox, the pipe or the database.
+running ones. A lane starts a job only while its ``StartGate`` is open: while the parent's
+heartbeat says no peer can have rescued this worker's jobs (``shardworker.worker.heartbeat``).
+Lanes know nothing of the outbox, the pipe or the database.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from shardworker.app import App
 from shardworker.child.cancels import Cancels
@@ -39,9 +41,22 @@ from shardworker.child.hooks import Hooks
 from shardworker.child.steps import StepLog
 from shardworker.model import ClaimedJob, Outcome
 
+GATE_POLL_S = 0.05  # how often a lane looks again at a closed gate
+
 OnStart = Callable[[int, ClaimedJob], None]
 OnDone = Callable[[int, ClaimedJob, Outcome, float, StepLog], None]
 StepsFor = Callable[[ClaimedJob], StepLog]
+
+
+class StartGate:
+    """Open before ``alive_until`` (a shared double, monotonic seconds, that the parent's heartbeat
+    moves on after each beat that found this worker's row), or always without one."""
+
+    def __init__(self, alive_until: Any = None) -> None:
+        self._until = alive_until
+
+    def open(self) -> bool:
+        return self._until is None or time.monotonic() < self._until.value
 
 
 class Lane(Protocol):
@@ -56,9 +71,9 @@ class ThreadLane:
     """``threads`` threads taking jobs from one queue, in arrival order."""
 
     def __init__(self, app: App, threads: int, on_start: OnStart, on_done: OnDone, steps_for: StepsFor,
-                 name: str, cancels: Cancels, hooks: Hooks) -> None:
+                 name: str, cancels: Cancels, hooks: Hooks, gate: StartGate | None = None) -> None:
         self.app, self.on_start, self.on_done, self.steps_for = app, on_start, on_done, steps_for
-        self.cancels, self.hooks = cancels, hooks
+        self.cancels, self.hooks, self.gate = cancels, hooks, gate or StartGate()
         self._queue: deque[tuple[int, ClaimedJob]] = deque()
         self._cond = threading.Condition()
         self._stopping = False
@@ -75,8 +90,8 @@ class ThreadLane:
     def _work(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._stopping:
-                    self._cond.wait()
+                while not self._stopping and not (self._queue and self.gate.open()):
+                    self._cond.wait(GATE_POLL_S if self._queue else None)
                 if self._stopping:
                     return
                 slot, job = self._queue.popleft()
@@ -114,9 +129,10 @@ class AsyncLane:
     """Up to ``concurrency`` handlers at once on the child's event loop."""
 
     def __init__(self, app: App, concurrency: int, on_start: OnStart, on_done: OnDone, steps_for: StepsFor,
-                 cancels: Cancels, hooks: Hooks) -> None:
+                 cancels: Cancels, hooks: Hooks, gate: StartGate | None = None) -> None:
         self.app, self.on_start, self.on_done, self.steps_for = app, on_start, on_done, steps_for
-        self.cancels, self.hooks = cancels, hooks
+        self.cancels, self.hooks, self.gate = cancels, hooks, gate or StartGate()
+        self._look_again: asyncio.TimerHandle | None = None  # while the gate is closed
         self._running: dict[tuple[int, int], asyncio.Task[None]] = {}  # the tasks of started handlers
         self.loop = hooks.events.loop
         self._free = concurrency  # handlers that may start now
@@ -135,6 +151,10 @@ class AsyncLane:
     def _start_what_fits(self) -> None:
         """A task for each waiting job while a handler may start. A job waits without a task
         (tasks blocked on a semaphore would cost each acquire a scan of all the waiters)."""
+        if self._free > 0 and self._waiting and not self._stopping and not self.gate.open():
+            if self._look_again is None:
+                self._look_again = self.loop.call_later(GATE_POLL_S, self._gate_poll)
+            return
         while self._free > 0 and self._waiting and not self._stopping:
             slot = next(iter(self._waiting))
             job = self._waiting.pop(slot)
@@ -142,6 +162,10 @@ class AsyncLane:
             task = self.loop.create_task(self._run(slot, job))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    def _gate_poll(self) -> None:
+        self._look_again = None
+        self._start_what_fits()
 
     async def _run(self, slot: int, job: ClaimedJob) -> None:
         try:

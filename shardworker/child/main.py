@@ -30,7 +30,7 @@ from shardworker.app import App, load_app
 from shardworker.child.cancels import OPERATOR_CANCEL, Cancels
 from shardworker.child.committer import Committer
 from shardworker.child.hooks import EventLoop, HookFailed, Hooks
-from shardworker.child.lanes import AsyncLane, Lane, ThreadLane
+from shardworker.child.lanes import AsyncLane, Lane, StartGate, ThreadLane
 from shardworker.child.progress import Progress, ProgressFile
 from shardworker.child.steps import StepLog
 from shardworker.config import ChildConfig
@@ -47,8 +47,8 @@ class ShardRunner:
     """The child's loop, apart from process plumbing so tests can drive it in-process."""
 
     def __init__(self, config: ChildConfig, app: App, writer: ShardWriter, inbox_fd: int, outbox_fd: int,
-                 progress: Progress) -> None:
-        self.config, self.app, self.progress = config, app, progress
+                 progress: Progress, gate: StartGate | None = None) -> None:
+        self.config, self.app, self.progress, self.gate = config, app, progress, gate or StartGate()
         self.inbox_fd, self.outbox_fd = inbox_fd, outbox_fd
         self._send_lock = threading.Lock()
         self.committer = Committer(writer, lambda keys, stats: self.send(wire.Done(tuple(keys), summarize(stats))),
@@ -119,11 +119,11 @@ class ShardRunner:
         if lane is None:
             if name == "async":
                 lane = AsyncLane(self.app, self.config.concurrency, self._started, self._finished, self._steps_for,
-                                 self.cancels, self.hooks)
+                                 self.cancels, self.hooks, self.gate)
             else:
                 threads = self.config.concurrency if name == "threads" else 1
                 lane = ThreadLane(self.app, threads, self._started, self._finished, self._steps_for,
-                                  f"shardworker-{name}", self.cancels, self.hooks)
+                                  f"shardworker-{name}", self.cancels, self.hooks, self.gate)
             self.lanes[name] = lane
         return lane
 
@@ -191,9 +191,9 @@ def open_writer(config: ChildConfig, wait_s: float = 30.0) -> ShardWriter:
 
 
 def child_main(config: ChildConfig, inbox: Any, outbox: Any, progress: ProgressFile,
-               log_setup: logs.LogSetup | None = None) -> None:
+               log_setup: logs.LogSetup | None = None, alive_until: Any = None) -> None:
     """Entry point of a child process (forked or spawned); ``inbox``/``outbox`` are pipe ends,
-    ``progress`` the file of its slots (it maps it itself)."""
+    ``progress`` the file of its slots (it maps it itself), ``alive_until`` its ``StartGate``'s."""
     procs.become_worker_process(config.parent_pid, f"shard-{config.shard}", log_setup)
     inbox_fd, outbox_fd = inbox.fileno(), outbox.fileno()
     try:
@@ -202,7 +202,7 @@ def child_main(config: ChildConfig, inbox: Any, outbox: Any, progress: ProgressF
     except Exception as exc:
         wire.write_frame(outbox_fd, wire.Fatal(procs.one_line(exc)))
         os._exit(EXIT_OUTBOX_FAILED)
-    runner = ShardRunner(config, app, writer, inbox_fd, outbox_fd, progress.open())
+    runner = ShardRunner(config, app, writer, inbox_fd, outbox_fd, progress.open(), StartGate(alive_until))
     try:
         runner.run()
     except HookFailed as exc:

@@ -12,7 +12,7 @@ import orjson
 from shardworker.limits import ERRORS_KEPT
 from shardworker.store.connection import Session
 from shardworker.store.sql import query
-from shardworker.views import FlowCount, Rescued, Serving, WorkerInfo
+from shardworker.views import Beat, FlowCount, Rescued, Serving, WorkerInfo
 
 
 class HeartbeatRow(NamedTuple):
@@ -30,6 +30,13 @@ class WorkerRows(Session):
         """Beat for ``worker_id`` as (hostname, pid), with its load and its ``flow`` report (None:
         not known) and what it ``serves`` (None: nothing, as a drain); None when written, else
         the (hostname, pid) of the other process whose row it left alone (only without ``take_over``)."""
+        return self.beat(worker_id, hostname, pid, running, pending, flow, take_over=take_over, serves=serves).holder
+
+    def beat(self, worker_id: str, hostname: str, pid: int, running: int | None = None,
+             pending: int | None = None, flow: Sequence[FlowCount] | None = None, *,
+             take_over: bool = True, serves: Serving | None = None) -> Beat:
+        """``heartbeat``, also telling whether the beat wrote the row afresh (``Beat.inserted``):
+        without ``take_over``, the row was gone, removed by a peer's rescue of this worker."""
         report = None if flow is None else orjson.dumps([list(f) for f in flow]).decode()
         kinds, queues, rescue_after_s = serves or (None, None, None)
         with self.cursor() as cur:
@@ -40,8 +47,8 @@ class WorkerRows(Session):
                                                     "rescue_after_s": rescue_after_s})
             row = cur.fetchone()
         if row is None or row[0]:
-            return None
-        return str(row[1] or "an unknown host"), int(row[2] or 0)  # a row committed after our snapshot
+            return Beat(None, bool(row and row[3]))
+        return Beat((str(row[1] or "an unknown host"), int(row[2] or 0)), False)  # committed after our snapshot
 
     def worker_row(self, worker_id: str) -> HeartbeatRow | None:
         """(hostname, pid, heartbeat_at) of ``worker_id``'s heartbeat row; None without one."""

@@ -94,6 +94,7 @@ class ChildHandle:
     reported_at: float = 0.0  # when it last reported a finished job (the pool's clock)
     fatal: str = ""
     job_counts: JobCounts = field(default_factory=JobCounts)  # the pool's, for the metrics
+    alive_until: Any = None  # the pool's shared gate (shardworker.child.lanes.StartGate)
     restart_at: float | None = None
     # Claimed jobs that were running in an earlier death whose cause is unknown: each runs alone, in turn.
     suspects: deque[ClaimedJob] = field(default_factory=deque)
@@ -140,9 +141,8 @@ class ChildHandle:
         slots = ProgressFile(layout.progress_path(self.config.outbox_dir, self.index), self.config.slots)
         progress = slots.open()
         progress.mark_starting()
-        self.process = ctx.Process(target=child_main,
-                                   args=(self.config, to_child_r, from_child_w, slots, logs.current()),
-                                   name=f"shardworker-shard-{self.index}", daemon=True)
+        args = (self.config, to_child_r, from_child_w, slots, logs.current(), self.alive_until)
+        self.process = ctx.Process(target=child_main, args=args, name=f"shardworker-shard-{self.index}", daemon=True)
         procs.start_process(self.process, fork)
         to_child_r.close()
         from_child_w.close()

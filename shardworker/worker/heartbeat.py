@@ -8,7 +8,14 @@ each successful beat it lets the ``Rescuer`` look at everyone else's.
 Its first beat takes the worker id's row over (``shardworker.worker.identity`` checked it was
 free); later beats write only a row this process wrote. A row another (hostname, pid)
 rewrote meanwhile means a second live worker under this id: the heartbeat stops, keeps
-the error in ``conflict`` and calls ``on_conflict``, and the worker stops with it.
+the error in ``conflict`` and calls ``on_conflict``, and the worker stops with it. So does a
+beat that finds the row gone (``WorkerRescued``): a peer rescued this worker's jobs while it
+was silent (its host paused, or cut off), and they run elsewhere now.
+
+After each beat that found its row, it moves ``on_alive(until)`` on: until then, one
+``--rescue-after`` after the beat began, no peer can have rescued this worker. Its children
+start a job they hold only before that instant (``shardworker.child.lanes``); a host paused
+or cut off for longer stops them starting any until a beat says whether it was rescued.
 """
 
 from __future__ import annotations
@@ -21,9 +28,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from shardworker.errors import StoreError, WorkerIdInUse
+from shardworker.errors import ShardworkerError, StoreError, WorkerRescued
 from shardworker.retry import Backoff, Outage, is_retryable
-from shardworker.views import FlowCount, Serving
+from shardworker.views import Beat, FlowCount, Serving
 from shardworker.worker.identity import in_use
 from shardworker.worker.rescuer import Rescuer, RescueStore
 
@@ -33,9 +40,9 @@ Load = tuple[int | None, int | None, Sequence[FlowCount] | None]  # None: not kn
 
 
 class HeartbeatStore(RescueStore, Protocol):
-    def heartbeat(self, worker_id: str, hostname: str, pid: int, running: int | None = None,
-                  pending: int | None = None, flow: Sequence[FlowCount] | None = None, *,
-                  take_over: bool = True, serves: Serving | None = None) -> tuple[str, int] | None: ...
+    def beat(self, worker_id: str, hostname: str, pid: int, running: int | None = None,
+             pending: int | None = None, flow: Sequence[FlowCount] | None = None, *,
+             take_over: bool = True, serves: Serving | None = None) -> Beat: ...
     def close(self) -> None: ...
 
 
@@ -45,9 +52,10 @@ class Heartbeat:
     def __init__(self, store: HeartbeatStore, worker_id: str, interval_s: float, rescue_after_s: float | None,
                  backoff: Backoff, *, rescue_grace_s: float = 0.0, clock: Callable[[], float] = time.monotonic,
                  load: Callable[[], Load] = lambda: (None, None, None),
-                 on_conflict: Callable[[WorkerIdInUse], None] = lambda exc: None,
-                 serves: Serving | None = None) -> None:
+                 on_conflict: Callable[[ShardworkerError], None] = lambda exc: None,
+                 serves: Serving | None = None, on_alive: Callable[[float], None] = lambda until: None) -> None:
         self.store, self.worker_id, self.interval_s = store, worker_id, interval_s
+        self.rescue_after_s, self.on_alive = rescue_after_s, on_alive
         # What the row says this worker serves (None: nothing), for those who ask whether a
         # kind has a live worker (shardworker.store.serving).
         self.serves = serves
@@ -64,7 +72,7 @@ class Heartbeat:
         self.last_ok: float | None = None
         self._refusing = False
         self.on_conflict = on_conflict
-        self.conflict: WorkerIdInUse | None = None  # set when another process took this id's row
+        self.conflict: ShardworkerError | None = None  # another process took this id's row, or a peer rescued us
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -73,12 +81,20 @@ class Heartbeat:
         if self.conflict is not None:
             return self.interval_s
         try:
-            holder = self.store.heartbeat(self.worker_id, socket.gethostname(), os.getpid(), *self.load(),
-                                          take_over=self.last_ok is None, serves=self.serves)
-            if holder is not None:
-                self._lost_the_id(holder)
+            beat = self.store.beat(self.worker_id, socket.gethostname(), os.getpid(), *self.load(),
+                                   take_over=self.last_ok is None, serves=self.serves)
+            if beat.holder is not None:
+                self._lost_the_id(beat.holder)
+                return self.interval_s
+            if beat.inserted and self.last_ok is not None:
+                self._stopped_by(WorkerRescued(
+                    f"a peer rescued the jobs of worker {self.worker_id!r} while it was silent (paused, or cut off, "
+                    f"for {now - self.last_ok:.0f}s; --rescue-after {self.rescue_after_s:g}s): they run elsewhere "
+                    "now, and it starts none of those it held; stopping"))
                 return self.interval_s
             self.last_ok, self._refusing = now, False
+            if self.rescue_after_s is not None:
+                self.on_alive(now + self.rescue_after_s)
             self.outage.recovered()
             if self.rescuer is not None:
                 self.rescuer.run_once(now)
@@ -100,9 +116,12 @@ class Heartbeat:
 
     def _lost_the_id(self, holder: tuple[str, int]) -> None:
         """Another live process beats under this id: stop beating (its row stays its own)."""
-        self.conflict = in_use(self.worker_id, *holder)
+        self._stopped_by(in_use(self.worker_id, *holder))
+
+    def _stopped_by(self, conflict: ShardworkerError) -> None:
+        self.conflict = conflict
         self._stop.set()
-        self.on_conflict(self.conflict)
+        self.on_conflict(conflict)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="shardworker-heartbeat", daemon=True)

@@ -18,6 +18,8 @@ counts toward the crash-loop verdict. The per-kind caps live in ``shardworker.wo
 from __future__ import annotations
 
 import collections
+import ctypes
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 
@@ -43,7 +45,10 @@ class ChildPool:
                  steal_after_s: float = 0.5, at_once: int = 1, cancel_grace_s: float = 10.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.job_counts = JobCounts()  # finished jobs by kind and outcome, as the children report them
-        self.handles = [ChildHandle(config, job_counts=self.job_counts) for config in configs]
+        # Until when (monotonic s) the children may start the jobs they hold: the heartbeat moves it on.
+        self._alive_until = procs.context(True).RawValue(ctypes.c_double, math.inf)
+        self.handles = [ChildHandle(config, job_counts=self.job_counts, alive_until=self._alive_until)
+                        for config in configs]
         self.specs, self.clock = specs, clock
         self.at_once = at_once  # handlers one child runs at once
         self.caps = KindCaps(specs)
@@ -56,6 +61,10 @@ class ChildPool:
         self._crash_loop: CrashLoop | None = None  # raised by the next ``check``
         self.suspect_ids = Suspects()  # ids of jobs to run alone when claimed again
         self.cancelling = Cancelling(cancel_grace_s)  # jobs an operator cancelled while held here
+
+    def alive_until(self, until: float) -> None:
+        """The heartbeat's word: no peer can have rescued this worker's jobs before ``until``."""
+        self._alive_until.value = until
 
     @property
     def by_kind(self) -> collections.Counter[str]:

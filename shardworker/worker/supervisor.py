@@ -40,7 +40,7 @@ from outbox import status as outbox_status
 from shardworker import layout, logs, procs
 from shardworker.app import App
 from shardworker.config import WorkerConfig
-from shardworker.errors import CrashLoop, StoreError, WorkerIdInUse
+from shardworker.errors import CrashLoop, ShardworkerError, StoreError
 from shardworker.flusher.process import FlusherHandle
 from shardworker.jobstats import JobCounts
 from shardworker.retry import Backoff
@@ -237,17 +237,17 @@ class Supervisor:
         self._signalled, self._signal_fd = procs.signal_wakeup_pipe()  # a signal ends the dispatcher's wait at once
 
     def _start_heartbeat(self) -> None:
-        self.heartbeat = Heartbeat(self.new_store(), self.worker_id, self.config.heartbeat_interval_s,
-                                   self.config.rescue_after_s, self._backoff(),
-                                   rescue_grace_s=self.config.rescue_grace_s, load=self._load,
-                                   on_conflict=self._id_lost, serves=Serving(
-                                       tuple(self.app.kinds), self.config.queues, self.config.rescue_after_s))
+        cfg = self.config
+        self.heartbeat = Heartbeat(self.new_store(), self.worker_id, cfg.heartbeat_interval_s, cfg.rescue_after_s,
+                                   self._backoff(), rescue_grace_s=cfg.rescue_grace_s, load=self._load,
+                                   on_alive=self.pool.alive_until, on_conflict=self._id_lost,
+                                   serves=Serving(tuple(self.app.kinds), cfg.queues, cfg.rescue_after_s))
         self.heartbeat.start()
 
-    def _id_lost(self, exc: WorkerIdInUse) -> None:
-        """From the heartbeat's thread: another live worker beats under our id; stop (the
-        shutdown gives back what we never started) and exit with ``exc``."""
-        log.info("stopping: another live worker uses this worker id (%s)", exc)
+    def _id_lost(self, exc: ShardworkerError) -> None:
+        """From the heartbeat's thread: another live worker beats under our id, or a peer rescued our
+        jobs (``WorkerRescued``); stop (giving back what we never started) and exit with ``exc``."""
+        log.error("stopping: %s", exc)
         self.stopping = True
 
     def _raise_if_id_lost(self) -> None:

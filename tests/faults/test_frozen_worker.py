@@ -22,9 +22,11 @@ def running_under(dsn: str, worker_id: str) -> int:
 
 
 def test_a_frozen_worker_is_rescued_by_a_peer_that_started_after_it(pg_dsn: str, tmp_path: Path) -> None:
-    """A starts first and claims every job, then freezes mid-handler; B, started after A, runs
-    nothing of its own. B must rescue A's jobs after --rescue-after of watched silence and run
-    them. Thawed, A applies nothing over them (its attempts are stale), and both stop cleanly."""
+    """A starts first and claims every job, then freezes mid-handler, holding the rest unstarted;
+    B, started after A, runs nothing of its own. B must rescue A's jobs after --rescue-after of
+    watched silence and run them. Thawed, A must start none of the jobs it held (B ran them:
+    they would run twice, their steps again), applies nothing over them (its attempt is stale),
+    says it was rescued, and stops (exit 1: its supervisor restarts it afresh)."""
     counts = tmp_path / "counts"
     counts.mkdir()
     ids = enqueue(pg_dsn, "slow", 4, {"sleep": 2})
@@ -35,18 +37,22 @@ def test_a_frozen_worker_is_rescued_by_a_peer_that_started_after_it(pg_dsn: str,
                      log_path=tmp_path / "b.log")
     wait_for(lambda: "ready:" in (tmp_path / "b.log").read_text(), 30, "B ready")
     os.killpg(a.pid, signal.SIGSTOP)
+    started_by_a = set(runs(counts))  # the one A is running: it finishes after the thaw, stale
     try:
         wait_for(lambda: running_under(pg_dsn, "host-a") == 0, 30, "B rescuing the frozen A's jobs")
         wait_for(lambda: status_counts(pg_dsn) == {"done": 4}, 60, "B running the rescued jobs")
     finally:
         os.killpg(a.pid, signal.SIGCONT)
-    for proc in (a, b):
-        proc.send_signal(signal.SIGTERM)
-    for proc, log in ((a, "a.log"), (b, "b.log")):
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(30)
-        assert proc.returncode == 0, (tmp_path / log).read_text()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        a.wait(30)
+    assert a.returncode == 1, (tmp_path / "a.log").read_text()
+    assert "rescued" in (tmp_path / "a.log").read_text()
+    b.send_signal(signal.SIGTERM)
+    assert b.wait(30) == 0, (tmp_path / "b.log").read_text()
     assert "rescued" in (tmp_path / "b.log").read_text()
     rows = query(pg_dsn, "SELECT id, status, attempt FROM shardworker.jobs ORDER BY id")
     assert [(job_id, status) for job_id, status, _ in rows] == [(job_id, "done") for job_id in ids]
-    assert all(n == 1 for n in runs(counts).values()), ("an attempt ran twice", worker_log(counts))
+    ran = runs(counts)
+    assert all(n == 1 for n in ran.values()), ("an attempt ran twice", worker_log(counts))
+    late = {key for key in ran if key[1] == 1} - started_by_a
+    assert not late, f"A, thawed, started jobs it held that B had run: {sorted(late)}"

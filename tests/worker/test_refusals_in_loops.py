@@ -78,7 +78,7 @@ def test_one_workers_refused_rescue_holds_back_no_other(pg_dsn: str, store: Flak
 def test_a_refused_heartbeat_is_told_at_error_without_outage_backoff(
         store: FlakyStore, caplog: pytest.LogCaptureFixture) -> None:
     beat = Heartbeat(store, "me", interval_s=1.0, rescue_after_s=None, backoff=Backoff(0.05, 60.0))
-    store.fail("heartbeat", times=20, make=lambda: DataRejected(REFUSAL))
+    store.fail("beat", times=20, make=lambda: DataRejected(REFUSAL))
     with caplog.at_level(logging.DEBUG):
         delays = [beat.run_once(float(t)) for t in range(12)]
     assert delays == [1.0] * 12, "a refusal is not an outage: no growing backoff"

@@ -495,7 +495,8 @@ SELECT
 -- a row a rescue removed and a beat inserted again says them at once.
 -- A new process under the same worker id starts a new started_at. Unless take_over (a
 -- process's first beat), a row another (hostname, pid) wrote meanwhile is left alone: that is
--- a second live worker under this id. Returns whether the row was written, and who holds it.
+-- a second live worker under this id. Returns whether the row was written, who holds it, and
+-- whether the beat inserted it (xmax 0: no row was updated): a row a rescue had removed.
 WITH beat AS (
     INSERT INTO shardworker.workers AS w (worker_id, hostname, pid, heartbeat_at, jobs_running, outbox_pending, flow,
                                           kinds, queues, rescue_after_s)
@@ -508,9 +509,9 @@ WITH beat AS (
         jobs_running = excluded.jobs_running, outbox_pending = excluded.outbox_pending, flow = excluded.flow,
         kinds = excluded.kinds, queues = excluded.queues, rescue_after_s = excluded.rescue_after_s
     WHERE %(take_over)s OR (w.hostname, w.pid) = (excluded.hostname, excluded.pid)
-    RETURNING 1
+    RETURNING xmax = 0 AS inserted
 )
-SELECT EXISTS (SELECT 1 FROM beat), w.hostname, w.pid
+SELECT EXISTS (SELECT 1 FROM beat), w.hostname, w.pid, coalesce((SELECT inserted FROM beat), false)
 FROM (SELECT 1) AS one LEFT JOIN shardworker.workers w ON w.worker_id = %(worker_id)s;
 
 -- worker_get --
