@@ -7,9 +7,10 @@ writer are recovered (torn tails cut, segments sealed) and read. While it drains
 heartbeats for the worker whose outbox this is, so no peer rescues (and re-runs) jobs whose
 outcomes it is applying; like a worker, it first makes sure no live worker uses that id.
 Once every outcome is applied, it gives back (uncharged) the jobs the owner's last stop
-could not give back (``shardworker.worker.giveback``) and requeues the ones the owner was
-running with no outcome (charged an attempt), as the next start would; then its heartbeat
-row goes.
+could not give back (``shardworker.worker.giveback``), then, of the ones the owner was
+running with no outcome, gives back uncharged those its children never started (their
+progress files: ``shardworker.worker.started``) and requeues the rest, charged an attempt, as
+the next start would; then its heartbeat row goes.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from shardworker.flusher.loop import Flusher, FlushStats
 from shardworker.flusher.process import open_reader
 from shardworker.retry import Backoff, retry_call
 from shardworker.store.pg_store import PgStore
-from shardworker.worker import giveback, identity
+from shardworker.worker import giveback, identity, started
 from shardworker.worker.heartbeat import Heartbeat
 
 log = logging.getLogger(__name__)
@@ -102,16 +103,20 @@ def _requeue_orphans(outbox_dir: str, store: PgStore, heartbeat: Heartbeat, back
     then the row stays, naming no process, for that start or the rescuer."""
     if heartbeat.conflict is not None or any(is_locked(p) for p in layout.shard_lock_names(outbox_dir)):
         return
+    worker_id, found = heartbeat.worker_id, started.previous(outbox_dir)  # None: not known, every one is charged
     try:
-        requeued = retry_call(lambda: store.requeue_orphans(heartbeat.worker_id, ORPHANED),
+        released = 0 if found is None else retry_call(
+            lambda: store.release_unstarted(worker_id, found), "giving back jobs the worker's children never started",
+            backoff=backoff, log=log, deadline=deadline, sleep=sleep)
+        requeued = retry_call(lambda: store.requeue_orphans(worker_id, ORPHANED),
                               "requeueing jobs the worker was running when it stopped", backoff=backoff, log=log,
                               deadline=deadline, sleep=sleep)
     except StoreError as exc:
-        log.warning("could not requeue the jobs worker %s was running (%s); the rescuer will", heartbeat.worker_id,
-                    exc)
+        log.warning("could not requeue the jobs worker %s was running (%s); the rescuer will", worker_id, exc)
         return
-    if requeued:
-        log.info("requeued %d jobs worker %s was running when it stopped", len(requeued), heartbeat.worker_id)
+    if released or requeued:
+        log.info("of the jobs worker %s held when it stopped, %d never started, given back uncharged, and %d had "
+                 "started: requeued, charged an attempt", worker_id, released, len(requeued))
 
 
 def _release(store: PgStore, heartbeat: Heartbeat) -> None:

@@ -35,7 +35,7 @@ Started = frozenset[int] | None  # None: nothing can be trusted, every orphan is
 def take_previous(directory: str, shards: int) -> Started:
     """Before the children start: the ids of the jobs the earlier runs' children started
     (kept in ``started.json``), then a fresh start for this run's ``shards`` progress files."""
-    found = _previous(directory)
+    found = previous(directory)
     try:
         if found or found is None or os.path.exists(os.path.join(directory, layout.STARTED_FILE)):
             ids = None if found is None else sorted(found)
@@ -65,7 +65,8 @@ def recovered(directory: str) -> None:
         log.warning("could not remove %s (%s)", layout.STARTED_FILE, exc)
 
 
-def _previous(directory: str) -> Started:
+def previous(directory: str) -> Started:
+    """The ids of the jobs earlier runs' children started (None: not known), files untouched."""
     kept = _read_kept(directory)
     progress = read_progress(directory)
     return None if kept is None or progress is None else kept | progress
