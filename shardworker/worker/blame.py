@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from shardworker.model import ClaimedJob
 from shardworker.wire import JobKey
 
+SHUTDOWN_TIMEOUT = "shutdown timeout"  # the error of a job still running when a stop's time ran out
+
 
 @dataclass(frozen=True)
 class Cause:
@@ -65,7 +67,10 @@ def judge(cause: Cause, unfinished: Sequence[ClaimedJob], unsaved: Sequence[Clai
                         if (j.id, j.attempt) in cause.timed_out)
         innocent = tuple(j for j in unfinished if (j.id, j.attempt) not in cause.timed_out)
         cancelled = bool(charged) and all((j.id, j.attempt) in cause.cancelled for j, _ in charged)
-        why = "killed: a cancelled handler did not stop in time" if cancelled else "killed for a timeout"
+        at_shutdown = bool(charged) and all(error == SHUTDOWN_TIMEOUT for _, error in charged)
+        why = ("killed: a cancelled handler did not stop in time" if cancelled
+               else "killed: still running at the end of --shutdown-timeout" if at_shutdown
+               else "killed for a timeout")
         return Verdict(why, charged, (*innocent, *unsaved), cancelled=cancelled)
     if cause.fatal:
         return Verdict(cause.fatal, tuple((j, cause.fatal) for j in (*unfinished, *unsaved)), crash=True)

@@ -151,7 +151,7 @@ def shutdown_cause(handle: ChildHandle) -> blame.Cause:
     procs.kill_quietly(handle.process.pid)
     handle.process.join(5)
     running = handle.running()
-    return blame.Cause(killed=True, timed_out={(job.id, job.attempt): "shutdown timeout" for job, _ in running})
+    return blame.Cause(killed=True, timed_out={(job.id, job.attempt): blame.SHUTDOWN_TIMEOUT for job, _ in running})
 
 
 def log_death(index: int, verdict: blame.Verdict, unstarted: int) -> None:

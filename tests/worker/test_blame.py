@@ -11,7 +11,7 @@ from shardworker.app import App
 from shardworker.config import WorkerConfig
 from shardworker.errors import ConfigError
 from shardworker.model import ClaimedJob, Job
-from shardworker.worker.blame import Cause, judge, process_death
+from shardworker.worker.blame import SHUTDOWN_TIMEOUT, Cause, judge, process_death
 
 
 def job(job_id: int) -> ClaimedJob:
@@ -28,6 +28,14 @@ def test_a_timeout_charges_the_late_jobs_and_snoozes_the_others() -> None:
     verdict = judge(Cause(killed=True, timed_out={(1, 1): "timed out after 5s"}), [A, B], [C])
     assert verdict.charged == ((A, "timed out after 5s"),)
     assert (verdict.snooze, verdict.suspects, verdict.crash) == ((B, C), (), False)
+
+
+def test_a_kill_at_the_shutdown_timeout_says_so_not_a_handler_timeout() -> None:
+    """A stop's --shutdown-timeout passed with a handler running: the log line says that, not
+    "killed for a timeout" (a new user looked for a handler's timeout_s)."""
+    verdict = judge(Cause(killed=True, timed_out={(1, 1): SHUTDOWN_TIMEOUT}), [A], [])
+    assert verdict.charged == ((A, "shutdown timeout"),)
+    assert verdict.reason == "killed: still running at the end of --shutdown-timeout"
 
 
 def test_a_death_with_one_running_job_charges_it_with_how_the_process_died() -> None:
