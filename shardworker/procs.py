@@ -186,6 +186,15 @@ def handle_stop_signals(handler: Callable[[int, Any], None]) -> None:
         handler(_held_signals[0], None)
 
 
+def boottime() -> float:
+    """Seconds on a clock every process of the host shares that also runs while the host is
+    suspended (CLOCK_BOOTTIME; monotonic where there is none), as peers' clocks do meanwhile."""
+    return time.clock_gettime(_BOOTTIME) if _BOOTTIME is not None else time.monotonic()
+
+
+_BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
+
+
 def kill_quietly(pid: int | None) -> None:
     if pid:
         with contextlib.suppress(ProcessLookupError):

@@ -34,6 +34,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from shardworker import procs
 from shardworker.app import App
 from shardworker.child.cancels import Cancels
 from shardworker.child.handlers import attempt_async, attempt_sync
@@ -56,7 +57,7 @@ class StartGate:
         self._until = alive_until
 
     def open(self) -> bool:
-        return self._until is None or time.monotonic() < self._until.value
+        return self._until is None or procs.boottime() < self._until.value
 
 
 class Lane(Protocol):
@@ -169,6 +170,9 @@ class AsyncLane:
 
     async def _run(self, slot: int, job: ClaimedJob) -> None:
         try:
+            if not self.gate.open():  # closed since the task was made (a handler blocked the loop meanwhile)
+                self._waiting = {slot: job, **self._waiting}
+                return
             self.on_start(slot, job)
             started_at = time.monotonic()
             steps = self.steps_for(job)

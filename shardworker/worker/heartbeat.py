@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from shardworker import procs
 from shardworker.errors import ShardworkerError, StoreError, WorkerRescued
 from shardworker.retry import Backoff, Outage, is_retryable
 from shardworker.views import Beat, FlowCount, Serving
@@ -80,21 +81,24 @@ class Heartbeat:
         """Beat, then rescue; returns the seconds until the next beat."""
         if self.conflict is not None:
             return self.interval_s
+        began = procs.boottime()  # the gate's clock (children read it): it runs on through a suspend
         try:
             beat = self.store.beat(self.worker_id, socket.gethostname(), os.getpid(), *self.load(),
                                    take_over=self.last_ok is None, serves=self.serves)
+            if self._stop.is_set():
+                return self.interval_s  # a beat that outlived stop(): the worker is done with its row
             if beat.holder is not None:
                 self._lost_the_id(beat.holder)
                 return self.interval_s
             if beat.inserted and self.last_ok is not None:
                 self._stopped_by(WorkerRescued(
                     f"a peer rescued the jobs of worker {self.worker_id!r} while it was silent (paused, or cut off, "
-                    f"for {now - self.last_ok:.0f}s; --rescue-after {self.rescue_after_s:g}s): they run elsewhere "
-                    "now, and it starts none of those it held; stopping"))
+                    f"for {now - self.last_ok:.0f}s): they run elsewhere now, and it starts none of those it "
+                    "held; stopping"))
                 return self.interval_s
             self.last_ok, self._refusing = now, False
             if self.rescue_after_s is not None:
-                self.on_alive(now + self.rescue_after_s)
+                self.on_alive(began + self.rescue_after_s)
             self.outage.recovered()
             if self.rescuer is not None:
                 self.rescuer.run_once(now)
@@ -119,11 +123,14 @@ class Heartbeat:
         self._stopped_by(in_use(self.worker_id, *holder))
 
     def _stopped_by(self, conflict: ShardworkerError) -> None:
+        self.on_alive(0.0)  # the children start nothing more
         self.conflict = conflict
         self._stop.set()
         self.on_conflict(conflict)
 
     def start(self) -> None:
+        if self.rescue_after_s is not None:
+            self.on_alive(0.0)  # closed until the first beat says no peer rescued this worker
         self._thread = threading.Thread(target=self._loop, name="shardworker-heartbeat", daemon=True)
         self._thread.start()
 

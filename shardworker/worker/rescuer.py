@@ -25,6 +25,7 @@ again or this worker restarts; a lost connection is raised, for the heartbeat to
 from __future__ import annotations
 
 import logging
+import time
 from datetime import datetime
 from typing import Protocol
 
@@ -65,7 +66,13 @@ class Rescuer:
             self._generation = self.store.generation
         if self.max_gap_s is not None and self._looked_at is not None and now - self._looked_at > self.max_gap_s:
             self.connection_lost()  # this host was paused: its peers had no chance to beat meanwhile
-        self._looked_at = now
+        took = time.monotonic()
+        try:
+            return self._look(now)
+        finally:  # the gap runs from the end of this look: a slow look is no pause
+            self._looked_at = now + time.monotonic() - took
+
+    def _look(self, now: float) -> list[int]:
         watch = self.store.rescue_watch()
         if self.store.generation != self._generation:
             self.connection_lost()  # reconnected inside that call: start watching afresh

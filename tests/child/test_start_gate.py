@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from shardworker import procs
 from shardworker.app import App
 from shardworker.child.cancels import Cancels
 from shardworker.child.hooks import EventLoop, Hooks
@@ -29,7 +30,8 @@ def run_sync(job: Any) -> None:
 
 @app.handler("async")
 async def run_async(job: Any) -> None:
-    return None
+    if job.payload == "block":
+        time.sleep(0.5)  # a sync call in an async handler: it holds the loop, as a freeze would
 
 
 def jobs(kind: str, count: int) -> list[tuple[int, ClaimedJob]]:
@@ -38,7 +40,7 @@ def jobs(kind: str, count: int) -> list[tuple[int, ClaimedJob]]:
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
 def test_a_closed_gate_starts_nothing_until_it_opens_and_a_stop_returns_what_it_held(kind: str) -> None:
-    alive_until = ctypes.c_double(time.monotonic() - 1)  # the heartbeat's last word has run out
+    alive_until = ctypes.c_double(procs.boottime() - 1)  # the heartbeat's last word has run out
     started: list[int] = []
     done = threading.Event()
 
@@ -58,14 +60,38 @@ def test_a_closed_gate_starts_nothing_until_it_opens_and_a_stop_returns_what_it_
         lane.submit(jobs(kind, 3))
         time.sleep(0.3)
         assert started == [], "a job started behind a closed gate"
-        alive_until.value = time.monotonic() + 60  # a beat found this worker's row: open
+        alive_until.value = procs.boottime() + 60  # a beat found this worker's row: open
         assert done.wait(5), started
         assert started == [1, 2, 3]
-        alive_until.value = time.monotonic() - 1
+        alive_until.value = procs.boottime() - 1
         lane.submit(jobs(kind, 2))
         time.sleep(0.3)
         assert started == [1, 2, 3]
         assert [job.id for _, job in lane.stop()] == [1, 2]  # given back, never started
+        lane.join(5)
+    finally:
+        events.stop(5)
+
+
+def test_an_async_job_whose_task_was_made_before_the_gate_closed_does_not_start() -> None:
+    """The async lane makes a task per job that fits; a handler blocking the loop delays those
+    tasks, and the gate may close meanwhile: each task looks at the gate again before its
+    handler starts, and gives its job back to the waiting ones. (From a review: jobs 2 and 3
+    started behind a closed gate.)"""
+    alive_until = ctypes.c_double(procs.boottime() + 60)
+    gate = StartGate(alive_until)
+    started: list[tuple[int, bool]] = []
+    events = EventLoop()
+    lane = AsyncLane(app, 3, lambda _slot, job: started.append((job.id, gate.open())), lambda *_: None,
+                     lambda job: StepLog(job, lambda *_: None, lambda *_: None), Cancels(), Hooks(app, events), gate)
+    try:
+        blocker = ClaimedJob(1, "async", "default", '"block"', 1, 3)
+        lane.submit([(0, blocker), *jobs("async", 3)[1:]])
+        time.sleep(0.1)
+        alive_until.value = procs.boottime() - 1  # closes while job 1 holds the loop
+        time.sleep(1.0)
+        assert started == [(1, True)], started
+        assert sorted(job.id for _, job in lane.stop()) == [2, 3]
         lane.join(5)
     finally:
         events.stop(5)

@@ -4,7 +4,13 @@ clean stop removes only the row it wrote. Real PostgreSQL."""
 
 from __future__ import annotations
 
+import pytest
+
+from shardworker import procs
+from shardworker.errors import WorkerRescued
+from shardworker.retry import Backoff
 from shardworker.store.pg_store import PgStore
+from shardworker.worker.heartbeat import Heartbeat
 from tests.helpers import execute, query
 
 
@@ -97,3 +103,22 @@ def _is_zombie(pid: int) -> bool:
     with open(f"/proc/{pid}/stat", "rb") as f:
         stat = f.read()
     return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] == b"Z"
+
+
+@pytest.mark.parametrize("rescue_after_s", [60.0, None])  # a worker's heartbeat, and a drain's
+def test_a_heartbeat_that_finds_its_row_gone_stops_its_worker_and_closes_the_gate(
+        store: PgStore, pg_dsn: str, rescue_after_s: float | None) -> None:
+    """The first beat inserts the row; a later beat that has to insert it again finds it was
+    rescued: ``WorkerRescued`` in ``conflict``, and the children's gate closed (0). A drain's
+    heartbeat (no rescue window) says so too, without failing on its missing window."""
+    alive: list[float] = []
+    beat = Heartbeat(store, "w", interval_s=1.0, rescue_after_s=rescue_after_s, backoff=Backoff(0.05, 1.0),
+                     on_alive=alive.append)
+    beat.run_once(0.0)
+    assert beat.conflict is None and store.worker_row("w") is not None
+    assert alive == ([] if rescue_after_s is None else [pytest.approx(procs.boottime() + 60, abs=5)])
+    query(pg_dsn, "DELETE FROM shardworker.workers WHERE worker_id = 'w' RETURNING 1")  # a peer's rescue
+    beat.run_once(5.0)
+    assert isinstance(beat.conflict, WorkerRescued), beat.conflict
+    assert "rescued the jobs of worker 'w'" in str(beat.conflict)
+    assert alive[-1] == 0.0
