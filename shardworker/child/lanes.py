@@ -50,14 +50,17 @@ StepsFor = Callable[[ClaimedJob], StepLog]
 
 
 class StartGate:
-    """Open before ``alive_until`` (a shared double, monotonic seconds, that the parent's heartbeat
-    moves on after each beat that found this worker's row), or always without one."""
+    """Open before ``alive_until``, two shared doubles the parent's heartbeat moves on after each
+    beat that found this worker's row: a deadline on the boot-time clock (it runs through a
+    suspend) and one on the wall clock (which a VM's guest agent or NTP sets right after a pause
+    the guest's own clocks did not see); or always, without them."""
 
     def __init__(self, alive_until: Any = None) -> None:
         self._until = alive_until
 
     def open(self) -> bool:
-        return self._until is None or procs.boottime() < self._until.value
+        until = self._until
+        return until is None or (procs.boottime() < until[0] and time.time() < until[1])
 
 
 class Lane(Protocol):

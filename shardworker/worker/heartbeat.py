@@ -21,6 +21,7 @@ or cut off for longer stops them starting any until a beat says whether it was r
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import threading
@@ -54,7 +55,8 @@ class Heartbeat:
                  backoff: Backoff, *, rescue_grace_s: float = 0.0, clock: Callable[[], float] = time.monotonic,
                  load: Callable[[], Load] = lambda: (None, None, None),
                  on_conflict: Callable[[ShardworkerError], None] = lambda exc: None,
-                 serves: Serving | None = None, on_alive: Callable[[float], None] = lambda until: None) -> None:
+                 serves: Serving | None = None,
+                 on_alive: Callable[[float, float], None] = lambda boot, wall: None) -> None:
         self.store, self.worker_id, self.interval_s = store, worker_id, interval_s
         self.rescue_after_s, self.on_alive = rescue_after_s, on_alive
         # What the row says this worker serves (None: nothing), for those who ask whether a
@@ -71,6 +73,8 @@ class Heartbeat:
         self.rescuer = None if rescue_after_s is None else Rescuer(store, worker_id, rescue_after_s, rescue_grace_s,
                                                                    max_gap_s=3 * interval_s)
         self.last_ok: float | None = None
+        self._last_ok_boot = 0.0  # the boot-time clock at the last good beat's start
+        self._alive_until = math.inf  # the children's gate, as the last good beat set it (boot-time clock)
         self._refusing = False
         self.on_conflict = on_conflict
         self.conflict: ShardworkerError | None = None  # another process took this id's row, or a peer rescued us
@@ -81,7 +85,7 @@ class Heartbeat:
         """Beat, then rescue; returns the seconds until the next beat."""
         if self.conflict is not None:
             return self.interval_s
-        began = procs.boottime()  # the gate's clock (children read it): it runs on through a suspend
+        began, began_wall = procs.boottime(), time.time()  # the gate's clocks (see child.lanes.StartGate)
         try:
             beat = self.store.beat(self.worker_id, socket.gethostname(), os.getpid(), *self.load(),
                                    take_over=self.last_ok is None, serves=self.serves)
@@ -93,12 +97,13 @@ class Heartbeat:
             if beat.inserted and self.last_ok is not None:
                 self._stopped_by(WorkerRescued(
                     f"a peer rescued the jobs of worker {self.worker_id!r} while it was silent (paused, or cut off, "
-                    f"for {now - self.last_ok:.0f}s): they run elsewhere now, and it starts none of those it "
-                    "held; stopping"))
+                    f"for {began - self._last_ok_boot:.0f}s): they run elsewhere now, and it starts none of those "
+                    "it held"))
                 return self.interval_s
-            self.last_ok, self._refusing = now, False
+            self.last_ok, self._last_ok_boot, self._refusing = now, began, False
             if self.rescue_after_s is not None:
-                self.on_alive(began + self.rescue_after_s)
+                self._alive_until = began + self.rescue_after_s
+                self.on_alive(self._alive_until, began_wall + self.rescue_after_s)
             self.outage.recovered()
             if self.rescuer is not None:
                 self.rescuer.run_once(now)
@@ -107,7 +112,8 @@ class Heartbeat:
                 return self._refused(exc)
             if self.rescuer is not None:
                 self.rescuer.connection_lost()
-            return self.outage.failed(exc)
+            # Beat again before the children's gate would close (an interval ahead), backoff or not.
+            return min(self.outage.failed(exc), max(0.05, self._alive_until - procs.boottime() - self.interval_s))
         return self.interval_s
 
     def _refused(self, exc: StoreError) -> float:
@@ -123,14 +129,14 @@ class Heartbeat:
         self._stopped_by(in_use(self.worker_id, *holder))
 
     def _stopped_by(self, conflict: ShardworkerError) -> None:
-        self.on_alive(0.0)  # the children start nothing more
+        self.on_alive(0.0, 0.0)  # the children start nothing more
         self.conflict = conflict
         self._stop.set()
         self.on_conflict(conflict)
 
     def start(self) -> None:
         if self.rescue_after_s is not None:
-            self.on_alive(0.0)  # closed until the first beat says no peer rescued this worker
+            self.on_alive(0.0, 0.0)  # closed until the first beat says no peer rescued this worker
         self._thread = threading.Thread(target=self._loop, name="shardworker-heartbeat", daemon=True)
         self._thread.start()
 

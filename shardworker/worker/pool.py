@@ -46,7 +46,7 @@ class ChildPool:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.job_counts = JobCounts()  # finished jobs by kind and outcome, as the children report them
         # Until when (monotonic s) the children may start the jobs they hold: the heartbeat moves it on.
-        self._alive_until = procs.context(True).RawValue(ctypes.c_double, math.inf)
+        self._alive_until = procs.context(True).RawArray(ctypes.c_double, [math.inf, math.inf])  # boot, wall
         self.handles = [ChildHandle(config, job_counts=self.job_counts, alive_until=self._alive_until)
                         for config in configs]
         self.specs, self.clock = specs, clock
@@ -62,9 +62,9 @@ class ChildPool:
         self.suspect_ids = Suspects()  # ids of jobs to run alone when claimed again
         self.cancelling = Cancelling(cancel_grace_s)  # jobs an operator cancelled while held here
 
-    def alive_until(self, until: float) -> None:
-        """The heartbeat's word: no peer can have rescued this worker's jobs before ``until``."""
-        self._alive_until.value = until
+    def alive_until(self, boot: float, wall: float) -> None:
+        """The heartbeat's word: no peer can have rescued this worker's jobs before these instants."""
+        self._alive_until[0], self._alive_until[1] = boot, wall
 
     @property
     def by_kind(self) -> collections.Counter[str]:

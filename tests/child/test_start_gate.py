@@ -34,13 +34,18 @@ async def run_async(job: Any) -> None:
         time.sleep(0.5)  # a sync call in an async handler: it holds the loop, as a freeze would
 
 
+def deadline(in_s: float) -> Any:
+    """The pool's shared pair, as the heartbeat sets it: boot-time and wall-clock deadlines."""
+    return (ctypes.c_double * 2)(procs.boottime() + in_s, time.time() + in_s)
+
+
 def jobs(kind: str, count: int) -> list[tuple[int, ClaimedJob]]:
     return [(i, ClaimedJob(i + 1, kind, "default", "null", 1, 3)) for i in range(count)]
 
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
 def test_a_closed_gate_starts_nothing_until_it_opens_and_a_stop_returns_what_it_held(kind: str) -> None:
-    alive_until = ctypes.c_double(procs.boottime() - 1)  # the heartbeat's last word has run out
+    alive_until = deadline(-1)  # the heartbeat's last word has run out
     started: list[int] = []
     done = threading.Event()
 
@@ -60,10 +65,10 @@ def test_a_closed_gate_starts_nothing_until_it_opens_and_a_stop_returns_what_it_
         lane.submit(jobs(kind, 3))
         time.sleep(0.3)
         assert started == [], "a job started behind a closed gate"
-        alive_until.value = procs.boottime() + 60  # a beat found this worker's row: open
+        alive_until[:] = deadline(60)  # a beat found this worker's row: open
         assert done.wait(5), started
         assert started == [1, 2, 3]
-        alive_until.value = procs.boottime() - 1
+        alive_until[:] = deadline(-1)
         lane.submit(jobs(kind, 2))
         time.sleep(0.3)
         assert started == [1, 2, 3]
@@ -78,7 +83,7 @@ def test_an_async_job_whose_task_was_made_before_the_gate_closed_does_not_start(
     tasks, and the gate may close meanwhile: each task looks at the gate again before its
     handler starts, and gives its job back to the waiting ones. (From a review: jobs 2 and 3
     started behind a closed gate.)"""
-    alive_until = ctypes.c_double(procs.boottime() + 60)
+    alive_until = deadline(60)
     gate = StartGate(alive_until)
     started: list[tuple[int, bool]] = []
     events = EventLoop()
@@ -88,10 +93,20 @@ def test_an_async_job_whose_task_was_made_before_the_gate_closed_does_not_start(
         blocker = ClaimedJob(1, "async", "default", '"block"', 1, 3)
         lane.submit([(0, blocker), *jobs("async", 3)[1:]])
         time.sleep(0.1)
-        alive_until.value = procs.boottime() - 1  # closes while job 1 holds the loop
+        alive_until[:] = deadline(-1)  # closes while job 1 holds the loop
         time.sleep(1.0)
         assert started == [(1, True)], started
         assert sorted(job.id for _, job in lane.stop()) == [2, 3]
         lane.join(5)
     finally:
         events.stop(5)
+
+
+def test_the_wall_clock_closes_the_gate_when_the_boot_clock_did_not_see_a_pause() -> None:
+    """A VM paused by its hypervisor may keep its clocks still; the wall clock, set right by NTP
+    or the guest agent on resume, then says the time that passed: either deadline closes it."""
+    until = deadline(60)
+    gate = StartGate(until)
+    assert gate.open()
+    until[1] = time.time() - 1  # the wall clock jumped past the deadline on resume
+    assert not gate.open()

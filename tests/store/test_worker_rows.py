@@ -113,7 +113,7 @@ def test_a_heartbeat_that_finds_its_row_gone_stops_its_worker_and_closes_the_gat
     heartbeat (no rescue window) says so too, without failing on its missing window."""
     alive: list[float] = []
     beat = Heartbeat(store, "w", interval_s=1.0, rescue_after_s=rescue_after_s, backoff=Backoff(0.05, 1.0),
-                     on_alive=alive.append)
+                     on_alive=lambda boot, wall: alive.append(boot))
     beat.run_once(0.0)
     assert beat.conflict is None and store.worker_row("w") is not None
     assert alive == ([] if rescue_after_s is None else [pytest.approx(procs.boottime() + 60, abs=5)])
