@@ -136,9 +136,15 @@ def test_a_killed_worker_gives_its_global_slots_back_through_the_rescue(pg_dsn: 
                           "FROM generate_series(1, 10) RETURNING id")
     peer = flow_worker(pg_dsn, tmp_path, "w2", "--rescue-after", "5", "--shutdown-timeout", "1")
     try:
-        wait_for(lambda: query(pg_dsn, "SELECT count(*) FROM shardworker.jobs WHERE id = ANY(%s) AND "
-                                       "status = 'done'", [r[0] for r in later])[0][0] == 10,
-                 90, "the kind's other jobs to run once the slots came back")
+        try:
+            wait_for(lambda: query(pg_dsn, "SELECT count(*) FROM shardworker.jobs WHERE id = ANY(%s) AND "
+                                           "status = 'done'", [r[0] for r in later])[0][0] == 10,
+                     90, "the kind's other jobs to run once the slots came back")
+        except AssertionError as exc:  # say what the workers and the rows said (a clean-clone run failed once)
+            logs = {name: (tmp_path / "counts" / f"{name}.log").read_text()[-3000:] for name in ("w1", "w2")}
+            workers = query(pg_dsn, "SELECT * FROM shardworker.workers")
+            jobs = query(pg_dsn, "SELECT id, status, attempt, locked_by, run_at FROM shardworker.jobs")
+            raise AssertionError(f"{exc}\n{logs}\n{workers}\n{jobs}") from None
         rescued = query(pg_dsn, "SELECT status FROM shardworker.jobs WHERE id = ANY(%s)", stuck)
         assert {s for (s,) in rescued} <= {"queued", "running"}
     finally:
