@@ -70,8 +70,11 @@ class Heartbeat:
         self.outage = Outage("heartbeat", log, backoff, floor_s=interval_s, clock=clock, ended=None,
                              started="heartbeat failed ({error}); retrying every {delay:.1f}s or so")
         # No rescuer when it only keeps a worker alive (``outbox drain`` beating for the owner).
-        self.rescuer = None if rescue_after_s is None else Rescuer(store, worker_id, rescue_after_s, rescue_grace_s,
-                                                                   max_gap_s=3 * interval_s)
+        # A pause of this host counts as watched silence unless it is long enough to matter: a peer
+        # paused with it beats within an interval of the resume, before the window is out.
+        self.rescuer = None if rescue_after_s is None else Rescuer(
+            store, worker_id, rescue_after_s, rescue_grace_s,
+            max_gap_s=max(3 * interval_s, rescue_after_s - 2 * interval_s))
         self.last_ok: float | None = None
         self._last_ok_boot = 0.0  # the boot-time clock at the last good beat's start
         self._alive_until = math.inf  # the children's gate, as the last good beat set it (boot-time clock)

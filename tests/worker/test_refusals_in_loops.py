@@ -111,3 +111,14 @@ def test_a_failing_heartbeat_tries_again_before_the_childrens_gate_would_close(s
     store.fail("beat", times=10, make=lambda: DatabaseUnavailable("connection refused"))
     delays = [beat.run_once(float(t)) for t in range(1, 8)]
     assert all(delay <= 4.0 for delay in delays), delays
+
+
+def test_a_stalled_heartbeat_does_not_restart_the_rescuers_watch_unless_the_pause_could_matter(
+        store: FlakyStore) -> None:
+    """The rescuer watches afresh after a gap only when the gap is long enough for a peer paused
+    with this host to miss its window: a few seconds' stall under load (a slow fsync) must not
+    restart every watch of an hour-long window (a clean-clone run's rescue stalled once)."""
+    hour = Heartbeat(store, "me", interval_s=2.0, rescue_after_s=3600.0, backoff=Backoff(0.05, 1.0))
+    short = Heartbeat(store, "me", interval_s=2.0, rescue_after_s=5.0, backoff=Backoff(0.05, 1.0))
+    assert hour.rescuer is not None and hour.rescuer.max_gap_s == 3596.0
+    assert short.rescuer is not None and short.rescuer.max_gap_s == 6.0
