@@ -68,12 +68,15 @@ class Rescuer:
             self.connection_lost()  # this host was paused: its peers had no chance to beat meanwhile
         took = time.monotonic()
         try:
-            return self._look(now)
+            return self._look(now, took)
         finally:  # the gap runs from the end of this look: a slow look is no pause
             self._looked_at = now + time.monotonic() - took
 
-    def _look(self, now: float) -> list[int]:
+    def _look(self, now: float, took: float) -> list[int]:
         watch = self.store.rescue_watch()
+        # A beat is first seen when the answer came, not when this look began (a slow beat or query
+        # before it would date the watch too early); the watch is measured from there to a look's start.
+        seen_at = now + time.monotonic() - took
         if self.store.generation != self._generation:
             self.connection_lost()  # reconnected inside that call: start watching afresh
             self._generation = self.store.generation
@@ -84,7 +87,7 @@ class Rescuer:
                 continue
             seen = self._seen.get(worker)
             if seen is None or seen[0] != beat:
-                self._seen[worker] = (beat, now)
+                self._seen[worker] = (beat, seen_at)
             elif now - seen[1] >= max(self.rescue_after_s, theirs or 0.0):  # the longer window counts
                 silent.append((worker, beat))
         for gone in set(self._seen) - set(watch):
