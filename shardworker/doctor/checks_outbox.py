@@ -191,6 +191,21 @@ def check_quarantine(facts: OutboxFacts) -> Check:
                  "out of quarantine/", {"quarantined": names})
 
 
+def check_kept(facts: OutboxFacts) -> Check:
+    """Outcomes kept rather than applied: a stale or cancelled attempt's (by design), or one whose
+    job is missing here or that the database refused (worth a look: the file says why)."""
+    stale, set_aside = layout.count_stale(facts.directory), layout.count_setaside(facts.directory)
+    refused = layout.count_deadlettered(facts.directory)
+    data = {"stale": stale, "set_aside": set_aside, "deadlettered": refused}
+    if set_aside or refused:
+        return Check("kept", Status.WARN, f"{set_aside} outcome(s) set aside (their jobs missing from this database) "
+                     f"and {refused} dead-lettered (refused by the database), besides {stale} stale",
+                     f"read {layout.SETASIDE_LOG} and {layout.DEADLETTER_DIR}/ in {shlex.quote(facts.directory)}: "
+                     "each entry says why; nothing is lost", data)
+    return Check("kept", Status.OK, f"{stale} outcome(s) of rescued or cancelled attempts kept, not applied, "
+                 f"in {layout.STALE_LOG} (as designed)" if stale else "no outcome kept aside", None, data)
+
+
 def outbox_checks(facts: OutboxFacts, *, given: bool, min_free_bytes: int, here: Binding | None,
                   reachable: bool) -> list[Check]:
     checks = [check_outbox_dir(facts, given)]
@@ -199,4 +214,4 @@ def outbox_checks(facts: OutboxFacts, *, given: bool, min_free_bytes: int, here:
     if facts.status is None:  # a symlink or another user's: nothing in it is read, or trusted
         return [*checks, check_permissions(facts)]
     return [*checks, check_permissions(facts), check_free_space(facts, min_free_bytes), check_pending(facts),
-            check_binding(facts, here, reachable), check_quarantine(facts)]
+            check_binding(facts, here, reachable), check_quarantine(facts), check_kept(facts)]

@@ -157,3 +157,17 @@ def test_console_script_from_a_project_dir_with_a_relative_outbox(tmp_path: Path
     second = run("doctor", "--outbox-dir", "outbox")
     assert second.returncode == 0, second.stdout + second.stderr
     assert all(x.startswith("ok ") for x in second.stdout.splitlines()), second.stdout
+
+
+def test_doctor_tells_outcomes_kept_aside(tmp_path: Path, pg_dsn: str, store: PgStore) -> None:
+    """Outcomes the flusher kept rather than applied: a stale attempt's in stale.jsonl is by
+    design (ok, counted); one whose job is missing from this database, set aside, needs a look
+    (warn, naming setaside.jsonl). Before, doctor said nothing of either."""
+    outbox_dir = bound_outbox(tmp_path / "outbox", store)
+    assert report("--dsn", pg_dsn, "--outbox-dir", str(outbox_dir))[1]["kept"]["status"] == "ok"
+    (outbox_dir / "stale.jsonl").write_text('{"reason":"stale: its attempt was rescued"}\n' * 2)
+    kept = report("--dsn", pg_dsn, "--outbox-dir", str(outbox_dir))[1]["kept"]
+    assert (kept["status"], kept["stale"], kept["set_aside"]) == ("ok", 2, 0)
+    (outbox_dir / "setaside.jsonl").write_text('{"reason":"set aside: no such job in this database"}\n')
+    kept = report("--dsn", pg_dsn, "--outbox-dir", str(outbox_dir))[1]["kept"]
+    assert (kept["status"], kept["set_aside"]) == ("warn", 1) and "setaside.jsonl" in kept["action"]
