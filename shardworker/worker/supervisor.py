@@ -131,7 +131,7 @@ class Supervisor:
         return self.dispatcher.claimed_total if self.dispatcher else 0
 
     def unapplied(self) -> int:
-        return max(0, self.dispatcher.backlog()) if self.dispatcher else 0
+        return self.dispatcher.backlog() if self.dispatcher else 0
 
     def in_flight(self) -> int:
         return self.pool.in_flight
@@ -261,7 +261,7 @@ class Supervisor:
         if dispatcher is None:
             return None, None, None
         try:
-            return self.pool.in_flight, max(0, dispatcher.backlog()), flow_counts(self.pool.handles)
+            return self.pool.in_flight, dispatcher.backlog(), flow_counts(self.pool.handles)
         except Exception:  # a count caught mid-change is not worth a missed heartbeat
             return None, None, None
 

@@ -19,14 +19,20 @@ from shardworker.store.pg_store import PgStore, StoreConfig
 from tests.helpers import enqueue, query, wait_for, worker_config
 
 
+def flusher_process(dsn: str, outbox_dir: Path) -> FlusherHandle:
+    """A worker's flusher process on ``outbox_dir``, forked, with the defaults."""
+    config = worker_config(dsn=dsn, outbox_dir=str(outbox_dir))
+    handle = FlusherHandle(str(outbox_dir), config.store_config(), config.flusher_config(), config.flush_idle_sleep_s)
+    handle.start(fork=True)
+    return handle
+
+
 def test_a_stop_is_not_answered_by_an_idle_flag_older_than_the_stop(pg_dsn: str, tmp_path: Path) -> None:
     """Idle, then frozen; a child's last outcome is committed and the stop asked: the flag
     still says idle, but no pass has seen that outcome. The stop must wait (not tell the
     flusher to exit) until the flusher, thawed, has applied it."""
     [job] = claim(pg_dsn, 1)
-    config = worker_config(dsn=pg_dsn, outbox_dir=str(tmp_path))
-    handle = FlusherHandle(str(tmp_path), config.store_config(), config.flusher_config(), config.flush_idle_sleep_s)
-    handle.start(fork=True)
+    handle = flusher_process(pg_dsn, tmp_path)
     try:
         wait_for(lambda: handle.idle, 30, "the flusher idle", step_s=0.02)
         os.kill(handle.process.pid, signal.SIGSTOP)
@@ -71,9 +77,7 @@ def test_a_stop_applies_more_than_a_batch_before_ending_the_flusher(pg_dsn: str,
     (flush_batch 1,000). A batch that ends on a due checkpoint leaves nothing held and nothing
     dirty, yet is no proof that nothing is left: the stop must wait for a pass that found
     nothing, and every outcome lands. (Found by a review: 2,000 of 2,500 applied.)"""
-    config = worker_config(dsn=pg_dsn, outbox_dir=str(tmp_path))
-    handle = FlusherHandle(str(tmp_path), config.store_config(), config.flusher_config(), config.flush_idle_sleep_s)
-    handle.start(fork=True)
+    handle = flusher_process(pg_dsn, tmp_path)
     try:
         wait_for(lambda: handle.idle, 30, "the flusher idle", step_s=0.02)
         os.kill(handle.process.pid, signal.SIGSTOP)
@@ -97,9 +101,7 @@ def test_drained_at_start_means_every_pending_outcome_applied(pg_dsn: str, tmp_p
     said after a batch that ended on a due checkpoint had the jobs of the outcomes still
     waiting requeued, charged, to run again (found by a review: 11,000 of 20,000)."""
     claimed_with_outcomes_in_the_outbox(pg_dsn, tmp_path, 12000)
-    config = worker_config(dsn=pg_dsn, outbox_dir=str(tmp_path))
-    handle = FlusherHandle(str(tmp_path), config.store_config(), config.flusher_config(), config.flush_idle_sleep_s)
-    handle.start(fork=True)
+    handle = flusher_process(pg_dsn, tmp_path)
     try:
         wait_for(lambda: handle.drained, 60, "the flusher drained", step_s=0.001)
         assert query(pg_dsn, "SELECT status, count(*) FROM shardworker.jobs GROUP BY status") == [("done", 12000)]
