@@ -76,6 +76,13 @@ class StartupFailed(CrashLoop):
     """A child's on_startup hook raised; the worker stops instead of restarting it."""
 
 
+class NewerRecord(ShardworkerError, ValueError):
+    """An outbox record written by a newer shardworker, in a format this one cannot read (a
+    deploy rolled back while outcomes waited). The flusher leaves it on disk and stops: never
+    dead-lettered, or its job would be requeued and its handler run again. A ``ValueError``
+    for the readers that only skip what they cannot read."""
+
+
 class WorkerIdInUse(ShardworkerError):
     """Another live worker runs under this worker id: give each worker its own --worker-id."""
 

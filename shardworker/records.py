@@ -31,6 +31,7 @@ import math
 import struct
 
 from outbox import MAX_RECORD_BYTES
+from shardworker.errors import NewerRecord
 from shardworker.model import Disposition, Outcome, StepRecord
 
 JobKey = tuple[int, int]  # (job id, attempt)
@@ -46,6 +47,8 @@ _CODES = {Disposition.RETRY: 0, Disposition.FAILED: 0, Disposition.DONE: 1, Disp
 _FOR_GOOD = -1.0  # the delay of a code-0 record that is not to be retried
 _STEP = struct.Struct("<Bqidii")
 _STEP_V3 = 3
+NEWEST_VERSION = _RECORD_V5  # a record above it was written by a newer release (NewerRecord)
+_VERSIONS_END = 32  # first bytes from here on are not versions: the unreleased JSON format began with "["
 
 
 def encode_outcome(outcome: Outcome) -> bytes:
@@ -149,6 +152,8 @@ def decode_record(record: bytes) -> Outcome | StepRecord:
 
 
 def _header(record: bytes) -> tuple[int, int, int, int, float, int, int]:
+    if record and NEWEST_VERSION < record[0] < _VERSIONS_END:
+        raise NewerRecord(f"record version {record[0]}; this release reads versions up to {NEWEST_VERSION}")
     if len(record) < _RECORD.size or record[0] not in (_RECORD_V2, _RECORD_V4, _RECORD_V5):
         raise ValueError(f"not an outcome record: {bytes(record[:16])!r}")
     return _RECORD.unpack_from(record)

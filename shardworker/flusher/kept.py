@@ -5,6 +5,7 @@ applied because their attempt was stale, cancelled or their job missing (JSON li
 from __future__ import annotations
 
 import base64
+import logging
 import time
 from collections.abc import Iterable
 
@@ -12,7 +13,9 @@ import orjson
 
 from outbox.fsutil import append_durably, atomic_write, ensure_dir
 from shardworker import layout
-from shardworker.model import Outcome
+from shardworker.model import ApplyResult, Outcome
+
+log = logging.getLogger(__name__)
 
 
 def deadletter(outbox_dir: str, payload: bytes, reason: str, outcome: Outcome | None = None) -> str:
@@ -26,6 +29,28 @@ def deadletter(outbox_dir: str, payload: bytes, reason: str, outcome: Outcome | 
         letter.update(readable(outcome))
     atomic_write(directory, name, orjson.dumps(letter))
     return name
+
+
+def keep_unapplied(outbox_dir: str, result: ApplyResult, outcomes: list[Outcome]) -> None:
+    """Keep, whole, the outcomes of ``outcomes`` that a batch's ``result`` did not apply
+    (stale, cancelled, or of a job this database does not have), saying so once each."""
+    def keep_these(path: str, job_ids: tuple[int, ...], reason: str) -> None:
+        wanted = set(job_ids)
+        keep(path, (o for o in outcomes if o.job_id in wanted), reason)
+
+    if result.stale:
+        log.warning("%d stale outcomes kept in %s, not applied (a newer attempt owns the job): ids %s",
+                    result.stale, layout.STALE_LOG, list(result.stale_ids[:10]))
+        keep_these(layout.stale_log(outbox_dir), result.stale_ids,
+                   "stale: its attempt was rescued and the job claimed again")
+    if result.cancelled_ids:
+        log.info("%d outcomes not applied, kept in %s: their jobs were cancelled while they ran: ids %s",
+                 len(result.cancelled_ids), layout.STALE_LOG, list(result.cancelled_ids[:10]))
+        keep_these(layout.stale_log(outbox_dir), result.cancelled_ids, layout.CANCELLED_REASON)
+    if result.missing_ids:
+        log.error("%d outcomes set aside in %s: their jobs do not exist in this database: ids %s",
+                  len(result.missing_ids), layout.SETASIDE_LOG, list(result.missing_ids[:10]))
+        keep_these(layout.setaside_log(outbox_dir), result.missing_ids, "set aside: no such job in this database")
 
 
 def keep(path: str, outcomes: Iterable[Outcome], reason: str) -> None:

@@ -31,7 +31,7 @@ from typing import Protocol
 from outbox import OutboxReader, Record
 from shardworker import layout, wire
 from shardworker.config import FlusherConfig
-from shardworker.errors import OutcomeRejected, StoreError
+from shardworker.errors import NewerRecord, OutcomeRejected, StoreError
 from shardworker.flusher import kept
 from shardworker.model import ApplyResult, Outcome, StepRecord
 from shardworker.retry import Backoff, Outage
@@ -202,6 +202,10 @@ class Flusher:
     def _decode(self, record: Record) -> Outcome | StepRecord | None:
         try:
             return wire.decode_record(record.payload)
+        except NewerRecord as exc:  # a rolled-back release: stop, keep it (dead-lettered, its job would run again)
+            raise NewerRecord(f"the outbox {self.reader.directory} holds an outcome written by a newer shardworker "
+                              f"({exc}; shard {record.shard}, segment {record.segno}): run that release, or a later "
+                              "one, on this outbox to apply it; it is left as it is") from None
         except (ValueError, TypeError) as exc:
             # CRC-valid but not ours: keep the bytes, apply nothing for it.
             name = self._deadletter(record.payload, f"undecodable record: {exc}")
@@ -260,24 +264,7 @@ class Flusher:
         self.stats.stale += result.stale
         self.stats.missing += len(result.missing_ids)
         self.stats.followups += result.followups
-        if result.stale:
-            log.warning("%d stale outcomes kept in %s, not applied (a newer attempt owns the job): ids %s",
-                        result.stale, layout.STALE_LOG, list(result.stale_ids[:10]))
-            self._keep(layout.stale_log(self.reader.directory), result.stale_ids,
-                       "stale: its attempt was rescued and the job claimed again")
-        if result.cancelled_ids:
-            log.info("%d outcomes not applied, kept in %s: their jobs were cancelled while they ran: ids %s",
-                     len(result.cancelled_ids), layout.STALE_LOG, list(result.cancelled_ids[:10]))
-            self._keep(layout.stale_log(self.reader.directory), result.cancelled_ids, layout.CANCELLED_REASON)
-        if result.missing_ids:
-            log.error("%d outcomes set aside in %s: their jobs do not exist in this database: ids %s",
-                      len(result.missing_ids), layout.SETASIDE_LOG, list(result.missing_ids[:10]))
-            self._keep(layout.setaside_log(self.reader.directory), result.missing_ids,
-                       "set aside: no such job in this database")
-
-    def _keep(self, path: str, job_ids: tuple[int, ...], reason: str) -> None:
-        wanted = set(job_ids)
-        kept.keep(path, (o for o in self._outcomes if o.job_id in wanted), reason)
+        kept.keep_unapplied(self.reader.directory, result, self._outcomes)
 
     def finish(self) -> None:
         """Before the flusher exits: write the checkpoint a caught-up pass put off."""

@@ -24,10 +24,14 @@ from typing import Any
 from outbox import OutboxLocked, OutboxReader, wake
 from shardworker import binding, logs, procs
 from shardworker.config import FlusherConfig, StoreConfig
+from shardworker.errors import NewerRecord
 from shardworker.flusher.loop import BATCH_BUCKETS, Flusher, FlushStats
 from shardworker.retry import Backoff, retry_call
 
 EXIT_WRONG_DATABASE = 4  # the flusher's database is not the one its outbox belongs to
+EXIT_NEWER_RECORD = 5  # the outbox holds a record a newer release wrote (errors.NewerRecord)
+# What the parent raises when the flusher exits refusing its outbox: restarting it would not help.
+REFUSALS: dict[int, type[Exception]] = {EXIT_WRONG_DATABASE: binding.WrongDatabase, EXIT_NEWER_RECORD: NewerRecord}
 IDLE_WAIT_S = 1.0  # an idle flusher's longest wait between polls, when writers wake it
 STEP_GATHER_S = 0.05  # how long step records alone are held while more gather (Flusher.gather_steps_s)
 
@@ -134,8 +138,9 @@ class FlusherHandle:
                 self._carried_counters = _add(self._carried_counters, self.state.counters())
                 self.state.publish(FlushStats())
             error = self.state.last_error.decode(errors="replace") or f"exit code {self.process.exitcode}"
-            if self.process.exitcode == EXIT_WRONG_DATABASE:
-                raise binding.WrongDatabase(error)
+            refusal = REFUSALS.get(self.process.exitcode or 0)
+            if refusal is not None:
+                raise refusal(error)
             log.error("flusher exited (%s); restarting it", error)
             self._restart_at = now + self._crashes.died(now, error)
         if now >= self._restart_at:
@@ -218,6 +223,9 @@ def flusher_main(directory: str, store_config: StoreConfig, config: FlusherConfi
                       lazy_checkpoints=True)
     try:
         _loop(flusher, state, idle_sleep_s)
+    except NewerRecord as exc:
+        state.last_error = str(exc).encode()[:511]
+        os._exit(EXIT_NEWER_RECORD)
     except Exception as exc:
         state.last_error = procs.one_line(exc).encode()[:511]
         raise

@@ -6,7 +6,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from shardworker.errors import NewerRecord
 from shardworker.model import Disposition, Outcome
+from shardworker.records import NEWEST_VERSION, decode_record
 from shardworker.wire import decode_outcome, encode_outcome, outcome_key
 
 
@@ -82,3 +84,19 @@ def test_a_step_record_round_trips_and_its_key_reads_from_the_header() -> None:
         outcome_key(record)
     with pytest.raises(ValueError):
         decode_record(record[:-1])
+
+
+def test_a_record_of_a_newer_format_is_told_apart_from_damage() -> None:
+    """A version byte above the newest this release writes is a newer release's record (a
+    rollback): ``NewerRecord``, which the flusher stops on, not a plain ``ValueError``, which
+    it dead-letters. It is still a ``ValueError`` for the readers that only skip records."""
+    record = bytearray(encode_outcome(Outcome.done(9, 3, b"1")))
+    record[0] = NEWEST_VERSION + 1
+    with pytest.raises(NewerRecord, match=f"record version {NEWEST_VERSION + 1}"):
+        decode_record(bytes(record))
+    with pytest.raises(ValueError):
+        outcome_key(bytes(record))
+    record[0] = 1  # a version never released: damage, not a newer release
+    with pytest.raises(ValueError, match="not an outcome record") as caught:
+        decode_record(bytes(record))
+    assert not isinstance(caught.value, NewerRecord)
