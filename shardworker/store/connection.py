@@ -228,7 +228,7 @@ class Session:
         self.config = config
         self._conn: psycopg.Connection[Any] | None = None
         self._listening = False
-        self._cancelled_ids: set[int] = set()  # shardworker_cancel notifications not yet taken
+        self._cancelled: set[tuple[int, int | None]] = set()  # shardworker_cancel (job id, attempt) not yet taken
         # Bumped on every new connection: session state (LISTEN, advisory locks) and
         # anything observed through the old session are gone.
         self.generation = 0

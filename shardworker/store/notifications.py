@@ -28,6 +28,7 @@ from shardworker.store.sql import query
 log = logging.getLogger(__name__)
 
 PROBE_WAIT_S = 1.0
+CancelKey = tuple[int, int | None]  # (job id, attempt); None: every attempt (an older release's cancel)
 
 
 class Notifications(Session):
@@ -122,18 +123,40 @@ class Notifications(Session):
         enqueued = False
         for note in conn.notifies(timeout=0, stop_after=1000):
             if note.channel == "shardworker_cancel":
-                self._cancelled_ids.update(int(i) for i in note.payload.split(",") if i.isdigit())
+                self._cancelled.update(cancel_keys(note.payload))
             else:
                 enqueued = True
         return enqueued
 
-    def take_cancelled(self) -> set[int]:
-        """Ids of running jobs cancelled (``shardworker_cancel``) since the last call."""
-        taken, self._cancelled_ids = self._cancelled_ids, set()
+    def take_notified(self) -> bool:
+        """Take the notifications that came while the connection ran a query (psycopg keeps
+        them, and its descriptor does not turn readable for them); True when there were any."""
+        if self._polls or not self.listening:
+            return False
+        cancels = len(self._cancelled)
+        with translate_errors():
+            return self._take_notifies(self._listener().connection()) or len(self._cancelled) > cancels
+
+    def take_cancelled(self) -> set[CancelKey]:
+        """(job id, attempt) of the running jobs cancelled (``shardworker_cancel``) since the
+        last call; the attempt None when an older release's cancel named the job alone."""
+        taken, self._cancelled = self._cancelled, set()
         return taken
 
-    def cancelled_among(self, job_ids: Sequence[int]) -> set[int]:
-        """Which of ``job_ids`` are cancelled (a notification may have been missed)."""
+    def cancelled_among(self, keys: Sequence[tuple[int, int]]) -> set[tuple[int, int]]:
+        """Which of the attempts ``keys`` (job id, attempt) an operator cancelled (a
+        notification may have been missed)."""
         with self.cursor() as cur:
-            cur.execute(query("job_cancelled_among"), {"ids": list(job_ids)})
-            return {int(i) for (i,) in cur.fetchall()}
+            cur.execute(query("job_cancelled_among"), {"ids": [i for i, _ in keys], "attempts": [a for _, a in keys]})
+            return {(int(i), int(a)) for i, a in cur.fetchall()}
+
+
+def cancel_keys(payload: str) -> set[CancelKey]:
+    """The (job id, attempt) pairs of a ``shardworker_cancel`` payload: ``id:attempt`` entries,
+    or ids alone (an older release's cancel: any attempt); anything else (a probe) is skipped."""
+    keys: set[CancelKey] = set()
+    for entry in payload.split(","):
+        job_id, _, attempt = entry.partition(":")
+        if job_id.isdigit() and (attempt.isdigit() or not attempt):
+            keys.add((int(job_id), int(attempt) if attempt else None))
+    return keys

@@ -20,15 +20,14 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from collections.abc import Callable
 
 import outbox
 from shardworker import procs
 from shardworker.config import WorkerConfig
 from shardworker.errors import NotConnected, SchemaMissing, StoreError
 from shardworker.flusher.process import FlusherHandle
-from shardworker.model import Claim, ClaimedJob
+from shardworker.model import ClaimedJob
 from shardworker.retry import Backoff, Outage
 from shardworker.routing import shard_for
 from shardworker.wire import JobKey
@@ -36,29 +35,13 @@ from shardworker.worker.backlog import Backlog
 from shardworker.worker.cancel_watch import CancelWatch
 from shardworker.worker.dbwatch import DatabaseWatch
 from shardworker.worker.deaths import Death
+from shardworker.worker.dispatch_store import DispatchStore
 from shardworker.worker.giveback import GiveBack
 from shardworker.worker.parent_outcomes import ParentOutcomes
 from shardworker.worker.pool import ChildPool
 from shardworker.worker.quarantine_watch import QuarantineWatch
 
 log = logging.getLogger(__name__)
-
-
-class DispatchStore(Protocol):
-    """What the dispatcher needs from a store (``PgStore`` provides it)."""
-
-    def claim_within(self, kinds: Sequence[str], queues: Sequence[str] | None, worker_id: str, limit: int,
-                     claim_token: str | None = None, max_bytes: int = ..., *, caps: Mapping[str, int] | None = None,
-                     run_room: int | None = None, attempts: Mapping[str, int] | None = None) -> Claim: ...
-    def release(self, jobs: Sequence[tuple[int, int]], worker_id: str) -> int: ...
-    def release_claim(self, claim_token: str, worker_id: str) -> int: ...
-    def count_active(self, kinds: Sequence[str], queues: Sequence[str] | None, worker_id: str,
-                     retry_horizon_s: float = ...) -> int: ...
-    def notify_fileno(self) -> int | None: ...
-    def requeue_lost(self, worker_id: str, error: str, keep_ids: Sequence[int]) -> list[int]: ...
-    def wait_notify(self, timeout_s: float) -> bool: ...
-    def take_cancelled(self) -> set[int]: ...
-    def cancelled_among(self, job_ids: Sequence[int]) -> set[int]: ...
 
 
 class Dispatcher:
@@ -245,6 +228,8 @@ class Dispatcher:
                                   and (self.backlog() > 0 or not self.flusher.idle)):
             timeout = 0.005  # a child coming up, or the last outcomes landing: neither wakes the wait
         notify_fd = self._notify_fd()
+        if notify_fd is not None and self._notified():
+            return
         reads, writes = self.pool.wait_fds()
         ready = procs.wait_ready([*reads, *self.wake_fds, *([notify_fd] if notify_fd is not None else [])],
                                  writes, min(timeout, 0.2))
@@ -255,6 +240,17 @@ class Dispatcher:
                 self._claim_failed(exc)
         elif not ready:
             self.woken = True  # the poll: jobs may have fallen due (run_at) meanwhile
+
+    def _notified(self) -> bool:
+        """Whether notifications came during the last queries (an enqueue, a cancel): they
+        never make the descriptor readable, so look before waiting on it."""
+        try:
+            notified = self.store.take_notified()
+        except StoreError as exc:
+            self._claim_failed(exc)
+            return False
+        self.woken = self.woken or notified
+        return notified
 
     def _notify_fd(self) -> int | None:
         if not self.db_ok:

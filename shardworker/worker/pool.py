@@ -3,11 +3,9 @@
 It starts N children, sends them jobs, collects what they report, notices deaths and
 handler timeouts, settles a dead child's jobs and restarts it (with a backoff that never
 blocks the caller, and a ``CrashLoop`` verdict for a child that keeps dying at once). It
-returns plain results and never touches the database: the dispatcher writes the
-failures of lost jobs and counts what was settled.
-
-Which child gets which job and how many each holds (targets at its pace, held queues,
-sharing, recalls) is ``shardworker.worker.sending``'s; the pool drives it.
+returns plain results and never touches the database: the dispatcher writes the failures
+of lost jobs and counts what was settled. Which child gets which job and how many each
+holds (targets at its pace, held queues, sharing, recalls) is ``sending``'s to say.
 
 After a death, ``shardworker.worker.deaths`` sorts and judges what the child held (a job
 whose cause is unknown becomes a *suspect*, run alone when claimed again). A death a job
@@ -30,6 +28,7 @@ from shardworker.errors import CrashLoop
 from shardworker.jobstats import JobCounts
 from shardworker.model import ClaimedJob
 from shardworker.worker import blame
+from shardworker.worker.cancel_watch import CancelKey, matching
 from shardworker.worker.cancelling import Cancelling
 from shardworker.worker.child_handle import ChildHandle, Sent
 from shardworker.worker.deaths import Death, Suspects, Timeouts, leftovers, log_death, shutdown_cause
@@ -93,14 +92,15 @@ class ChildPool:
         return sum(len(h.sent) + len(h.held) + len(h.suspects) for h in self.handles)
 
     def job_ids(self) -> list[int]:
-        """Ids of every job routed to a child and not yet reported."""
-        return ([s.job.id for h in self.handles for s in h.sent.values()] + [j.id for h in self.handles for j in h.held]
-                + [j.id for h in self.handles for j in h.suspects])
+        return [j.id for j in self._held_jobs()]
 
-    def cancel(self, job_ids: Iterable[int]) -> int:
-        """Stop the held jobs among ``job_ids`` (``shardworker.worker.cancelling``); how many not yet stopping."""
-        wanted = set(job_ids)
-        return self.cancelling.add((j.id, j.attempt) for j in self._held_jobs() if j.id in wanted)
+    def job_keys(self) -> list[wire.JobKey]:
+        """(id, attempt) of every job routed to a child and not yet reported."""
+        return [(j.id, j.attempt) for j in self._held_jobs()]
+
+    def cancel(self, keys: set[CancelKey]) -> int:
+        """Stop the held attempts ``keys`` name (``shardworker.worker.cancelling``); how many not yet stopping."""
+        return self.cancelling.add(matching(self.job_keys(), keys))
 
     def _held_jobs(self) -> list[ClaimedJob]:
         return [j for h in self.handles for j in (*(s.job for s in h.sent.values()), *h.held, *h.suspects)]

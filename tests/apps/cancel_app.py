@@ -26,12 +26,14 @@ async def async_long(job: Job) -> str:
 
 @app.handler("polite", threads=True)
 def polite(job: Job) -> str:
-    """Polls job.cancelled; finishes early (returning a result) once it is set."""
+    """Polls job.cancelled; finishes early (returning a result) once it is set. A retry
+    takes ``retry_sleep`` (0.3 s by default) instead of ``sleep``."""
     record(job)
-    deadline = time.monotonic() + float(job.payload.get("sleep", 60))
+    took = job.payload.get("sleep", 60) if job.attempt == 1 else job.payload.get("retry_sleep", 0.3)
+    deadline = time.monotonic() + float(took)
     while time.monotonic() < deadline:
         if job.cancelled:
-            append("stopped", f"{job.id} polled\n")
+            append("stopped", f"{job.id} polled{'' if job.attempt == 1 else f' attempt {job.attempt}'}\n")
             return "stopped early"
         time.sleep(0.02)
     return "finished"
@@ -50,3 +52,4 @@ def stubborn(job: Job) -> str:
 def quick(job: Job) -> object:
     record(job)
     return job.payload
+

@@ -41,6 +41,7 @@ class Children:
         self.deaths: list[Death] = []
         self.job_counts = JobCounts()  # what the children's reports carried (steps recorded, for the backlog)
         self.attempts: dict[str, int] = {}  # no handler sets max_attempts
+        self.cancelled: list[set[wire.JobKey]] = []  # the attempts each cancel stopped
 
     def __len__(self) -> int:
         return len(self.sent)
@@ -85,11 +86,19 @@ class Children:
 
     starting = False
 
-    def cancel(self, job_ids: set[int]) -> int:
-        return 0
+    def cancel(self, keys: set[tuple[int, int | None]]) -> int:
+        """Records the attempts held here that ``keys`` name, as the pool picks them."""
+        from shardworker.worker.cancel_watch import matching
+
+        chosen = set(matching(self.job_keys(), keys))
+        self.cancelled.append(chosen)
+        return len(chosen)
+
+    def job_keys(self) -> list[wire.JobKey]:
+        return [key for sent in self.sent for key in sent]
 
     def job_ids(self) -> list[int]:
-        return [i for sent in self.sent for i, _ in sent]
+        return [i for i, _ in self.job_keys()]
 
 
 class Flusher:

@@ -134,3 +134,25 @@ def test_a_late_outcome_that_waited_out_an_outage_never_overwrites_the_cancel(
     assert row(dsn, stubborn) == ("cancelled", None, 1)
     assert row(dsn, other)[0] == "done"
     assert runs(counts)[(stubborn, 1)] == 1 and sum(runs(counts).values()) == 2
+
+
+def test_a_cancel_stops_the_attempt_it_cancelled_not_the_retry_that_follows(pg_dsn: str, tmp_path: Path) -> None:
+    """Cancelled, then retried at once (one transaction: the worker hears both together): the
+    cancel named only the job, so the worker stopped every attempt of it it held, the retry's
+    too, and the retry ended cancelled or charged (found by a new user). Now the first attempt
+    stops and the second runs to its end."""
+    job_id, proc, counts = running(pg_dsn, tmp_path, "polite")
+    import psycopg
+
+    with psycopg.connect(pg_dsn) as conn:  # one commit: both notifications arrive together
+        assert jobs.cancel(conn, [job_id]) == 1
+        assert jobs.retry(conn, [job_id]) == 1
+    wait_for(lambda: row(pg_dsn, job_id)[0] in ("done", "cancelled", "failed"), 30, "the retry ending")
+    wait_for(lambda: f"{job_id} polled" in stopped(counts), 15, "the first attempt stopped")
+    proc.send_signal(signal.SIGTERM)
+    assert exit_code(proc, 60, counts) == 0, worker_log(counts)
+    assert row(pg_dsn, job_id) == ("done", "finished", 2), worker_log(counts)
+    assert stopped(counts) == [f"{job_id} polled"]
+    assert runs(counts)[(job_id, 1)] == 1 and runs(counts)[(job_id, 2)] == 1
+    assert query(pg_dsn, "SELECT errors FROM shardworker.jobs WHERE id = %s", job_id) == [(None,)] or \
+        all(e["attempt"] < 2 for e in query(pg_dsn, "SELECT errors FROM shardworker.jobs WHERE id = %s", job_id)[0][0])

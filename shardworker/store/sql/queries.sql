@@ -693,7 +693,9 @@ ORDER BY id FOR UPDATE;
 -- Cancel queued, waiting or running jobs: they will never be claimed again (job_dependents_cancel
 -- then cancels the jobs waiting on them). A running one's attempt then matches no row that
 -- job_apply_outcomes applies to, so whatever outcome it ends with is fenced out; its worker is
--- told on shardworker_cancel (ids comma-separated) to stop the handler. Announced as
+-- told on shardworker_cancel (id:attempt, comma-separated) to stop the handler of that
+-- attempt: not of a retry it may have claimed before it heard (releases before 2026-12-07 sent
+-- the ids alone; they skip these entries and find the cancel by their poll). Announced as
 -- job_apply_outcomes does.
 WITH target AS (
     SELECT id, status AS was FROM shardworker.jobs
@@ -704,22 +706,27 @@ WITH target AS (
     SET status = 'cancelled', finished_at = now(), rescued_attempt = NULL, locked_by = NULL, updated_at = now(),
         last_error = 'cancelled by an operator'
     FROM target t WHERE j.id = t.id
-    RETURNING j.id, t.was
+    RETURNING j.id, j.attempt, t.was
 ), announced AS (
     SELECT pg_notify('shardworker_finished', string_agg(id::text, ','))
     FROM (SELECT id, (row_number() OVER ()) / 300 AS chunk FROM cancelled) c
     GROUP BY chunk
 ), stopped AS (
-    SELECT pg_notify('shardworker_cancel', string_agg(id::text, ','))
-    FROM (SELECT id, (row_number() OVER ()) / 300 AS chunk FROM cancelled WHERE was = 'running') c
+    SELECT pg_notify('shardworker_cancel', string_agg(id::text || ':' || attempt::text, ','))
+    FROM (SELECT id, attempt, (row_number() OVER ()) / 300 AS chunk FROM cancelled WHERE was = 'running') c
     GROUP BY chunk
 )
 SELECT id FROM cancelled WHERE (SELECT count(*) FROM announced) + (SELECT count(*) FROM stopped) >= 0;
 
 -- job_cancelled_among --
--- Which of the jobs a worker holds an operator cancelled (the poll behind shardworker_cancel,
--- for a notification missed while the worker's connection was away).
-SELECT id FROM shardworker.jobs WHERE id = ANY(%(ids)s::bigint[]) AND status = 'cancelled';
+-- Which of the attempts a worker holds (ids and attempts, pairwise) an operator cancelled: the
+-- job is cancelled at that attempt, or has moved past it (cancelled, retried and claimed
+-- again). The poll behind shardworker_cancel, for a notification missed while the worker's
+-- connection was away.
+SELECT h.id, h.attempt
+FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS h(id, attempt)
+JOIN shardworker.jobs j ON j.id = h.id
+WHERE (j.status = 'cancelled' AND j.attempt = h.attempt) OR j.attempt > h.attempt;
 
 -- queue_delete --
 -- Delete every job of one queue (the outage demo's fresh start, on its own database).

@@ -1,0 +1,86 @@
+"""An operator's cancel reaching the dispatcher (``Dispatcher.run_once`` in-process on a real
+PostgreSQL, the children a stand-in that records what it is told to stop, the clock injected
+and standing still, so the 2 s poll never falls due unless a test moves it)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import psycopg
+
+from shardworker import jobs
+from tests.flaky_store import FlakyStore
+from tests.helpers import enqueue
+from tests.worker.dispatcher_harness import Children, Clock, make
+
+
+def holding_one(pg_dsn: str, store: FlakyStore, tmp_path: Path) -> tuple[object, Children, Clock, int]:
+    """A dispatcher whose one child holds one job, attempt 1."""
+    [job_id] = enqueue(pg_dsn, "k", 1)
+    dispatcher, children, _, clock = make(store, tmp_path, procs=1)
+    dispatcher.run_once()
+    dispatcher.run_once()  # finds nothing more, waits: LISTENs
+    assert children.job_keys() == [(job_id, 1)] and store.store.listening
+    return dispatcher, children, clock, job_id
+
+
+def test_a_cancel_that_arrives_during_a_query_reaches_the_children_at_the_next_pass(
+        pg_dsn: str, store: FlakyStore, tmp_path: Path) -> None:
+    """psycopg keeps a notification that arrives while its connection runs a query, and the
+    connection's descriptor does not turn readable for it. The dispatcher's wait looked only
+    when it did, so a cancel that came during a claim waited for the next notification or the
+    poll: 2 to 4 s for a new user."""
+    dispatcher, children, _, job_id = holding_one(pg_dsn, store, tmp_path)
+
+    def cancel_soon() -> None:
+        time.sleep(0.15)
+        assert jobs.cancel(pg_dsn, [job_id]) == 1
+
+    canceller = threading.Thread(target=cancel_soon)
+    canceller.start()
+    with store.store.cursor() as cur:  # the claim connection, busy while the notification comes
+        cur.execute("SELECT pg_sleep(0.6)")
+    canceller.join()
+    for _ in range(3):
+        dispatcher.run_once()
+    assert children.cancelled == [{(job_id, 1)}]
+
+
+def test_a_cancel_stops_the_attempt_it_cancelled_not_the_retry_claimed_before_it_was_heard(
+        pg_dsn: str, store: FlakyStore, tmp_path: Path) -> None:
+    """Cancelled and retried at once; this worker claims the retry (attempt 2) before it
+    reads the cancel. The cancel named the job only, and the worker stopped every attempt of
+    it it held: the retry was killed and charged (found by a new user). It names the attempt."""
+    dispatcher, children, _, job_id = holding_one(pg_dsn, store, tmp_path)
+    with psycopg.connect(pg_dsn) as conn:  # one commit: the cancel and the retry's wake-up together
+        assert jobs.cancel(conn, [job_id]) == 1
+        assert jobs.retry(conn, [job_id]) == 1
+    dispatcher.woken = True  # (as after any notification) this pass claims before it reads the others
+    dispatcher.run_once()
+    assert sorted(children.job_keys()) == [(job_id, 1), (job_id, 2)]
+    for _ in range(3):
+        dispatcher.run_once()
+    assert children.cancelled == [{(job_id, 1)}]
+
+
+def test_the_poll_finds_a_cancelled_attempt_whose_notification_was_missed_even_once_retried(
+        pg_dsn: str, store: FlakyStore, tmp_path: Path) -> None:
+    """The poll behind the notifications (every 2 s) names attempts too: it finds the attempt
+    held here whose job was cancelled, or has moved on to a later attempt (cancelled, retried
+    and claimed again), and never the later attempt itself."""
+    dispatcher, children, clock, job_id = holding_one(pg_dsn, store, tmp_path)
+    with psycopg.connect(pg_dsn) as conn:
+        assert jobs.cancel(conn, [job_id]) == 1
+        assert jobs.retry(conn, [job_id]) == 1
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # another worker claims the retry
+        conn.execute("UPDATE shardworker.jobs SET status = 'running', attempt = 2, locked_by = 'w2' WHERE id = %s",
+                     (job_id,))
+    store.store.wait_notify(0.5)
+    store.store.take_cancelled()  # the notification lost, as when the connection was away
+    dispatcher.run_once()
+    assert children.cancelled == []
+    clock.now += 2.5
+    dispatcher.run_once()
+    assert children.cancelled == [{(job_id, 1)}]
