@@ -2,10 +2,12 @@
 
 A rate limit is a token bucket kept in the database row of its kind or queue
 (``shardworker.kinds``, ``shardworker.queues``): it refills at ``n`` per ``period_s`` and
-holds at most a burst of tokens, so in any window of one period at most ``n`` plus the burst
-jobs start (the burst is a twentieth of ``n``, at least one: the SQL of ``job_claim``
-computes it). Claims of a limited kind or queue are serialized by that row's lock and take
-at most the whole tokens it holds.
+holds at most a burst of tokens and half a token more, so in any window of one period at
+most ``n`` plus the burst jobs start (the burst is a twentieth of ``n``, at least one: the
+SQL of ``job_claim`` computes it). The half token keeps what refilled while a worker came
+back late for it (its poll, a busy host): without it, a bucket of one at ``2/s`` gave 1.6
+starts a second. Claims of a limited kind or queue are serialized by that row's lock and
+take at most the whole tokens it holds.
 """
 
 from __future__ import annotations

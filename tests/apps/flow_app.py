@@ -56,3 +56,9 @@ async def limited(job: Job) -> None:
 async def paced(job: Job) -> None:
     """At most 50 starts a second across every worker."""
     ledger(job, time.time())
+
+
+@app.handler("trickle", rate="2/s")
+async def trickle(job: Job) -> None:
+    """Two starts a second across every worker: a bucket of one token."""
+    ledger(job, time.time())

@@ -103,6 +103,19 @@ def test_a_rate_holds_across_two_workers(pg_dsn: str, tmp_path: Path) -> None:
     assert 18 <= span <= 40, f"1,000 starts at 50/s took {span:.1f}s"
 
 
+def test_a_low_rate_is_delivered_in_full(pg_dsn: str, tmp_path: Path) -> None:
+    """rate="2/s" (a bucket of one token): 9 jobs start about 0.5 s apart, 4 s in all. The
+    worker came back on its 0.2 s poll, up to 0.2 s after the token was due, and that time
+    was lost (the bucket holds one): 0.6 s apart, 1.6 a second (found by a new user)."""
+    enqueue(pg_dsn, "trickle", 9)
+    worker = flow_worker(pg_dsn, tmp_path, "w1", "--exit-when-idle", procs=1)
+    assert exit_code(worker, 60, tmp_path / "counts") == 0
+    starts = sorted(r[3] for r in ledger(tmp_path / "counts"))
+    assert len(starts) == 9
+    assert most_starts_in_a_second(ledger(tmp_path / "counts")) <= 3  # N plus the burst of one
+    assert starts[-1] - starts[0] < 4.45, [round(b - a, 3) for a, b in zip(starts, starts[1:])]
+
+
 def test_a_paused_queue_is_not_claimed_until_it_resumes(pg_dsn: str, tmp_path: Path) -> None:
     """A running worker stops claiming a queue within a second of its pause; the other
     queues go on; on resume its jobs run."""

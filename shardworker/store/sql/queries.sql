@@ -42,8 +42,9 @@ FOR UPDATE;
 -- by flow_lock_kinds and flow_lock_queues earlier in this transaction), no more than
 -- `run_room` (what this worker can start now), what their global concurrency leaves of
 -- their running jobs, and the whole tokens of their rate bucket (refilled at rate_limit
--- per rate_period_s, holding at most a twentieth of rate_limit, at least one: see
--- shardworker.flow). Paused queues are skipped. A limited kind or queue is
+-- per rate_period_s, holding at most a twentieth of rate_limit, at least one, and half a
+-- token more: a claim that comes a little after a token fell due loses no time, and the
+-- whole tokens stay the burst; see shardworker.flow). Paused queues are skipped. A limited kind or queue is
 -- read apart from the rest, so jobs that cannot start never crowd out jobs that can.
 -- (NOT IN over a subquery, never <> ALL(ARRAY(...)): the planner reads the array as a
 -- filter that keeps one row, and sorts the whole queue instead of walking jobs_claim_idx.)
@@ -60,7 +61,7 @@ WITH limited AS (
     -- The kinds and queues with limits across workers, and what their rate buckets hold now.
     SELECT l.*, greatest(1, ceil(l.rate_limit / 20.0)) * l.rate_period_s / l.rate_limit AS pace_s,
            CASE WHEN l.rate_limit IS NOT NULL THEN  -- (greatest and least skip NULLs)
-               least(greatest(1, ceil(l.rate_limit / 20.0)),
+               least(greatest(1, ceil(l.rate_limit / 20.0)) + 0.5,
                      l.rate_tokens + extract(epoch FROM statement_timestamp() - l.rate_at)
                                      * l.rate_limit / l.rate_period_s) END AS tokens
     FROM (SELECT 'kind' AS scope, name, false AS paused, global_concurrency AS concurrency,
