@@ -50,6 +50,18 @@ def test_enqueue_dedupe_key_skips_a_live_duplicate(pg_dsn: str) -> None:
     assert len(rows(pg_dsn)) == 1
 
 
+def test_an_empty_dedupe_key_is_refused_not_shared(pg_dsn: str) -> None:
+    """`--dedupe-key "$KEY"` with KEY unset made '' a key like any other: the second job of an
+    unrelated script was skipped as a duplicate (found by a new user). An empty key is refused,
+    here and from Python, and nothing is enqueued."""
+    from shardworker import EnqueueError, enqueue
+
+    assert_one_line_error(invoke("enqueue", "k", "--dedupe-key", "", "--dsn", pg_dsn), "dedupe_key", "empty")
+    with pytest.raises(EnqueueError, match="empty"):
+        enqueue(pg_dsn, "k", dedupe_key="")
+    assert rows(pg_dsn) == []
+
+
 def test_enqueue_bad_payload_json_exits_1_with_one_line(pg_dsn: str) -> None:
     """Invalid PAYLOAD_JSON exits 1 with a single error line and enqueues nothing."""
     assert_one_line_error(invoke("enqueue", "k", "{a:1", "--dsn", pg_dsn), "PAYLOAD_JSON is not valid JSON")
