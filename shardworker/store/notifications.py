@@ -131,11 +131,14 @@ class Notifications(Session):
     def take_notified(self) -> bool:
         """Take the notifications that came while the connection ran a query (psycopg keeps
         them, and its descriptor does not turn readable for them); True when there were any."""
-        if self._polls or not self.listening:
+        listener = self._listener()
+        # Never a new connection: it would not be listening, and the old descriptor would close.
+        conn = listener._conn
+        if self._polls or not listener._listening or conn is None or conn.closed or conn.broken:
             return False
         cancels = len(self._cancelled)
         with translate_errors():
-            return self._take_notifies(self._listener().connection()) or len(self._cancelled) > cancels
+            return self._take_notifies(conn) or len(self._cancelled) > cancels
 
     def take_cancelled(self) -> set[CancelKey]:
         """(job id, attempt) of the running jobs cancelled (``shardworker_cancel``) since the

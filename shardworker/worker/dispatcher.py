@@ -227,9 +227,9 @@ class Dispatcher:
         if self.pool.starting or (self.config.exit_when_idle and not self.pool.in_flight and not self.flusher.failing
                                   and (self.backlog() > 0 or not self.flusher.idle)):
             timeout = 0.005  # a child coming up, or the last outcomes landing: neither wakes the wait
-        notify_fd = self._notify_fd()
-        if notify_fd is not None and self._notified():
+        if self.db_ok and self._notified():
             return
+        notify_fd = self._notify_fd()  # after the look: a look that failed closed the connection
         reads, writes = self.pool.wait_fds()
         ready = procs.wait_ready([*reads, *self.wake_fds, *([notify_fd] if notify_fd is not None else [])],
                                  writes, min(timeout, 0.2))

@@ -5,6 +5,7 @@ claimed; a killed worker's limit slots come back through the rescue."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 
@@ -113,7 +114,7 @@ def test_a_low_rate_is_delivered_in_full(pg_dsn: str, tmp_path: Path) -> None:
     starts = sorted(r[3] for r in ledger(tmp_path / "counts"))
     assert len(starts) == 9
     assert most_starts_in_a_second(ledger(tmp_path / "counts")) <= 3  # N plus the burst of one
-    assert starts[-1] - starts[0] < 4.45, [round(b - a, 3) for a, b in zip(starts, starts[1:])]
+    assert starts[-1] - starts[0] < 4.45, [round(b - a, 3) for a, b in itertools.pairwise(starts)]
 
 
 def test_a_paused_queue_is_not_claimed_until_it_resumes(pg_dsn: str, tmp_path: Path) -> None:
