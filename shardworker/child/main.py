@@ -51,6 +51,7 @@ class ShardRunner:
         self.config, self.app, self.progress, self.gate = config, app, progress, gate or StartGate()
         self.inbox_fd, self.outbox_fd = inbox_fd, outbox_fd
         self._send_lock = threading.Lock()
+        self._stopping = threading.Event()  # the parent said stop: steps waiting for the gate give up
         self.committer = Committer(writer, lambda keys, stats: self.send(wire.Done(tuple(keys), summarize(stats))),
                                    max_records=config.group_commit_max_records,
                                    max_bytes=config.group_commit_max_bytes,
@@ -85,6 +86,7 @@ class ShardRunner:
                     lane.cancel(held)
             elif isinstance(msg, wire.Recall):
                 self._recall()
+        self._stopping.set()  # a step waiting for the start gate gives up
         unstarted = [job for lane in self.lanes.values() for _, job in lane.stop()]
         self.committer.forget(len(unstarted))
         for lane in self.lanes.values():
@@ -134,7 +136,7 @@ class ShardRunner:
         """The step log of a run of ``job``: its records go to the committer, at once."""
         stat = ((job.kind, STEP_RECORDED, -1.0),)
         return StepLog(job, lambda record, on_durable: self.committer.add_step(record, on_durable, stat),
-                       lambda record: self.committer.commit_step(record, stat))
+                       lambda record: self.committer.commit_step(record, stat), self.gate, self._stopping.is_set)
 
     def _finished(self, slot: int, job: ClaimedJob, outcome: Outcome, started_at: float, steps: StepLog) -> None:
         seconds = time.monotonic() - started_at

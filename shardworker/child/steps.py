@@ -24,7 +24,7 @@ import asyncio
 import inspect
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from shardworker import wire
 from shardworker.child.results import Unstorable, storable_json
@@ -33,6 +33,7 @@ from shardworker.model import ClaimedJob, StepRecord, loads_exact
 
 MAX_STEPS = 10_000  # step names a job may record, over all its attempts
 MAX_STEP_NAME_CHARS = 200
+GATE_POLL_S = 0.05  # how often a step looks again at a closed start gate
 
 # How a step record reaches the outbox: from an event loop, (record, on_durable), which
 # returns at once and calls on_durable on the committer's thread once the record is fsync'd;
@@ -41,11 +42,21 @@ Sink = Callable[[bytes, Callable[[], None]], None]
 Commit = Callable[[bytes], None]
 
 
-class StepLog:
-    """One attempt's steps: those recorded by earlier attempts, and the names used in this run."""
+class Gate(Protocol):
+    def open(self) -> bool: ...
 
-    def __init__(self, job: ClaimedJob, sink: Sink, commit: Commit) -> None:
-        self.job, self.sink, self.commit = job, sink, commit
+
+class StepLog:
+    """One attempt's steps: those recorded by earlier attempts, and the names used in this run.
+
+    ``gate`` is the child's start gate: a step not recorded yet runs only while it is open, as
+    a job starts only then (past it, a peer may have rescued the job and be running its steps).
+    Closed, the step waits for a beat to open it; ``stopping`` ends that wait, and the step
+    fails the attempt without running."""
+
+    def __init__(self, job: ClaimedJob, sink: Sink, commit: Commit, gate: Gate | None = None,
+                 stopping: Callable[[], bool] = lambda: False) -> None:
+        self.job, self.sink, self.commit, self.gate, self.stopping = job, sink, commit, gate, stopping
         self._earlier: dict[str, Any] | None = None  # decoded on first use
         self.used: set[str] = set()
         self.recorded = 0  # steps this run recorded
@@ -86,6 +97,15 @@ class StepLog:
                             "may record (shardworker.child.steps.MAX_STEPS)")
         return False, None
 
+    def held(self, name: str) -> bool:
+        """Whether step ``name`` must wait for the gate; ``StepError`` once the child stops."""
+        if self.gate is None or self.gate.open():
+            return False
+        if self.stopping():
+            raise self.fail(f"step {name!r} of job {self.job.id} not run: the worker stopped while its heartbeat "
+                            "was overdue (a peer may have rescued the job)")
+        return True
+
     def encode(self, name: str, result: Any) -> tuple[bytes, Any]:
         """The step record of ``result`` and the value the handler gets (``result`` as JSON
         gives it back); ``StepError`` when the result cannot be stored."""
@@ -113,6 +133,8 @@ class SyncSteps:
         found, value = self.log.begin(name)
         if found:
             return value
+        while self.log.held(name):
+            time.sleep(GATE_POLL_S)
         record, value = self.log.encode(name, fn(*args, **kwargs))
         self.log.commit(record)
         self.log.recorded += 1
@@ -130,6 +152,8 @@ class AsyncSteps:
         found, value = self.log.begin(name)
         if found:
             return value
+        while self.log.held(name):
+            await asyncio.sleep(GATE_POLL_S)
         result = fn(*args, **kwargs)
         if inspect.isawaitable(result):
             result = await result

@@ -100,5 +100,6 @@ class GiveBack:
                         "charges each an attempt", len(unstarted), len(self.lost_claims), exc, err, self.worker_id)
             return
         log.warning("could not give back %d unstarted jobs and %d claims whose replies were lost (%s); kept in "
-                    "%s: the next start or `shardworker outbox drain` gives them back, no attempt charged",
+                    "%s: the next start or `shardworker outbox drain` gives them back, no attempt charged, if it "
+                    "comes within --rescue-after (after that a peer's rescue requeues them, charged an attempt)",
                     len(unstarted), len(self.lost_claims), exc, layout.GIVEBACK_FILE)
