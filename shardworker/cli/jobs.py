@@ -57,7 +57,8 @@ def _echo_jobs(found: list[jobs_api.JobInfo], as_json: bool) -> None:
     click.echo(f"{'id':>10}  {'status':<9}  {'kind':<20}  {'queue':<10}  {'attempts':<{width}}  "
                f"{'created (UTC)':<19}  last error")
     for j in found:
-        error = (j.last_error or "").splitlines()[0][:60] if j.last_error else ""
+        # A done job's last error is an earlier attempt's: beside `done` it reads as a failure.
+        error = (j.last_error or "").splitlines()[0][:60] if j.last_error and j.status != "done" else ""
         click.echo(f"{j.id:>10}  {j.status:<9}  {j.kind:<20}  {j.queue:<10}  {j.attempts_text:<{width}}"
                    f"  {in_utc(j.created_at):%Y-%m-%d %H:%M:%S}  {error}".rstrip())
 

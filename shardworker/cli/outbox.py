@@ -143,8 +143,11 @@ def drain(outbox_dir: str, timeout: float, dsn: str | None) -> None:
             done[0] = min(flushed, total)
 
         stats = drain_outbox(outbox_dir, dsn, timeout_s=timeout, progress=progress)
-    click.echo(f"drained {stats.flushed} outcomes: {stats.applied} applied, {stats.replayed} already applied, "
-               f"{stats.stale} stale, {stats.missing} set aside, {stats.deadlettered} dead-lettered")
+    outcomes = stats.applied + stats.replayed + stats.stale + stats.missing + stats.deadlettered
+    steps = stats.flushed - outcomes  # the step results of multi-step jobs, landed with them
+    click.echo(f"drained {outcomes} outcomes: {stats.applied} applied, {stats.replayed} already applied, "
+               f"{stats.stale} stale, {stats.missing} set aside, {stats.deadlettered} dead-lettered"
+               + (f"; and {steps} step results" if steps > 0 else ""))
     if stats.missing:
         raise ShardworkerError(f"{stats.missing} outcome(s) set aside in {outbox_dir}/setaside.jsonl: their jobs "
                                "do not exist in this database")

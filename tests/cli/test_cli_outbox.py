@@ -204,3 +204,23 @@ def test_outbox_drain_applies_more_than_a_batch(tmp_path: Path, pg_dsn: str, sto
     assert "12000 applied" in result.stdout, result.stdout
     assert json.loads(invoke("outbox", "status", "--json", "--outbox-dir", str(outbox_dir)).stdout)["pending"] == 0
     assert {r["status"] for r in rows(pg_dsn)} == {"done"}
+
+
+def test_outbox_drain_counts_step_results_apart_from_outcomes(tmp_path: Path, pg_dsn: str, store: PgStore) -> None:
+    """The count led with every record, steps too, above a breakdown of outcomes that then did
+    not add up ("drained 38 outcomes: 10 applied, ..."; found by a new user)."""
+    from shardworker.model import StepRecord
+    from shardworker.wire import encode_step
+
+    jobs = claim(store, pg_dsn, 2)
+    outbox_dir = tmp_path / "outbox"
+    with ShardWriter.open(str(outbox_dir), 0) as writer:
+        for job in jobs:
+            for name in ("fetch", "parse", "store"):
+                writer.append_bytes(encode_step(StepRecord(job.id, job.attempt, name, b'"r"', 1.0)))
+            writer.append_bytes(encode_outcome(Outcome.done(job.id, job.attempt, b"1")))
+        writer.commit()
+    result = invoke("outbox", "drain", "--outbox-dir", str(outbox_dir), "--dsn", pg_dsn, "--timeout", "10")
+    assert result.exit_code == 0, result.output
+    assert ("drained 2 outcomes: 2 applied, 0 already applied, 0 stale, 0 set aside, 0 dead-lettered; "
+            "and 6 step results") in result.stdout

@@ -43,6 +43,21 @@ def statuses(dsn: str) -> dict[int, str]:
     return dict(query(dsn, "SELECT id, status FROM shardworker.jobs"))
 
 
+def test_list_leaves_the_error_of_an_earlier_attempt_off_a_done_job(pg_dsn: str) -> None:
+    """A job done on its second attempt read "ValueError: boom" in the list's error column
+    beside `done` (two new users took it for a failure). The table leaves it out for a done
+    job; `--json` and `jobs show` keep it, with the job's errors history."""
+    [done, failed] = enqueue(pg_dsn, "a", 2)
+    execute(pg_dsn, "UPDATE shardworker.jobs SET status = 'done', attempt = 2, last_error = 'ValueError: early' "
+                    "WHERE id = %s", done)
+    execute(pg_dsn, "UPDATE shardworker.jobs SET status = 'failed', last_error = 'ValueError: late' WHERE id = %s",
+            failed)
+    lines = {int(line.split()[0]): line for line in invoke(pg_dsn, "list").output.splitlines()[1:]}
+    assert "early" not in lines[done] and "late" in lines[failed]
+    assert {j["id"]: j["last_error"] for j in json.loads(invoke(pg_dsn, "list", "--json").output)}[done] == \
+        "ValueError: early"
+
+
 def test_list_is_newest_first_with_filters_and_json(pg_dsn: str) -> None:
     a = enqueue(pg_dsn, "a", 3)
     b = enqueue(pg_dsn, "b", 2, queue="mail")
