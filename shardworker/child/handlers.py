@@ -113,6 +113,8 @@ def ended(spec: HandlerSpec, job: ClaimedJob, steps: StepLog | None, exc: Except
           result: object = None, followups: FollowUps | None = None) -> Attempt:
     """The attempt of a handler that raised ``exc`` or returned ``result``. One that misused a
     step failed, whatever it did after (caught the ``StepError``, returned, raised something else)."""
+    if steps is not None and steps.held_back:  # not the handler's doing: given back, uncharged
+        return Attempt(Outcome.snoozed(job.id, job.attempt, 0.0))
     if steps is not None and steps.error is not None:
         return Attempt(failure(spec, job, steps.error), steps.error)
     if isinstance(exc, JobControl):

@@ -42,6 +42,10 @@ Sink = Callable[[bytes, Callable[[], None]], None]
 Commit = Callable[[bytes], None]
 
 
+class StepHeldBack(Exception):
+    """A step not run: it waited for the start gate until the child stopped."""
+
+
 class Gate(Protocol):
     def open(self) -> bool: ...
 
@@ -62,6 +66,7 @@ class StepLog:
         self.recorded = 0  # steps this run recorded
         self.replayed = 0  # steps this run got back from earlier attempts
         self.error: StepError | None = None  # the first misuse, which fails the attempt
+        self.held_back = False  # a step waited at the closed gate until a stop: the attempt snoozes
 
     @property
     def earlier(self) -> dict[str, Any]:
@@ -98,12 +103,15 @@ class StepLog:
         return False, None
 
     def held(self, name: str) -> bool:
-        """Whether step ``name`` must wait for the gate; ``StepError`` once the child stops."""
+        """Whether step ``name`` must wait for the gate. Once the child stops, ``StepHeldBack``:
+        the attempt ends snoozed, uncharged (stale if a peer rescued the job; else run again
+        from its recorded steps), whatever the handler does with the exception."""
         if self.gate is None or self.gate.open():
             return False
         if self.stopping():
-            raise self.fail(f"step {name!r} of job {self.job.id} not run: the worker stopped while its heartbeat "
-                            "was overdue (a peer may have rescued the job)")
+            self.held_back = True
+            raise StepHeldBack(f"step {name!r} of job {self.job.id} not run: the worker stopped while its "
+                               "heartbeat was overdue")
         return True
 
     def encode(self, name: str, result: Any) -> tuple[bytes, Any]:

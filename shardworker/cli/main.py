@@ -127,7 +127,7 @@ def enqueue(kind: str | None, payload_json: str | None, count: int, file_: Any, 
     if file_ is not None:
         if kind or payload_json:
             raise click.UsageError("give KIND/PAYLOAD_JSON or --file, not both")
-        if dedupe_key:
+        if dedupe_key is not None:
             raise click.UsageError("--dedupe-key applies to one job; put dedupe_key in the file's lines")
         defaults: dict[str, Any] = {"queue": queue, "priority": priority, "max_attempts": max_attempts,
                                     **({"after": list(after)} if after else {})}

@@ -143,11 +143,10 @@ def drain(outbox_dir: str, timeout: float, dsn: str | None) -> None:
             done[0] = min(flushed, total)
 
         stats = drain_outbox(outbox_dir, dsn, timeout_s=timeout, progress=progress)
-    outcomes = stats.applied + stats.replayed + stats.stale + stats.missing + stats.deadlettered
-    steps = stats.flushed - outcomes  # the step results of multi-step jobs, landed with them
-    click.echo(f"drained {outcomes} outcomes: {stats.applied} applied, {stats.replayed} already applied, "
-               f"{stats.stale} stale, {stats.missing} set aside, {stats.deadlettered} dead-lettered"
-               + (f"; and {steps} step results" if steps > 0 else ""))
+    click.echo(f"drained {stats.flushed - stats.steps} outcomes: {stats.applied} applied, {stats.replayed} already "
+               f"applied, {stats.stale} stale, {stats.missing} set aside, {stats.deadlettered} dead-lettered"
+               + (f", {stats.cancelled} kept (their jobs were cancelled)" if stats.cancelled else "")
+               + (f"; and {stats.steps} step results" if stats.steps else ""))
     if stats.missing:
         raise ShardworkerError(f"{stats.missing} outcome(s) set aside in {outbox_dir}/setaside.jsonl: their jobs "
                                "do not exist in this database")

@@ -55,6 +55,8 @@ class FlushStats:
     deadlettered: int = 0
     missing: int = 0  # set aside: their jobs do not exist in this database
     followups: int = 0  # follow-up jobs inserted with their parents' outcomes
+    cancelled: int = 0  # kept, not applied: their jobs were cancelled while they ran
+    steps: int = 0  # step records flushed (the rest of ``flushed`` are outcomes)
     refused: int = 0  # dead-lettered, and even their failure refused: their jobs left running
     flushed: int = 0  # records marked flushed (applied, replayed, stale, set aside or dead-lettered)
     db_errors: int = 0
@@ -157,6 +159,7 @@ class Flusher:
             return 0
         self.outage.recovered()
         self.stats.failing, self.stats.batch_started_at = "", started
+        self.stats.steps += len(self._steps)
         flushed, self._held, self._outcomes, self._steps = self._held, [], [], []
         self._caught_up_at = None
         self.reader.mark_flushed(flushed)
@@ -264,6 +267,7 @@ class Flusher:
         self.stats.stale += result.stale
         self.stats.missing += len(result.missing_ids)
         self.stats.followups += result.followups
+        self.stats.cancelled += len(result.cancelled_ids)
         kept.keep_unapplied(self.reader.directory, result, self._outcomes)
 
     def finish(self) -> None:

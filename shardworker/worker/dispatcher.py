@@ -85,6 +85,8 @@ class Dispatcher:
         self.flusher.check()
         self._settle_quarantined()
         self.backlog.recount_if_drained(quiet=not self.pool.in_flight and self.flusher.idle)
+        if self.db_ok:
+            self._notified()  # kept during the last claim: a busy worker, claiming at every pass, never waits
         self.cancels.run_once(self.db_ok)
         claimed = self._maybe_claim()
         self.watch.update(self.db_failure())

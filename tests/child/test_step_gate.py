@@ -88,8 +88,10 @@ def test_a_new_step_waits_for_the_gate_and_runs_once_it_opens(kind: str) -> None
 
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
-def test_a_stop_while_a_new_step_waits_for_the_gate_runs_nothing(kind: str) -> None:
+def test_a_stop_while_a_new_step_waits_for_the_gate_runs_nothing_and_charges_nothing(kind: str) -> None:
+    """The gate also stays closed through a database outage longer than --rescue-after, with no
+    peer rescuing anything: a stop then must not cost the job an attempt (a review point). The
+    attempt ends snoozed, due at once: run again from its recorded steps, or stale if rescued."""
     outcome, stepped = run_one(kind, "stop")
     assert stepped == []
-    assert outcome.disposition is not Disposition.DONE
-    assert "heartbeat" in (outcome.error or ""), outcome.error
+    assert outcome.disposition is Disposition.SNOOZED and outcome.delay_s == 0.0, outcome

@@ -224,3 +224,19 @@ def test_outbox_drain_counts_step_results_apart_from_outcomes(tmp_path: Path, pg
     assert result.exit_code == 0, result.output
     assert ("drained 2 outcomes: 2 applied, 0 already applied, 0 stale, 0 set aside, 0 dead-lettered; "
             "and 6 step results") in result.stdout
+
+
+def test_outbox_drain_counts_the_outcome_of_a_cancelled_job_as_an_outcome(
+        tmp_path: Path, pg_dsn: str, store: PgStore) -> None:
+    """An outcome kept because its job was cancelled while it ran is an outcome, not a step
+    result (a review point on the count above)."""
+    from shardworker import jobs as jobs_api
+
+    [job] = claim(store, pg_dsn, 1)
+    assert jobs_api.cancel(pg_dsn, [job.id]) == 1
+    outbox_dir = tmp_path / "outbox"
+    write_outcomes(outbox_dir, [Outcome.done(job.id, job.attempt, b"1")], shards=1)
+    result = invoke("outbox", "drain", "--outbox-dir", str(outbox_dir), "--dsn", pg_dsn, "--timeout", "10")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("drained 1 outcomes: 0 applied") and "1 kept (their jobs were cancelled)" in \
+        result.stdout and "step results" not in result.stdout, result.stdout

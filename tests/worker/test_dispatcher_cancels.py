@@ -28,14 +28,8 @@ def holding_one(pg_dsn: str, store: FlakyStore, tmp_path: Path) -> tuple[object,
     return dispatcher, children, clock, job_id
 
 
-def test_a_cancel_that_arrives_during_a_query_reaches_the_children_at_the_next_pass(
-        pg_dsn: str, store: FlakyStore, tmp_path: Path) -> None:
-    """psycopg keeps a notification that arrives while its connection runs a query, and the
-    connection's descriptor does not turn readable for it. The dispatcher's wait looked only
-    when it did, so a cancel that came during a claim waited for the next notification or the
-    poll: 2 to 4 s for a new user."""
-    dispatcher, children, _, job_id = holding_one(pg_dsn, store, tmp_path)
-
+def cancel_during_a_query(pg_dsn: str, store: FlakyStore, job_id: int) -> None:
+    """Cancel ``job_id`` from another connection while the claim connection runs a query."""
     def cancel_soon() -> None:
         time.sleep(0.15)
         assert jobs.cancel(pg_dsn, [job_id]) == 1
@@ -45,8 +39,33 @@ def test_a_cancel_that_arrives_during_a_query_reaches_the_children_at_the_next_p
     with store.store.cursor() as cur:  # the claim connection, busy while the notification comes
         cur.execute("SELECT pg_sleep(0.6)")
     canceller.join()
+
+
+def test_a_cancel_that_arrives_during_a_query_reaches_the_children_at_the_next_pass(
+        pg_dsn: str, store: FlakyStore, tmp_path: Path) -> None:
+    """psycopg keeps a notification that arrives while its connection runs a query, and the
+    connection's descriptor does not turn readable for it. The dispatcher's wait looked only
+    when it did, so a cancel that came during a claim waited for the next notification or the
+    poll: 2 to 4 s for a new user."""
+    dispatcher, children, _, job_id = holding_one(pg_dsn, store, tmp_path)
+
+    cancel_during_a_query(pg_dsn, store, job_id)
     for _ in range(3):
         dispatcher.run_once()
+    assert children.cancelled == [{(job_id, 1)}]
+
+
+def test_a_cancel_that_arrives_during_a_claim_reaches_the_children_though_every_pass_claims(
+        pg_dsn: str, store: FlakyStore, tmp_path: Path) -> None:
+    """A busy worker claims at every pass and never waits: notifications kept during its claims
+    must still be looked at (a review point: they waited for the 2 s poll)."""
+    dispatcher, children, _, job_id = holding_one(pg_dsn, store, tmp_path)
+
+    cancel_during_a_query(pg_dsn, store, job_id)
+    enqueue(pg_dsn, "k", 1)
+    dispatcher.woken = True  # more work: this pass claims, and does not wait
+    assert dispatcher.run_once() is False and dispatcher.claimed_total == 2
+    dispatcher.run_once()
     assert children.cancelled == [{(job_id, 1)}]
 
 
@@ -71,7 +90,7 @@ def test_the_poll_finds_a_cancelled_attempt_whose_notification_was_missed_even_o
         pg_dsn: str, store: FlakyStore, tmp_path: Path) -> None:
     """The poll behind the notifications (every 2 s) names attempts too: it finds the attempt
     held here whose job was cancelled, or has moved on to a later attempt (cancelled, retried
-    and claimed again), and never the later attempt itself."""
+    and claimed again, here by another worker)."""
     dispatcher, children, clock, job_id = holding_one(pg_dsn, store, tmp_path)
     with psycopg.connect(pg_dsn) as conn:
         assert jobs.cancel(conn, [job_id]) == 1
