@@ -63,6 +63,8 @@ def attempt_sync(app: App, job: ClaimedJob, steps: StepLog | None = None,
     if not_run is not None:
         return not_run
     followups = FollowUps()
+    if steps is not None:
+        steps.cancel = cancel
     try:
         result = spec.fn(job.to_job(None if steps is None else SyncSteps(steps), followups, cancel))
     except Exception as exc:
@@ -83,6 +85,8 @@ async def attempt_async(app: App, job: ClaimedJob, steps: StepLog | None = None,
         return not_run
     deadline = asyncio.timeout(spec.timeout_s)
     followups = FollowUps()
+    if steps is not None:
+        steps.cancel = cancel
     try:
         async with deadline:
             result = await spec.fn(job.to_job(None if steps is None else AsyncSteps(steps), followups, cancel))
@@ -113,7 +117,9 @@ def ended(spec: HandlerSpec, job: ClaimedJob, steps: StepLog | None, exc: Except
           result: object = None, followups: FollowUps | None = None) -> Attempt:
     """The attempt of a handler that raised ``exc`` or returned ``result``. One that misused a
     step failed, whatever it did after (caught the ``StepError``, returned, raised something else)."""
-    if steps is not None and steps.held_back:  # not the handler's doing: given back, uncharged
+    if steps is not None and steps.not_run == "cancelled":  # a step the cancel kept from starting
+        return Attempt(Outcome.cancelled(job.id, job.attempt, OPERATOR_CANCEL))
+    if steps is not None and steps.not_run == "held back":  # not the handler's doing: given back, uncharged
         return Attempt(Outcome.snoozed(job.id, job.attempt, 0.0))
     if steps is not None and steps.error is not None:
         return Attempt(failure(spec, job, steps.error), steps.error)

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from shardworker import wire
+from shardworker.child.cancels import Flag
 from shardworker.child.results import Unstorable, storable_json
 from shardworker.errors import StepError
 from shardworker.model import ClaimedJob, StepRecord, loads_exact
@@ -42,8 +43,9 @@ Sink = Callable[[bytes, Callable[[], None]], None]
 Commit = Callable[[bytes], None]
 
 
-class StepHeldBack(Exception):
-    """A step not run: it waited for the start gate until the child stopped."""
+class StepNotRun(Exception):
+    """A step not recorded yet that this attempt may not run: an operator cancelled the attempt,
+    or it waited for the start gate until the child stopped."""
 
 
 class Gate(Protocol):
@@ -66,7 +68,10 @@ class StepLog:
         self.recorded = 0  # steps this run recorded
         self.replayed = 0  # steps this run got back from earlier attempts
         self.error: StepError | None = None  # the first misuse, which fails the attempt
-        self.held_back = False  # a step waited at the closed gate until a stop: the attempt snoozes
+        self.cancel: Flag | None = None  # the attempt's cancel flag (``job.cancelled``), set by its runner
+        # Why a new step was not run, which ends the attempt: "cancelled" (ends cancelled), or "held
+        # back" (it waited at the closed gate until a stop: snoozed, uncharged).
+        self.not_run: str | None = None
 
     @property
     def earlier(self) -> dict[str, Any]:
@@ -103,15 +108,19 @@ class StepLog:
         return False, None
 
     def held(self, name: str) -> bool:
-        """Whether step ``name`` must wait for the gate. Once the child stops, ``StepHeldBack``:
-        the attempt ends snoozed, uncharged (stale if a peer rescued the job; else run again
-        from its recorded steps), whatever the handler does with the exception."""
+        """Whether step ``name`` must wait for the gate. ``StepNotRun`` once the attempt was
+        cancelled (it ends cancelled: a retry may be running the steps), or once the child
+        stops while the gate is closed (it ends snoozed, uncharged: stale if a peer rescued the
+        job, else run again from its recorded steps); whatever the handler does with it."""
+        if self.cancel is not None and self.cancel.is_set():
+            self.not_run = "cancelled"
+            raise StepNotRun(f"step {name!r} of job {self.job.id} not run: the attempt was cancelled")
         if self.gate is None or self.gate.open():
             return False
         if self.stopping():
-            self.held_back = True
-            raise StepHeldBack(f"step {name!r} of job {self.job.id} not run: the worker stopped while its "
-                               "heartbeat was overdue")
+            self.not_run = "held back"
+            raise StepNotRun(f"step {name!r} of job {self.job.id} not run: the worker stopped while its "
+                             "heartbeat was overdue")
         return True
 
     def encode(self, name: str, result: Any) -> tuple[bytes, Any]:

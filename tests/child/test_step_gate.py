@@ -1,4 +1,5 @@
-"""A step not recorded yet runs only while the start gate is open (``StartGate``: the parent's
+"""A step not recorded yet runs only while the attempt may start one: not once an operator
+cancelled it, and only while the start gate is open (``StartGate``: the parent's
 heartbeat says no peer can have rescued this worker's jobs). A handler that began while it
 was open and reaches a new step after it closed waits; it runs the step once a beat opens the
 gate again, and on a stop it runs nothing: its attempt ends failed, recording nothing. (From a
@@ -15,7 +16,8 @@ from typing import Any
 import pytest
 
 from shardworker.app import App
-from shardworker.child.cancels import Cancels
+from shardworker.child.cancels import Cancels, Flag
+from shardworker.child.handlers import attempt_sync
 from shardworker.child.hooks import EventLoop, Hooks
 from shardworker.child.lanes import AsyncLane, StartGate, ThreadLane
 from shardworker.child.steps import StepLog
@@ -29,6 +31,16 @@ ran: list[int] = []  # the jobs whose step function ran
 def step_fn(job_id: int) -> str:
     ran.append(job_id)
     return "stepped"
+
+
+cancel_flag = Flag()
+
+
+@app.handler("cancelled_between", threads=True)
+def cancelled_between(job: Any) -> str:
+    job.step("a", step_fn, job.id)
+    cancel_flag.set()  # an operator's cancel arrives between the steps
+    return job.step("b", step_fn, job.id)
 
 
 @app.handler("sync")
@@ -95,3 +107,15 @@ def test_a_stop_while_a_new_step_waits_for_the_gate_runs_nothing_and_charges_not
     outcome, stepped = run_one(kind, "stop")
     assert stepped == []
     assert outcome.disposition is Disposition.SNOOZED and outcome.delay_s == 0.0, outcome
+
+
+def test_a_cancelled_attempt_starts_no_new_step() -> None:
+    """Cancelled, then retried at once: the cancelled attempt, a sync or threaded handler that
+    does not read job.cancelled, went on into its next steps while the retry ran them too, so
+    every step ran twice (found by a new user). A new step of a cancelled attempt does not run:
+    the attempt ends cancelled (its outcome fenced out), whatever the handler does."""
+    ran.clear()
+    job = ClaimedJob(9, "cancelled_between", "default", "null", 1, 3)
+    attempt = attempt_sync(app, job, StepLog(job, lambda _r, durable: durable(), lambda _r: None), cancel_flag)
+    assert ran == [9], "step b ran in an attempt cancelled before it"
+    assert attempt.outcome.disposition is Disposition.CANCELLED

@@ -10,6 +10,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -156,3 +157,28 @@ def test_a_cancel_stops_the_attempt_it_cancelled_not_the_retry_that_follows(pg_d
     assert runs(counts)[(job_id, 1)] == 1 and runs(counts)[(job_id, 2)] == 1
     assert query(pg_dsn, "SELECT errors FROM shardworker.jobs WHERE id = %s", job_id) == [(None,)] or \
         all(e["attempt"] < 2 for e in query(pg_dsn, "SELECT errors FROM shardworker.jobs WHERE id = %s", job_id)[0][0])
+
+
+def test_a_cancelled_multi_step_attempt_leaves_its_next_steps_to_the_retry(pg_dsn: str, tmp_path: Path) -> None:
+    """A threaded handler of three 1.5 s steps, cancelled and retried at once during its first
+    step: the cancelled attempt went on into the next steps while the retry ran them too, so
+    every step ran twice (found by a new user). Only the step running at the cancel may run
+    twice (work in hand); the others run once, in the retry."""
+    from tests.steps.step_ledger import step_runs
+
+    counts = tmp_path / "counts"
+    counts.mkdir()
+    [job_id] = enqueue(pg_dsn, "extract_threads", 1, {"sleep": 1.5})
+    proc = start_worker(pg_dsn, tmp_path / "outbox", counts, *FAST, procs=1, app="steps_app")
+    wait_for(lambda: step_runs(counts)[(job_id, "fetch")] == 1, 30, "the first step running")
+    import psycopg
+
+    with psycopg.connect(pg_dsn) as conn:
+        assert jobs.cancel(conn, [job_id]) == 1
+        assert jobs.retry(conn, [job_id]) == 1
+    wait_for(lambda: row(pg_dsn, job_id)[0] == "done", 60, "the retry done")
+    time.sleep(2.0)  # long enough for the cancelled attempt to reach its next step, if it would
+    proc.send_signal(signal.SIGTERM)
+    assert exit_code(proc, 60, counts) == 0, worker_log(counts)
+    ran = step_runs(counts)
+    assert ran[(job_id, "ocr")] == 1 and ran[(job_id, "chunk")] == 1, ran
