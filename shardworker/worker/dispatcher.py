@@ -42,6 +42,7 @@ from shardworker.worker.pool import ChildPool
 from shardworker.worker.quarantine_watch import QuarantineWatch
 
 log = logging.getLogger(__name__)
+LOOK_S = 0.05  # how often a pass that will not wait looks for notifications kept during queries
 
 
 class Dispatcher:
@@ -56,7 +57,7 @@ class Dispatcher:
         # One line per outage comes from the watch (self.watch); the claim's own lines are for -v.
         self.outage = Outage("claim", log, Backoff(config.backoff_base_s, config.backoff_cap_s),
                              started="claim failed ({error}); retrying in {delay:.2f}s", ended=None, clock=clock)
-        self.next_claim_at, self.pause_reason = 0.0, ""
+        self.next_claim_at, self.pause_reason, self.look_at = 0.0, "", 0.0
         # While claims take jobs of a rate-limited kind or queue: come back every pace_s.
         self.paced_until, self.pace_s = 0.0, 0.0
         self.backlog = Backlog(config.outbox_dir, lambda: flusher.flushed_total, clock)
@@ -85,8 +86,9 @@ class Dispatcher:
         self.flusher.check()
         self._settle_quarantined()
         self.backlog.recount_if_drained(quiet=not self.pool.in_flight and self.flusher.idle)
-        if self.db_ok:
-            self._notified()  # kept during the last claim: a busy worker, claiming at every pass, never waits
+        if self.db_ok and self.clock() >= self.look_at:  # a busy worker claims at every pass, and never waits:
+            self.look_at = self.clock() + LOOK_S          # the cancels kept during its claims, every LOOK_S
+            self._notified()
         self.cancels.run_once(self.db_ok)
         claimed = self._maybe_claim()
         self.watch.update(self.db_failure())

@@ -13,6 +13,7 @@ import psycopg
 from shardworker import jobs
 from shardworker.store.embedded import EmbeddedPostgres
 from shardworker.store.pg_store import PgStore, StoreConfig
+from shardworker.worker.dispatcher import LOOK_S
 from tests.flaky_store import FlakyStore
 from tests.helpers import enqueue
 from tests.worker.dispatcher_harness import Children, Clock, make
@@ -58,12 +59,13 @@ def test_a_cancel_that_arrives_during_a_query_reaches_the_children_at_the_next_p
 def test_a_cancel_that_arrives_during_a_claim_reaches_the_children_though_every_pass_claims(
         pg_dsn: str, store: FlakyStore, tmp_path: Path) -> None:
     """A busy worker claims at every pass and never waits: notifications kept during its claims
-    must still be looked at (a review point: they waited for the 2 s poll)."""
-    dispatcher, children, _, job_id = holding_one(pg_dsn, store, tmp_path)
+    must still be looked at, every LOOK_S (a review point: they waited for the 2 s poll)."""
+    dispatcher, children, clock, job_id = holding_one(pg_dsn, store, tmp_path)
 
     cancel_during_a_query(pg_dsn, store, job_id)
     enqueue(pg_dsn, "k", 1)
     dispatcher.woken = True  # more work: this pass claims, and does not wait
+    clock.now += LOOK_S
     assert dispatcher.run_once() is False and dispatcher.claimed_total == 2
     dispatcher.run_once()
     assert children.cancelled == [{(job_id, 1)}]
