@@ -72,8 +72,8 @@ class JobSpec:
             raise EnqueueError("max_attempts must be an integer from 1 to 2147483647")
         if self.dedupe_key is not None and not isinstance(self.dedupe_key, str):
             raise EnqueueError("dedupe_key must be a string")
-        if self.dedupe_key == "":  # an unset variable in a script, most likely: it would dedupe unrelated jobs
-            raise EnqueueError("dedupe_key must not be empty (leave it out for a job without one)")
+        if self.dedupe_key is not None and not self.dedupe_key.strip():  # unset variables in a script, most likely
+            raise EnqueueError("dedupe_key must not be empty or white space only (leave it out for a job without one)")
         for name, value, limit in (("kind", self.kind, MAX_KIND_BYTES), ("queue", self.queue, MAX_QUEUE_BYTES),
                                    ("dedupe_key", self.dedupe_key, MAX_DEDUPE_KEY_BYTES)):
             why = None if value is None else too_long(name, value, limit) or not_storable_text(name, value)

@@ -59,6 +59,8 @@ def test_an_empty_dedupe_key_is_refused_not_shared(pg_dsn: str) -> None:
     assert_one_line_error(invoke("enqueue", "k", "--dedupe-key", "", "--dsn", pg_dsn), "dedupe_key", "empty")
     with pytest.raises(EnqueueError, match="empty"):
         enqueue(pg_dsn, "k", dedupe_key="")
+    with pytest.raises(EnqueueError, match="white space"):  # "$A $B" with both unset
+        enqueue(pg_dsn, "k", dedupe_key=" ")
     assert rows(pg_dsn) == []
 
 
