@@ -57,8 +57,8 @@ class StepLog:
 
     ``gate`` is the child's start gate: a step not recorded yet runs only while it is open, as
     a job starts only then (past it, a peer may have rescued the job and be running its steps).
-    Closed, the step waits for a beat to open it; ``stopping`` ends that wait, and the step
-    fails the attempt without running."""
+    Closed, the step waits for a beat to open it; ``stopping`` ends that wait without running
+    it. Nor does a step run once ``cancel`` (the attempt's ``job.cancelled``) is set (``held``)."""
 
     def __init__(self, job: ClaimedJob, sink: Sink, commit: Commit, gate: Gate | None = None,
                  stopping: Callable[[], bool] = lambda: False) -> None:
