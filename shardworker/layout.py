@@ -9,7 +9,7 @@ The ``outbox`` package owns its segments, shard locks, ``flusher.lock``, the che
     shard-9999-*     the parent's own shard: outcomes it decides for dead children
     database.json    the database this outbox is bound to (its instance id and name)
     deadletter/      outcomes the database refused for good, kept whole
-    stale.jsonl      outcomes whose attempt was rescued and claimed again, kept whole
+    stale.jsonl      outcomes whose job a newer attempt owns (rescued, or cancelled and retried), kept whole
     setaside.jsonl   outcomes whose job does not exist in the database, kept whole
     lost.jsonl       jobs requeued because their outcome was in a quarantined segment
     giveback.json    jobs a stop could not give back (database away): never started, so the

@@ -42,7 +42,7 @@ def keep_unapplied(outbox_dir: str, result: ApplyResult, outcomes: list[Outcome]
         log.warning("%d stale outcomes kept in %s, not applied (a newer attempt owns the job): ids %s",
                     result.stale, layout.STALE_LOG, list(result.stale_ids[:10]))
         keep_these(layout.stale_log(outbox_dir), result.stale_ids,
-                   "stale: its attempt was rescued and the job claimed again")
+                   "stale: a newer attempt owns the job (rescued, or cancelled and retried)")
     if result.cancelled_ids:
         log.info("%d outcomes not applied, kept in %s: their jobs were cancelled while they ran: ids %s",
                  len(result.cancelled_ids), layout.STALE_LOG, list(result.cancelled_ids[:10]))

@@ -155,6 +155,8 @@ def test_a_cancel_stops_the_attempt_it_cancelled_not_the_retry_that_follows(pg_d
     assert row(pg_dsn, job_id) == ("done", "finished", 2), worker_log(counts)
     assert stopped(counts) == [f"{job_id} polled"]
     assert runs(counts)[(job_id, 1)] == 1 and runs(counts)[(job_id, 2)] == 1
+    kept = (tmp_path / "outbox" / "stale.jsonl").read_text()  # the first attempt's "stopped early"
+    assert "newer attempt" in kept and "rescued and" not in kept, kept  # it read "was rescued" (a trial)
     assert query(pg_dsn, "SELECT errors FROM shardworker.jobs WHERE id = %s", job_id) == [(None,)] or \
         all(e["attempt"] < 2 for e in query(pg_dsn, "SELECT errors FROM shardworker.jobs WHERE id = %s", job_id)[0][0])
 
