@@ -35,6 +35,7 @@ from shardworker.errors import NewerRecord
 from shardworker.model import Disposition, Outcome, StepRecord
 
 JobKey = tuple[int, int]  # (job id, attempt)
+CancelKey = tuple[int, int | None]  # a cancel's (job id, attempt); None: every attempt (an older release's cancel)
 
 _RECORD = struct.Struct("<BqiBdii")
 _RECORD_V2 = 2

@@ -30,6 +30,7 @@ import orjson
 
 from shardworker.model import ClaimedJob
 from shardworker.records import (  # noqa: F401 (re-exported: the records are part of the wire)
+    CancelKey,
     JobKey,
     decode_outcome,
     decode_record,

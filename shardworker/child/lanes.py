@@ -32,35 +32,19 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
-from shardworker import procs
 from shardworker.app import App
 from shardworker.child.cancels import Cancels
+from shardworker.child.gate import GATE_POLL_S, StartGate
 from shardworker.child.handlers import attempt_async, attempt_sync
 from shardworker.child.hooks import Hooks
 from shardworker.child.steps import StepLog
 from shardworker.model import ClaimedJob, Outcome
 
-GATE_POLL_S = 0.05  # how often a lane looks again at a closed gate
-
 OnStart = Callable[[int, ClaimedJob], None]
 OnDone = Callable[[int, ClaimedJob, Outcome, float, StepLog], None]
 StepsFor = Callable[[ClaimedJob], StepLog]
-
-
-class StartGate:
-    """Open before ``alive_until``, two shared doubles the parent's heartbeat moves on after each
-    beat that found this worker's row: a deadline on the boot-time clock (it runs through a
-    suspend) and one on the wall clock (which a VM's guest agent or NTP sets right after a pause
-    the guest's own clocks did not see); or always, without them."""
-
-    def __init__(self, alive_until: Any = None) -> None:
-        self._until = alive_until
-
-    def open(self) -> bool:
-        until = self._until
-        return until is None or (procs.boottime() < until[0] and time.time() < until[1])
 
 
 class Lane(Protocol):

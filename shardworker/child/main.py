@@ -29,8 +29,9 @@ from shardworker import logs, procs, wire
 from shardworker.app import App, load_app
 from shardworker.child.cancels import OPERATOR_CANCEL, Cancels
 from shardworker.child.committer import Committer
+from shardworker.child.gate import StartGate
 from shardworker.child.hooks import EventLoop, HookFailed, Hooks
-from shardworker.child.lanes import AsyncLane, Lane, StartGate, ThreadLane
+from shardworker.child.lanes import AsyncLane, Lane, ThreadLane
 from shardworker.child.progress import Progress, ProgressFile
 from shardworker.child.steps import StepLog
 from shardworker.config import ChildConfig

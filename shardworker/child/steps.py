@@ -24,17 +24,17 @@ import asyncio
 import inspect
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from shardworker import wire
 from shardworker.child.cancels import Flag
+from shardworker.child.gate import GATE_POLL_S, StartGate
 from shardworker.child.results import Unstorable, storable_json
 from shardworker.errors import StepError
 from shardworker.model import ClaimedJob, StepRecord, loads_exact
 
 MAX_STEPS = 10_000  # step names a job may record, over all its attempts
 MAX_STEP_NAME_CHARS = 200
-GATE_POLL_S = 0.05  # how often a step looks again at a closed start gate
 
 # How a step record reaches the outbox: from an event loop, (record, on_durable), which
 # returns at once and calls on_durable on the committer's thread once the record is fsync'd;
@@ -48,10 +48,6 @@ class StepNotRun(Exception):
     or it waited for the start gate until the child stopped."""
 
 
-class Gate(Protocol):
-    def open(self) -> bool: ...
-
-
 class StepLog:
     """One attempt's steps: those recorded by earlier attempts, and the names used in this run.
 
@@ -60,7 +56,7 @@ class StepLog:
     Closed, the step waits for a beat to open it; ``stopping`` ends that wait without running
     it. Nor does a step run once ``cancel`` (the attempt's ``job.cancelled``) is set (``held``)."""
 
-    def __init__(self, job: ClaimedJob, sink: Sink, commit: Commit, gate: Gate | None = None,
+    def __init__(self, job: ClaimedJob, sink: Sink, commit: Commit, gate: StartGate | None = None,
                  stopping: Callable[[], bool] = lambda: False) -> None:
         self.job, self.sink, self.commit, self.gate, self.stopping = job, sink, commit, gate, stopping
         self._earlier: dict[str, Any] | None = None  # decoded on first use

@@ -22,13 +22,13 @@ from typing import Any
 
 import psycopg
 
+from shardworker.records import CancelKey
 from shardworker.store.connection import Session, connect, translate_errors
 from shardworker.store.sql import query
 
 log = logging.getLogger(__name__)
 
 PROBE_WAIT_S = 1.0
-CancelKey = tuple[int, int | None]  # (job id, attempt); None: every attempt (an older release's cancel)
 
 
 class Notifications(Session):

@@ -16,13 +16,11 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from shardworker.errors import StoreError
+from shardworker.records import CancelKey
 
 POLL_S = 2.0
 
 log = logging.getLogger(__name__)
-
-
-CancelKey = tuple[int, int | None]  # (job id, attempt); None: every attempt held (an older release's cancel)
 
 
 class CancelStore(Protocol):

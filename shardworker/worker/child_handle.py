@@ -94,7 +94,7 @@ class ChildHandle:
     reported_at: float = 0.0  # when it last reported a finished job (the pool's clock)
     fatal: str = ""
     job_counts: JobCounts = field(default_factory=JobCounts)  # the pool's, for the metrics
-    alive_until: Any = None  # the pool's shared gate (shardworker.child.lanes.StartGate)
+    alive_until: Any = None  # the pool's shared gate (shardworker.child.gate.StartGate)
     restart_at: float | None = None
     # Claimed jobs that were running in an earlier death whose cause is unknown: each runs alone, in turn.
     suspects: deque[ClaimedJob] = field(default_factory=deque)

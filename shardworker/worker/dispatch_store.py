@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from shardworker.model import Claim
-from shardworker.worker.cancel_watch import CancelKey
+from shardworker.records import CancelKey
 
 
 class DispatchStore(Protocol):

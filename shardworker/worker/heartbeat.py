@@ -88,7 +88,7 @@ class Heartbeat:
         """Beat, then rescue; returns the seconds until the next beat."""
         if self.conflict is not None:
             return self.interval_s
-        began, began_wall = procs.boottime(), time.time()  # the gate's clocks (see child.lanes.StartGate)
+        began, began_wall = procs.boottime(), time.time()  # the gate's clocks (see child.gate.StartGate)
         try:
             beat = self.store.beat(self.worker_id, socket.gethostname(), os.getpid(), *self.load(),
                                    take_over=self.last_ok is None, serves=self.serves)

@@ -28,7 +28,7 @@ from shardworker.errors import CrashLoop
 from shardworker.jobstats import JobCounts
 from shardworker.model import ClaimedJob
 from shardworker.worker import blame
-from shardworker.worker.cancel_watch import CancelKey, matching
+from shardworker.worker.cancel_watch import matching
 from shardworker.worker.cancelling import Cancelling
 from shardworker.worker.child_handle import ChildHandle, Sent
 from shardworker.worker.deaths import Death, Suspects, Timeouts, leftovers, log_death, shutdown_cause
@@ -44,8 +44,8 @@ class ChildPool:
                  steal_after_s: float = 0.5, at_once: int = 1, cancel_grace_s: float = 10.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.job_counts = JobCounts()  # finished jobs by kind and outcome, as the children report them
-        # Until when (monotonic s) the children may start the jobs they hold: the heartbeat moves it on.
-        self._alive_until = procs.context(True).RawArray(ctypes.c_double, [math.inf, math.inf])  # boot, wall
+        # Until when (boot-time clock, wall clock) the children may start what they hold: the heartbeat moves it on.
+        self._alive_until = procs.context(True).RawArray(ctypes.c_double, [math.inf, math.inf])
         self.handles = [ChildHandle(config, job_counts=self.job_counts, alive_until=self._alive_until)
                         for config in configs]
         self.specs, self.clock = specs, clock
@@ -98,7 +98,7 @@ class ChildPool:
         """(id, attempt) of every job routed to a child and not yet reported."""
         return [(j.id, j.attempt) for j in self._held_jobs()]
 
-    def cancel(self, keys: set[CancelKey]) -> int:
+    def cancel(self, keys: set[wire.CancelKey]) -> int:
         """Stop the held attempts ``keys`` name (``shardworker.worker.cancelling``); how many not yet stopping."""
         return self.cancelling.add(matching(self.job_keys(), keys))
 

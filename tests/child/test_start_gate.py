@@ -15,8 +15,9 @@ import pytest
 from shardworker import procs
 from shardworker.app import App
 from shardworker.child.cancels import Cancels
+from shardworker.child.gate import StartGate
 from shardworker.child.hooks import EventLoop, Hooks
-from shardworker.child.lanes import AsyncLane, StartGate, ThreadLane
+from shardworker.child.lanes import AsyncLane, ThreadLane
 from shardworker.child.steps import StepLog
 from shardworker.model import ClaimedJob
 

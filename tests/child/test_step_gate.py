@@ -17,9 +17,10 @@ import pytest
 
 from shardworker.app import App
 from shardworker.child.cancels import Cancels, Flag
+from shardworker.child.gate import StartGate
 from shardworker.child.handlers import attempt_sync
 from shardworker.child.hooks import EventLoop, Hooks
-from shardworker.child.lanes import AsyncLane, StartGate, ThreadLane
+from shardworker.child.lanes import AsyncLane, ThreadLane
 from shardworker.child.steps import StepLog
 from shardworker.model import ClaimedJob, Disposition, Outcome
 from tests.child.test_start_gate import deadline
