@@ -11,7 +11,7 @@ import enum
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 import orjson
@@ -126,6 +126,11 @@ class ClaimedJob:
     steps_json: str | None = None
     dependencies_json: str | None = None  # {id: result} of the jobs it waited on; None: none
     snoozes: int = 0  # runs that used no attempt
+    # Which job and which claim this is: the row's uid (None: a row from before migration 0015)
+    # and the claim's token. Its outcome and steps carry both (``Outcome.claimed_by``), so they
+    # land on this claim of this job only (``shardworker.flusher.marks``).
+    uid: int | None = None
+    token: str | None = None
 
     @property
     def attempts_used(self) -> int:
@@ -186,6 +191,14 @@ class Outcome:
     followups_json: bytes | None = None  # a done attempt's follow-up jobs (shardworker.followups)
     traceback: str | None = None  # a failed attempt's traceback
     failed_at: float | None = None  # when a failed attempt failed (Unix s); None: when it is applied
+    uid: int | None = None  # the job's uid and the claim's token it ran under (ClaimedJob); None: not checked
+    token: str | None = None
+
+    def claimed_by(self, job: ClaimedJob) -> Outcome:
+        """This outcome, marked as the outcome of ``job``'s claim (its uid and token)."""
+        if (self.uid, self.token) == (job.uid, job.token):
+            return self
+        return replace(self, uid=job.uid, token=job.token)
 
     @classmethod
     def done(cls, job_id: int, attempt: int, result_json: bytes, followups_json: bytes | None = None) -> Outcome:
@@ -230,6 +243,22 @@ class StepRecord:
     name: str
     result_json: bytes
     recorded_at: float
+    uid: int | None = None  # the job's uid (ClaimedJob.uid); None: not checked
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """How far an outbox's flusher has applied, written in the transaction of a batch
+    (``shardworker.outbox_marks``): the outbox, its worker, the count of batches applied, and
+    per shard (of those the batch read) the outbox position after its last record."""
+
+    outbox_id: str
+    worker_id: str
+    batch: int
+    positions: dict[int, tuple[int, int, int]]
+
+    def positions_json(self) -> bytes:
+        return orjson.dumps({str(shard): list(pos) for shard, pos in self.positions.items()})
 
 
 @dataclass(frozen=True, slots=True)

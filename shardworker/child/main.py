@@ -145,7 +145,7 @@ class ShardRunner:
         self.cancels.release(((job.id, job.attempt),))
         label = outcome_label(job, outcome)
         replays = ((job.kind, STEP_REPLAYED, -1.0),) * steps.replayed
-        self.committer.add((job.id, job.attempt), wire.encode_outcome(outcome), started_at,
+        self.committer.add((job.id, job.attempt), wire.encode_outcome(outcome.claimed_by(job)), started_at,
                            ((job.kind, OUTCOMES.index(label), seconds), *replays))
         if outcome.disposition in (Disposition.SNOOZED, Disposition.CANCELLED):
             log_control(job, outcome)

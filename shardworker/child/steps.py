@@ -131,7 +131,7 @@ class StepLog:
             result_json = storable_json(result)
         except Unstorable as exc:
             raise self.fail(f"step {name!r} of job {self.job.id}: {exc}") from None
-        record = wire.encode_step(StepRecord(self.job.id, self.job.attempt, name, result_json, time.time()))
+        record = wire.encode_step(StepRecord(self.job.id, self.job.attempt, name, result_json, time.time(), self.job.uid))
         return record, loads_exact(result_json.decode("utf-8"))
 
 

@@ -64,7 +64,8 @@ class ClaimQueries(Session):
             if not floor.claimed([(row[10], row[11], row[0]) for row in rows], bounds["floor_id"] is not None):
                 break
         paces = [row[7] for row in rows if row[7] is not None]
-        jobs = [ClaimedJob(row[0], row[1], row[2], row[3], row[4], row[5], row[8], row[9], row[6]) for row in rows]
+        jobs = [ClaimedJob(row[0], row[1], row[2], row[3], row[4], row[5], row[8], row[9], row[6], row[12], claim_token)
+                for row in rows]
         return Claim(jobs, min(paces) if paces else None)
 
     def claim_floor(self) -> ClaimFloor:

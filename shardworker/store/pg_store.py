@@ -12,7 +12,8 @@ Everything outside ``shardworker.store`` talks to it in domain values (``Claimed
 * ``enqueue``: enqueue on the store's connection (``enqueue_async``: on an asyncio one);
 * ``job_queries``: operators' reads and changes on the caller's connection or a DSN;
 * ``queue_queries``: the backlog by queue and kind, and the queues' state (paused, limits);
-* ``serving``: queued kinds no live worker serves.
+* ``serving``: queued kinds no live worker serves;
+* ``marks``: how far the database holds what a flusher applied, and the holds on claims.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 from shardworker.config import StoreConfig
 from shardworker.store.enqueue import EnqueueQueries
 from shardworker.store.housekeeping import HousekeepingQueries
+from shardworker.store.marks import MarkQueries
 from shardworker.store.notifications import Notifications
 from shardworker.store.production import ProductionQueries
 from shardworker.store.queue_queries import QueueQueries
@@ -32,5 +34,5 @@ __all__ = ["PgStore", "ServerState", "StoreConfig"]
 
 
 class PgStore(WorkerQueries, Notifications, WorkerRows, HousekeepingQueries, SchemaQueries, EnqueueQueries,
-              QueueQueries, ServingQueries, ProductionQueries):
+              QueueQueries, ServingQueries, ProductionQueries, MarkQueries):
     """Job storage on one PostgreSQL connection."""

@@ -15,7 +15,7 @@ from shardworker import followups
 from shardworker.errors import EnqueueError, OutcomeRejected, SchemaMissing
 from shardworker.followups import DependentRow
 from shardworker.limits import ERRORS_KEPT, MAX_ERROR_CHARS
-from shardworker.model import ApplyResult, Outcome, StepRecord
+from shardworker.model import ApplyResult, Mark, Outcome, StepRecord
 from shardworker.store.claiming import ClaimQueries
 from shardworker.store.connection import first_line, is_refusal, rollback
 from shardworker.store.dependencies import plan_insert, run_plan
@@ -92,47 +92,51 @@ class WorkerQueries(ClaimQueries):
             row = cur.fetchone()
         return int(row[0]) if row else 0
 
-    def apply_outcomes(self, outcomes: Sequence[Outcome], steps: Sequence[StepRecord] = ()) -> ApplyResult:
+    def apply_outcomes(self, outcomes: Sequence[Outcome], steps: Sequence[StepRecord] = (),
+                       mark: Mark | None = None) -> ApplyResult:
         """Apply a batch of outcomes in one fenced statement and its steps' results with them,
         in one transaction: a job's steps are in PostgreSQL no later than the outcome that
         queues it again. A batch is one round trip: BEGIN, the steps, the outcomes and COMMIT
         sent at once (a pipeline, as the full claim). The outcomes of jobs that others wait on
         are left out of it, and applied next in a transaction of their own that settles the
         jobs waiting on them (``job_dependents_settle``); so is a batch that carries follow-up
-        jobs, inserted with it. Zero-row outcomes are replays or stale."""
+        jobs, inserted with it. Zero-row outcomes are replays or stale. ``mark`` (the outbox's
+        mark after this batch) is written in the transaction that applies the batch's last part."""
         if not outcomes:
-            return self._apply_steps(steps)
+            return self._apply_steps(steps, mark)
         if any(o.followups_json for o in outcomes):
-            return self._apply_settling(outcomes, steps)
+            return self._apply_settling(outcomes, steps, mark)
         with self.cursor() as cur, cur.connection.cursor() as stepping, psycopg.RawCursor(cur.connection) as applying:
             conn = cur.connection
             prepare = self.prepares(conn)  # before BEGIN: what it sets is the session's
             if not steps:  # the apply alone: a transaction of its own
                 with refusals(conn):
-                    execute_apply(applying, outcomes, prepare=prepare, settles=False)
+                    execute_apply(applying, outcomes, prepare=prepare, settles=False, mark=mark)
             else:
                 with refusals(conn), conn.pipeline():
-                    send_apply(cur, stepping, applying, outcomes, steps, prepare=prepare, settles=False)
+                    send_apply(cur, stepping, applying, outcomes, steps, prepare=prepare, settles=False, mark=mark)
                     cur.execute("COMMIT")
             applied = {(job_id, attempt) for job_id, attempt, _, _ in applying.fetchall()}
             landed = max(0, stepping.rowcount) if steps else 0
         result = ApplyResult(applied=len(applied), steps=landed)
         missed = [o for o in outcomes if (o.job_id, o.attempt) not in applied]
-        # Jobs with dependents, or (rarely) replays and stale attempts, which it classifies.
-        return result + self._apply_settling(missed, ()) if missed else result
+        # Jobs with dependents, or (rarely) replays and stale attempts, which it classifies;
+        # the mark was not written (some outcome was not applied): it goes with these.
+        return result + self._apply_settling(missed, (), mark) if missed else result
 
-    def _apply_settling(self, outcomes: Sequence[Outcome], steps: Sequence[StepRecord]) -> ApplyResult:
+    def _apply_settling(self, outcomes: Sequence[Outcome], steps: Sequence[StepRecord],
+                        mark: Mark | None = None) -> ApplyResult:
         """``apply_outcomes`` in two round trips: the first sends BEGIN, the steps and the
         outcomes at once; the second settles the jobs waiting on those applied (only when
         some have dependents), inserts the follow-up jobs of those applied as done (only for
-        outcomes that carry some), and commits."""
+        outcomes that carry some), and commits, with ``mark``."""
         with self.cursor() as cur, cur.connection.cursor() as stepping, psycopg.RawCursor(cur.connection) as applying:
             conn = cur.connection
             prepare = self.prepares(conn)
             with refusals(conn):
                 with conn.pipeline():
                     send_apply(cur, stepping, applying, outcomes, steps, prepare=prepare, settles=True,
-                               custom_plans=True)
+                               custom_plans=True, mark=mark, mark_always=True)
                 rows = applying.fetchall()
                 ended = [(job_id, status) for job_id, _, status, dependents in rows
                          if dependents and status in ("done", "failed", "cancelled")]
@@ -150,16 +154,18 @@ class WorkerQueries(ClaimQueries):
             # Rare: a replay after a lost checkpoint, or a stale attempt. The update above is
             # committed, so this reads the state it left.
             cur.execute(query("job_classify"), {"ids": [o.job_id for o in missed]})
-            rows_now = {int(i): JobNow(applied, status, attempt) for i, applied, status, attempt in cur.fetchall()}
+            rows_now = {int(i): JobNow(applied, status, attempt, uid) for i, applied, status, attempt, uid in cur.fetchall()}
         return classify(len(outcomes) - len(missed), missed, rows_now, landed, followups)
 
-    def _apply_steps(self, steps: Sequence[StepRecord]) -> ApplyResult:
-        """Steps alone: one statement."""
+    def _apply_steps(self, steps: Sequence[StepRecord], mark: Mark | None = None) -> ApplyResult:
+        """Steps alone: one statement (with ``mark``); a mark alone when there are none."""
         if not steps:
+            if mark is not None:
+                self.mark_outbox(mark)
             return ApplyResult()
         with self.cursor() as cur:
             try:
-                cur.execute(query("job_steps_insert"), step_params(steps))
+                cur.execute(query("job_steps_insert"), step_params(steps, mark))
             except psycopg.Error as exc:
                 if not is_refusal(exc):
                     raise
@@ -177,37 +183,49 @@ class WorkerQueries(ClaimQueries):
         return DatabaseIdentity(str(row[0]), str(row[1]), f"{info.host}:{info.port}")
 
 
-def outcome_params(outcomes: Sequence[Outcome], *, settles: bool = True) -> dict[str, Any]:
+def mark_params(mark: Mark | None) -> dict[str, Any]:
+    """The parameters that advance an outbox's mark (all NULL: none)."""
+    if mark is None:
+        return {"mark_outbox": None, "mark_worker": None, "mark_batch": None, "mark_positions": None}
+    return {"mark_outbox": mark.outbox_id, "mark_worker": mark.worker_id, "mark_batch": mark.batch,
+            "mark_positions": mark.positions_json()}
+
+
+def outcome_params(outcomes: Sequence[Outcome], *, settles: bool = True, mark: Mark | None = None,
+                   mark_always: bool = False) -> dict[str, Any]:
     """``job_apply_outcomes``' arrays (every one in binary: results as bytea, the child's
-    JSON bytes unescaped, which the statement turns into jsonb), and whether the jobs with
-    dependents are applied too (``settles``: their dependents are settled next)."""
+    JSON bytes unescaped, which the statement turns into jsonb), whether the jobs with
+    dependents are applied too (``settles``: their dependents are settled next), and the
+    mark to write (``mark_always``: whatever the batch's outcomes did)."""
     return {"settles": settles, "ids": [o.job_id for o in outcomes], "attempts": [o.attempt for o in outcomes],
             "dispositions": [o.disposition.value for o in outcomes], "results": [o.result_json for o in outcomes],
             "errors": [o.error for o in outcomes], "delays": [float(o.delay_s) for o in outcomes],
             "tracebacks": [o.traceback for o in outcomes],
             "failed_at": [math.nan if o.failed_at is None else o.failed_at for o in outcomes],
-            "errors_kept": ERRORS_KEPT, "error_chars": MAX_ERROR_CHARS}
+            "uids": [o.uid for o in outcomes], "tokens": [o.token for o in outcomes],
+            "errors_kept": ERRORS_KEPT, "error_chars": MAX_ERROR_CHARS, "mark_always": mark_always,
+            **mark_params(mark)}
 
 
 def send_apply(cur: psycopg.Cursor[Any], stepping: psycopg.Cursor[Any], applying: psycopg.RawCursor[Any],
                outcomes: Sequence[Outcome], steps: Sequence[StepRecord], *, prepare: bool, settles: bool,
-               custom_plans: bool = False) -> None:
-    """Into an open pipeline: BEGIN, the steps (on ``stepping``), and the outcomes (on ``applying``).
-    ``custom_plans``: every statement of the transaction planned for its own values, as the
-    rare ones that settle dependents and insert follow-ups want (the session's plans are
-    generic where the worker prepares: ``shardworker.store.plans``)."""
+               custom_plans: bool = False, mark: Mark | None = None, mark_always: bool = False) -> None:
+    """Into an open pipeline: BEGIN, the steps (on ``stepping``), and the outcomes (on ``applying``,
+    with ``mark``). ``custom_plans``: every statement of the transaction planned for its own
+    values, as the rare ones that settle dependents and insert follow-ups want (the session's
+    plans are generic where the worker prepares: ``shardworker.store.plans``)."""
     cur.execute("BEGIN")
     if custom_plans:
         cur.execute("SET LOCAL plan_cache_mode = force_custom_plan")
     if steps:
         stepping.execute(query("job_steps_insert"), step_params(steps))
-    execute_apply(applying, outcomes, prepare=prepare, settles=settles)
+    execute_apply(applying, outcomes, prepare=prepare, settles=settles, mark=mark, mark_always=mark_always)
 
 
 def execute_apply(applying: psycopg.RawCursor[Any], outcomes: Sequence[Outcome], *, prepare: bool,
-                  settles: bool) -> None:
-    applying.execute(native("job_apply_outcomes")[0],
-                     native_params("job_apply_outcomes", outcome_params(outcomes, settles=settles)), prepare=prepare)
+                  settles: bool, mark: Mark | None = None, mark_always: bool = False) -> None:
+    params = outcome_params(outcomes, settles=settles, mark=mark, mark_always=mark_always)
+    applying.execute(native("job_apply_outcomes")[0], native_params("job_apply_outcomes", params), prepare=prepare)
 
 
 @contextlib.contextmanager
@@ -223,11 +241,11 @@ def refusals(conn: psycopg.Connection[Any]) -> Iterator[None]:
         raise OutcomeRejected(f"outcome rejected: {first_line(exc)}") from exc
 
 
-def step_params(steps: Sequence[StepRecord]) -> dict[str, list[Any]]:
-    """``job_steps_insert``'s arrays, in binary as ``outcome_params``'."""
+def step_params(steps: Sequence[StepRecord], mark: Mark | None = None) -> dict[str, Any]:
+    """``job_steps_insert``'s arrays, in binary as ``outcome_params``', and the mark to write."""
     return {"job_ids": [s.job_id for s in steps], "names": [s.name for s in steps],
             "attempts": [s.attempt for s in steps], "results": [s.result_json for s in steps],
-            "recorded_at": [s.recorded_at for s in steps]}
+            "recorded_at": [s.recorded_at for s in steps], "uids": [s.uid for s in steps], **mark_params(mark)}
 
 
 def insert_followups(cur: psycopg.Cursor[Any], outcomes: Sequence[Outcome], applied: Sequence[tuple[Any, ...]]) -> int:
@@ -251,6 +269,7 @@ class JobNow(NamedTuple):
     applied_attempt: int | None
     status: str
     attempt: int
+    uid: int | None = None
 
 
 def classify(applied: int, missed: Sequence[Outcome], rows: dict[int, JobNow],
@@ -262,8 +281,10 @@ def classify(applied: int, missed: Sequence[Outcome], rows: dict[int, JobNow],
     cancelled: list[int] = []
     for outcome in missed:
         row = rows.get(outcome.job_id)
-        if row is None:
-            missing.append(outcome.job_id)  # no such job here: the wrong database, or deleted
+        if row is None or None not in (row.uid, outcome.uid) and row.uid != outcome.uid:
+            # No such job here (the wrong database, or deleted), or its id went to another job
+            # (the database went back in time and the sequence handed it out again).
+            missing.append(outcome.job_id)
         elif row.applied_attempt == outcome.attempt:
             replayed += 1  # this attempt's outcome was applied before: a replay after a lost checkpoint
         elif row.status == "cancelled" and row.attempt == outcome.attempt:

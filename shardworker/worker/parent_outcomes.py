@@ -41,7 +41,8 @@ class ParentOutcomes:
     def fail(self, jobs: Iterable[ClaimedJob], reason: str) -> int:
         """Record a failed attempt for each job (retried per its handler's policy); returns how many."""
         jobs, now = list(jobs), time.time()  # when they failed, whenever the database takes them
-        outcomes = [Outcome.after_failure(j.id, j.attempt, reason, self._delay(j), failed_at=now) for j in jobs]
+        outcomes = [Outcome.after_failure(j.id, j.attempt, reason, self._delay(j), failed_at=now).claimed_by(j)
+                    for j in jobs]
         if self.job_counts is not None:
             for job, outcome in zip(jobs, outcomes, strict=True):
                 self.job_counts.add_outcome(job.kind, outcome_label(job, outcome))
@@ -56,7 +57,7 @@ class ParentOutcomes:
         if self.job_counts is not None:
             for job in jobs:
                 self.job_counts.add_outcome(job.kind, "snoozed")
-        self._pending.extend(Outcome.snoozed(j.id, j.attempt, 0.0) for j in jobs)
+        self._pending.extend(Outcome.snoozed(j.id, j.attempt, 0.0).claimed_by(j) for j in jobs)
         self.flush()
         return len(jobs)
 

@@ -19,7 +19,7 @@ def test_claim_marks_job_running_for_this_worker(store: PgStore, pg_dsn: str) ->
     job_id = add_id(store, "k", payload='{"a": [1, 2]}', queue="q1", max_attempts=4)
     assert row(pg_dsn, job_id)["attempt"] == 0
     [job] = store.claim(["k"], None, "worker-a", 10)
-    assert job == ClaimedJob(job_id, "k", "q1", job.payload_json, 1, 4)
+    assert job == ClaimedJob(job_id, "k", "q1", job.payload_json, 1, 4, uid=row(pg_dsn, job_id)["uid"])
     assert job.to_job().payload == {"a": [1, 2]}
     r = row(pg_dsn, job_id)
     assert (r["status"], r["attempt"], r["locked_by"]) == ("running", 1, "worker-a")

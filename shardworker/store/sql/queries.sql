@@ -56,8 +56,11 @@ FOR UPDATE;
 -- the entries of jobs claimed since, which a held xmin horizon keeps (see WorkerQueries).
 -- Without one the bound is the smallest key there is: the same condition either way, so the
 -- statement's one generic plan (a direct connection keeps the claim prepared) starts its
--- index scan at the floor too.
-WITH limited AS (
+-- index scan at the floor too. Nothing is claimed while a claim hold is live (shardworker.claim_holds:
+-- a worker re-applies what the database lost when it went back in time).
+WITH hold AS (
+    SELECT EXISTS (SELECT FROM shardworker.claim_holds WHERE until > now()) AS held
+), limited AS (
     -- The kinds and queues with limits across workers, and what their rate buckets hold now.
     SELECT l.*, greatest(1, ceil(l.rate_limit / 20.0)) * l.rate_period_s / l.rate_limit AS pace_s,
            CASE WHEN l.rate_limit IS NOT NULL THEN  -- (greatest and least skip NULLs)
@@ -98,7 +101,7 @@ WITH limited AS (
     -- Jobs of kinds and queues without limits (none to look for when every kind has one).
     SELECT id, kind, queue, priority, run_at, coalesce(payload_bytes, pg_column_size(payload)) + deps_bytes AS bytes
     FROM shardworker.jobs
-    WHERE (SELECT count(*) FROM kind_room) < cardinality(%(kinds)s::text[])
+    WHERE (SELECT count(*) FROM kind_room) < cardinality(%(kinds)s::text[]) AND NOT (SELECT held FROM hold)
       AND status = 'queued' AND run_at <= now()
       AND kind = ANY(%(kinds)s::text[]) AND kind NOT IN (SELECT kind FROM kind_room)
       AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
@@ -120,7 +123,7 @@ WITH limited AS (
         ORDER BY priority, run_at, id
         LIMIT k.room
         FOR UPDATE SKIP LOCKED) j
-    WHERE k.room > 0
+    WHERE k.room > 0 AND NOT (SELECT held FROM hold)
 ), by_queue AS (
     -- Each limited queue: no more than its room, of kinds with room (ranked again below).
     SELECT j.* FROM queue_room q CROSS JOIN LATERAL (
@@ -131,7 +134,7 @@ WITH limited AS (
         ORDER BY priority, run_at, id
         LIMIT q.room
         FOR UPDATE SKIP LOCKED) j
-    WHERE q.room > 0
+    WHERE q.room > 0 AND NOT (SELECT held FROM hold)
 ), candidate AS (
     SELECT * FROM plain UNION ALL SELECT * FROM by_kind UNION ALL SELECT * FROM by_queue
 ), within_kind AS (
@@ -162,7 +165,8 @@ WITH limited AS (
               CASE WHEN j.deps_total > 0 THEN (SELECT jsonb_object_agg(d.depends_on::text, r.result)::text
                                                FROM shardworker.job_dependencies d
                                                JOIN shardworker.jobs r ON r.id = d.depends_on
-                                               WHERE d.job_id = j.id) END AS dependencies
+                                               WHERE d.job_id = j.id) END AS dependencies,
+              j.uid
 ), spent_kind AS (
     UPDATE shardworker.kinds k
     SET rate_tokens = l.tokens - (SELECT count(*) FROM claimed c WHERE c.kind = l.name),
@@ -179,7 +183,7 @@ WITH limited AS (
 SELECT c.id, c.kind, c.queue, c.payload, c.attempt, c.max_attempts, c.snoozes,
        least((SELECT k.pace_s FROM kind_room k WHERE k.kind = c.kind),
              (SELECT q.pace_s FROM queue_room q WHERE q.queue = c.queue)) AS pace_s,
-       c.steps, c.dependencies, c.priority, c.run_at
+       c.steps, c.dependencies, c.priority, c.run_at, c.uid
 FROM claimed c;
 
 -- job_claim_plain --
@@ -202,6 +206,7 @@ WITH flow AS (
     SELECT id, priority, run_at, coalesce(payload_bytes, pg_column_size(payload)) + deps_bytes AS bytes
     FROM shardworker.jobs
     WHERE NOT (SELECT limited FROM flow)
+      AND NOT EXISTS (SELECT FROM shardworker.claim_holds WHERE until > now())  -- as job_claim's hold
       AND status = 'queued' AND run_at <= now() AND kind = ANY(%(kinds)s::text[])
       AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
       AND (priority, run_at, id) >= (coalesce(%(floor_priority)s::int, -2147483648),
@@ -230,11 +235,11 @@ WITH flow AS (
                                                FROM shardworker.job_dependencies d
                                                JOIN shardworker.jobs r ON r.id = d.depends_on
                                                WHERE d.job_id = j.id) END AS dependencies,
-              j.priority, j.run_at
+              j.priority, j.run_at, j.uid
 )
 SELECT * FROM claimed
 UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL WHERE (SELECT limited FROM flow);
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL WHERE (SELECT limited FROM flow);
 
 -- flow_register_kinds --
 -- At a worker's start: its handlers' limits across workers become the kinds' rows (the
@@ -254,11 +259,17 @@ WHERE (k.global_concurrency, k.rate_limit, k.rate_period_s)
       IS DISTINCT FROM (EXCLUDED.global_concurrency, EXCLUDED.rate_limit, EXCLUDED.rate_period_s);
 
 -- job_apply_outcomes --
--- Apply a batch of outcomes, fenced: only the attempt that produced an outcome, while it is
+-- Apply a batch of outcomes, fenced: only the claim that produced an outcome (its attempt,
+-- and its claim token when the outcome carries one: another worker's claim of the same
+-- attempt number, made after the database went back in time, is not it), of the same job
+-- (its uid when both have one: the id may have gone to another job since), while it is
 -- still running, or while it waits rescued and not yet claimed again (a late outcome from a
--- host that was stopped or cut off lands instead of the job running again). Returns the
--- rows applied; an outcome missing from the result was applied before (a replay), its
--- attempt lost its lease (stale), or its job does not exist: see job_classify.
+-- host that was stopped or cut off lands instead of the job running again); or, when the
+-- database went back to before the claim itself (a failover to a replica that lagged, a
+-- restore), the row as that claim found it (queued or waiting, one attempt before, this
+-- attempt's outcome never applied): the handler's run is the attempt, and it lands.
+-- Returns the rows applied; an outcome missing from the result was applied before (a
+-- replay), its attempt lost its lease (stale), or its job does not exist: see job_classify.
 -- disposition (shardworker.model.Disposition): 'done'; 'retry' (queued again after
 -- delay_s while attempts remain, else failed); 'failed' (for good: max_attempts becomes the
 -- attempts it used); 'snoozed' (queued again after delay_s; snoozes grows by one, so no
@@ -273,21 +284,27 @@ WHERE (k.global_concurrency, k.rate_limit, k.rate_period_s)
 -- failures (migration 0012; how many: shardworker.limits.ERRORS_KEPT), with its traceback
 -- and when it failed (NaN: unknown, then now()); last_error holds its message and
 -- traceback as one text.
+-- With mark_outbox, the outbox's mark advances to mark_batch and mark_positions
+-- (shardworker.outbox_mark) in this transaction: at once with mark_always (the caller's
+-- transaction is the batch's last), else only if every outcome of the batch was applied
+-- here (if not, the caller applies the rest in a transaction that marks the batch).
 -- Parameters come in binary; results as bytea holding UTF-8 JSON text.
 WITH o AS (
     SELECT id, attempt, disposition, convert_from(result_utf8, 'UTF8')::jsonb AS result, error, delay_s,
-           traceback, CASE WHEN failed_at = 'NaN' THEN now() ELSE to_timestamp(failed_at) END AS failed_at
+           traceback, CASE WHEN failed_at = 'NaN' THEN now() ELSE to_timestamp(failed_at) END AS failed_at,
+           uid, token
     FROM unnest(%(ids)b::bigint[], %(attempts)b::int[], %(dispositions)b::text[],
                 %(results)b::bytea[], %(errors)b::text[], %(delays)b::float8[], %(tracebacks)b::text[],
-                %(failed_at)b::float8[])
-        AS o(id, attempt, disposition, result_utf8, error, delay_s, traceback, failed_at)
+                %(failed_at)b::float8[], %(uids)b::bigint[], %(tokens)b::text[])
+        AS o(id, attempt, disposition, result_utf8, error, delay_s, traceback, failed_at, uid, token)
 ), applied AS (
     UPDATE shardworker.jobs j
     SET status = CASE WHEN o.disposition = 'done' THEN 'done'
                       WHEN o.disposition = 'snoozed' THEN 'queued'
                       WHEN o.disposition = 'cancelled' THEN 'cancelled'
-                      WHEN o.disposition = 'retry' AND j.attempt - j.snoozes < j.max_attempts THEN 'queued'
+                      WHEN o.disposition = 'retry' AND o.attempt - j.snoozes < j.max_attempts THEN 'queued'
                       ELSE 'failed' END,
+        attempt = o.attempt, claim_token = coalesce(o.token, j.claim_token),
         result = CASE WHEN o.disposition = 'done' THEN o.result ELSE j.result END,
         last_error = CASE WHEN o.disposition IN ('retry', 'failed', 'cancelled')
                           THEN o.error || coalesce(E'\n' || o.traceback, '') ELSE j.last_error END,
@@ -301,53 +318,72 @@ WITH o AS (
         -- A snooze uses no attempt; a failure the handler ends (Fail) uses the job's last, so
         -- the row reads "3/3", not "3/25".
         snoozes = CASE WHEN o.disposition = 'snoozed' THEN j.snoozes + 1 ELSE j.snoozes END,
-        max_attempts = CASE WHEN o.disposition = 'failed' THEN LEAST(j.max_attempts, j.attempt - j.snoozes)
+        max_attempts = CASE WHEN o.disposition = 'failed' THEN LEAST(j.max_attempts, o.attempt - j.snoozes)
                             ELSE j.max_attempts END,
         run_at = CASE WHEN o.disposition = 'snoozed'
-                           OR (o.disposition = 'retry' AND j.attempt - j.snoozes < j.max_attempts)
+                           OR (o.disposition = 'retry' AND o.attempt - j.snoozes < j.max_attempts)
                       THEN now() + make_interval(secs => o.delay_s) ELSE j.run_at END,
         finished_at = CASE WHEN o.disposition = 'snoozed'
-                                OR (o.disposition = 'retry' AND j.attempt - j.snoozes < j.max_attempts)
+                                OR (o.disposition = 'retry' AND o.attempt - j.snoozes < j.max_attempts)
                            THEN NULL ELSE now() END,
         locked_by = NULL, applied_attempt = o.attempt, rescued_attempt = NULL, updated_at = now()
     FROM o
-    WHERE j.id = o.id AND j.attempt = o.attempt
-      AND (j.status = 'running' OR (j.rescued_attempt = o.attempt AND j.status IN ('queued', 'failed')))
+    WHERE j.id = o.id AND (o.uid IS NULL OR j.uid IS NULL OR j.uid = o.uid)
+      AND ((j.attempt = o.attempt AND (o.token IS NULL OR j.claim_token IS NULL OR j.claim_token = o.token)
+            AND (j.status = 'running' OR (j.rescued_attempt = o.attempt AND j.status IN ('queued', 'failed'))))
+           OR (o.uid IS NOT NULL AND j.attempt = o.attempt - 1 AND j.status IN ('queued', 'waiting')
+               AND coalesce(j.applied_attempt, 0) < o.attempt))
       AND (%(settles)s::boolean OR NOT j.has_dependents)
     RETURNING j.id, j.attempt, j.status, j.has_dependents
+), marked AS (
+    SELECT shardworker.outbox_mark(%(mark_outbox)s::text, %(mark_worker)s::text, %(mark_batch)s::bigint,
+                                   convert_from(%(mark_positions)s::bytea, 'UTF8')::jsonb)
+    WHERE %(mark_outbox)s::text IS NOT NULL
+      AND (%(mark_always)s::boolean OR (SELECT count(*) FROM applied) = cardinality(%(ids)b::bigint[]))
 ), announced AS (
     SELECT pg_notify('shardworker_finished', string_agg(id::text, ',')) AS sent
     FROM (SELECT id, (row_number() OVER ()) / 300 AS chunk FROM applied
           WHERE status IN ('done', 'failed', 'cancelled')) f
     GROUP BY chunk
 )
-SELECT id, attempt, status, has_dependents FROM applied WHERE (SELECT count(*) FROM announced) >= 0;
+SELECT id, attempt, status, has_dependents FROM applied
+WHERE (SELECT count(*) FROM announced) >= 0 AND (SELECT count(*) FROM marked) >= 0;
 
 -- job_steps_insert --
 -- Record steps' results (job.step), in the transaction that applies the outcomes of the same
 -- batch. The first result recorded under a name wins: a step result is a fact, whichever
 -- attempt wrote it, even one rescued since. Steps of jobs that do not exist here are
 -- ignored, and so are those of attempts up to the job's steps_reset_attempt (an operator
--- forgot them: jobs retry --reset-steps). The jobs' rows are locked (KEY SHARE, as the
--- foreign key would) first, so a job deleted meanwhile is skipped instead of failing the batch.
+-- forgot them: jobs retry --reset-steps), and those of another job than the one that ran the
+-- step (its uid: the id may have gone to another job since the database went back in time).
+-- The jobs' rows are locked (KEY SHARE, as the foreign key would) first, so a job deleted
+-- meanwhile is skipped instead of failing the batch. With mark_outbox (a batch of steps
+-- alone, this statement its transaction), the outbox's mark advances (shardworker.outbox_mark).
 -- Parameters come in binary; results as bytea holding UTF-8 JSON text.
 WITH s AS (
     SELECT * FROM unnest(%(job_ids)b::bigint[], %(names)b::text[], %(attempts)b::int[], %(results)b::bytea[],
-                         %(recorded_at)b::float8[]) AS s(job_id, name, attempt, result_utf8, recorded_at)
+                         %(recorded_at)b::float8[], %(uids)b::bigint[])
+        AS s(job_id, name, attempt, result_utf8, recorded_at, uid)
 ), live AS (
-    SELECT id, steps_reset_attempt FROM shardworker.jobs WHERE id = ANY(%(job_ids)b::bigint[]) FOR KEY SHARE
+    SELECT id, steps_reset_attempt, uid FROM shardworker.jobs WHERE id = ANY(%(job_ids)b::bigint[]) FOR KEY SHARE
+), marked AS (
+    SELECT shardworker.outbox_mark(%(mark_outbox)s::text, %(mark_worker)s::text, %(mark_batch)s::bigint,
+                                   convert_from(%(mark_positions)s::bytea, 'UTF8')::jsonb)
+    WHERE %(mark_outbox)s::text IS NOT NULL
 )
 INSERT INTO shardworker.job_steps (job_id, name, attempt, result, recorded_at)
 SELECT s.job_id, s.name, s.attempt, convert_from(s.result_utf8, 'UTF8')::jsonb, to_timestamp(s.recorded_at)
 FROM s JOIN live ON live.id = s.job_id AND s.attempt > live.steps_reset_attempt
+                AND (s.uid IS NULL OR live.uid IS NULL OR live.uid = s.uid)
+WHERE (SELECT count(*) FROM marked) >= 0
 ON CONFLICT (job_id, name) DO NOTHING;
 
 -- job_classify --
 -- For outcomes that matched no running attempt: which attempt's outcome each job last
 -- applied (equal to the outcome's attempt means a harmless replay; otherwise stale, or
 -- cancelled while that attempt ran when the job is cancelled at that attempt). A job
--- missing from the result does not exist in this database.
-SELECT id, applied_attempt, status, attempt FROM shardworker.jobs WHERE id = ANY(%(ids)s::bigint[]);
+-- missing from the result does not exist in this database; one of another uid is another job.
+SELECT id, applied_attempt, status, attempt, uid FROM shardworker.jobs WHERE id = ANY(%(ids)s::bigint[]);
 
 -- job_release --
 -- Give back claimed jobs whose handler never started: the claim is undone, attempt too.
@@ -1148,3 +1184,32 @@ WHERE schemaname = 'shardworker' AND relname = 'jobs';
 SELECT (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')::int,
        current_setting('max_connections')::int,
        current_setting('superuser_reserved_connections')::int;
+
+-- outbox_mark_write --
+-- Advance an outbox's mark by itself (a batch applied in several transactions: written after its last).
+SELECT shardworker.outbox_mark(%(mark_outbox)s::text, %(mark_worker)s::text, %(mark_batch)s::bigint,
+                               convert_from(%(mark_positions)s::bytea, 'UTF8')::jsonb);
+
+-- outbox_mark_read --
+-- How far the database holds what an outbox's flusher applied: its batch count and positions (no row: nothing).
+SELECT batch, positions::text FROM shardworker.outbox_marks WHERE outbox_id = %(outbox_id)s;
+
+-- claim_hold --
+-- Hold every worker's claims until `seconds` from now (by the database's clock), or move this holder's on.
+INSERT INTO shardworker.claim_holds (holder, reason, until)
+VALUES (%(holder)s, %(reason)s, now() + make_interval(secs => %(seconds)s))
+ON CONFLICT (holder) DO UPDATE SET reason = excluded.reason, until = excluded.until;
+
+-- claim_unhold --
+-- End one holder's hold (and forget holds long over: a worker that died holding one).
+DELETE FROM shardworker.claim_holds WHERE holder = %(holder)s OR until < now() - interval '1 hour';
+
+-- claim_holds_live --
+-- The holds live now: who holds claims, why, and for how many more seconds.
+SELECT holder, reason, extract(epoch FROM until - now())::float8 FROM shardworker.claim_holds
+WHERE until > now() ORDER BY until DESC;
+
+-- server_started --
+-- When the server this session reached started: another value than before means another
+-- server (a failover, a restore) or a restart, after which the database may be older.
+SELECT pg_postmaster_start_time()::text;

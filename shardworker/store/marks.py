@@ -1,0 +1,72 @@
+"""How far the database holds what a flusher applied, and the holds on every worker's claims
+while one re-applies what the database lost (``shardworker.flusher.marks`` decides when).
+
+``outbox_marks`` has one row per outbox: its batch count and per-shard positions, written in
+the transaction of each batch (``job_apply_outcomes``, ``job_steps_insert``, or by itself
+here). ``claim_holds`` has a row per holder; no claim takes a job while one is live.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import orjson
+
+from shardworker.model import Mark
+from shardworker.store.connection import Session
+from shardworker.store.sql import query
+from shardworker.store.worker_queries import mark_params
+
+
+class DatabaseMark(NamedTuple):
+    """An outbox's mark as the database holds it."""
+
+    batch: int
+    positions: dict[int, tuple[int, int, int]]
+
+
+class Hold(NamedTuple):
+    holder: str
+    reason: str
+    left_s: float
+
+
+class MarkQueries(Session):
+    """Marks and claim holds, on the store's own session."""
+
+    def mark_outbox(self, mark: Mark) -> None:
+        """Write ``mark`` in a transaction of its own."""
+        with self.cursor() as cur:
+            cur.execute(query("outbox_mark_write"), mark_params(mark))
+
+    def read_mark(self, outbox_id: str) -> DatabaseMark | None:
+        """The database's mark of ``outbox_id``; None when it holds none."""
+        with self.cursor() as cur:
+            cur.execute(query("outbox_mark_read"), {"outbox_id": outbox_id})
+            row = cur.fetchone()
+        if row is None:
+            return None
+        positions = {int(shard): (int(p[0]), int(p[1]), int(p[2])) for shard, p in orjson.loads(row[1]).items()}
+        return DatabaseMark(int(row[0]), positions)
+
+    def hold_claims(self, holder: str, reason: str, seconds: float) -> None:
+        """Hold every worker's claims for ``seconds`` (again: moves this holder's hold on)."""
+        with self.cursor() as cur:
+            cur.execute(query("claim_hold"), {"holder": holder, "reason": reason, "seconds": seconds})
+
+    def release_claims(self, holder: str) -> None:
+        with self.cursor() as cur:
+            cur.execute(query("claim_unhold"), {"holder": holder})
+
+    def claim_holds(self) -> list[Hold]:
+        """The holds live now, longest first."""
+        with self.cursor() as cur:
+            cur.execute(query("claim_holds_live"))
+            return [Hold(str(h), str(r), float(s)) for h, r, s in cur.fetchall()]
+
+    def server_started(self) -> str:
+        """When the server this session reaches started (text: only compared)."""
+        with self.cursor() as cur:
+            cur.execute(query("server_started"))
+            row = cur.fetchone()
+        return str(row[0]) if row else ""

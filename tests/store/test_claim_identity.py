@@ -1,0 +1,125 @@
+"""The fence after the database went back in time (a failover to a replica that lagged, a
+restore): an outcome lands on the claim that ran it, of the job that ran it, and on the row
+as that claim found it when the claim itself was lost. The database's going back is played
+here by writing a row back to what it was before the claim (the replica's copy); the real
+failover is in tests/faults/test_database_regression.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardworker.model import ClaimedJob, Outcome, StepRecord
+from shardworker.store.pg_store import PgStore
+from tests.store.support import add_id, claim_one, connect, row
+
+
+def _as_before_the_claim(dsn: str, job_id: int) -> None:
+    """What a replica that lagged holds of a job claimed after it stopped: queued, never claimed."""
+    with connect(dsn) as conn:
+        conn.execute("UPDATE shardworker.jobs SET status = 'queued', attempt = 0, locked_by = NULL, "
+                     "claim_token = NULL, attempted_at = NULL WHERE id = %s", (job_id,))
+
+
+def _done(job: ClaimedJob, result: str = '{"ran": "here"}') -> Outcome:
+    return Outcome.done(job.id, job.attempt, result.encode()).claimed_by(job)
+
+
+def test_a_claim_carries_the_jobs_uid_and_its_token(store: PgStore, pg_dsn: str) -> None:
+    """The claimed job knows the row's uid and the claim's token, which its outcomes carry."""
+    job_id = add_id(store)
+    job = store.claim(["k"], None, "w1", 1, "a" * 32)[0]
+    assert (job.id, job.token, job.uid) == (job_id, "a" * 32, row(pg_dsn, job_id)["uid"])
+    assert job.uid is not None
+
+
+def test_an_outcome_never_lands_on_another_workers_claim_of_the_same_attempt(store: PgStore, other: PgStore,
+                                                                               pg_dsn: str) -> None:
+    """The database lost W's claim; V claimed the job again, at the same attempt number: W's
+    outcome is stale, and V's claim stays as it is (its own outcome lands)."""
+    job_id = add_id(store)
+    ours = store.claim(["k"], None, "w", 1, "a" * 32)[0]
+    _as_before_the_claim(pg_dsn, job_id)
+    theirs = other.claim(["k"], None, "v", 1, "b" * 32)[0]
+    assert theirs.attempt == ours.attempt == 1
+    result = store.apply_outcomes([_done(ours)])
+    assert (result.applied, result.stale) == (0, 1)
+    assert (row(pg_dsn, job_id)["status"], row(pg_dsn, job_id)["locked_by"]) == ("running", "v")
+    assert other.apply_outcomes([_done(theirs, '{"ran": "there"}')]).applied == 1
+    assert row(pg_dsn, job_id)["result"] == {"ran": "there"}
+
+
+def test_an_outcome_lands_on_the_row_its_lost_claim_found(store: PgStore, pg_dsn: str) -> None:
+    """The database went back to before the claim: the row is queued at attempt 0, and the
+    outcome of attempt 1 that ran lands (instead of the job running again)."""
+    job_id = add_id(store, max_attempts=3)
+    job = claim_one(store)
+    _as_before_the_claim(pg_dsn, job_id)
+    assert store.apply_outcomes([_done(job)]).applied == 1
+    r = row(pg_dsn, job_id)
+    assert (r["status"], r["attempt"], r["result"], r["applied_attempt"]) == ("done", 1, {"ran": "here"}, 1)
+    assert store.claim(["k"], None, "w1", 10) == []
+
+
+def test_a_retry_lands_on_the_row_its_lost_claim_found_and_counts_the_attempt(store: PgStore, pg_dsn: str) -> None:
+    """A failed attempt whose claim was lost is charged as it would have been: attempt 1 of 3 used."""
+    job_id = add_id(store, max_attempts=3)
+    job = claim_one(store)
+    _as_before_the_claim(pg_dsn, job_id)
+    failed = Outcome.retry(job.id, job.attempt, "boom", 0.0).claimed_by(job)
+    assert store.apply_outcomes([failed]).applied == 1
+    r = row(pg_dsn, job_id)
+    assert (r["status"], r["attempt"], r["applied_attempt"]) == ("queued", 1, 1)
+    assert claim_one(store).attempt == 2
+
+
+def test_a_replayed_outcome_does_not_land_twice_on_a_row_queued_again(store: PgStore, pg_dsn: str) -> None:
+    """A retry applied once queues the job at its attempt; the same outcome replayed is a replay,
+    not a claim lost (applied_attempt says it landed)."""
+    add_id(store, max_attempts=3)
+    job = claim_one(store)
+    failed = Outcome.retry(job.id, job.attempt, "boom", 0.0).claimed_by(job)
+    assert store.apply_outcomes([failed]).applied == 1
+    again = store.apply_outcomes([failed])
+    assert (again.applied, again.replayed) == (0, 1)
+    assert row(pg_dsn, job.id)["attempt"] == 1
+
+
+def test_an_outcome_never_lands_on_another_job_that_got_its_id(store: PgStore, pg_dsn: str) -> None:
+    """The database lost the job's insert and handed its id to another job: the outcome is of a
+    job that does not exist here (set aside), and the other job runs as its own."""
+    job_id = add_id(store)
+    job = claim_one(store)
+    with connect(pg_dsn) as conn:
+        conn.execute("DELETE FROM shardworker.jobs WHERE id = %s", (job_id,))
+        conn.execute("INSERT INTO shardworker.jobs (id, kind, payload) VALUES (%s, 'k', '{\"another\": 1}')",
+                     (job_id,))
+    result = store.apply_outcomes([_done(job)])
+    assert (result.applied, result.missing_ids) == (0, (job_id,))
+    assert (row(pg_dsn, job_id)["status"], row(pg_dsn, job_id)["result"]) == ("queued", None)
+
+
+def test_a_step_never_lands_on_another_job_that_got_its_id(store: PgStore, pg_dsn: str) -> None:
+    """A kept step of the job whose id went to another job is not that job's step."""
+    job_id = add_id(store)
+    job = claim_one(store)
+    with connect(pg_dsn) as conn:
+        conn.execute("DELETE FROM shardworker.jobs WHERE id = %s", (job_id,))
+        conn.execute("INSERT INTO shardworker.jobs (id, kind) VALUES (%s, 'k')", (job_id,))
+    step = StepRecord(job.id, job.attempt, "fetch", b'"theirs"', 1.0, job.uid)
+    assert store.apply_outcomes([], [step]).steps == 0
+    assert _steps(pg_dsn, job_id) == []
+
+
+def test_a_step_of_the_same_job_lands_after_the_database_went_back(store: PgStore, pg_dsn: str) -> None:
+    """The uid matches: the kept step lands, its claim lost or not."""
+    job_id = add_id(store)
+    job = claim_one(store)
+    _as_before_the_claim(pg_dsn, job_id)
+    assert store.apply_outcomes([], [StepRecord(job.id, job.attempt, "fetch", b'"ok"', 1.0, job.uid)]).steps == 1
+    assert _steps(pg_dsn, job_id) == [("fetch", "ok")]
+
+
+def _steps(dsn: str, job_id: int) -> list[tuple[str, Any]]:
+    with connect(dsn) as conn:
+        return [(n, r) for n, r in conn.execute(
+            "SELECT name, result FROM shardworker.job_steps WHERE job_id = %s ORDER BY name", (job_id,))]
