@@ -41,7 +41,20 @@ def load(directory: str) -> dict[int, Position]:
         return {}  # valid JSON of another shape: as damaged
 
 
-def save(directory: str, positions: dict[int, Position]) -> None:
-    """Durably replace the checkpoint (tmp, fsync, rename, fsync dir)."""
-    doc = {"version": 1, "shards": {str(k): [p.segno, p.offset, p.seq] for k, p in positions.items()}}
+def load_note(directory: str) -> dict[str, object]:
+    """The note the flusher saved with its positions (what its caller keeps there); {} when none."""
+    try:
+        doc = orjson.loads(fsutil.read_small(os.path.join(directory, CHECKPOINT_NAME)))
+    except (FileNotFoundError, orjson.JSONDecodeError):
+        return {}
+    note = doc.get("note") if isinstance(doc, dict) else None
+    return note if isinstance(note, dict) else {}
+
+
+def save(directory: str, positions: dict[int, Position], note: dict[str, object] | None = None) -> None:
+    """Durably replace the checkpoint (tmp, fsync, rename, fsync dir), with the caller's ``note``."""
+    doc: dict[str, object] = {"version": 1,
+                              "shards": {str(k): [p.segno, p.offset, p.seq] for k, p in positions.items()}}
+    if note:
+        doc["note"] = note
     fsutil.atomic_write(directory, CHECKPOINT_NAME, orjson.dumps(doc))

@@ -30,6 +30,11 @@ class ShardStatus:
     segments: int
     writer_alive: bool
     sealed_segments: int = 0
+    # The kept tail (``outbox.tail``): finished segments before the checkpoint, applied and
+    # kept for applying again; their bytes, and how long ago the oldest was sealed.
+    kept_segments: int = 0
+    kept_bytes: int = 0
+    kept_oldest_age_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,19 @@ class OutboxStatus:
     @property
     def pending(self) -> int:
         return sum(s.pending for s in self.shards)
+
+    @property
+    def kept_bytes(self) -> int:
+        return sum(s.kept_bytes for s in self.shards)
+
+    @property
+    def kept_segments(self) -> int:
+        return sum(s.kept_segments for s in self.shards)
+
+    @property
+    def kept_oldest_age_s(self) -> float | None:
+        ages = [s.kept_oldest_age_s for s in self.shards if s.kept_oldest_age_s is not None]
+        return max(ages) if ages else None
 
 
 def status(directory: str, *, now: float | None = None) -> OutboxStatus:
@@ -77,7 +95,17 @@ def _shard_status(directory: str, shard: int, segs: list[int], pos: Position, no
     age = None if oldest is None else max(0.0, now - oldest / 1000)
     alive = fsutil.is_locked(os.path.join(directory, lock_name(shard)))
     sealed = sum(1 for segno in segs if _is_sealed(directory, shard, segno))
-    return ShardStatus(shard, pending, nbytes, age, len(segs), alive, sealed)
+    kept = [st for segno in segs[:-1] if segno < pos.segno and (st := _lstat(directory, shard, segno)) is not None]
+    kept_age = max(0.0, now - min(st.st_mtime for st in kept)) if kept else None
+    return ShardStatus(shard, pending, nbytes, age, len(segs), alive, sealed, len(kept),
+                       sum(st.st_size for st in kept), kept_age)
+
+
+def _lstat(directory: str, shard: int, segno: int) -> os.stat_result | None:
+    try:
+        return os.lstat(os.path.join(directory, segment_name(shard, segno)))
+    except FileNotFoundError:
+        return None  # deleted by a live flusher meanwhile
 
 
 def _is_sealed(directory: str, shard: int, segno: int) -> bool:
@@ -114,6 +142,23 @@ def pending_records(directory: str) -> list[bytes]:
             start, seq = (pos.offset, pos.seq) if segno == pos.segno else (0, 0)
             found.extend(f.payload for f in parse(buf, shard, segno, start, seq).data)
     return found
+
+
+def kept_records(directory: str) -> int:
+    """How many records the kept tail holds (records before the checkpoint, applied)."""
+    saved = checkpoint.load(directory)
+    count = 0
+    for shard, segs in list_segments(directory).items():
+        pos = saved.get(shard, Position(0, 0, 0))
+        for segno in segs:
+            if segno > pos.segno:
+                break
+            try:
+                frames = parse(read_file(os.path.join(directory, segment_name(shard, segno))), shard, segno).frames
+            except FileNotFoundError:
+                continue
+            count += sum(1 for f in frames if f.kind is Kind.DATA and (segno < pos.segno or f.end <= pos.offset))
+    return count
 
 
 def records_since(directory: str, shard: int, since: float) -> list[bytes]:

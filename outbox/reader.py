@@ -11,17 +11,21 @@ Usage::
 The reader follows segments still being written, covers shards that no longer have a
 writer (recovering and sealing their last segment), and quarantines corrupt segments
 (logged, and listed by ``status``). ``checkpoint`` reclaims space: it deletes every sealed,
-fully flushed segment but each shard's newest, and when a shard without a live writer has
-all of its newest segment flushed, it seals that one and puts an empty sealed segment after
-it, so the next ``checkpoint`` deletes it too (numbers never go backwards).
+fully flushed segment but each shard's newest (or, with a ``Keep``, those of them past the
+kept window: ``outbox.tail``), and when a shard without a live writer has all of its newest
+segment flushed, it seals that one and puts an empty sealed segment after it, so the next
+``checkpoint`` deletes it too (numbers never go backwards). ``rewind`` moves shards back to
+earlier positions, into the kept tail, to read (and apply) those records again.
 ``mark_flushed`` must receive records in the order ``poll`` returned them, per shard.
 Each shard's read state, the poll budget and the reading of frames are in ``outbox.cursor``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import time
 
 from outbox import checkpoint, fsutil
 from outbox.checkpoint import Position
@@ -30,6 +34,7 @@ from outbox.errors import OutboxLocked
 from outbox.frame import HEADER_SIZE
 from outbox.recovery import RecoveryEvent, quarantine, recover_shard, retire_shard
 from outbox.segment import State, list_segments, lock_name, parse, read_file, segment_name
+from outbox.tail import Finished, Keep, Tail
 from outbox.wake import Listener
 
 log = logging.getLogger(__name__)
@@ -40,25 +45,29 @@ FLUSHER_LOCK = "flusher.lock"
 class OutboxReader:
     """Reads unflushed records of every shard in one outbox directory."""
 
-    def __init__(self, directory: str, lock_fd: int) -> None:
+    def __init__(self, directory: str, lock_fd: int, keep: Keep | None = None) -> None:
         self.directory = directory
         self._lock_fd: int | None = lock_fd
         self._shards: dict[int, ShardState] = {}
         self._next_start = 0
         self._moved = False  # a flushed position crossed a segment since the last checkpoint
         self._listener = Listener(directory)  # writers' commits wake ``wait``
+        self._tail = Tail(directory, keep or Keep())
         for shard, pos in checkpoint.load(directory).items():
             self._shards[shard] = ShardState(pos, pos)
+        # What the caller kept with the last checkpoint (``checkpoint(note=...)``); {} before the first.
+        self.note: dict[str, object] = checkpoint.load_note(directory)
 
     @classmethod
-    def open(cls, directory: str) -> OutboxReader:
-        """Take the directory's flusher lock; ``OutboxLocked`` if another flusher has it."""
+    def open(cls, directory: str, keep: Keep | None = None) -> OutboxReader:
+        """Take the directory's flusher lock; ``OutboxLocked`` if another flusher has it.
+        ``keep``: how much of the applied tail to keep (``outbox.tail``; default none)."""
         fsutil.ensure_dir(directory)
         lock_fd = fsutil.try_lock(os.path.join(directory, FLUSHER_LOCK))
         if lock_fd is None:
             raise OutboxLocked(f"another flusher or worker holds the outbox {directory}")
         try:
-            return cls(directory, lock_fd)
+            return cls(directory, lock_fd, keep)
         except BaseException:
             os.close(lock_fd)
             raise
@@ -182,34 +191,73 @@ class OutboxReader:
         being flushed (a seal or an empty segment): one is due to reclaim it."""
         return self._moved
 
-    def checkpoint(self) -> int:
-        """Delete finished segments, then save flushed positions durably; returns deletions.
+    def checkpoint(self, note: dict[str, object] | None = None) -> int:
+        """Delete finished segments (past the kept tail), then save flushed positions durably,
+        with ``note`` (the caller's, read back as ``note`` by the next reader; the last one
+        when None); returns deletions.
 
         Deleting first frees space on a full disk before the checkpoint needs some; a crash
         in between leaves an older checkpoint that may name a deleted segment, which the
         next reader steps over (everything in it was flushed)."""
+        if note is not None:
+            self.note = note
         segments = list_segments(self.directory)
         deleted = self._delete_finished(segments)
-        checkpoint.save(self.directory, {k: s.flushed for k, s in self._shards.items()})
+        checkpoint.save(self.directory, {k: s.flushed for k, s in self._shards.items()}, self.note)
         self._moved = False
         for shard, segs in segments.items():
             self._retire_if_applied(shard, segs[-1])
         return deleted
 
-    def _delete_finished(self, segments: dict[int, list[int]]) -> int:
-        deleted = 0
+    def _finished(self, segments: dict[int, list[int]]) -> list[Finished]:
+        """Sealed segments whose records are all flushed: every one before its shard's flushed
+        position but the shard's newest (so segment numbers never go backwards)."""
+        found: list[Finished] = []
         for shard, segs in segments.items():
             state = self._shards.get(shard)
             if state is None:
                 continue
-            # Keep each shard's newest segment, so segment numbers never go backwards.
             for segno in segs[:-1]:
-                if segno < state.flushed.segno:
-                    os.unlink(os.path.join(self.directory, segment_name(shard, segno)))
-                    deleted += 1
-        if deleted:
+                if segno < state.flushed.segno and (f := self._tail.finished(shard, segno)) is not None:
+                    found.append(f)
+        return found
+
+    def _delete_finished(self, segments: dict[int, list[int]]) -> int:
+        doomed = self._tail.to_delete(self._finished(segments), time.time())
+        for f in doomed:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(self.directory, segment_name(f.shard, f.segno)))
+        self._tail.forget(doomed)
+        if doomed:
             fsutil.fsync_dir(self.directory)
-        return deleted
+        return len(doomed)
+
+    def rewind(self, targets: dict[int, Position | None]) -> dict[int, bool]:
+        """Move shards back to read again from a flushed position (None: from the oldest kept
+        segment), into the kept tail; the next ``poll`` returns those records again. Per shard,
+        whether its target was still there: False when the records from it to the oldest kept
+        one are gone (deleted past the window), and reading restarts at the oldest kept.
+        Only with no records in hand (``mark_flushed`` has seen every one polled)."""
+        if any(state.inflight for state in self._shards.values()):
+            raise ValueError("rewind with records in hand: mark them flushed first")
+        segments = list_segments(self.directory)
+        whole: dict[int, bool] = {}
+        for shard, target in targets.items():
+            segs = segments.get(shard, [])
+            if not segs:
+                whole[shard] = True  # nothing of it is left, nor was anything to read again
+                continue
+            state = self._shards.setdefault(shard, ShardState(Position(0, 0, 0), Position(0, 0, 0)))
+            if target is not None and target.segno in segs:
+                position, whole[shard] = target, True
+            else:
+                later = [s for s in segs if target is None or s > target.segno]
+                position, whole[shard] = Position(later[0] if later else segs[-1], 0, 0), target is None
+            if position < state.flushed:
+                self._close_fd(state)
+                state.cursor = state.flushed = position
+                self._moved = True
+        return whole
 
     def _retire_if_applied(self, shard: int, last: int) -> None:
         """Seal ``last``, the newest segment of ``shard``, and start an empty one after it,
