@@ -44,15 +44,32 @@ CREATE TABLE shardworker.worker_rescues (
     PRIMARY KEY (worker_id, started_at)
 );
 
--- Advance an outbox's mark (job_apply_outcomes and job_steps_insert call it in the
--- transaction of the batch they apply): the batch count, and the positions of the shards
--- the batch read (each shard's position replaced, the others kept).
-CREATE FUNCTION shardworker.outbox_mark(outbox text, worker text, batch bigint, positions jsonb) RETURNS bigint
-LANGUAGE sql VOLATILE AS $$
-    INSERT INTO shardworker.outbox_marks AS m (outbox_id, worker_id, batch, positions)
-    VALUES (outbox, worker, batch, positions)
-    ON CONFLICT (outbox_id) DO UPDATE
-    SET worker_id = excluded.worker_id, batch = excluded.batch, positions = m.positions || excluded.positions,
-        updated_at = now()
-    RETURNING batch
+-- Check an outbox's mark, and advance it (job_apply_outcomes and job_steps_insert call it in
+-- the transaction of the batch they apply). The database must hold at least `expect`, the
+-- batch the flusher last saw committed: if it holds less, it went back in time, and the
+-- call fails with SQLSTATE SWR01 (shardworker.errors.DatabaseWentBack), failing the
+-- transaction, so that nothing is applied on top of a past the flusher has not re-applied.
+-- With `write`, the mark becomes `batch` and the positions of the shards the batch read
+-- (each shard's position replaced, the others kept).
+CREATE FUNCTION shardworker.outbox_mark(outbox text, worker text, batch bigint, positions jsonb, expect bigint,
+                                        write boolean) RETURNS bigint
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    held bigint;
+BEGIN
+    SELECT m.batch INTO held FROM shardworker.outbox_marks m WHERE m.outbox_id = outbox FOR UPDATE;
+    IF coalesce(held, 0) < expect THEN
+        RAISE EXCEPTION 'the database holds batch % of outbox %, whose flusher saw batch % committed',
+                        coalesce(held, 0), outbox, expect
+            USING ERRCODE = 'SWR01', HINT = 'the database went back in time (a failover or a restore)';
+    END IF;
+    IF write THEN
+        INSERT INTO shardworker.outbox_marks AS m (outbox_id, worker_id, batch, positions)
+        VALUES (outbox, worker, outbox_mark.batch, outbox_mark.positions)
+        ON CONFLICT (outbox_id) DO UPDATE
+        SET worker_id = excluded.worker_id, batch = excluded.batch, positions = m.positions || excluded.positions,
+            updated_at = now();
+    END IF;
+    RETURN coalesce(held, 0);
+END
 $$;

@@ -40,6 +40,7 @@ from outbox.wake import Listener
 log = logging.getLogger(__name__)
 
 FLUSHER_LOCK = "flusher.lock"
+FIRST_SEGNO = 1  # a shard's first segment (outbox.writer: one past the highest, 0 when none)
 
 
 class OutboxReader:
@@ -185,6 +186,10 @@ class OutboxReader:
             while state.inflight and state.inflight[0].offset == 0:
                 state.flushed = state.inflight.popleft()
 
+    def flushed_positions(self) -> dict[int, Position]:
+        """Per shard, the first record not yet flushed (where ``rewind`` would bring it back from)."""
+        return {shard: state.flushed for shard, state in self._shards.items()}
+
     @property
     def wants_checkpoint(self) -> bool:
         """Whether a segment was passed since the last ``checkpoint`` without any record
@@ -233,13 +238,16 @@ class OutboxReader:
         return len(doomed)
 
     def rewind(self, targets: dict[int, Position | None]) -> dict[int, bool]:
-        """Move shards back to read again from a flushed position (None: from the oldest kept
-        segment), into the kept tail; the next ``poll`` returns those records again. Per shard,
-        whether its target was still there: False when the records from it to the oldest kept
-        one are gone (deleted past the window), and reading restarts at the oldest kept.
-        Only with no records in hand (``mark_flushed`` has seen every one polled)."""
-        if any(state.inflight for state in self._shards.values()):
-            raise ValueError("rewind with records in hand: mark them flushed first")
+        """Move shards back to read again from a flushed position (None: from the shard's start),
+        into the kept tail; the next ``poll`` returns those records again. Per shard, whether
+        its target was still there: False when the records from it to the oldest kept one are
+        gone (deleted past the window), and reading restarts at the oldest kept.
+        Records polled and not yet marked flushed are dropped: they come again too."""
+        for state in self._shards.values():
+            if state.inflight or state.cursor != state.flushed:
+                self._close_fd(state)
+                state.inflight.clear()
+                state.cursor = state.flushed
         segments = list_segments(self.directory)
         whole: dict[int, bool] = {}
         for shard, target in targets.items():
@@ -250,9 +258,10 @@ class OutboxReader:
             state = self._shards.setdefault(shard, ShardState(Position(0, 0, 0), Position(0, 0, 0)))
             if target is not None and target.segno in segs:
                 position, whole[shard] = target, True
-            else:
+            else:  # from the oldest kept: whole only if nothing of the shard was ever deleted
                 later = [s for s in segs if target is None or s > target.segno]
-                position, whole[shard] = Position(later[0] if later else segs[-1], 0, 0), target is None
+                position = Position(later[0] if later else segs[-1], 0, 0)
+                whole[shard] = target is None and segs[0] <= FIRST_SEGNO
             if position < state.flushed:
                 self._close_fd(state)
                 state.cursor = state.flushed = position

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from outbox import Keep
 from shardworker.errors import ConfigError
 from shardworker.layout import PARENT_SHARD
 from shardworker.limits import (
@@ -70,6 +71,15 @@ class FlusherConfig:
     backoff_base_s: float
     backoff_cap_s: float
     embedded_db: bool = False  # the database is the embedded server (recorded in the outbox's binding)
+    # The applied tail kept for a database that comes back older (WorkerConfig's reapply_*).
+    reapply_window_s: float = 0.0
+    reapply_max_bytes: int = 0
+    min_free_bytes: int = 0
+
+
+    def keep(self) -> Keep:
+        """The applied tail the outbox keeps (``outbox.tail``)."""
+        return Keep(self.reapply_window_s, self.reapply_max_bytes, self.min_free_bytes)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,6 +147,14 @@ class WorkerConfig:
     max_backlog: int = 10_000
     min_free_bytes: int = 64 * MiB
     segment_bytes: int = 16 * MiB
+    # Applied outcomes stay in the outbox this long, up to reapply_max_bytes, so that a
+    # database that comes back older (a failover to a replica that lagged, a restore) gets
+    # them again instead of their jobs running again (shardworker.flusher.marks). 15 minutes
+    # covers the lag bounds failover managers allow by default (Patroni's maximum_lag_on_failover
+    # is 1 MB of WAL, seconds) many times over, and a restore of the last minutes; 1 GiB holds
+    # 15 minutes of about 10 million small outcomes. Below min_free_bytes free, the kept tail goes first.
+    reapply_window_s: float = 900.0
+    reapply_max_bytes: int = 1024 * MiB
     shutdown_timeout_s: float = 30.0
     # The timeout of every handler without its own timeout_s (0: none). A handler that never
     # returns would hold its child, and the jobs routed to it, forever; 30 minutes is far
@@ -179,7 +197,7 @@ class WorkerConfig:
         checks = [
             *((name, getattr(self, name) >= 0, "must be >= 0") for name in (
                 "prefetch_horizon_s", "steal_after_s", "min_free_bytes", "shutdown_timeout_s", "cancel_grace_s",
-                "rescue_grace_s")),
+                "rescue_grace_s", "reapply_window_s", "reapply_max_bytes")),
             ("procs", self.procs >= 1, "must be >= 1"),
             ("claim_batch", self.claim_batch >= 1, "must be >= 1"),
             ("claim_bytes", self.claim_bytes >= 1, "must be >= 1"),
@@ -268,7 +286,9 @@ class WorkerConfig:
     def flusher_config(self) -> FlusherConfig:
         return FlusherConfig(flush_batch=self.flush_batch, flush_bytes=self.flush_bytes,
                              checkpoint_interval_s=self.checkpoint_interval_s, backoff_base_s=self.backoff_base_s,
-                             backoff_cap_s=self.backoff_cap_s, embedded_db=self.embedded_db)
+                             backoff_cap_s=self.backoff_cap_s, embedded_db=self.embedded_db,
+                             reapply_window_s=self.reapply_window_s, reapply_max_bytes=self.reapply_max_bytes,
+                             min_free_bytes=self.min_free_bytes)
 
     def child_config(self, shard: int, *, parent_pid: int, slots: int) -> ChildConfig:
         return ChildConfig(shard=shard, outbox_dir=self.outbox_dir, app_ref=self.app_ref,

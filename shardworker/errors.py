@@ -18,6 +18,8 @@ Hierarchy::
         ├── DatabaseUnavailable       cannot connect or the connection broke: retry slowly
         ├── TransientConflict         serialization failure, deadlock, cancelled statement: retry fast
         ├── SchemaMissing             the schema is missing or older than the code
+        ├── DatabaseWentBack          the database holds less than this outbox saw committed (a
+        │                             failover to a replica that lagged, a restore): re-apply
         └── DataRejected              the database refuses this data for good: a value over an
             │                         index's limit (class 54), bad data (class 22), a check
             │                         (23514); never retried, never told as an outage
@@ -110,6 +112,10 @@ class TransientConflict(StoreError):
 
 class SchemaMissing(StoreError):
     """The shardworker schema is missing or out of date: run `shardworker migrate`."""
+
+
+class DatabaseWentBack(StoreError):
+    """The database holds less than this outbox's flusher saw it commit: it went back in time."""
 
 
 class DataRejected(StoreError):

@@ -6,6 +6,8 @@ The ``outbox`` package owns its segments, shard locks, ``flusher.lock``, the che
     worker.lock      held (flock) by the worker running on this directory, or a drain;
                      holds {"pid", "role"} of the holder, for the refusal of a second one
     worker-id        the id the worker last ran under (the default for --worker-id)
+    outbox-id        this outbox's own id, made at first use: its mark in the database is kept
+                     under it (``shardworker.flusher.marks``), whatever --worker-id says
     shard-9999-*     the parent's own shard: outcomes it decides for dead children
     database.json    the database this outbox is bound to (its instance id and name)
     deadletter/      outcomes the database refused for good, kept whole
@@ -43,6 +45,7 @@ from shardworker.errors import OutboxBusy, ShardworkerError
 
 WORKER_LOCK = "worker.lock"
 WORKER_ID_FILE = "worker-id"
+OUTBOX_ID_FILE = "outbox-id"
 DEADLETTER_DIR = "deadletter"
 STALE_LOG = "stale.jsonl"
 SETASIDE_LOG = "setaside.jsonl"
@@ -54,7 +57,7 @@ STARTED_FILE = "started.json"  # the jobs the last run's children started, until
 PARENT_SHARD = 9999  # above any child's shard: --procs is capped below it
 # An outbox's names, the outbox package's and ours (not_an_outbox): any one of them makes it an outbox.
 _OUTBOX_PREFIXES = ("shard-", "progress-")
-_OUTBOX_NAMES = {WORKER_LOCK, WORKER_ID_FILE, DEADLETTER_DIR, STALE_LOG, SETASIDE_LOG, LOST_LOG, DATABASE_FILE,
+_OUTBOX_NAMES = {WORKER_LOCK, WORKER_ID_FILE, OUTBOX_ID_FILE, DEADLETTER_DIR, STALE_LOG, SETASIDE_LOG, LOST_LOG, DATABASE_FILE,
                  GIVEBACK_FILE, STARTED_FILE, FLUSHER_LOCK, CHECKPOINT_NAME, WAKE_SOCKET, TORN_DIR, QUARANTINE_DIR}
 
 
@@ -117,6 +120,21 @@ def resolve_worker_id(directory: str, given: str | None) -> str:
     if chosen != stored:
         atomic_write(directory, WORKER_ID_FILE, chosen.encode())
     return chosen
+
+
+def outbox_id(directory: str) -> str:
+    """This outbox's own id (``outbox-id``), made at first use: it names the outbox's mark in
+    the database, and stays whatever worker id runs on the directory."""
+    path = os.path.join(directory, OUTBOX_ID_FILE)
+    try:
+        found = read_small(path).decode("ascii", errors="replace").strip()
+    except FileNotFoundError:
+        found = ""
+    if found:
+        return found
+    made = uuid.uuid4().hex
+    atomic_write(directory, OUTBOX_ID_FILE, made.encode())
+    return made
 
 
 def read_worker_id(directory: str) -> str:

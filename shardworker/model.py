@@ -256,6 +256,7 @@ class Mark:
     worker_id: str
     batch: int
     positions: dict[int, tuple[int, int, int]]
+    expect: int = 0  # the batch the flusher last saw committed: the database must hold at least that
 
     def positions_json(self) -> bytes:
         return orjson.dumps({str(shard): list(pos) for shard, pos in self.positions.items()})

@@ -28,7 +28,7 @@ from shardworker import binding, layout
 from shardworker.config import StoreConfig, WorkerConfig
 from shardworker.errors import DrainTimeout, OutboxBusy, StoreError
 from shardworker.flusher.loop import Flusher, FlushStats
-from shardworker.flusher.process import open_reader
+from shardworker.flusher.process import marks_for, open_reader
 from shardworker.retry import Backoff, retry_call
 from shardworker.store.pg_store import PgStore
 from shardworker.worker import giveback, identity, started
@@ -47,12 +47,12 @@ def drain(outbox_dir: str, dsn: str, *, timeout_s: float, backoff_cap_s: float =
         raise OutboxBusy(f"no outbox directory at {outbox_dir}")
     lock_fd = layout.lock_outbox(outbox_dir, "drain")  # refuses another user's directory, or a symlink
     try:
-        try:
-            reader = open_reader(outbox_dir, wait_s=0)
-        except OutboxLocked as exc:
-            raise OutboxBusy(f"a flusher holds the outbox {outbox_dir}") from exc
         # The worker's defaults, with the caller's backoff cap (a drain by hand may want a short one).
         config = WorkerConfig(dsn=dsn, app_ref="", backoff_cap_s=backoff_cap_s, backoff_base_s=min(0.05, backoff_cap_s))
+        try:
+            reader = open_reader(outbox_dir, wait_s=0, keep=config.flusher_config().keep())
+        except OutboxLocked as exc:
+            raise OutboxBusy(f"a flusher holds the outbox {outbox_dir}") from exc
         store = PgStore(config.store_config())
         deadline = time.monotonic() + timeout_s
         backoff = Backoff(min(0.05, backoff_cap_s), backoff_cap_s)
@@ -65,7 +65,7 @@ def drain(outbox_dir: str, dsn: str, *, timeout_s: float, backoff_cap_s: float =
             retry_call(lambda: binding.bind(outbox_dir, store), "checking which database the outbox belongs to",
                        backoff=backoff, log=log, deadline=deadline, sleep=sleep)
             heartbeat = _heartbeat_for_owner(outbox_dir, dsn, store, backoff, deadline, sleep)
-            flusher = Flusher(reader, store, config.flusher_config(), sleep=sleep)
+            flusher = Flusher(reader, store, config.flusher_config(), sleep=sleep, marks=marks_for(reader, store))
             stats = _drain_loop(flusher, outbox_dir, deadline, progress, heartbeat)
             _give_back(outbox_dir, store, backoff, deadline, sleep)
             if heartbeat is not None:

@@ -17,6 +17,12 @@ retried with capped, jittered backoff: the flusher never gives up because Postgr
 down. An outcome the database refuses for good is written to ``deadletter/`` and applied as
 a failure instead; if even that failure is refused, the job is set aside (one ERROR line,
 ``stats.refused``) and the batch goes on.
+
+With ``marks`` (``shardworker.flusher.marks``), each batch checks and advances the outbox's
+mark in its own transaction; a database found gone back in time (``DatabaseWentBack``) makes
+the flusher hold every worker's claims and apply its kept records again from what the
+database holds. ``check_wanted`` asks for the same check before the next pass (the worker,
+on a new server, waits for it before it claims).
 """
 
 from __future__ import annotations
@@ -31,9 +37,10 @@ from typing import Protocol
 from outbox import OutboxReader, Record
 from shardworker import layout, wire
 from shardworker.config import FlusherConfig
-from shardworker.errors import NewerRecord, OutcomeRejected, StoreError
+from shardworker.errors import DatabaseWentBack, NewerRecord, OutcomeRejected, StoreError
 from shardworker.flusher import kept
-from shardworker.model import ApplyResult, Outcome, StepRecord
+from shardworker.flusher.marks import Marks
+from shardworker.model import ApplyResult, Mark, Outcome, StepRecord
 from shardworker.retry import Backoff, Outage
 
 log = logging.getLogger(__name__)
@@ -44,7 +51,9 @@ BATCH_BUCKETS = (1, 5, 10, 50, 100, 250, 500, 1000, 5000)  # outcomes per flushe
 
 class OutcomeStore(Protocol):
     """What the flusher needs from a store (``PgStore`` provides it)."""
-    def apply_outcomes(self, outcomes: Sequence[Outcome], steps: Sequence[StepRecord] = ()) -> ApplyResult: ...
+    def apply_outcomes(self, outcomes: Sequence[Outcome], steps: Sequence[StepRecord] = (),
+                       mark: Mark | None = None) -> ApplyResult: ...
+    def mark_outbox(self, mark: Mark) -> None: ...
 
 
 @dataclass
@@ -64,6 +73,7 @@ class FlushStats:
     batch_buckets: list[int] = field(default_factory=lambda: [0] * (len(BATCH_BUCKETS) + 1))
     failing: str = ""  # why the last try failed, while the database is failing; "" once it works
     batch_started_at: float = 0.0  # when the last batch applied began (the flusher's clock)
+    regressions: int = 0  # times the database was found gone back in time (shardworker.flusher.marks)
 
     def batch(self, size: int) -> None:
         self.batch_sum += size
@@ -75,8 +85,10 @@ class Flusher:
 
     def __init__(self, reader: OutboxReader, store: OutcomeStore, config: FlusherConfig,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                 report_outages: bool = True, gather_steps_s: float = 0.0, lazy_checkpoints: bool = False) -> None:
-        self.reader, self.store, self.config = reader, store, config
+                 report_outages: bool = True, gather_steps_s: float = 0.0, lazy_checkpoints: bool = False,
+                 marks: Marks | None = None) -> None:
+        self.reader, self.store, self.config, self.marks = reader, store, config, marks
+        self.check_wanted = marks is not None  # check the mark before the next pass (at start: the note may be old)
         self.gather_steps_s, self.lazy_checkpoints = gather_steps_s, lazy_checkpoints
         self.caught_up = False  # the last pass found nothing to apply
         self._caught_up_at: float | None = None  # when a pass first found nothing after the last batch
@@ -122,10 +134,17 @@ class Flusher:
         """Whether step records are held, unapplied, while more gather (poll again soon)."""
         return self._gathering_since is not None
 
+    @property
+    def reapplying(self) -> bool:
+        """Whether it applies again what the database lost (claims are held meanwhile)."""
+        return self.marks is not None and self.marks.reapplying
+
     def run_once(self) -> int:
         """Apply one batch; returns the records flushed (0 when idle, gathering steps, or the
         database failed)."""
         self.caught_up = False
+        if self.marks is not None and not self._keep_marks(self.marks):
+            return 0
         if not self._held or self.gathering:
             self._read()
             if self._gather():
@@ -139,14 +158,14 @@ class Flusher:
                                    or quiet)
             return 0
         started = self.clock()
+        mark = self.marks.mark_for(self._held) if self.marks is not None else None
         try:
-            result = self._apply(self._outcomes, self._steps)
+            result = self._apply(self._outcomes, self._steps, mark)
+        except DatabaseWentBack:
+            self._went_back()
+            return 0
         except StoreError as exc:
-            delay = self.outage.failed(exc)  # raises what is not retryable
-            self.stats.db_errors += 1
-            # Only an unreachable database is an outage; a conflict or a timeout is retried quietly.
-            self.stats.failing = self.outage.unreachable
-            self.sleep(delay)
+            self._failed(exc)
             return 0
         try:
             self._record(result)
@@ -158,6 +177,8 @@ class Flusher:
             self.sleep(self.outage.backoff.next_delay())
             return 0
         self.outage.recovered()
+        if self.marks is not None and mark is not None:
+            self.marks.applied(mark)
         self.stats.failing, self.stats.batch_started_at = "", started
         self.stats.steps += len(self._steps)
         flushed, self._held, self._outcomes, self._steps = self._held, [], [], []
@@ -168,6 +189,44 @@ class Flusher:
         self._dirty = True
         self._maybe_checkpoint()
         return len(flushed)
+
+    def _keep_marks(self, marks: Marks) -> bool:
+        """The mark's chores before a pass: the check the worker asked for, and a re-apply's
+        hold on claims (moved on, or ended once done). False when the database failed them."""
+        try:
+            if self.check_wanted:
+                marks.check()
+                self.check_wanted = False
+            marks.progress()
+        except DatabaseWentBack:
+            self._went_back()
+            return False
+        except StoreError as exc:
+            self._failed(exc)
+            return False
+        return True
+
+    def _went_back(self) -> None:
+        """The database went back in time: drop the records in hand (they come again) and
+        re-apply from what it holds, claims held (``Marks.went_back``)."""
+        assert self.marks is not None
+        self._held, self._outcomes, self._steps, self._gathering_since = [], [], [], None
+        self.check_wanted = False
+        try:
+            self.marks.went_back()
+        except StoreError as exc:
+            self.check_wanted = True  # look again once the database answers
+            self._failed(exc)
+            return
+        self.stats.regressions += 1
+        self._dirty = True
+
+    def _failed(self, exc: StoreError) -> None:
+        delay = self.outage.failed(exc)  # raises what is not retryable
+        self.stats.db_errors += 1
+        # Only an unreachable database is an outage; a conflict or a timeout is retried quietly.
+        self.stats.failing = self.outage.unreachable
+        self.sleep(delay)
 
     def _read(self) -> None:
         """Read what fits beside the records held (decoded once)."""
@@ -196,11 +255,24 @@ class Flusher:
         self._gathering_since = None
         return False
 
-    def _apply(self, outcomes: list[Outcome], steps: list[StepRecord]) -> ApplyResult:
+    def _apply(self, outcomes: list[Outcome], steps: list[StepRecord], mark: Mark | None) -> ApplyResult:
+        """Apply the batch with its mark; a job's outcomes one round each (a batch read again
+        after the database went back may hold two attempts of one job, applied in order)."""
+        rounds = _rounds(outcomes)
+        total = ApplyResult()
+        for n, part in enumerate(rounds):
+            last = n == len(rounds) - 1
+            total += self._apply_round(part, steps if n == 0 else [], mark if last else None)
+        return total
+
+    def _apply_round(self, outcomes: list[Outcome], steps: list[StepRecord], mark: Mark | None) -> ApplyResult:
         try:
-            return self.store.apply_outcomes(outcomes, steps)
+            return self.store.apply_outcomes(outcomes, steps, mark)
         except OutcomeRejected:
-            return self._steps_one_by_one(steps) + self._apply_one_by_one(outcomes)
+            result = self._steps_one_by_one(steps) + self._apply_one_by_one(outcomes)
+        if mark is not None:
+            self.store.mark_outbox(mark)
+        return result
 
     def _decode(self, record: Record) -> Outcome | StepRecord | None:
         try:
@@ -280,7 +352,7 @@ class Flusher:
             return
         if final or force or now - self._last_checkpoint >= self.config.checkpoint_interval_s:
             try:
-                self.reader.checkpoint()
+                self.reader.checkpoint(self.marks.note() if self.marks is not None else None)
             except OSError as exc:
                 # Only a hint: a stale checkpoint costs harmless replays, never outcomes. Tried
                 # again after the interval, not at every pass (a full disk would spin the loop).
@@ -289,3 +361,20 @@ class Flusher:
                 return
             self._last_checkpoint, self._dirty = now, False
 
+
+
+def _rounds(outcomes: list[Outcome]) -> list[list[Outcome]]:
+    """``outcomes`` in as few rounds as keep each job's outcomes in separate rounds, in order
+    (one round, nearly always: only a batch read again holds a job twice)."""
+    if len({o.job_id for o in outcomes}) == len(outcomes):
+        return [outcomes]
+    rounds: list[list[Outcome]] = []
+    seen: list[set[int]] = []
+    for outcome in outcomes:
+        n = next((i for i in range(len(rounds) - 1, -1, -1) if outcome.job_id in seen[i]), -1) + 1
+        if n == len(rounds):
+            rounds.append([])
+            seen.append(set())
+        rounds[n].append(outcome)
+        seen[n].add(outcome.job_id)
+    return rounds

@@ -19,14 +19,18 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from outbox import OutboxLocked, OutboxReader, wake
-from shardworker import binding, logs, procs
+from outbox import Keep, OutboxLocked, OutboxReader, wake
+from shardworker import binding, layout, logs, procs
 from shardworker.config import FlusherConfig, StoreConfig
 from shardworker.errors import NewerRecord
 from shardworker.flusher.loop import BATCH_BUCKETS, Flusher, FlushStats
+from shardworker.flusher.marks import Marks
 from shardworker.retry import Backoff, retry_call
+
+if TYPE_CHECKING:
+    from shardworker.store.pg_store import PgStore
 
 EXIT_WRONG_DATABASE = 4  # the flusher's database is not the one its outbox belongs to
 EXIT_NEWER_RECORD = 5  # the outbox holds a record a newer release wrote (errors.NewerRecord)
@@ -44,7 +48,7 @@ class StopRequest(enum.IntEnum):
     NOW = 2  # exit after the current batch, applied or not
 
 
-COUNTERS = ("applied", "stale", "missing", "deadlettered", "db_errors", "batch_sum", "followups")
+COUNTERS = ("applied", "stale", "missing", "deadlettered", "db_errors", "batch_sum", "followups", "regressions")
 
 
 class SharedState(ctypes.Structure):
@@ -59,7 +63,11 @@ class SharedState(ctypes.Structure):
                 ("batch_started_at", ctypes.c_double),
                 # A stop's handshake (FlusherHandle.stop): the parent counts stop_seq up; the flusher, after a
                 # pass that found it idle, sets idle_seq to the stop_seq it read before that pass began.
-                ("stop_seq", ctypes.c_int64), ("idle_seq", ctypes.c_int64)]
+                ("stop_seq", ctypes.c_int64), ("idle_seq", ctypes.c_int64),
+                # The mark's check (FlusherHandle.check_mark): the parent counts check_seq up; the flusher,
+                # once it checked the database's mark after that, sets checked_seq to it. reapplying: it
+                # re-applies what the database lost (shardworker.flusher.marks), claims held meanwhile.
+                ("check_seq", ctypes.c_int64), ("checked_seq", ctypes.c_int64), ("reapplying", ctypes.c_bool)]
 
     def publish(self, stats: FlushStats) -> None:
         """Copy the flusher's stats (the flusher's side; ``failing`` first, so the parent
@@ -76,9 +84,15 @@ class SharedState(ctypes.Structure):
         return {**{name: int(getattr(self, name)) for name in COUNTERS}, "batch_buckets": list(self.batch_buckets)}
 
 
-def open_reader(directory: str, wait_s: float) -> OutboxReader:
-    """Open the outbox reader, waiting up to ``wait_s`` while a previous flusher still exits."""
-    return procs.wait_for_lock(lambda: OutboxReader.open(directory), OutboxLocked, wait_s)
+def open_reader(directory: str, wait_s: float, keep: Keep | None = None) -> OutboxReader:
+    """Open the outbox reader (keeping ``keep`` of the applied tail), waiting up to ``wait_s``
+    while a previous flusher still exits."""
+    return procs.wait_for_lock(lambda: OutboxReader.open(directory, keep), OutboxLocked, wait_s)
+
+
+def marks_for(reader: OutboxReader, store: PgStore) -> Marks:
+    """The mark of the reader's outbox, under its own id and the worker id it runs for."""
+    return Marks(reader, store, layout.outbox_id(reader.directory), layout.read_worker_id(reader.directory))
 
 
 class FlusherHandle:
@@ -170,6 +184,21 @@ class FlusherHandle:
         if self.process is not None:
             procs.join_or_kill(self.process, 10)
 
+    def check_mark(self) -> int:
+        """Ask the flusher to check, before its next pass, that the database still holds what
+        this outbox applied (re-applying at once if not); ``mark_checked`` says when it has."""
+        self.state.check_seq += 1
+        wake.poke(self.outbox_dir)
+        return int(self.state.check_seq)
+
+    def mark_checked(self, asked: int) -> bool:
+        """Whether the check ``asked`` (``check_mark``'s number) is done and nothing is being re-applied."""
+        return self.alive and int(self.state.checked_seq) >= asked and not self.state.reapplying
+
+    @property
+    def reapplying(self) -> bool:
+        return self.state is not None and bool(self.state.reapplying)
+
     def counters(self) -> dict[str, Any]:
         """The flusher's counters (``COUNTERS`` and ``batch_buckets``), summed over its restarts."""
         if self.state is None:
@@ -202,7 +231,7 @@ def flusher_main(directory: str, store_config: StoreConfig, config: FlusherConfi
     procs.become_worker_process(parent_pid, "flusher", log_setup)
     from shardworker.store.pg_store import PgStore  # here: the parent forks its children before importing it
     try:
-        reader = open_reader(directory, wait_s=30.0)
+        reader = open_reader(directory, wait_s=30.0, keep=config.keep())
     except Exception as exc:
         state.last_error = procs.one_line(exc).encode()[:511]
         raise
@@ -220,7 +249,7 @@ def flusher_main(directory: str, store_config: StoreConfig, config: FlusherConfi
         state.last_error = str(exc).encode()[:511]
         os._exit(EXIT_WRONG_DATABASE)
     flusher = Flusher(reader, store, config, sleep=sleep, report_outages=False, gather_steps_s=STEP_GATHER_S,
-                      lazy_checkpoints=True)
+                      lazy_checkpoints=True, marks=marks_for(reader, store))
     try:
         _loop(flusher, state, idle_sleep_s)
     except NewerRecord as exc:
@@ -237,8 +266,14 @@ def flusher_main(directory: str, store_config: StoreConfig, config: FlusherConfi
 def _loop(flusher: Flusher, state: Any, idle_sleep_s: float) -> None:
     while True:
         stop_seq = state.stop_seq  # before the pass: an idle pass answers the stops asked before it began
+        check_seq = state.check_seq
+        if check_seq > state.checked_seq:
+            flusher.check_wanted = True
         flusher.gather = state.stop == StopRequest.NONE  # a stop applies held steps at once
         flushed = flusher.run_once()
+        state.reapplying = flusher.reapplying
+        if not flusher.check_wanted:
+            state.checked_seq = max(state.checked_seq, check_seq)
         if flushed or not flusher.caught_up:  # a pass that found nothing changes no count
             state.publish(flusher.stats)
         # Idle for the parent: everything applied and checkpointed (an --exit-when-idle run
@@ -253,7 +288,7 @@ def _loop(flusher: Flusher, state: Any, idle_sleep_s: float) -> None:
             return
         if flusher.gathering:
             time.sleep(idle_sleep_s)
-        elif flusher.caught_up:
+        elif flusher.caught_up and state.check_seq <= state.checked_seq:
             # Until a writer commits (outbox.wake), a stop pokes or the checkpoint put off is
             # due; the timeout is a safety net for a wake-up lost (a directory too deep for a
             # socket: every idle_sleep_s).

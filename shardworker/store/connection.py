@@ -27,6 +27,7 @@ from shardworker.config import StoreConfig
 from shardworker.dsn import redact_dsn
 from shardworker.errors import (
     DatabaseUnavailable,
+    DatabaseWentBack,
     DataRejected,
     NotConnected,
     SchemaMissing,
@@ -61,6 +62,8 @@ def translate(exc: psycopg.Error) -> StoreError:
     over an index's limit, bad data, a failed check) is ``DataRejected`` before anything
     else: psycopg files program_limit_exceeded under OperationalError, which would
     otherwise read as an outage and be retried forever."""
+    if exc.sqlstate == WENT_BACK:
+        return DatabaseWentBack(first_line(exc))
     if is_refusal(exc):
         return DataRejected(f"database refused: {first_line(exc)}")
     if isinstance(exc, pgerr.UndefinedTable | pgerr.InvalidSchemaName | pgerr.UndefinedColumn):
@@ -73,6 +76,9 @@ def translate(exc: psycopg.Error) -> StoreError:
     if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
         return DatabaseUnavailable(f"database unavailable: {first_line(exc)}")
     return StoreError(f"database error: {first_line(exc)}")
+
+
+WENT_BACK = "SWR01"  # raised by shardworker.outbox_mark (migration 0015): the database went back in time
 
 
 def is_refusal(exc: psycopg.Error) -> bool:

@@ -35,9 +35,19 @@ class MarkQueries(Session):
     """Marks and claim holds, on the store's own session."""
 
     def mark_outbox(self, mark: Mark) -> None:
-        """Write ``mark`` in a transaction of its own."""
+        """Check and write ``mark`` in a transaction of its own (``DatabaseWentBack`` when the
+        database holds less than ``mark.expect``)."""
         with self.cursor() as cur:
             cur.execute(query("outbox_mark_write"), mark_params(mark))
+
+    def check_mark(self, outbox_id: str, expect: int) -> int:
+        """The batch the database holds of ``outbox_id``; ``DatabaseWentBack`` when it is less
+        than ``expect`` (the batch its flusher saw committed)."""
+        params = {**mark_params(None), "mark_outbox": outbox_id, "mark_worker": "", "mark_expect": expect}
+        with self.cursor() as cur:
+            cur.execute(query("outbox_mark_write"), params)
+            row = cur.fetchone()
+        return int(row[0]) if row else 0
 
     def read_mark(self, outbox_id: str) -> DatabaseMark | None:
         """The database's mark of ``outbox_id``; None when it holds none."""

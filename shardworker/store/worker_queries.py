@@ -186,9 +186,10 @@ class WorkerQueries(ClaimQueries):
 def mark_params(mark: Mark | None) -> dict[str, Any]:
     """The parameters that advance an outbox's mark (all NULL: none)."""
     if mark is None:
-        return {"mark_outbox": None, "mark_worker": None, "mark_batch": None, "mark_positions": None}
+        return {"mark_outbox": None, "mark_worker": None, "mark_batch": None, "mark_positions": None,
+                "mark_expect": None}
     return {"mark_outbox": mark.outbox_id, "mark_worker": mark.worker_id, "mark_batch": mark.batch,
-            "mark_positions": mark.positions_json()}
+            "mark_positions": mark.positions_json(), "mark_expect": mark.expect}
 
 
 def outcome_params(outcomes: Sequence[Outcome], *, settles: bool = True, mark: Mark | None = None,

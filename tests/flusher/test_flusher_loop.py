@@ -123,10 +123,10 @@ def test_a_refused_outcome_is_dead_lettered_and_its_job_failed(pg_dsn: str, stor
     ids = claim_and_write(pg_dsn, store, tmp_path, 3)
     real = store.store.apply_outcomes
 
-    def refuse_second(outcomes: list[Outcome], steps: Any = ()) -> Any:
+    def refuse_second(outcomes: list[Outcome], steps: Any = (), mark: Any = None) -> Any:
         if any(o.job_id == ids[1] and o.disposition is Disposition.DONE for o in outcomes):
             raise OutcomeRejected("outcome rejected: value too long")
-        return real(outcomes, steps)
+        return real(outcomes, steps, mark)
 
     store.store.apply_outcomes = refuse_second  # type: ignore[method-assign]
     flusher = make_flusher(tmp_path, store, FakeClock())
@@ -145,10 +145,10 @@ def test_an_outcome_refused_even_as_a_failure_is_set_aside_and_the_flusher_goes_
     ids = claim_and_write(pg_dsn, store, tmp_path, 3)
     real = store.store.apply_outcomes
 
-    def refuse_second_always(outcomes: list[Outcome], steps: Any = ()) -> Any:
+    def refuse_second_always(outcomes: list[Outcome], steps: Any = (), mark: Any = None) -> Any:
         if any(o.job_id == ids[1] for o in outcomes):
             raise OutcomeRejected("outcome rejected: index row size 3056 exceeds btree maximum")
-        return real(outcomes, steps)
+        return real(outcomes, steps, mark)
 
     store.store.apply_outcomes = refuse_second_always  # type: ignore[method-assign]
     flusher = make_flusher(tmp_path, store, FakeClock())

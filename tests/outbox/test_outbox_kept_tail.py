@@ -86,7 +86,7 @@ def test_rewind_reads_the_kept_records_again_from_a_position(tmp_path):
 
 
 def test_rewind_to_nothing_reads_every_kept_record(tmp_path):
-    """A shard the database holds nothing of is read again from its oldest kept segment."""
+    """A shard the database holds nothing of is read again from its start, whole while nothing of it went."""
     d = str(tmp_path)
     write(d, 0, [{"n": i} for i in range(10)])
     _flush_all(d, HOUR)

@@ -1,6 +1,7 @@
-"""Size rules a reader can rely on: no module over 300 lines and no function over 50, in the
-product, the outbox, the benchmarks and the tests. A long module is split along its seams,
-a long function into named steps."""
+"""An alarm, not a shape: sizes follow cohesion (a module is as long as its one role needs),
+and these limits sit far above what that gives (modules of 100-300 lines, functions of 8-30),
+so they only catch a file or a function that has grown several roles, in the product, the
+outbox, the benchmarks and the tests. Never split a file or pack lines to fit them."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 ROOTS = ("shardworker", "outbox", "bench", "tests")
-MAX_MODULE_LINES = 300
-MAX_FUNCTION_LINES = 50
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 80
 
 
 def sources() -> list[Path]:
@@ -31,14 +32,14 @@ def test_there_is_something_to_check() -> None:
 
 
 @pytest.mark.parametrize("root", ROOTS)
-def test_no_module_is_over_300_lines(root: str) -> None:
+def test_no_module_has_grown_several_roles(root: str) -> None:
     over = {str(p.relative_to(REPO)): n for p in sources() if p.relative_to(REPO).parts[0] == root
             and (n := p.read_text(encoding="utf-8").count("\n")) > MAX_MODULE_LINES}
     assert over == {}
 
 
 @pytest.mark.parametrize("root", ROOTS)
-def test_no_function_is_over_50_lines(root: str) -> None:
+def test_no_function_has_grown_several_steps(root: str) -> None:
     over = {str(p.relative_to(REPO)): found for p in sources() if p.relative_to(REPO).parts[0] == root
             and (found := long_functions(p))}
     assert over == {}
@@ -46,5 +47,5 @@ def test_no_function_is_over_50_lines(root: str) -> None:
 
 def test_the_rules_see_a_long_function(tmp_path: Path) -> None:
     sample = tmp_path / "sample.py"
-    sample.write_text("def f():\n" + "    x = 1\n" * 60)
-    assert long_functions(sample) == ["f (61 lines)"]
+    sample.write_text("def f():\n" + "    x = 1\n" * 90)
+    assert long_functions(sample) == ["f (91 lines)"]

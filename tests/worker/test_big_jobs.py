@@ -65,7 +65,7 @@ class CountingStore:
         self.store = store
         self.batches: list[list[int]] = []
 
-    def apply_outcomes(self, outcomes: list[Outcome], steps: Any = ()) -> ApplyResult:
+    def apply_outcomes(self, outcomes: list[Outcome], steps: Any = (), mark: Any = None) -> ApplyResult:
         self.batches.append([o.job_id for o in outcomes])
         return self.store.apply_outcomes(outcomes, steps)
 

@@ -284,7 +284,8 @@ WHERE (k.global_concurrency, k.rate_limit, k.rate_period_s)
 -- failures (migration 0012; how many: shardworker.limits.ERRORS_KEPT), with its traceback
 -- and when it failed (NaN: unknown, then now()); last_error holds its message and
 -- traceback as one text.
--- With mark_outbox, the outbox's mark advances to mark_batch and mark_positions
+-- With mark_outbox, the outbox's mark is checked (the database must hold mark_expect, else
+-- the statement fails: it went back in time) and advances to mark_batch and mark_positions
 -- (shardworker.outbox_mark) in this transaction: at once with mark_always (the caller's
 -- transaction is the batch's last), else only if every outcome of the batch was applied
 -- here (if not, the caller applies the rest in a transaction that marks the batch).
@@ -337,9 +338,10 @@ WITH o AS (
     RETURNING j.id, j.attempt, j.status, j.has_dependents
 ), marked AS (
     SELECT shardworker.outbox_mark(%(mark_outbox)s::text, %(mark_worker)s::text, %(mark_batch)s::bigint,
-                                   convert_from(%(mark_positions)s::bytea, 'UTF8')::jsonb)
+                                   convert_from(%(mark_positions)s::bytea, 'UTF8')::jsonb, %(mark_expect)s::bigint,
+                                   %(mark_always)s::boolean
+                                   OR (SELECT count(*) FROM applied) = cardinality(%(ids)b::bigint[]))
     WHERE %(mark_outbox)s::text IS NOT NULL
-      AND (%(mark_always)s::boolean OR (SELECT count(*) FROM applied) = cardinality(%(ids)b::bigint[]))
 ), announced AS (
     SELECT pg_notify('shardworker_finished', string_agg(id::text, ',')) AS sent
     FROM (SELECT id, (row_number() OVER ()) / 300 AS chunk FROM applied
@@ -368,7 +370,7 @@ WITH s AS (
     SELECT id, steps_reset_attempt, uid FROM shardworker.jobs WHERE id = ANY(%(job_ids)b::bigint[]) FOR KEY SHARE
 ), marked AS (
     SELECT shardworker.outbox_mark(%(mark_outbox)s::text, %(mark_worker)s::text, %(mark_batch)s::bigint,
-                                   convert_from(%(mark_positions)s::bytea, 'UTF8')::jsonb)
+                                   convert_from(%(mark_positions)s::bytea, 'UTF8')::jsonb, %(mark_expect)s::bigint, true)
     WHERE %(mark_outbox)s::text IS NOT NULL
 )
 INSERT INTO shardworker.job_steps (job_id, name, attempt, result, recorded_at)
@@ -1186,9 +1188,11 @@ SELECT (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backe
        current_setting('superuser_reserved_connections')::int;
 
 -- outbox_mark_write --
--- Advance an outbox's mark by itself (a batch applied in several transactions: written after its last).
+-- Check and advance an outbox's mark by itself (a batch applied in several transactions:
+-- written after its last); without mark_batch, only check it (fails when the database went back).
 SELECT shardworker.outbox_mark(%(mark_outbox)s::text, %(mark_worker)s::text, %(mark_batch)s::bigint,
-                               convert_from(%(mark_positions)s::bytea, 'UTF8')::jsonb);
+                               convert_from(%(mark_positions)s::bytea, 'UTF8')::jsonb, %(mark_expect)s::bigint,
+                               %(mark_batch)s::bigint IS NOT NULL);
 
 -- outbox_mark_read --
 -- How far the database holds what an outbox's flusher applied: its batch count and positions (no row: nothing).
