@@ -20,6 +20,7 @@ Hierarchy::
         ├── SchemaMissing             the schema is missing or older than the code
         ├── DatabaseWentBack          the database holds less than this outbox saw committed (a
         │                             failover to a replica that lagged, a restore): re-apply
+        ├── Reconnected               a claim found a connection newer than the worker's last look
         └── DataRejected              the database refuses this data for good: a value over an
             │                         index's limit (class 54), bad data (class 22), a check
             │                         (23514); never retried, never told as an outage
@@ -116,6 +117,10 @@ class SchemaMissing(StoreError):
 
 class DatabaseWentBack(StoreError):
     """The database holds less than this outbox's flusher saw it commit: it went back in time."""
+
+
+class Reconnected(StoreError):
+    """The connection is new since the worker last looked at the database: claim after a look."""
 
 
 class DataRejected(StoreError):

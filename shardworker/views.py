@@ -18,10 +18,15 @@ from shardworker.flow import Rate
 
 
 class Beat(NamedTuple):
-    """What a heartbeat did: who else holds the row (None: written), and whether it inserted it."""
+    """What a heartbeat did: who else holds the row (None: written), whether it inserted it,
+    whether a rescue had removed the row this process had (a tombstone says so), the row's
+    started_at, and which server the beat reached (``server_identity``)."""
 
     holder: tuple[str, int] | None
     inserted: bool
+    rescued: bool = False
+    started_at: Any = None  # a datetime
+    server: str = ""
 
 
 class Rescued(NamedTuple):

@@ -238,7 +238,10 @@ def flusher_main(directory: str, store_config: StoreConfig, config: FlusherConfi
     store = PgStore(store_config)
 
     def sleep(seconds: float) -> None:
-        procs.sleep_until(time.monotonic() + seconds, lambda: state.stop >= StopRequest.NOW)
+        # A backoff ends early for a stop, and for a check of the mark the worker waits on
+        # before it claims (it reached the database again: so may this one).
+        procs.sleep_until(time.monotonic() + seconds,
+                          lambda: state.stop >= StopRequest.NOW or state.check_seq > state.checked_seq)
 
     try:
         retry_call(lambda: binding.bind(directory, store, embedded=config.embedded_db),

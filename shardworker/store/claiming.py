@@ -22,6 +22,7 @@ from typing import Any
 
 import psycopg
 
+from shardworker.errors import Reconnected
 from shardworker.model import Claim, ClaimedJob
 from shardworker.store.claim_floor import ClaimFloor
 from shardworker.store.connection import Session, rollback
@@ -41,7 +42,7 @@ class ClaimQueries(Session):
     def claim_within(self, kinds: Sequence[str], queues: Sequence[str] | None, worker_id: str, limit: int,
                      claim_token: str | None = None, max_bytes: int = 1 << 62, *,
                      caps: Mapping[str, int] | None = None, run_room: int | None = None,
-                     attempts: Mapping[str, int] | None = None) -> Claim:
+                     attempts: Mapping[str, int] | None = None, generation: int | None = None) -> Claim:
         """Claim up to ``limit`` due jobs and ``max_bytes`` of payload (at least one job when
         any is due): status running, attempt + 1, locked_by worker_id; at a job's first claim,
         ``attempts`` (kind: its handler's max_attempts) lowers its max_attempts. Within every limit:
@@ -50,7 +51,9 @@ class ClaimQueries(Session):
         their global concurrency and their rates; paused queues are skipped.
 
         ``claim_token`` tags the claimed rows; if the reply is lost, ``release_claim`` with
-        the same token gives back whatever the server did commit.
+        the same token gives back whatever the server did commit. With ``generation``, only on
+        that connection: ``Reconnected`` (nothing sent) on a newer one, which the caller looks
+        at first (``shardworker.worker.reapply_watch``).
         """
         params = {"kinds": list(kinds), "queues": list(queues) if queues else None,
                   "worker_id": worker_id, "limit": limit, "claim_token": claim_token, "max_bytes": max_bytes,
@@ -60,7 +63,7 @@ class ClaimQueries(Session):
         floor = self.claim_floor()
         while True:
             bounds = floor.params()
-            rows = self._claim_rows({**params, **bounds})
+            rows = self._claim_rows({**params, **bounds}, generation)
             if not floor.claimed([(row[10], row[11], row[0]) for row in rows], bounds["floor_id"] is not None):
                 break
         paces = [row[7] for row in rows if row[7] is not None]
@@ -75,26 +78,32 @@ class ClaimQueries(Session):
             floor = self.__dict__["_claim_floor"] = ClaimFloor()
         return floor
 
-    def _claim_rows(self, params: dict[str, Any]) -> list[Any]:
+    def _claim_rows(self, params: dict[str, Any], generation: int | None) -> list[Any]:
         """The claimed rows: by the plain statement when nothing seems in its way, else (or
         when it finds a limit after all) by the full claim."""
         if not params["cap_kinds"] and monotonic() >= self.__dict__.get("_full_claims_until", 0.0):
-            rows = self._claim_plain(params)
+            rows = self._claim_plain(params, generation)
             if not rows or rows[0][0] is not None:
                 return rows
             self.__dict__["_full_claims_until"] = monotonic() + FLOW_RECHECK_S
-        return self._claim_full(params)
+        return self._claim_full(params, generation)
 
-    def _claim_plain(self, params: dict[str, Any]) -> list[Any]:
+    def _on_generation(self, generation: int | None) -> None:
+        if generation is not None and self.generation != generation:
+            raise Reconnected()
+
+    def _claim_plain(self, params: dict[str, Any], generation: int | None) -> list[Any]:
         """``job_claim_plain``: the claimed rows, or one row of NULLs when a limit is in the way."""
         with self.cursor() as cur, psycopg.RawCursor(cur.connection) as claiming:
+            self._on_generation(generation)
             claiming.execute(native("job_claim_plain")[0], native_params("job_claim_plain", params),
                              prepare=self.prepares(cur.connection))
             return claiming.fetchall()
 
-    def _claim_full(self, params: dict[str, Any]) -> list[Any]:
+    def _claim_full(self, params: dict[str, Any], generation: int | None) -> list[Any]:
         """One claim transaction within every limit, sent at once; the claimed rows."""
         with self.cursor() as cur, psycopg.RawCursor(cur.connection) as claiming:
+            self._on_generation(generation)
             conn = cur.connection
             prepare = self.prepares(conn)
             try:

@@ -8,11 +8,12 @@ here). ``claim_holds`` has a row per holder; no claim takes a job while one is l
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import orjson
 
-from shardworker.model import Mark
+from shardworker.model import ClaimedJob, Mark
 from shardworker.store.connection import Session
 from shardworker.store.sql import query
 from shardworker.store.worker_queries import mark_params
@@ -74,9 +75,20 @@ class MarkQueries(Session):
             cur.execute(query("claim_holds_live"))
             return [Hold(str(h), str(r), float(s)) for h, r, s in cur.fetchall()]
 
-    def server_started(self) -> str:
-        """When the server this session reaches started (text: only compared)."""
+    def server_identity(self) -> str:
+        """Which server process and database this session reaches (text: only compared)."""
         with self.cursor() as cur:
-            cur.execute(query("server_started"))
+            cur.execute(query("server_identity"))
             row = cur.fetchone()
         return str(row[0]) if row else ""
+
+    def reclaim(self, worker_id: str, jobs: Sequence[ClaimedJob]) -> list[int]:
+        """Claim again, as they were claimed, the held ``jobs`` whose claims the database lost
+        by going back in time; their ids."""
+        if not jobs:
+            return []
+        with self.cursor() as cur:
+            cur.execute(query("job_reclaim"), {"worker_id": worker_id, "ids": [j.id for j in jobs],
+                                               "attempts": [j.attempt for j in jobs], "uids": [j.uid for j in jobs],
+                                               "tokens": [j.token for j in jobs]})
+            return [int(r[0]) for r in cur.fetchall()]

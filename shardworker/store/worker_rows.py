@@ -34,9 +34,12 @@ class WorkerRows(Session):
 
     def beat(self, worker_id: str, hostname: str, pid: int, running: int | None = None,
              pending: int | None = None, flow: Sequence[FlowCount] | None = None, *,
-             take_over: bool = True, serves: Serving | None = None) -> Beat:
+             take_over: bool = True, serves: Serving | None = None, started_at: datetime | None = None) -> Beat:
         """``heartbeat``, also telling whether the beat wrote the row afresh (``Beat.inserted``):
-        without ``take_over``, the row was gone, removed by a peer's rescue of this worker."""
+        without ``take_over``, the row was gone, removed by a peer's rescue of this worker
+        (``Beat.rescued``: a rescue left a tombstone of the row this process had, ``started_at``)
+        or lost by the database going back in time; and the row's ``started_at`` and the server
+        reached (``Beat.server``)."""
         report = None if flow is None else orjson.dumps([list(f) for f in flow]).decode()
         kinds, queues, rescue_after_s = serves or (None, None, None)
         with self.cursor() as cur:
@@ -44,11 +47,14 @@ class WorkerRows(Session):
                                                     "running": running, "pending": pending, "flow": report,
                                                     "take_over": take_over, "kinds": kinds and list(kinds),
                                                     "queues": queues and list(queues),
-                                                    "rescue_after_s": rescue_after_s})
+                                                    "rescue_after_s": rescue_after_s, "started_at": started_at})
             row = cur.fetchone()
-        if row is None or row[0]:
-            return Beat(None, bool(row and row[3]))
-        return Beat((str(row[1] or "an unknown host"), int(row[2] or 0)), False)  # committed after our snapshot
+        if row is None:
+            return Beat(None, False)
+        if row[0]:
+            return Beat(None, bool(row[3]), bool(row[4]), row[5], str(row[6]))
+        # Committed after our snapshot.
+        return Beat((str(row[1] or "an unknown host"), int(row[2] or 0)), False, server=str(row[6]))
 
     def worker_row(self, worker_id: str) -> HeartbeatRow | None:
         """(hostname, pid, heartbeat_at) of ``worker_id``'s heartbeat row; None without one."""

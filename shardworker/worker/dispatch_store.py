@@ -8,14 +8,16 @@ from typing import Protocol
 
 from shardworker.model import Claim
 from shardworker.records import CancelKey
+from shardworker.worker.reapply_watch import WatchStore
 
 
-class DispatchStore(Protocol):
+class DispatchStore(WatchStore, Protocol):
     """What the dispatcher needs from a store (``PgStore`` provides it)."""
 
     def claim_within(self, kinds: Sequence[str], queues: Sequence[str] | None, worker_id: str, limit: int,
                      claim_token: str | None = None, max_bytes: int = ..., *, caps: Mapping[str, int] | None = None,
-                     run_room: int | None = None, attempts: Mapping[str, int] | None = None) -> Claim: ...
+                     run_room: int | None = None, attempts: Mapping[str, int] | None = None,
+                     generation: int | None = None) -> Claim: ...
     def release(self, jobs: Sequence[tuple[int, int]], worker_id: str) -> int: ...
     def release_claim(self, claim_token: str, worker_id: str) -> int: ...
     def count_active(self, kinds: Sequence[str], queues: Sequence[str] | None, worker_id: str,

@@ -25,7 +25,7 @@ from collections.abc import Callable
 import outbox
 from shardworker import procs
 from shardworker.config import WorkerConfig
-from shardworker.errors import NotConnected, SchemaMissing, StoreError
+from shardworker.errors import NotConnected, Reconnected, SchemaMissing, StoreError
 from shardworker.flusher.process import FlusherHandle
 from shardworker.model import ClaimedJob
 from shardworker.retry import Backoff, Outage
@@ -40,9 +40,14 @@ from shardworker.worker.giveback import GiveBack
 from shardworker.worker.parent_outcomes import ParentOutcomes
 from shardworker.worker.pool import ChildPool
 from shardworker.worker.quarantine_watch import QuarantineWatch
+from shardworker.worker.reapply_watch import ReapplyWatch
 
 log = logging.getLogger(__name__)
 LOOK_S = 0.05  # how often a pass that will not wait looks for notifications kept during queries
+# A worker that reaches a new server holds every worker's claims for its reconnect backoff's cap
+# (or a heartbeat, if longer: the time each peer may take to reach the new server too) and this
+# much more, for their flushers to check their marks (shardworker.worker.reapply_watch).
+SETTLE_MARGIN_S = 2.0
 
 
 class Dispatcher:
@@ -50,7 +55,8 @@ class Dispatcher:
 
     def __init__(self, config: WorkerConfig, worker_id: str, kinds: list[str], store: DispatchStore,
                  pool: ChildPool, flusher: FlusherHandle, parent_outcomes: ParentOutcomes, *,
-                 stopping: Callable[[], bool], clock: Callable[[], float] = time.monotonic) -> None:
+                 stopping: Callable[[], bool], clock: Callable[[], float] = time.monotonic,
+                 heard: Callable[[], str] = lambda: "") -> None:
         self.config, self.worker_id, self.kinds, self.store = config, worker_id, kinds, store
         self.pool, self.flusher, self.parent_outcomes = pool, flusher, parent_outcomes
         self.stopping, self.clock = stopping, clock
@@ -73,8 +79,12 @@ class Dispatcher:
         self.giving_back = GiveBack(store, worker_id, config.outbox_dir, clock=clock,
                                     backoff=lambda: Backoff(config.backoff_base_s, min(1.0, config.backoff_cap_s)))
         self.cancels = CancelWatch(store, pool, clock)
-        self.quarantine = QuarantineWatch(config.outbox_dir, worker_id, store,
-                                          lambda: [*pool.job_ids(), *parent_outcomes.waiting_ids()], clock=clock)
+        still_coming = lambda: [*pool.job_ids(), *parent_outcomes.waiting_ids()]  # noqa: E731
+        self.quarantine = QuarantineWatch(config.outbox_dir, worker_id, store, still_coming, clock=clock)
+        # A database that went back in time: look before claiming (``heard``: the server the heartbeat reached).
+        self.reapply = ReapplyWatch(store, flusher, worker_id, config.outbox_dir, held=pool.held_jobs,
+                                    still_coming=still_coming, heard=heard,
+                                    settle_s=max(config.backoff_cap_s, config.heartbeat_interval_s) + SETTLE_MARGIN_S)
 
     # the loop ----------------------------------------------------------------------
 
@@ -167,14 +177,20 @@ class Dispatcher:
             return 0  # big payloads wait here for children to take them: claim no more bytes yet
         try:
             self.giving_back.settle_lost_claims()
+            self.reapply.run_once()
         except StoreError as exc:
             self._claim_failed(exc)
+            return 0
+        if self.reapply.blocker():
             return 0
         token = uuid.uuid4().hex
         try:
             claim = self.store.claim_within(self.kinds, self.config.queues, self.worker_id, limit, token,
                                             max_bytes=self.config.claim_bytes, caps=self.pool.cap_rooms(),
-                                            run_room=self.pool.run_room(), attempts=self.pool.attempts)
+                                            run_room=self.pool.run_room(), attempts=self.pool.attempts,
+                                            generation=self.reapply.generation)
+        except Reconnected:
+            return 0  # nothing was sent: the next pass looks at the new connection first
         except StoreError as exc:
             if not isinstance(exc, NotConnected):
                 self.lost_claims.append(token)  # the server may have committed it before the connection broke
@@ -231,6 +247,8 @@ class Dispatcher:
         if self.pool.starting or (self.config.exit_when_idle and not self.pool.in_flight and not self.flusher.failing
                                   and (self.backlog() > 0 or not self.flusher.idle)):
             timeout = 0.005  # a child coming up, or the last outcomes landing: neither wakes the wait
+        if self.reapply.blocker():
+            timeout = min(timeout, 0.01)  # the flusher's check of the mark: nothing wakes the wait for it
         if self.db_ok and self._notified():
             return
         notify_fd = self._notify_fd()  # after the look: a look that failed closed the connection

@@ -9,8 +9,12 @@ Its first beat takes the worker id's row over (``shardworker.worker.identity`` c
 free); later beats write only a row this process wrote. A row another (hostname, pid)
 rewrote meanwhile means a second live worker under this id: the heartbeat stops, keeps
 the error in ``conflict`` and calls ``on_conflict``, and the worker stops with it. So does a
-beat that finds the row gone (``WorkerRescued``): a peer rescued this worker's jobs while it
-was silent (its host paused, or cut off), and they run elsewhere now.
+beat that finds the row gone by a rescue (``WorkerRescued``: the rescue left a tombstone of
+this process's row): a peer rescued this worker's jobs while it was silent (its host paused,
+or cut off), and they run elsewhere now. A row gone with no tombstone was lost by the database
+going back in time (a failover to a replica that lagged, a restore): the beat has written it
+again, and the worker goes on. Each beat also says which server it reached (``server``), for
+the worker to notice a new one (``shardworker.worker.reapply_watch``).
 
 After each beat that found its row, it moves ``on_alive(until)`` on: until then, one
 ``--rescue-after`` after the beat began, no peer can have rescued this worker. Its children
@@ -44,7 +48,7 @@ Load = tuple[int | None, int | None, Sequence[FlowCount] | None]  # None: not kn
 class HeartbeatStore(RescueStore, Protocol):
     def beat(self, worker_id: str, hostname: str, pid: int, running: int | None = None,
              pending: int | None = None, flow: Sequence[FlowCount] | None = None, *,
-             take_over: bool = True, serves: Serving | None = None) -> Beat: ...
+             take_over: bool = True, serves: Serving | None = None, started_at: object = None) -> Beat: ...
     def close(self) -> None: ...
 
 
@@ -81,6 +85,8 @@ class Heartbeat:
         self._refusing = False
         self.on_conflict = on_conflict
         self.conflict: ShardworkerError | None = None  # another process took this id's row, or a peer rescued us
+        self.server = ""  # which server the last good beat reached (server_identity); "" before one
+        self._started_at: object = None  # our row's started_at, as the last beat read it
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -91,18 +97,22 @@ class Heartbeat:
         began, began_wall = procs.boottime(), time.time()  # the gate's clocks (see child.gate.StartGate)
         try:
             beat = self.store.beat(self.worker_id, socket.gethostname(), os.getpid(), *self.load(),
-                                   take_over=self.last_ok is None, serves=self.serves)
+                                   take_over=self.last_ok is None, serves=self.serves, started_at=self._started_at)
             if self._stop.is_set():
                 return self.interval_s  # a beat that outlived stop(): the worker is done with its row
             if beat.holder is not None:
                 self._lost_the_id(beat.holder)
                 return self.interval_s
-            if beat.inserted and self.last_ok is not None:
+            if beat.inserted and self.last_ok is not None and beat.rescued:
                 self._stopped_by(WorkerRescued(
                     f"a peer rescued the jobs of worker {self.worker_id!r} while it was silent (paused, or cut off, "
                     f"for {began - self._last_ok_boot:.0f}s): they run elsewhere now, and it starts none of those "
                     "it held"))
                 return self.interval_s
+            if beat.inserted and self.last_ok is not None:
+                log.warning("this worker's heartbeat row was gone, and no rescue removed it: the database went back "
+                            "in time (a failover or a restore); the row is written again")
+            self._started_at, self.server = beat.started_at, beat.server
             self.last_ok, self._last_ok_boot, self._refusing = now, began, False
             if self.rescue_after_s is not None:
                 self._alive_until = began + self.rescue_after_s

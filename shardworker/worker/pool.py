@@ -92,17 +92,18 @@ class ChildPool:
         return sum(len(h.sent) + len(h.held) + len(h.suspects) for h in self.handles)
 
     def job_ids(self) -> list[int]:
-        return [j.id for j in self._held_jobs()]
+        return [j.id for j in self.held_jobs()]
 
     def job_keys(self) -> list[wire.JobKey]:
         """(id, attempt) of every job routed to a child and not yet reported."""
-        return [(j.id, j.attempt) for j in self._held_jobs()]
+        return [(j.id, j.attempt) for j in self.held_jobs()]
 
     def cancel(self, keys: set[wire.CancelKey]) -> int:
         """Stop the held attempts ``keys`` name (``shardworker.worker.cancelling``); how many not yet stopping."""
         return self.cancelling.add(matching(self.job_keys(), keys))
 
-    def _held_jobs(self) -> list[ClaimedJob]:
+    def held_jobs(self) -> list[ClaimedJob]:
+        """Every job routed to a child and not yet reported (sent, held here for one, suspects)."""
         return [j for h in self.handles for j in (*(s.job for s in h.sent.values()), *h.held, *h.suspects)]
 
     def cap_rooms(self) -> dict[str, int]:
@@ -189,7 +190,7 @@ class ChildPool:
             raise self._crash_loop
         deaths, now = [], self.clock()
         if self.cancelling:
-            self.cancelling.keep_only({(j.id, j.attempt) for j in self._held_jobs()})
+            self.cancelling.keep_only({(j.id, j.attempt) for j in self.held_jobs()})
             self.cancelling.tell(self.handles, now)
         for handle in self.handles:
             if handle.restart_at is not None:

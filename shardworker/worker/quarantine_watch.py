@@ -56,26 +56,30 @@ class QuarantineWatch:
         new = [name for name in self._quarantined() if name not in self._seen]
         if not new:
             return None
-        pending = self._pending_job_ids()
+        pending = pending_job_ids(self.outbox_dir)
         keep = set(self.still_coming()) | set(pending)
         reason = f"outcome lost: outbox segment {', '.join(new)} was corrupt and quarantined"
         requeued = self.store.requeue_lost(self.worker_id, reason, sorted(keep))
         self._seen.update(new)  # only once the requeue is done: a failed one is tried again
         if requeued:
             log.error("%d running jobs requeued: %s", len(requeued), reason)
-            self._record(requeued, reason)
+            record_lost(self.outbox_dir, requeued, reason)
         return len(pending)
 
-    def _pending_job_ids(self) -> list[int]:
-        ids = []
-        for payload in outbox.pending_records(self.outbox_dir):
-            with contextlib.suppress(ValueError, TypeError):
-                ids.append(wire.outcome_key(payload)[0])
-        return ids
 
-    def _record(self, job_ids: list[int], reason: str) -> None:
-        lines = b"".join(orjson.dumps({"at": time.time(), "job_id": i, "reason": reason}) + b"\n" for i in job_ids)
-        try:
-            append_durably(layout.lost_log(self.outbox_dir), lines)  # never through a symlink
-        except OSError as exc:
-            log.warning("could not record the requeued jobs in %s: %s", layout.LOST_LOG, exc)
+def pending_job_ids(outbox_dir: str) -> list[int]:
+    """The jobs of the outcomes the outbox holds after its checkpoint (still coming, or just applied)."""
+    ids = []
+    for payload in outbox.pending_records(outbox_dir):
+        with contextlib.suppress(ValueError, TypeError):
+            ids.append(wire.outcome_key(payload)[0])
+    return ids
+
+
+def record_lost(outbox_dir: str, job_ids: list[int], reason: str) -> None:
+    """Say in ``lost.jsonl`` which jobs were requeued because their outcome is gone, and why."""
+    lines = b"".join(orjson.dumps({"at": time.time(), "job_id": i, "reason": reason}) + b"\n" for i in job_ids)
+    try:
+        append_durably(layout.lost_log(outbox_dir), lines)  # never through a symlink
+    except OSError as exc:
+        log.warning("could not record the requeued jobs in %s: %s", layout.LOST_LOG, exc)

@@ -168,7 +168,8 @@ class Supervisor:
             log.info("ready: claiming %s from %s (children: %d)", ", ".join(self.app.kinds) or "nothing",
                      ", ".join(self.config.queues or ["every queue"]), self.config.procs)
             dispatcher = Dispatcher(self.config, self.worker_id, self.app.kinds, self.store, self.pool,
-                                    self.flusher, self.parent_outcomes, stopping=lambda: self.stopping)
+                                    self.flusher, self.parent_outcomes, stopping=lambda: self.stopping,
+                                    heard=lambda: self.heartbeat.server if self.heartbeat is not None else "")
             dispatcher.wake_fds.append(self._signalled)
             self.dispatcher = dispatcher
             if self.housekeeper.needed:

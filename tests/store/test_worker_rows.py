@@ -117,8 +117,28 @@ def test_a_heartbeat_that_finds_its_row_gone_stops_its_worker_and_closes_the_gat
     beat.run_once(0.0)
     assert beat.conflict is None and store.worker_row("w") is not None
     assert alive == ([] if rescue_after_s is None else [pytest.approx(procs.boottime() + 60, abs=5)])
-    query(pg_dsn, "DELETE FROM shardworker.workers WHERE worker_id = 'w' RETURNING 1")  # a peer's rescue
+    row = store.worker_row("w")
+    assert row is not None
+    assert store.rescue_workers([("w", row.heartbeat_at)]).workers == ("w",)  # a peer's rescue
     beat.run_once(5.0)
     assert isinstance(beat.conflict, WorkerRescued), beat.conflict
     assert "rescued the jobs of worker 'w'" in str(beat.conflict)
     assert alive[-1] == 0.0
+
+
+def test_a_heartbeat_row_the_database_lost_is_written_again_and_the_worker_goes_on(
+        store: PgStore, pg_dsn: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The row is gone and no rescue left a tombstone of it: the database went back in time (a
+    failover to a replica that lagged, a restore, to before the worker's first beat). The beat
+    writes it again, the worker goes on, and its children may start jobs."""
+    alive: list[float] = []
+    beat = Heartbeat(store, "w", interval_s=1.0, rescue_after_s=60.0, backoff=Backoff(0.05, 1.0),
+                     on_alive=lambda boot, wall: alive.append(boot))
+    beat.run_once(0.0)
+    query(pg_dsn, "DELETE FROM shardworker.workers WHERE worker_id = 'w' RETURNING 1")  # the database went back
+    with caplog.at_level("WARNING"):
+        beat.run_once(5.0)
+    assert beat.conflict is None
+    assert store.worker_row("w") is not None and alive[-1] > 0
+    assert "database went back in time" in caplog.text
+    assert beat.server  # the server the beat reached, for the worker to notice a new one

@@ -100,18 +100,34 @@ class Children:
     def job_ids(self) -> list[int]:
         return [i for i, _ in self.job_keys()]
 
+    def held_jobs(self) -> list[ClaimedJob]:
+        return [job for sent in self.sent for job in sent.values()]
+
 
 class Flusher:
-    """Stands in for ``FlusherHandle``: the test sets how much was flushed."""
+    """Stands in for ``FlusherHandle``: the test sets how much was flushed; it checks the
+    outbox's mark as soon as asked, and finds the database holds it (unless ``reapplying``)."""
 
     def __init__(self) -> None:
         self.flushed_total = 0
         self.batch_started_at = 0.0  # when the last batch applied began (the test's clock)
         self.idle = True
         self.failing = ""
+        self.reapplying = False
+        self.checks = 0  # checks of the mark asked for
 
     def check(self) -> None:
         pass
+
+    def check_mark(self) -> int:
+        self.checks += 1
+        return self.checks
+
+    def mark_checked(self, asked: int) -> bool:
+        return not self.reapplying
+
+    def counters(self) -> dict[str, Any]:
+        return {"regressions": 0}
 
 
 @pytest.fixture

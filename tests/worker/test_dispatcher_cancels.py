@@ -120,7 +120,10 @@ def test_a_server_gone_while_the_dispatcher_waits_is_an_outage_not_a_crash(
     try:
         store = FlakyStore(real)
         enqueue(private_pg.dsn, "k", 1)
-        dispatcher, children, _, clock = make(store, tmp_path, procs=1, prefetch=1)
+        # A short backoff: the restart is a new server, and claims wait for every worker to look (the
+        # backoff's cap and 2 s, by the database's clock: reapply_watch).
+        dispatcher, children, _, clock = make(store, tmp_path, procs=1, prefetch=1, backoff_cap_s=0.5,
+                                              heartbeat_interval_s=0.5, rescue_after_s=60)
         dispatcher.run_once()
         dispatcher.run_once()  # its one child full: no claim, a wait, which LISTENs
         assert real.listening and len(children.job_keys()) == 1
@@ -132,11 +135,12 @@ def test_a_server_gone_while_the_dispatcher_waits_is_an_outage_not_a_crash(
         private_pg.start()
         enqueue(private_pg.dsn, "k", 1)
         children.finish(0, 1)
-        for _ in range(40):
+        for _ in range(200):
             clock.now += 1.0
             dispatcher.run_once()
             if dispatcher.claimed_total == 2:
                 break
+            time.sleep(0.05)
         assert dispatcher.claimed_total == 2 and dispatcher.db_ok
     finally:
         real.close()

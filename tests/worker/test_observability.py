@@ -99,7 +99,7 @@ def test_metrics_and_json_logs_through_an_outage(private_pg: EmbeddedPostgres, t
     # The flusher publishes its counters after the pass that applied them (its checkpoint comes
     # between the commit and the publish): the last batch's count may trail the rows a moment.
     wait_for(lambda: value(scrape(port), "shardworker_outcomes_applied_total") == 306, 10,
-             "the last applied batch in the counters")
+             f"the last applied batch in the counters {value(scrape(port), 'shardworker_outcomes_applied_total')}")
     assert_finished_counts(scrape(port))
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 0, worker_log(count_dir)

@@ -534,8 +534,11 @@ SELECT
 -- a row a rescue removed and a beat inserted again says them at once.
 -- A new process under the same worker id starts a new started_at. Unless take_over (a
 -- process's first beat), a row another (hostname, pid) wrote meanwhile is left alone: that is
--- a second live worker under this id. Returns whether the row was written, who holds it, and
--- whether the beat inserted it (xmax 0: no row was updated): a row a rescue had removed.
+-- a second live worker under this id. Returns whether the row was written, who holds it,
+-- whether the beat inserted it (xmax 0: no row was updated): a row a rescue had removed, or
+-- one the database lost by going back in time; whether a rescue removed the row this process
+-- had (started_at: a tombstone in worker_rescues says so); the row's started_at now; and which
+-- server it reached (as server_identity).
 WITH beat AS (
     INSERT INTO shardworker.workers AS w (worker_id, hostname, pid, heartbeat_at, jobs_running, outbox_pending, flow,
                                           kinds, queues, rescue_after_s)
@@ -548,9 +551,13 @@ WITH beat AS (
         jobs_running = excluded.jobs_running, outbox_pending = excluded.outbox_pending, flow = excluded.flow,
         kinds = excluded.kinds, queues = excluded.queues, rescue_after_s = excluded.rescue_after_s
     WHERE %(take_over)s OR (w.hostname, w.pid) = (excluded.hostname, excluded.pid)
-    RETURNING xmax = 0 AS inserted
+    RETURNING xmax = 0 AS inserted, started_at
 )
-SELECT EXISTS (SELECT 1 FROM beat), w.hostname, w.pid, coalesce((SELECT inserted FROM beat), false)
+SELECT EXISTS (SELECT 1 FROM beat), w.hostname, w.pid, coalesce((SELECT inserted FROM beat), false),
+       EXISTS (SELECT 1 FROM shardworker.worker_rescues r
+               WHERE r.worker_id = %(worker_id)s AND r.started_at = %(started_at)s::timestamptz),
+       coalesce((SELECT started_at FROM beat), w.started_at),
+       pg_postmaster_start_time()::text || ' ' || (SELECT oid FROM pg_database WHERE datname = current_database())::text
 FROM (SELECT 1) AS one LEFT JOIN shardworker.workers w ON w.worker_id = %(worker_id)s;
 
 -- worker_get --
@@ -597,12 +604,20 @@ SELECT worker_id, heartbeat_at, rescue_after_s FROM shardworker.workers;
 -- computed one, can still land. Their heartbeat rows go too; a worker that comes back
 -- re-registers. Every live worker watches and may run this at once: the DELETE of a row
 -- succeeds for one of them (the others wait for its lock, then find the row gone), and only
--- the jobs of rows it deleted are requeued. Returns the workers removed and the jobs requeued.
+-- the jobs of rows it deleted are requeued. Each rescue leaves a tombstone of the process it
+-- rescued (worker_rescues), which tells that process's heartbeat its row went by a rescue (a
+-- week's are kept). Returns the workers removed and the jobs requeued.
 WITH gone AS (
     DELETE FROM shardworker.workers w
     USING unnest(%(worker_ids)s::text[], %(heartbeats)s::timestamptz[]) AS s(worker_id, heartbeat_at)
     WHERE w.worker_id = s.worker_id AND w.heartbeat_at = s.heartbeat_at
-    RETURNING w.worker_id
+    RETURNING w.worker_id, w.started_at
+), buried AS (
+    INSERT INTO shardworker.worker_rescues (worker_id, started_at)
+    SELECT worker_id, started_at FROM gone ON CONFLICT DO NOTHING
+    RETURNING 1
+), forgotten AS (
+    DELETE FROM shardworker.worker_rescues WHERE rescued_at < now() - interval '7 days' RETURNING 1
 ), requeued AS (
     UPDATE shardworker.jobs
     SET status = CASE WHEN attempt - snoozes < max_attempts THEN 'queued' ELSE 'failed' END,
@@ -615,7 +630,8 @@ WITH gone AS (
     WHERE status = 'running' AND locked_by IN (SELECT worker_id FROM gone)
     RETURNING id
 )
-SELECT ARRAY(SELECT worker_id FROM gone ORDER BY worker_id), ARRAY(SELECT id FROM requeued ORDER BY id);
+SELECT ARRAY(SELECT worker_id FROM gone ORDER BY worker_id), ARRAY(SELECT id FROM requeued ORDER BY id)
+WHERE (SELECT count(*) FROM buried) + (SELECT count(*) FROM forgotten) >= 0;
 
 -- db_identity --
 -- What an outbox directory is bound to: this database's instance id and name.
@@ -1213,7 +1229,21 @@ DELETE FROM shardworker.claim_holds WHERE holder = %(holder)s OR until < now() -
 SELECT holder, reason, extract(epoch FROM until - now())::float8 FROM shardworker.claim_holds
 WHERE until > now() ORDER BY until DESC;
 
--- server_started --
--- When the server this session reached started: another value than before means another
--- server (a failover, a restore) or a restart, after which the database may be older.
-SELECT pg_postmaster_start_time()::text;
+-- server_identity --
+-- Which server process and which database this session reached: another value than before
+-- means another server (a failover, a physical restore), a restart, or the database made
+-- anew (a logical restore), after any of which the database may be older than it was.
+SELECT pg_postmaster_start_time()::text || ' ' || (SELECT oid FROM pg_database WHERE datname = current_database())::text;
+
+-- job_reclaim --
+-- Claims the database lost by going back in time, made again for the jobs this worker holds
+-- (sent to its children, not finished): a row as the claim found it (queued or waiting, one
+-- attempt before, of the same job) is claimed again with that claim's attempt and token, so
+-- no other worker claims it, and its outcome lands as usual. Returns the ids claimed again.
+UPDATE shardworker.jobs j
+SET status = 'running', attempt = r.attempt, locked_by = %(worker_id)s, claim_token = r.token,
+    rescued_attempt = NULL, attempted_at = now(), updated_at = now()
+FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(uids)s::bigint[], %(tokens)s::text[]) AS r(id, attempt, uid, token)
+WHERE j.id = r.id AND (r.uid IS NULL OR j.uid IS NULL OR j.uid = r.uid)
+  AND j.status IN ('queued', 'waiting') AND j.attempt = r.attempt - 1 AND coalesce(j.applied_attempt, 0) < r.attempt
+RETURNING j.id;
