@@ -186,6 +186,10 @@ class OutboxReader:
             while state.inflight and state.inflight[0].offset == 0:
                 state.flushed = state.inflight.popleft()
 
+    def shards_on_disk(self) -> list[int]:
+        """The shards that have segments in the directory."""
+        return sorted(list_segments(self.directory))
+
     def flushed_positions(self) -> dict[int, Position]:
         """Per shard, the first record not yet flushed (where ``rewind`` would bring it back from)."""
         return {shard: state.flushed for shard, state in self._shards.items()}

@@ -14,6 +14,7 @@ job, so no cycle can ever form. Encoded, a reference to an earlier follow-up is 
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -39,7 +40,10 @@ class FollowUp:
 
 class DependentRow(NamedTuple):
     """A job to insert that may wait on others: ``after`` holds job ids, and references
-    ``-(i + 1)`` to the i-th row of the same batch."""
+    ``-(i + 1)`` to the i-th row of the same batch. ``id`` and ``uid``: what to insert it
+    with (None: drawn as usual): a follow-up's uid follows from its parent's run
+    (``followup_uid``), and one inserted again after the database went back in time keeps the
+    id it had (``shardworker.flusher.journal``)."""
 
     kind: str
     queue: str
@@ -50,7 +54,15 @@ class DependentRow(NamedTuple):
     delay_s: float
     dedupe_key: str | None
     after: tuple[int, ...]
+    id: int | None = None
+    uid: int | None = None
 
+
+def followup_uid(parent_uid: int, attempt: int, index: int) -> int:
+    """The uid of the ``index``-th follow-up of a run (its parent's uid and attempt): the same
+    whenever that run's outcome is applied, so its outcome, kept elsewhere, finds it again."""
+    digest = hashlib.blake2b(f"{parent_uid}:{attempt}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1  # a positive bigint
 
 def check_after(after: Iterable[Any] | None) -> tuple[int, ...]:
     """``after=`` given job ids, as a tuple without repeats; ``EnqueueError`` otherwise."""

@@ -14,6 +14,8 @@ The ``outbox`` package owns its segments, shard locks, ``flusher.lock``, the che
     stale.jsonl      outcomes whose job a newer attempt owns (rescued, or cancelled and retried), kept whole
     setaside.jsonl   outcomes whose job does not exist in the database, kept whole
     lost.jsonl       jobs requeued because their outcome was in a quarantined segment
+    followups.jsonl  the ids follow-up jobs got, for inserting them again with those ids after the
+                     database went back in time (``shardworker.flusher.journal``)
     giveback.json    jobs a stop could not give back (database away): never started, so the
                      next start or drain releases them without charging an attempt
     progress-<shard>.bin  a child's progress slots, mapped by the parent and the child
@@ -52,13 +54,14 @@ SETASIDE_LOG = "setaside.jsonl"
 LOST_LOG = "lost.jsonl"
 DATABASE_FILE = "database.json"
 GIVEBACK_FILE = "giveback.json"
+FOLLOWUPS_JOURNAL = "followups.jsonl"
 PROGRESS_BOOT = "progress-boot"  # the boot and the children count of the progress-<shard>.bin files
 STARTED_FILE = "started.json"  # the jobs the last run's children started, until the next recovery is over
 PARENT_SHARD = 9999  # above any child's shard: --procs is capped below it
 # An outbox's names, the outbox package's and ours (not_an_outbox): any one of them makes it an outbox.
 _OUTBOX_PREFIXES = ("shard-", "progress-")
 _OUTBOX_NAMES = {WORKER_LOCK, WORKER_ID_FILE, OUTBOX_ID_FILE, DEADLETTER_DIR, STALE_LOG, SETASIDE_LOG, LOST_LOG, DATABASE_FILE,
-                 GIVEBACK_FILE, STARTED_FILE, FLUSHER_LOCK, CHECKPOINT_NAME, WAKE_SOCKET, TORN_DIR, QUARANTINE_DIR}
+                 GIVEBACK_FILE, FOLLOWUPS_JOURNAL, STARTED_FILE, FLUSHER_LOCK, CHECKPOINT_NAME, WAKE_SOCKET, TORN_DIR, QUARANTINE_DIR}
 
 
 # What to do when the outbox is in use, by (holder, the one refused): "worker" or "drain".

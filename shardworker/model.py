@@ -193,6 +193,9 @@ class Outcome:
     failed_at: float | None = None  # when a failed attempt failed (Unix s); None: when it is applied
     uid: int | None = None  # the job's uid and the claim's token it ran under (ClaimedJob); None: not checked
     token: str | None = None
+    # The ids its follow-ups had when this outcome was applied before the database went back in
+    # time (shardworker.flusher.journal), to insert them with again; never in the record.
+    followup_ids: tuple[int | None, ...] | None = None
 
     def claimed_by(self, job: ClaimedJob) -> Outcome:
         """This outcome, marked as the outcome of ``job``'s claim (its uid and token)."""
@@ -276,9 +279,15 @@ class ApplyResult:
     steps: int = 0  # step results inserted (not those already recorded, or of jobs not here)
     followups: int = 0  # follow-up jobs inserted
     cancelled_ids: tuple[int, ...] = ()  # not applied: an operator cancelled the job while the attempt ran
+    # (parent id, attempt, the ids its follow-ups got: None where a live dedupe key held one)
+    followup_ids: tuple[tuple[int, int, tuple[int | None, ...]], ...] = ()
+    # Not applied, but their rows could take them now: inserted again by another worker (after
+    # the database went back in time) since the apply looked. The caller tries them again.
+    late_ids: tuple[int, ...] = ()
 
     def __add__(self, other: ApplyResult) -> ApplyResult:
         return ApplyResult(self.applied + other.applied, self.replayed + other.replayed, self.stale + other.stale,
                            self.stale_ids + other.stale_ids, self.missing_ids + other.missing_ids,
                            self.steps + other.steps, self.followups + other.followups,
-                           self.cancelled_ids + other.cancelled_ids)
+                           self.cancelled_ids + other.cancelled_ids, self.followup_ids + other.followup_ids,
+                           self.late_ids + other.late_ids)

@@ -1,5 +1,5 @@
-"""``shardworker outbox status|drain|verify``: operator commands that work with the
-database down (status, verify) or wait for it (drain)."""
+"""``shardworker outbox status|drain|reapply|verify``: operator commands that work with the
+database down (status, verify) or wait for it (drain, reapply)."""
 
 from __future__ import annotations
 
@@ -173,6 +173,52 @@ def _drain_dsn(outbox_dir: str, dsn: str | None, pending: int) -> str:
     if bound is None and pending:
         raise ShardworkerError(f"the outbox {outbox_dir} does not say which database it belongs to: pass --dsn")
     return resolve_dsn(None)
+
+
+@outbox.command()
+@outbox_dir_option
+@click.option("--dry-run", is_flag=True, help="Say how many jobs it would change; change nothing.")
+@click.option("--all", "from_start", is_flag=True,
+              help="Every record the outbox keeps, not only those past the position the database holds.")
+@click.option("--timeout", type=Seconds(), default=300.0, show_default=True,
+              help="Seconds to keep retrying while the database is unreachable.")
+@json_option
+@dsn_option
+@one_line_errors
+def reapply(outbox_dir: str, dry_run: bool, from_start: bool, timeout: float, as_json: bool, dsn: str | None) -> None:
+    """After a restore from a backup: apply again the outcomes, steps and follow-ups this outbox
+    kept (run --reapply-window) that the database no longer holds. Run it on each host, with
+    the worker stopped (a running worker does this by itself when it finds the database older)."""
+    from shardworker.errors import ShardworkerError
+    from shardworker.flusher.drain import drain as drain_outbox
+    from shardworker.flusher.reapply import preview
+
+    if not os.path.isdir(outbox_dir):
+        raise ShardworkerError(f"no outbox directory at {outbox_dir}")
+    dsn = _drain_dsn(outbox_dir, dsn, 1)
+    if dry_run:
+        seen = preview(outbox_dir, dsn, from_start=from_start, timeout_s=timeout)
+        if as_json:
+            click.echo(orjson.dumps({"dry_run": True, "records": seen.records, "outcomes": seen.outcomes,
+                                     "jobs_changed": seen.jobs_changed, "followups": seen.followups,
+                                     "steps": seen.steps}).decode())
+        else:
+            click.echo(f"would re-apply {seen.records} kept records: {seen.outcomes} outcomes, of which "
+                       f"{seen.jobs_changed} would change their jobs (the rest are there already, or stale)"
+                       + (f", inserting {seen.followups} follow-up jobs again" if seen.followups else "")
+                       + (f"; and {seen.steps} step results" if seen.steps else "") + "; nothing was changed")
+        return
+    stats = drain_outbox(outbox_dir, dsn, timeout_s=timeout, reapply=True, from_start=from_start)
+    if as_json:
+        click.echo(orjson.dumps({"dry_run": False, "outcomes": stats.flushed - stats.steps,
+                                 "jobs_changed": stats.applied, "already_applied": stats.replayed,
+                                 "stale": stats.stale, "set_aside": stats.missing, "followups": stats.followups,
+                                 "steps": stats.steps}).decode())
+    else:
+        click.echo(f"re-applied {stats.flushed - stats.steps} outcomes: {stats.applied} changed their jobs, "
+                   f"{stats.replayed} were there already, {stats.stale} stale, {stats.missing} set aside"
+                   + (f"; {stats.followups} follow-up jobs inserted again" if stats.followups else "")
+                   + (f"; and {stats.steps} step results" if stats.steps else ""))
 
 
 @outbox.command()

@@ -78,7 +78,15 @@ D = WorkerConfig.default
               show_default=f"{duration_text(FAILED_RETENTION_S)}, or --retention when longer",
               help="Prune failed and cancelled jobs older than this; 0 keeps them all.")
 @click.option("--segment-bytes", type=click.IntRange(min=4096), default=D("segment_bytes"), show_default=True,
-              help="Outbox segment size: a segment is deleted once every outcome in it is applied.")
+              help="Outbox segment size: a segment is deleted once every outcome in it is applied, and the "
+                   "reapply window has passed.")
+@click.option("--reapply-window", type=Duration(), default=duration_text(D("reapply_window_s")), show_default=True,
+              help="Keep applied outcomes this long (5m, 1h; 0: not at all), so that a database that comes back "
+                   "older (a failover to a replica that lagged, a restore) gets them again instead of their jobs "
+                   "running again.")
+@click.option("--reapply-max-mb", type=click.IntRange(min=0), default=D("reapply_max_bytes") // MiB,
+              show_default=True, help="At most this many MiB of applied outcomes kept (the oldest go first; all "
+                                      "of them before the disk reaches --min-free-mb).")
 @click.option("--metrics-port", envvar="SHARDWORKER_METRICS_PORT", type=click.IntRange(min=0, max=65535),
               default=None, help="Serve Prometheus text at /metrics on this port (env SHARDWORKER_METRICS_PORT).")
 @click.option("--metrics-host", envvar="SHARDWORKER_METRICS_HOST", default=D("metrics_host"), show_default=True,
@@ -142,7 +150,8 @@ def worker_config(app_ref: str, dsn: str | None, *, procs: int, outbox_dir: str,
                   rescue_after: float, rescue_grace: float, backoff_cap: float, network_timeout: int,
                   statement_timeout: float, min_free_mb: int, concurrency: int, prefetch: int, retention: float,
                   retention_failed: float | None, segment_bytes: int, metrics_port: int | None, metrics_host: str,
-                  metrics_token: str | None, listen_dsn: str | None) -> WorkerConfig:
+                  metrics_token: str | None, listen_dsn: str | None, reapply_window: float,
+                  reapply_max_mb: int) -> WorkerConfig:
     """The ``WorkerConfig`` of the command's options (``WorkerConfig`` checks each value)."""
     return WorkerConfig(
         dsn=resolve_dsn(dsn), embedded_db=dsn is None, app_ref=app_ref, procs=procs, outbox_dir=outbox_dir,
@@ -154,4 +163,5 @@ def worker_config(app_ref: str, dsn: str | None, *, procs: int, outbox_dir: str,
         connect_timeout_s=min(D("connect_timeout_s"), network_timeout), concurrency=concurrency,
         prefetch_batch=prefetch, segment_bytes=segment_bytes, retention_s=retention,
         retention_failed_s=retention_failed, metrics_port=metrics_port,
-        metrics_host=metrics_host, metrics_token=metrics_token or None, listen_dsn=listen_dsn or None)
+        metrics_host=metrics_host, metrics_token=metrics_token or None, listen_dsn=listen_dsn or None,
+        reapply_window_s=reapply_window, reapply_max_bytes=reapply_max_mb * MiB)

@@ -41,8 +41,12 @@ HEARTBEAT_INTERVAL_S = 2.0  # a worker's default (WorkerConfig.heartbeat_interva
 
 
 def drain(outbox_dir: str, dsn: str, *, timeout_s: float, backoff_cap_s: float = 5.0,
-          progress: Callable[[FlushStats, int], None] | None = None) -> FlushStats:
-    """Apply everything pending; raise ``DrainTimeout`` if outcomes remain at the deadline."""
+          progress: Callable[[FlushStats, int], None] | None = None, reapply: bool = False,
+          from_start: bool = False) -> FlushStats:
+    """Apply everything pending; raise ``DrainTimeout`` if outcomes remain at the deadline.
+    ``reapply`` (``outbox reapply``): first apply again the kept records past the database's
+    mark (``from_start``: every kept record), as a worker does when it finds the database
+    went back in time, whatever the marks say."""
     if not os.path.lexists(outbox_dir):
         raise OutboxBusy(f"no outbox directory at {outbox_dir}")
     lock_fd = layout.lock_outbox(outbox_dir, "drain")  # refuses another user's directory, or a symlink
@@ -65,7 +69,10 @@ def drain(outbox_dir: str, dsn: str, *, timeout_s: float, backoff_cap_s: float =
             retry_call(lambda: binding.bind(outbox_dir, store), "checking which database the outbox belongs to",
                        backoff=backoff, log=log, deadline=deadline, sleep=sleep)
             heartbeat = _heartbeat_for_owner(outbox_dir, dsn, store, backoff, deadline, sleep)
-            flusher = Flusher(reader, store, config.flusher_config(), sleep=sleep, marks=marks_for(reader, store))
+            flusher = Flusher(reader, store, config.flusher_config(), sleep=sleep,
+                              marks=marks_for(reader, store, config.reapply_window_s))
+            if reapply:
+                _rewind(flusher, from_start, backoff, deadline, sleep)
             stats = _drain_loop(flusher, outbox_dir, deadline, progress, heartbeat)
             _give_back(outbox_dir, store, backoff, deadline, sleep)
             if heartbeat is not None:
@@ -79,6 +86,16 @@ def drain(outbox_dir: str, dsn: str, *, timeout_s: float, backoff_cap_s: float =
             reader.close()
     finally:
         os.close(lock_fd)
+
+
+def _rewind(flusher: Flusher, from_start: bool, backoff: Backoff, deadline: float,
+            sleep: Callable[[float], None]) -> None:
+    """``outbox reapply``: read again, and apply, the kept records the database's mark does not hold."""
+    marks = flusher.marks
+    assert marks is not None
+    retry_call(lambda: marks.went_back(by_hand=True, from_start=from_start), "reading the outbox's mark",
+               backoff=backoff, log=log, deadline=deadline, sleep=sleep)
+    flusher.check_wanted = False
 
 
 def _give_back(outbox_dir: str, store: PgStore, backoff: Backoff, deadline: float,

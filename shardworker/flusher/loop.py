@@ -22,7 +22,9 @@ With ``marks`` (``shardworker.flusher.marks``), each batch checks and advances t
 mark in its own transaction; a database found gone back in time (``DatabaseWentBack``) makes
 the flusher hold every worker's claims and apply its kept records again from what the
 database holds. ``check_wanted`` asks for the same check before the next pass (the worker,
-on a new server, waits for it before it claims).
+on a new server, waits for it before it claims). While another worker re-applies too, an
+outcome whose job does not exist is held back (``deferred``) and tried again: that worker may
+be about to insert it again (a follow-up it lost); once no one re-applies, it is set aside.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import bisect
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from outbox import OutboxReader, Record
@@ -46,6 +48,7 @@ from shardworker.retry import Backoff, Outage
 log = logging.getLogger(__name__)
 
 QUIET_CHECKPOINT_S = 0.02  # caught up this long with nothing new: the outbox is quiet, checkpoint it
+DEFER_RETRY_S = 0.2  # how often outcomes of jobs missing while another worker re-applies are tried again
 BATCH_BUCKETS = (1, 5, 10, 50, 100, 250, 500, 1000, 5000)  # outcomes per flushed batch, for the metrics
 
 
@@ -105,6 +108,8 @@ class Flusher:
                              tell_unreachable=report_outages)
         self.stats = FlushStats()
         self._held: list[Record] = []  # read but not yet applied (kept across failures)
+        self._deferred: list[Outcome] = []  # their jobs were missing while some worker re-applied
+        self._deferred_at = 0.0  # when they are next tried
         self._outcomes: list[Outcome] = []  # _held decoded, once: its outcomes
         self._steps: list[StepRecord] = []  # and its step records
         self._last_checkpoint, self._dirty = clock(), False
@@ -117,11 +122,17 @@ class Flusher:
     @property
     def idle(self) -> bool:
         """The last pass read and found nothing (a batch ending on a due checkpoint holds nothing, is not dirty, and
-        may leave records on disk), and the checkpoint is written."""
-        return self.caught_up and not self._held and not self._dirty
+        may leave records on disk), the checkpoint is written, and no outcome is held back (``deferred``)."""
+        return self.caught_up and not self._held and not self._dirty and not self._deferred
 
     def checkpoint_due_in(self) -> float:
-        """Seconds until the checkpoint a caught-up pass put off is due; inf when none is."""
+        """Seconds until the checkpoint a caught-up pass put off is due, or held-back outcomes are
+        tried again; inf when neither is."""
+        if self._deferred:
+            return max(0.0, min(self._deferred_at - self.clock(), self._checkpoint_due_in()))
+        return self._checkpoint_due_in()
+
+    def _checkpoint_due_in(self) -> float:
         if not self._dirty:
             return float("inf")
         due = self._last_checkpoint + self.config.checkpoint_interval_s
@@ -145,6 +156,8 @@ class Flusher:
         self.caught_up = False
         if self.marks is not None and not self._keep_marks(self.marks):
             return 0
+        if self._deferred and self.clock() >= self._deferred_at and not self._retry_deferred():
+            return 0
         if not self._held or self.gathering:
             self._read()
             if self._gather():
@@ -159,8 +172,9 @@ class Flusher:
             return 0
         started = self.clock()
         mark = self.marks.mark_for(self._held) if self.marks is not None else None
+        outcomes = self.marks.with_followup_ids(self._outcomes) if self.marks is not None else self._outcomes
         try:
-            result = self._apply(self._outcomes, self._steps, mark)
+            result = self._apply(outcomes, self._steps, mark)
         except DatabaseWentBack:
             self._went_back()
             return 0
@@ -178,7 +192,7 @@ class Flusher:
             return 0
         self.outage.recovered()
         if self.marks is not None and mark is not None:
-            self.marks.applied(mark)
+            self.marks.applied(mark, result)
         self.stats.failing, self.stats.batch_started_at = "", started
         self.stats.steps += len(self._steps)
         flushed, self._held, self._outcomes, self._steps = self._held, [], [], []
@@ -333,14 +347,57 @@ class Flusher:
         self.stats.deadlettered += 1
         return kept.deadletter(self.reader.directory, payload, reason, outcome)
 
-    def _record(self, result: ApplyResult) -> None:
+    def _record(self, result: ApplyResult, outcomes: list[Outcome] | None = None) -> None:
+        outcomes = self._outcomes if outcomes is None else outcomes
+        if result.late_ids:  # their rows appeared since the apply looked: try again in a moment
+            late = set(result.late_ids)
+            self._defer([o for o in outcomes if o.job_id in late])
+            result = replace(result, late_ids=())
+        if result.missing_ids and self._defers():
+            missing = set(result.missing_ids)
+            deferred = [o for o in outcomes if o.job_id in missing]
+            if deferred:
+                log.info("%d outcomes wait: their jobs do not exist here while the workers re-apply what the "
+                         "database lost (one may insert them again)", len(deferred))
+                self._defer(deferred)
+                result = replace(result, missing_ids=())
         self.stats.applied += result.applied
         self.stats.replayed += result.replayed
         self.stats.stale += result.stale
         self.stats.missing += len(result.missing_ids)
         self.stats.followups += result.followups
         self.stats.cancelled += len(result.cancelled_ids)
-        kept.keep_unapplied(self.reader.directory, result, self._outcomes)
+        kept.keep_unapplied(self.reader.directory, result, outcomes)
+
+    def _defer(self, outcomes: list[Outcome]) -> None:
+        self._deferred += outcomes
+        self._deferred_at = self.clock() + DEFER_RETRY_S
+
+    def _defers(self) -> bool:
+        """Whether an outcome of a missing job waits: after the database went back in time, while
+        some other worker holds claims (it re-applies, or checks whether it must: its follow-ups
+        may be the missing jobs)."""
+        if self.marks is None or not self.marks.regressions:
+            return False
+        try:
+            return self.marks.others_check()
+        except StoreError:
+            return True  # the next retry asks again
+
+    def _retry_deferred(self) -> bool:
+        """Try the deferred outcomes again; those still missing once no other worker re-applies
+        are set aside. False when the database failed it."""
+        deferred, self._deferred = self._deferred, []
+        try:
+            result = self.store.apply_outcomes(self.marks.with_followup_ids(deferred) if self.marks else deferred)
+            self._record(result, deferred)
+        except StoreError as exc:
+            self._deferred = deferred + self._deferred
+            self._failed(exc)
+            return False
+        if result.applied:
+            log.info("%d outcomes held back while the workers re-applied have landed", result.applied)
+        return True
 
     def finish(self) -> None:
         """Before the flusher exits: write the checkpoint a caught-up pass put off."""
@@ -352,6 +409,8 @@ class Flusher:
             return
         if final or force or now - self._last_checkpoint >= self.config.checkpoint_interval_s:
             try:
+                if self.marks is not None and self.marks.journal is not None:
+                    self.marks.journal.sync()  # the ids follow-ups got: as durable as the positions past them
                 self.reader.checkpoint(self.marks.note() if self.marks is not None else None)
             except OSError as exc:
                 # Only a hint: a stale checkpoint costs harmless replays, never outcomes. Tried

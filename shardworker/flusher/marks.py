@@ -31,15 +31,20 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Protocol
 
 from outbox import OutboxReader, Position, Record
-from shardworker.model import Mark
+from shardworker.flusher.journal import Journal
+from shardworker.model import ApplyResult, Mark, Outcome
 
 log = logging.getLogger(__name__)
 
 HOLD_S = 30.0  # a re-applying flusher's hold on claims, moved on while it works (a dead one's lapses)
 HOLD_RENEW_S = 10.0
+# Once done, the hold stays this much longer: another worker's outcomes of follow-ups this one
+# has just inserted again (deferred there while they were missing: Flusher) land before any claim.
+REAPPLIED_GRACE_S = 2.0
 
 
 class MarkStore(Protocol):
@@ -49,15 +54,18 @@ class MarkStore(Protocol):
     def read_mark(self, outbox_id: str) -> tuple[int, dict[int, tuple[int, int, int]]] | None: ...
     def hold_claims(self, holder: str, reason: str, seconds: float) -> None: ...
     def release_claims(self, holder: str) -> None: ...
+    def claim_holds(self) -> list[tuple[str, str, float]]: ...
 
 
 class Marks:
     """The mark of one outbox, as its flusher knows it committed, and a re-apply in progress."""
 
     def __init__(self, reader: OutboxReader, store: MarkStore, outbox_id: str, worker_id: str,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 journal: Journal | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.reader, self.store, self.outbox_id, self.worker_id = reader, store, outbox_id, worker_id
-        self.clock = clock
+        self.journal, self.clock = journal, clock
+        # While re-applying: the ids the follow-ups of each parent run had (shardworker.flusher.journal).
+        self.followup_ids: dict[tuple[int, int], tuple[int | None, ...]] = {}
         note = reader.note
         # The batch last seen committed: the checkpoint's note may lag (it is a hint), never lead.
         self.committed = int(note.get("batch", 0)) if note.get("outbox") == outbox_id else 0  # type: ignore[call-overload]
@@ -83,31 +91,55 @@ class Marks:
             positions[record.shard] = (record.segno, record.end, record.seq + 1)
         return Mark(self.outbox_id, self.worker_id, self.committed + 1, positions, self.committed)
 
-    def applied(self, mark: Mark) -> None:
+    def applied(self, mark: Mark, result: ApplyResult) -> None:
         self.committed = max(self.committed, mark.batch)
+        if self.journal is not None:
+            self.journal.record(result.followup_ids)
+
+    def with_followup_ids(self, outcomes: list[Outcome]) -> list[Outcome]:
+        """While re-applying: outcomes whose follow-ups were inserted before, with the ids they had."""
+        if not self.followup_ids:
+            return outcomes
+        return [replace(o, followup_ids=self.followup_ids.get((o.job_id, o.attempt))) if o.followups_json else o
+                for o in outcomes]
+
+    def others_check(self) -> bool:
+        """Whether some other worker holds claims now: it re-applies what the database lost, or
+        it checks whether it must (it may insert again jobs this outbox's outcomes find missing)."""
+        return any(h[0] != self.holder for h in self.store.claim_holds())
 
     def check(self) -> None:
         """Whether the database still holds what was committed (``DatabaseWentBack`` if not);
         a database ahead of the note (a checkpoint that lagged) is taken at its word."""
         self.committed = max(self.committed, self.store.check_mark(self.outbox_id, self.committed))
 
-    def went_back(self) -> None:
+    def went_back(self, *, by_hand: bool = False, from_start: bool = False) -> None:
         """The database holds less than was committed: hold claims, rewind the reader to what
-        it holds (dropping the records in hand, which come again), re-apply from there."""
+        it holds (dropping the records in hand, which come again), re-apply from there.
+        ``by_hand``: ``outbox reapply`` asked, whatever the marks say; ``from_start``: every
+        record the outbox keeps, not only those past the database's mark."""
         found = self.store.read_mark(self.outbox_id)
-        held_batch, held = (found[0], found[1]) if found is not None else (0, {})
+        held_batch, held = (found[0], found[1]) if found is not None and not from_start else (0, {})
         self.store.hold_claims(self.holder, f"worker {self.worker_id} re-applies what the database lost", HOLD_S)
         self._renew_at = self.clock() + HOLD_RENEW_S
         reached = self.reader.flushed_positions()
         if self.until is not None:  # went back again while re-applying: finish where the first one ended
             reached = {shard: max(pos, self.until.get(shard, pos)) for shard, pos in reached.items()}
-        targets = {shard: Position(*held[shard]) if shard in held else None for shard in reached}
+        shards = set(reached) | set(self.reader.shards_on_disk())
+        targets = {shard: Position(*held[shard]) if shard in held else None for shard in shards}
         whole = self.reader.rewind(targets)
         self.until, self.regressions, self.lost = reached, self.regressions + 1, not all(whole.values())
-        log.warning("the database went back in time: it holds batch %d of what this outbox applied, which saw "
-                    "batch %d committed (a failover to a replica that lagged, or a restore); re-applying the "
-                    "outcomes kept since, with every worker's claims held meanwhile", held_batch, self.committed)
-        if self.lost:
+        if self.journal is not None:
+            self.journal.sync()
+            self.followup_ids = self.journal.load()
+        if by_hand:
+            log.info("re-applying the outcomes this outbox keeps past batch %d, which the database holds (it saw "
+                     "batch %d committed), with every worker's claims held meanwhile", held_batch, self.committed)
+        else:
+            log.warning("the database went back in time: it holds batch %d of what this outbox applied, which saw "
+                        "batch %d committed (a failover to a replica that lagged, or a restore); re-applying the "
+                        "outcomes kept since, with every worker's claims held meanwhile", held_batch, self.committed)
+        if self.lost and not from_start:
             log.error("the database went back further than the outbox keeps (--reapply-window): outcomes applied "
                       "before the oldest kept one cannot land again, and their jobs may run again (shards %s)",
                       ", ".join(str(s) for s, ok in sorted(whole.items()) if not ok))
@@ -119,8 +151,9 @@ class Marks:
             return
         flushed = self.reader.flushed_positions()
         if all(flushed.get(shard, pos) >= pos for shard, pos in self.until.items()):
-            self.store.release_claims(self.holder)
-            self.until = None
+            self.store.hold_claims(self.holder, f"worker {self.worker_id} re-applied what the database lost",
+                                   REAPPLIED_GRACE_S)
+            self.until, self.followup_ids = None, {}
             log.info("re-applied what the database lost; claims resume")
         elif self.clock() >= self._renew_at:
             self.store.hold_claims(self.holder, f"worker {self.worker_id} re-applies what the database lost", HOLD_S)

@@ -25,6 +25,7 @@ from outbox import Keep, OutboxLocked, OutboxReader, wake
 from shardworker import binding, layout, logs, procs
 from shardworker.config import FlusherConfig, StoreConfig
 from shardworker.errors import NewerRecord
+from shardworker.flusher.journal import Journal
 from shardworker.flusher.loop import BATCH_BUCKETS, Flusher, FlushStats
 from shardworker.flusher.marks import Marks
 from shardworker.retry import Backoff, retry_call
@@ -90,9 +91,11 @@ def open_reader(directory: str, wait_s: float, keep: Keep | None = None) -> Outb
     return procs.wait_for_lock(lambda: OutboxReader.open(directory, keep), OutboxLocked, wait_s)
 
 
-def marks_for(reader: OutboxReader, store: PgStore) -> Marks:
-    """The mark of the reader's outbox, under its own id and the worker id it runs for."""
-    return Marks(reader, store, layout.outbox_id(reader.directory), layout.read_worker_id(reader.directory))
+def marks_for(reader: OutboxReader, store: PgStore, window_s: float) -> Marks:
+    """The mark of the reader's outbox, under its own id and the worker id it runs for, with
+    the ids its follow-ups got noted for ``window_s`` (the kept tail's)."""
+    return Marks(reader, store, layout.outbox_id(reader.directory), layout.read_worker_id(reader.directory),
+                 Journal(reader.directory, window_s))
 
 
 class FlusherHandle:
@@ -252,7 +255,7 @@ def flusher_main(directory: str, store_config: StoreConfig, config: FlusherConfi
         state.last_error = str(exc).encode()[:511]
         os._exit(EXIT_WRONG_DATABASE)
     flusher = Flusher(reader, store, config, sleep=sleep, report_outages=False, gather_steps_s=STEP_GATHER_S,
-                      lazy_checkpoints=True, marks=marks_for(reader, store))
+                      lazy_checkpoints=True, marks=marks_for(reader, store, config.reapply_window_s))
     try:
         _loop(flusher, state, idle_sleep_s)
     except NewerRecord as exc:

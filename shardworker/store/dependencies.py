@@ -5,8 +5,10 @@ statement's rows (``run_plan`` drives it on a cursor, ``run_plan_async`` on an a
 inside the caller's transaction:
 
 1. an enqueue refuses ids in ``after`` that do not exist (``job_dependencies_missing``);
-2. the jobs are inserted in order, ids drawn by the statement, those with dependencies as
-   ``waiting`` (``job_dependent_insert``); a job whose dedupe key is live is not inserted;
+2. the jobs are inserted in order, ids drawn by the statement (or the ids given, for
+   follow-ups inserted again after the database went back in time, once the sequence is past
+   them: ``job_ids_reserve``), those with dependencies as ``waiting`` (``job_dependent_insert``);
+   a job whose dedupe key is live is not inserted;
 3. the edges are recorded and the dependencies locked until commit (``job_dependencies_link``),
    so an outcome applied to one of them meanwhile waits and then sees the new edge;
 4. each new waiting job is settled from its dependencies as they are now: queued when all
@@ -44,11 +46,17 @@ def plan_insert(rows: Sequence[DependentRow], *, refuse_missing: bool) -> Plan:
         missing = yield "job_dependencies_missing", {"ids": existing}
         if missing:
             raise EnqueueError(f"after: job {missing[0][0]} does not exist; nothing was enqueued")
+    given = [r.id for r in rows]
+    if any(i is not None for i in given):
+        reserved = yield "job_ids_reserve", {"max_id": max(i for i in given if i is not None)}
+        if not (reserved and reserved[0][0]):
+            given = [None] * len(rows)  # the sequence cannot be moved past them: new ids
     inserted = yield "job_dependent_insert", {
         "kinds": [r.kind for r in rows], "queues": [r.queue for r in rows], "payloads": [r.payload_json for r in rows],
         "priorities": [r.priority for r in rows], "max_attempts": [r.max_attempts for r in rows],
         "run_ats": [r.run_at for r in rows], "delays": [r.delay_s for r in rows],
-        "dedupe_keys": [r.dedupe_key for r in rows], "deps_total": [len(r.after) for r in rows]}
+        "dedupe_keys": [r.dedupe_key for r in rows], "deps_total": [len(r.after) for r in rows],
+        "given_ids": given, "given_uids": [r.uid for r in rows]}
     ids: list[int | None] = [None if i is None else int(i) for _, i, _ in inserted]
     new = [bool(fresh) for _, _, fresh in inserted]
     edges = [(ids[n], ref if ref > 0 else ids[-ref - 1]) for n, row in enumerate(rows) if new[n]

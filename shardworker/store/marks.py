@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import orjson
 
-from shardworker.model import ClaimedJob, Mark
+from shardworker.model import ClaimedJob, Mark, Outcome
 from shardworker.store.connection import Session
 from shardworker.store.sql import query
 from shardworker.store.worker_queries import mark_params
@@ -81,6 +81,17 @@ class MarkQueries(Session):
             cur.execute(query("server_identity"))
             row = cur.fetchone()
         return str(row[0]) if row else ""
+
+    def preview_outcomes(self, outcomes: Sequence[Outcome]) -> set[int]:
+        """The jobs of ``outcomes`` that ``apply_outcomes`` would apply to now (read only)."""
+        if not outcomes:
+            return set()
+        with self.cursor() as cur:
+            cur.execute(query("job_apply_preview"), {"ids": [o.job_id for o in outcomes],
+                                                     "attempts": [o.attempt for o in outcomes],
+                                                     "uids": [o.uid for o in outcomes],
+                                                     "tokens": [o.token for o in outcomes]})
+            return {int(r[0]) for r in cur.fetchall()}
 
     def reclaim(self, worker_id: str, jobs: Sequence[ClaimedJob]) -> list[int]:
         """Claim again, as they were claimed, the held ``jobs`` whose claims the database lost

@@ -13,7 +13,7 @@ import psycopg
 
 from shardworker import followups
 from shardworker.errors import EnqueueError, OutcomeRejected, SchemaMissing
-from shardworker.followups import DependentRow
+from shardworker.followups import DependentRow, followup_uid
 from shardworker.limits import ERRORS_KEPT, MAX_ERROR_CHARS
 from shardworker.model import ApplyResult, Mark, Outcome, StepRecord
 from shardworker.store.claiming import ClaimQueries
@@ -111,10 +111,11 @@ class WorkerQueries(ClaimQueries):
             prepare = self.prepares(conn)  # before BEGIN: what it sets is the session's
             if not steps:  # the apply alone: a transaction of its own
                 with refusals(conn):
-                    execute_apply(applying, outcomes, prepare=prepare, settles=False, mark=mark)
+                    execute_apply(applying, outcomes, prepare=prepare, settles=False, mark=mark, mark_write="if_all")
             else:
                 with refusals(conn), conn.pipeline():
-                    send_apply(cur, stepping, applying, outcomes, steps, prepare=prepare, settles=False, mark=mark)
+                    send_apply(cur, stepping, applying, outcomes, steps, prepare=prepare, settles=False, mark=mark,
+                               mark_write="if_all")
                     cur.execute("COMMIT")
             applied = {(job_id, attempt) for job_id, attempt, _, _ in applying.fetchall()}
             landed = max(0, stepping.rowcount) if steps else 0
@@ -129,33 +130,49 @@ class WorkerQueries(ClaimQueries):
         """``apply_outcomes`` in two round trips: the first sends BEGIN, the steps and the
         outcomes at once; the second settles the jobs waiting on those applied (only when
         some have dependents), inserts the follow-up jobs of those applied as done (only for
-        outcomes that carry some), and commits, with ``mark``."""
+        outcomes that carry some), writes ``mark`` and commits.
+
+        A batch applied again after the database went back in time may hold the outcomes
+        (and steps) of follow-ups that its own outcomes insert: those jobs did not exist when
+        the batch's apply ran, so their steps are recorded once the follow-ups are in, and
+        their outcomes are applied next, in a transaction of their own that takes the mark."""
         with self.cursor() as cur, cur.connection.cursor() as stepping, psycopg.RawCursor(cur.connection) as applying:
             conn = cur.connection
             prepare = self.prepares(conn)
             with refusals(conn):
                 with conn.pipeline():
                     send_apply(cur, stepping, applying, outcomes, steps, prepare=prepare, settles=True,
-                               custom_plans=True, mark=mark, mark_always=True)
+                               custom_plans=True, mark=mark, mark_write="never")
                 rows = applying.fetchall()
+                landed = max(0, stepping.rowcount) if steps else 0
                 ended = [(job_id, status) for job_id, _, status, dependents in rows
                          if dependents and status in ("done", "failed", "cancelled")]
                 has_followups = any(o.followups_json for o in outcomes)
                 if ended:
                     cur.execute(query("job_dependents_settle"), {"ids": [i for i, _ in ended],
                                                                  "statuses": [s for _, s in ended]})
-                followups = insert_followups(cur, outcomes, rows) if has_followups else 0
+                made = insert_followups(cur, outcomes, rows) if has_followups else ()
+                followups = sum(i is not None for _, _, ids in made for i in ids)
+                applied = {(job_id, attempt) for job_id, attempt, _, _ in rows}
+                missed = [o for o in outcomes if (o.job_id, o.attempt) not in applied]
+                inserted = {i for _, _, ids in made for i in ids if i is not None}
+                again = [o for o in missed if o.job_id in inserted]  # follow-ups' outcomes, in the same batch
+                if inserted and (theirs := [s for s in steps if s.job_id in inserted]):
+                    cur.execute(query("job_steps_insert"), step_params(theirs))
+                    landed += max(0, cur.rowcount)
+                if mark is not None and not again:
+                    cur.execute(query("outbox_mark_write"), mark_params(mark))
                 cur.execute("COMMIT")
-            landed = max(0, stepping.rowcount) if steps else 0
-            applied = {(job_id, attempt) for job_id, attempt, _, _ in rows}
-            missed = [o for o in outcomes if (o.job_id, o.attempt) not in applied]
-            if not missed:
-                return ApplyResult(applied=len(outcomes), steps=landed, followups=followups)
-            # Rare: a replay after a lost checkpoint, or a stale attempt. The update above is
-            # committed, so this reads the state it left.
-            cur.execute(query("job_classify"), {"ids": [o.job_id for o in missed]})
-            rows_now = {int(i): JobNow(applied, status, attempt, uid) for i, applied, status, attempt, uid in cur.fetchall()}
-        return classify(len(outcomes) - len(missed), missed, rows_now, landed, followups)
+            missed = [o for o in missed if o.job_id not in inserted]
+            rows_now: dict[int, JobNow] = {}
+            if missed:
+                # Rare: a replay after a lost checkpoint, or a stale attempt. The update above is
+                # committed, so this reads the state it left.
+                cur.execute(query("job_classify"), {"ids": [o.job_id for o in missed]})
+                rows_now = {int(i): JobNow(applied, status, attempt, uid)
+                            for i, applied, status, attempt, uid in cur.fetchall()}
+        result = classify(len(outcomes) - len(missed) - len(again), missed, rows_now, landed, followups, made)
+        return result + self.apply_outcomes(again, (), mark) if again else result
 
     def _apply_steps(self, steps: Sequence[StepRecord], mark: Mark | None = None) -> ApplyResult:
         """Steps alone: one statement (with ``mark``); a mark alone when there are none."""
@@ -193,24 +210,25 @@ def mark_params(mark: Mark | None) -> dict[str, Any]:
 
 
 def outcome_params(outcomes: Sequence[Outcome], *, settles: bool = True, mark: Mark | None = None,
-                   mark_always: bool = False) -> dict[str, Any]:
+                   mark_write: str = "never") -> dict[str, Any]:
     """``job_apply_outcomes``' arrays (every one in binary: results as bytea, the child's
     JSON bytes unescaped, which the statement turns into jsonb), whether the jobs with
     dependents are applied too (``settles``: their dependents are settled next), and the
-    mark to write (``mark_always``: whatever the batch's outcomes did)."""
+    mark to check, and when to write it (``mark_write``: "if_all" the outcomes were applied
+    here, "never": the caller writes it later in the same transaction)."""
     return {"settles": settles, "ids": [o.job_id for o in outcomes], "attempts": [o.attempt for o in outcomes],
             "dispositions": [o.disposition.value for o in outcomes], "results": [o.result_json for o in outcomes],
             "errors": [o.error for o in outcomes], "delays": [float(o.delay_s) for o in outcomes],
             "tracebacks": [o.traceback for o in outcomes],
             "failed_at": [math.nan if o.failed_at is None else o.failed_at for o in outcomes],
             "uids": [o.uid for o in outcomes], "tokens": [o.token for o in outcomes],
-            "errors_kept": ERRORS_KEPT, "error_chars": MAX_ERROR_CHARS, "mark_always": mark_always,
+            "errors_kept": ERRORS_KEPT, "error_chars": MAX_ERROR_CHARS, "mark_write": mark_write,
             **mark_params(mark)}
 
 
 def send_apply(cur: psycopg.Cursor[Any], stepping: psycopg.Cursor[Any], applying: psycopg.RawCursor[Any],
                outcomes: Sequence[Outcome], steps: Sequence[StepRecord], *, prepare: bool, settles: bool,
-               custom_plans: bool = False, mark: Mark | None = None, mark_always: bool = False) -> None:
+               custom_plans: bool = False, mark: Mark | None = None, mark_write: str = "never") -> None:
     """Into an open pipeline: BEGIN, the steps (on ``stepping``), and the outcomes (on ``applying``,
     with ``mark``). ``custom_plans``: every statement of the transaction planned for its own
     values, as the rare ones that settle dependents and insert follow-ups want (the session's
@@ -220,12 +238,12 @@ def send_apply(cur: psycopg.Cursor[Any], stepping: psycopg.Cursor[Any], applying
         cur.execute("SET LOCAL plan_cache_mode = force_custom_plan")
     if steps:
         stepping.execute(query("job_steps_insert"), step_params(steps))
-    execute_apply(applying, outcomes, prepare=prepare, settles=settles, mark=mark, mark_always=mark_always)
+    execute_apply(applying, outcomes, prepare=prepare, settles=settles, mark=mark, mark_write=mark_write)
 
 
 def execute_apply(applying: psycopg.RawCursor[Any], outcomes: Sequence[Outcome], *, prepare: bool,
-                  settles: bool, mark: Mark | None = None, mark_always: bool = False) -> None:
-    params = outcome_params(outcomes, settles=settles, mark=mark, mark_always=mark_always)
+                  settles: bool, mark: Mark | None = None, mark_write: str = "never") -> None:
+    params = outcome_params(outcomes, settles=settles, mark=mark, mark_write=mark_write)
     applying.execute(native("job_apply_outcomes")[0], native_params("job_apply_outcomes", params), prepare=prepare)
 
 
@@ -249,19 +267,38 @@ def step_params(steps: Sequence[StepRecord], mark: Mark | None = None) -> dict[s
             "recorded_at": [s.recorded_at for s in steps], "uids": [s.uid for s in steps], **mark_params(mark)}
 
 
-def insert_followups(cur: psycopg.Cursor[Any], outcomes: Sequence[Outcome], applied: Sequence[tuple[Any, ...]]) -> int:
+FollowupIds = tuple[tuple[int, int, tuple[int | None, ...]], ...]  # (parent id, attempt, the ids its follow-ups got)
+
+
+def insert_followups(cur: psycopg.Cursor[Any], outcomes: Sequence[Outcome],
+                     applied: Sequence[tuple[Any, ...]]) -> FollowupIds:
     """Insert the follow-up jobs of the outcomes just applied as done (not those of a replay,
-    a stale attempt or a failure), in the apply's transaction; how many were inserted."""
+    a stale attempt or a failure), in the apply's transaction; the ids each run's follow-ups
+    got (None: a live dedupe key held it). Each follow-up's uid follows from its parent's run;
+    an outcome applied again after the database went back in time gives the ids they had
+    (``Outcome.followup_ids``)."""
     done = {(job_id, attempt) for job_id, attempt, status, _ in applied if status == "done"}
     rows: list[DependentRow] = []
+    runs: list[tuple[int, int, int]] = []  # (parent id, attempt, its follow-ups' count)
     for outcome in outcomes:
         if outcome.followups_json and (outcome.job_id, outcome.attempt) in done:
             offset = len(rows)  # a run's references to its own follow-ups, made batch-wide
-            rows += [row._replace(after=tuple(ref if ref > 0 else ref - offset for ref in row.after))
-                     for row in followups.decode(outcome.followups_json)]
+            made = followups.decode(outcome.followups_json)
+            had = outcome.followup_ids if outcome.followup_ids and len(outcome.followup_ids) == len(made) else None
+            rows += [row._replace(after=tuple(ref if ref > 0 else ref - offset for ref in row.after),
+                                  id=had[n] if had else None,
+                                  uid=None if outcome.uid is None else followup_uid(outcome.uid, outcome.attempt, n))
+                     for n, row in enumerate(made)]
+            runs.append((outcome.job_id, outcome.attempt, len(made)))
     if not rows:
-        return 0
-    return sum(i is not None for i in run_plan(cur, plan_insert(rows, refuse_missing=False)))
+        return ()
+    ids = run_plan(cur, plan_insert(rows, refuse_missing=False))
+    got: list[tuple[int, int, tuple[int | None, ...]]] = []
+    at = 0
+    for job_id, attempt, count in runs:
+        got.append((job_id, attempt, tuple(ids[at:at + count])))
+        at += count
+    return tuple(got)
 
 
 class JobNow(NamedTuple):
@@ -274,18 +311,24 @@ class JobNow(NamedTuple):
 
 
 def classify(applied: int, missed: Sequence[Outcome], rows: dict[int, JobNow],
-             steps: int = 0, followups: int = 0) -> ApplyResult:
+             steps: int = 0, followups: int = 0, followup_ids: FollowupIds = ()) -> ApplyResult:
     """What became of the outcomes the fenced update did not apply."""
     replayed = 0
     stale: list[int] = []
     missing: list[int] = []
     cancelled: list[int] = []
+    late: list[int] = []
     for outcome in missed:
         row = rows.get(outcome.job_id)
         if row is None or None not in (row.uid, outcome.uid) and row.uid != outcome.uid:
             # No such job here (the wrong database, or deleted), or its id went to another job
             # (the database went back in time and the sequence handed it out again).
             missing.append(outcome.job_id)
+        elif (outcome.uid is not None and row.status in ("queued", "waiting") and row.attempt == outcome.attempt - 1
+              and (row.applied_attempt or 0) < outcome.attempt):
+            # As its claim found it, now: another worker inserted it again (a follow-up the database
+            # lost when it went back in time) after this apply looked. Worth another try.
+            late.append(outcome.job_id)
         elif row.applied_attempt == outcome.attempt:
             replayed += 1  # this attempt's outcome was applied before: a replay after a lost checkpoint
         elif row.status == "cancelled" and row.attempt == outcome.attempt:
@@ -293,4 +336,4 @@ def classify(applied: int, missed: Sequence[Outcome], rows: dict[int, JobNow],
         else:
             stale.append(outcome.job_id)  # its attempt was rescued and claimed again
     return ApplyResult(applied, replayed, len(stale), tuple(stale), tuple(missing), steps, followups,
-                       tuple(cancelled))
+                       tuple(cancelled), followup_ids, tuple(late))

@@ -56,6 +56,7 @@ class ReapplyWatch:
         self.held, self.still_coming, self.heard, self.settle_s = held, still_coming, heard, settle_s
         self.generation = -1  # the dispatcher's connection last looked at: claims go on that one only
         self.server = ""  # the server last seen (server_identity)
+        self._heard = ""  # the server the heartbeat said last
         self._asked: int | None = None  # the flusher's check awaited
         self._reclaim = False  # a new server: claim again what the children hold, once checked
         self._regressions = 0  # re-applies seen so far
@@ -75,7 +76,9 @@ class ReapplyWatch:
             self.generation = self.store.generation
             self._seen(identity)
             self._asked = self.flusher.check_mark()
-        if heard := self.heard():
+        heard = self.heard()
+        if heard and heard != self._heard:  # the heartbeat's own news only: it may lag the dispatcher's look
+            self._heard = heard
             self._seen(heard)
         if self._asked is not None and self.flusher.mark_checked(self._asked):
             self._asked = None

@@ -285,10 +285,10 @@ WHERE (k.global_concurrency, k.rate_limit, k.rate_period_s)
 -- and when it failed (NaN: unknown, then now()); last_error holds its message and
 -- traceback as one text.
 -- With mark_outbox, the outbox's mark is checked (the database must hold mark_expect, else
--- the statement fails: it went back in time) and advances to mark_batch and mark_positions
--- (shardworker.outbox_mark) in this transaction: at once with mark_always (the caller's
--- transaction is the batch's last), else only if every outcome of the batch was applied
--- here (if not, the caller applies the rest in a transaction that marks the batch).
+-- the statement fails: it went back in time); with mark_write 'if_all' it advances to
+-- mark_batch and mark_positions (shardworker.outbox_mark) in this transaction if every
+-- outcome of the batch was applied here (if not, the caller applies the rest in a transaction
+-- that writes the mark); with 'never' the caller writes it later in this transaction.
 -- Parameters come in binary; results as bytea holding UTF-8 JSON text.
 WITH o AS (
     SELECT id, attempt, disposition, convert_from(result_utf8, 'UTF8')::jsonb AS result, error, delay_s,
@@ -339,8 +339,8 @@ WITH o AS (
 ), marked AS (
     SELECT shardworker.outbox_mark(%(mark_outbox)s::text, %(mark_worker)s::text, %(mark_batch)s::bigint,
                                    convert_from(%(mark_positions)s::bytea, 'UTF8')::jsonb, %(mark_expect)s::bigint,
-                                   %(mark_always)s::boolean
-                                   OR (SELECT count(*) FROM applied) = cardinality(%(ids)b::bigint[]))
+                                   %(mark_write)s::text = 'if_all'
+                                   AND (SELECT count(*) FROM applied) = cardinality(%(ids)b::bigint[]))
     WHERE %(mark_outbox)s::text IS NOT NULL
 ), announced AS (
     SELECT pg_notify('shardworker_finished', string_agg(id::text, ',')) AS sent
@@ -1015,17 +1015,23 @@ ORDER BY a.id;
 -- the order given: those with dependencies as waiting (job_dependencies_settle_new decides
 -- once their edges exist), the rest as queued. Ids are drawn here, so each row comes back
 -- by its position; a job whose dedupe key a live job holds is not inserted, and comes back
--- as that job's id (inserted false), or NULL when none is found.
+-- as that job's id (inserted false), or NULL when none is found. A given id (a follow-up
+-- inserted again with the id it had, after the database went back in time) is taken unless
+-- another job holds it now; a given uid (a follow-up's, from its parent's run) likewise.
 WITH f AS (
-    SELECT f.*, nextval(pg_get_serial_sequence('shardworker.jobs', 'id')) AS id
+    SELECT f.*, CASE WHEN f.given_id IS NOT NULL
+                          AND NOT EXISTS (SELECT FROM shardworker.jobs j WHERE j.id = f.given_id) THEN f.given_id
+                     ELSE nextval(pg_get_serial_sequence('shardworker.jobs', 'id')) END AS id
     FROM unnest(%(kinds)s::text[], %(queues)s::text[], %(payloads)s::text[], %(priorities)s::int[],
                 %(max_attempts)s::int[], %(run_ats)s::timestamptz[], %(delays)s::float8[],
-                %(dedupe_keys)s::text[], %(deps_total)s::int[])
-         WITH ORDINALITY AS f(kind, queue, payload, priority, max_attempts, run_at, delay_s, dedupe_key, deps_total, ord)
+                %(dedupe_keys)s::text[], %(deps_total)s::int[], %(given_ids)s::bigint[], %(given_uids)s::bigint[])
+         WITH ORDINALITY AS f(kind, queue, payload, priority, max_attempts, run_at, delay_s, dedupe_key, deps_total,
+                              given_id, given_uid, ord)
 ), ins AS (
-    INSERT INTO shardworker.jobs (id, kind, queue, payload, payload_bytes, priority, max_attempts, run_at, dedupe_key,
-                                  status, deps_total, deps_pending)
-    SELECT id, kind, queue, payload::jsonb, octet_length(payload), priority, max_attempts,
+    INSERT INTO shardworker.jobs (id, uid, kind, queue, payload, payload_bytes, priority, max_attempts, run_at,
+                                  dedupe_key, status, deps_total, deps_pending)
+    SELECT id, coalesce(given_uid, (random() * 9.2e18)::bigint), kind, queue, payload::jsonb, octet_length(payload),
+           priority, max_attempts,
            coalesce(run_at, now()) + make_interval(secs => delay_s), dedupe_key,
            CASE WHEN deps_total > 0 THEN 'waiting' ELSE 'queued' END, deps_total, deps_total
     FROM f ORDER BY ord
@@ -1036,6 +1042,15 @@ SELECT f.ord, coalesce(i.id, (SELECT l.id FROM shardworker.jobs l WHERE l.dedupe
                                 AND l.status IN ('waiting', 'queued', 'running'))), i.id IS NOT NULL
 FROM f LEFT JOIN ins i ON i.id = f.id
 ORDER BY f.ord;
+
+-- job_ids_reserve --
+-- Before jobs are inserted again with the ids they had (follow-ups the database lost when it
+-- went back in time): move the id sequence past the largest, so no later insert draws one of
+-- them. False, and nothing done, without the right to (they then get new ids).
+SELECT CASE WHEN has_sequence_privilege(s, 'UPDATE')
+            THEN setval(s, greatest(coalesce(pg_sequence_last_value(s), 1), %(max_id)s::bigint)) IS NOT NULL
+            ELSE false END
+FROM (SELECT pg_get_serial_sequence('shardworker.jobs', 'id')::regclass AS s) q;
 
 -- job_dependencies_link --
 -- Record edges (job_id waits on depends_on) and mark the dependencies as having dependents.
@@ -1247,3 +1262,16 @@ FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(uids)s::bigint[], %(tokens
 WHERE j.id = r.id AND (r.uid IS NULL OR j.uid IS NULL OR j.uid = r.uid)
   AND j.status IN ('queued', 'waiting') AND j.attempt = r.attempt - 1 AND coalesce(j.applied_attempt, 0) < r.attempt
 RETURNING j.id;
+
+-- job_apply_preview --
+-- outbox reapply --dry-run: which of these outcomes job_apply_outcomes would apply to the rows
+-- as they are now: its fence, read only (keep the two in step: tests/store/test_claim_identity.py
+-- compares them).
+SELECT DISTINCT o.id
+FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(uids)s::bigint[], %(tokens)s::text[]) AS o(id, attempt, uid, token)
+JOIN shardworker.jobs j ON j.id = o.id
+WHERE (o.uid IS NULL OR j.uid IS NULL OR j.uid = o.uid)
+  AND ((j.attempt = o.attempt AND (o.token IS NULL OR j.claim_token IS NULL OR j.claim_token = o.token)
+        AND (j.status = 'running' OR (j.rescued_attempt = o.attempt AND j.status IN ('queued', 'failed'))))
+       OR (o.uid IS NOT NULL AND j.attempt = o.attempt - 1 AND j.status IN ('queued', 'waiting')
+           AND coalesce(j.applied_attempt, 0) < o.attempt));
