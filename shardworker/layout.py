@@ -125,14 +125,18 @@ def resolve_worker_id(directory: str, given: str | None) -> str:
     return chosen
 
 
+def read_outbox_id(directory: str) -> str:
+    """This outbox's own id; "" before its first flusher made one."""
+    try:
+        return read_small(os.path.join(directory, OUTBOX_ID_FILE)).decode("ascii", errors="replace").strip()
+    except FileNotFoundError:
+        return ""
+
+
 def outbox_id(directory: str) -> str:
     """This outbox's own id (``outbox-id``), made at first use: it names the outbox's mark in
     the database, and stays whatever worker id runs on the directory."""
-    path = os.path.join(directory, OUTBOX_ID_FILE)
-    try:
-        found = read_small(path).decode("ascii", errors="replace").strip()
-    except FileNotFoundError:
-        found = ""
+    found = read_outbox_id(directory)
     if found:
         return found
     made = uuid.uuid4().hex

@@ -80,10 +80,18 @@ def _echo_status_json(outbox_dir: str, st: OutboxStatus, worker: bool, kept: _Ke
         "stale_outcomes": kept.stale, "cancelled_outcomes": kept.cancelled, "set_aside_outcomes": kept.setaside,
         "requeued_after_quarantine": kept.lost,
         "deadlettered": kept.deadletters, "to_give_back": {"jobs": kept.give_jobs, "claims": kept.give_claims},
+        "kept_for_reapply": {"records": _kept_records(outbox_dir), "bytes": st.kept_bytes,
+                             "segments": st.kept_segments, "oldest_age_s": st.kept_oldest_age_s},
         "shards": [{"shard": s.shard, "pending": s.pending, "bytes": s.pending_bytes,
                     "oldest_age_s": s.oldest_age_s, "segments": s.segments,
-                    "sealed_segments": s.sealed_segments,
+                    "sealed_segments": s.sealed_segments, "kept_bytes": s.kept_bytes,
                     "writer_alive": s.writer_alive} for s in st.shards]}).decode())
+
+
+def _kept_records(outbox_dir: str) -> int:
+    from outbox import kept_records
+
+    return kept_records(outbox_dir)
 
 
 def _echo_status_text(outbox_dir: str, st: OutboxStatus, worker: bool, kept: _Kept) -> None:
@@ -91,6 +99,10 @@ def _echo_status_text(outbox_dir: str, st: OutboxStatus, worker: bool, kept: _Ke
 
     click.echo(f"outbox {outbox_dir}: {st.pending} pending; worker {'running' if worker else 'not running'}, "
                f"flusher {'running' if st.flusher_alive else 'not running'}")
+    if st.kept_segments and st.kept_oldest_age_s is not None:
+        click.echo(f"  kept for re-applying: {_kept_records(outbox_dir)} applied records, {st.kept_bytes} bytes, "
+                   f"the oldest applied {st.kept_oldest_age_s:.0f}s ago (run --reapply-window; `shardworker outbox "
+                   "reapply` after a restore)")
     for s in st.shards:
         age = "-" if s.oldest_age_s is None else f"{s.oldest_age_s:.1f}s"
         click.echo(f"  shard {s.shard:4d}: {s.pending} pending, {s.pending_bytes} bytes, oldest {age}, "

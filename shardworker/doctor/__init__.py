@@ -65,7 +65,7 @@ def diagnose(dsn: str | None, outbox_dir: str, *, outbox_dir_given: bool, min_fr
         return [*checks, Check("outbox", Status.FAIL, f"cannot read {outbox_dir}: {reason}",
                                "run doctor as the user the worker runs as")]
     return checks + outbox_checks(facts, given=outbox_dir_given, min_free_bytes=min_free_bytes,
-                                  here=db.identity, reachable=db.error is None)
+                                  here=db.identity, reachable=db.error is None, marks=db.marks)
 
 
 __all__ = [

@@ -40,6 +40,7 @@ class DatabaseFacts:
     unserved: list[UnservedKind] | None = None  # None: not readable
     action: str | None = None  # what to do when there is no database to check
     production: ProductionFacts | None = None
+    marks: dict[str, int] | None = None  # each outbox's batch count as the database holds it; None: unreadable
 
 
 def gather_database(dsn: str, *, embedded: bool = False, connect_timeout_s: int = CONNECT_TIMEOUT_S) -> DatabaseFacts:
@@ -58,8 +59,9 @@ def gather_database(dsn: str, *, embedded: bool = False, connect_timeout_s: int 
         workers, _ = attempt(store.workers)
         identity, _ = attempt(lambda: binding.current(store, embedded=embedded))
         unserved, _ = attempt(store.unserved_kinds)
+        marks, _ = attempt(store.all_marks)
         return DatabaseFacts(where, None, state, versions, schema_error, workers, identity, unserved,
-                             production=gather_production(store))
+                             production=gather_production(store), marks=marks)
     finally:
         store.close()
 

@@ -11,6 +11,7 @@ import stat
 from dataclasses import dataclass, field
 
 import outbox
+from outbox import checkpoint
 from outbox.fsutil import is_locked
 from shardworker import binding, layout
 from shardworker.binding import Binding
@@ -35,6 +36,8 @@ class OutboxFacts:
     bound: Binding | None = None
     binding_error: str | None = None
     symlink_to: str | None = None  # the directory is a symlink (to this): the worker refuses it
+    outbox_id: str = ""  # its own id, under which the database keeps its mark ("" before its first batch)
+    applied_batch: int = 0  # the batches its flusher saw committed, as its last checkpoint says
 
 
 def gather_outbox(directory: str, me: int | None = None) -> OutboxFacts:
@@ -60,9 +63,11 @@ def gather_outbox(directory: str, me: int | None = None) -> OutboxFacts:
         if st.st_uid != owner:
             foreign.append((rel, st.st_uid))
     bound, binding_error = attempt(lambda: binding.bound_to(directory))
+    ident, note = layout.read_outbox_id(directory), checkpoint.load_note(directory)
+    applied = note.get("batch") if note.get("outbox") == ident else 0
     return OutboxFacts(directory, True, owner, too_open, foreign, outbox.free_bytes(directory),
                        outbox.status(directory), is_locked(os.path.join(directory, layout.WORKER_LOCK)),
-                       bound, binding_error)
+                       bound, binding_error, outbox_id=ident, applied_batch=applied if isinstance(applied, int) else 0)
 
 
 def _walk(directory: str) -> list[tuple[str, os.stat_result]]:
@@ -206,12 +211,42 @@ def check_kept(facts: OutboxFacts) -> Check:
                  f"in {layout.STALE_LOG} (as designed)" if stale else "no outcome kept aside", None, data)
 
 
+def check_reapply(facts: OutboxFacts, marks: dict[str, int] | None) -> Check:
+    """The applied tail kept for a database that comes back older, and whether the database
+    holds what this outbox applied (``marks``: each outbox's batch count there; None: unread)."""
+    assert facts.status is not None
+    st = facts.status
+    age = st.kept_oldest_age_s
+    kept = (f"{st.kept_bytes / MiB:.1f} MiB of applied outcomes kept over the last {_minutes(age)}"
+            if st.kept_segments and age is not None else "no applied outcomes kept (yet, or --reapply-window 0)")
+    held = None if marks is None or not facts.outbox_id else marks.get(facts.outbox_id, 0)
+    data = {"kept_bytes": st.kept_bytes, "kept_segments": st.kept_segments, "kept_oldest_age_s": age,
+            "applied_batch": facts.applied_batch, "database_batch": held}
+    if held is not None and held < facts.applied_batch:
+        text = (f"the database holds batch {held} of what this outbox applied, which saw batch "
+                f"{facts.applied_batch} committed: it went back in time (a failover to a replica that lagged, "
+                f"or a restore); {kept}")
+        if facts.worker_running:
+            return Check("reapply", Status.WARN, text + "; the running worker re-applies them",
+                         "check the worker's log for 're-applied what the database lost'", data)
+        quoted = shlex.quote(facts.directory)
+        return Check("reapply", Status.FAIL, text, f"run `shardworker outbox reapply --outbox-dir {quoted} --dry-run`,"
+                     f" then without --dry-run, with the --dsn it belongs to (or start the worker)", data)
+    return Check("reapply", Status.OK, kept + ("" if held is None else "; the database holds all this outbox "
+                                              "applied"), None, data)
+
+
+def _minutes(seconds: float | None) -> str:
+    return "0 s" if not seconds else f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
 def outbox_checks(facts: OutboxFacts, *, given: bool, min_free_bytes: int, here: Binding | None,
-                  reachable: bool) -> list[Check]:
+                  reachable: bool, marks: dict[str, int] | None = None) -> list[Check]:
     checks = [check_outbox_dir(facts, given)]
     if not facts.exists:
         return checks
     if facts.status is None:  # a symlink or another user's: nothing in it is read, or trusted
         return [*checks, check_permissions(facts)]
     return [*checks, check_permissions(facts), check_free_space(facts, min_free_bytes), check_pending(facts),
-            check_binding(facts, here, reachable), check_quarantine(facts), check_kept(facts)]
+            check_binding(facts, here, reachable), check_quarantine(facts), check_kept(facts),
+            check_reapply(facts, marks)]

@@ -60,6 +60,12 @@ class MarkQueries(Session):
         positions = {int(shard): (int(p[0]), int(p[1]), int(p[2])) for shard, p in orjson.loads(row[1]).items()}
         return DatabaseMark(int(row[0]), positions)
 
+    def all_marks(self) -> dict[str, int]:
+        """Every outbox's batch count as the database holds it."""
+        with self.cursor() as cur:
+            cur.execute(query("outbox_marks_all"))
+            return {str(o): int(b) for o, b in cur.fetchall()}
+
     def hold_claims(self, holder: str, reason: str, seconds: float) -> None:
         """Hold every worker's claims for ``seconds`` (again: moves this holder's hold on)."""
         with self.cursor() as cur:

@@ -21,7 +21,7 @@ from tests.helpers import enqueue
 
 REPO = Path(__file__).resolve().parents[2]
 HEALTHY = ["database", "writable", "schema", "clock", "workers", "kinds", "horizon", "dead-rows", "connections",
-           "outbox", "modes", "disk", "pending", "bound-to", "quarantine", "kept"]
+           "outbox", "modes", "disk", "pending", "bound-to", "quarantine", "kept", "reapply"]
 
 
 def invoke(*args: str) -> Result:

@@ -126,9 +126,10 @@ def _start(project: Path, dsn: str, name: str, *args: str) -> subprocess.Popen[b
     return proc
 
 
-def _cli(project: Path, dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*shardworker_script(), *args, "--dsn", dsn], cwd=project, env=_env(),
-                          capture_output=True, text=True, timeout=120)
+def _cli(project: Path, dsn: str | None, *args: str) -> subprocess.CompletedProcess[str]:
+    """``shardworker ARGS`` from ``project`` (with ``--dsn`` unless None)."""
+    return subprocess.run([*shardworker_script(), *args, *(["--dsn", dsn] if dsn else [])], cwd=project,
+                          env=_env(), capture_output=True, text=True, timeout=120)
 
 
 def _ledger(project: Path) -> collections.Counter[str]:
@@ -265,6 +266,11 @@ def test_a_restore_of_an_older_backup_is_reapplied_by_hand(replica_set: ReplicaS
     rs.restore_backup(backup)
     restored = _through(rs).get("done", 0)
     assert restored < done_before - 100
+    status = _cli(project, None, "outbox", "status", "--outbox-dir", "var/w1-outbox", "--json")
+    kept = json.loads(status.stdout)["kept_for_reapply"]
+    assert kept["records"] >= done_before and kept["bytes"] > 0, kept
+    doctor = _cli(project, rs.dsn, "doctor", "--outbox-dir", "var/w1-outbox")
+    assert doctor.returncode == 1 and "went back in time" in doctor.stdout and "outbox reapply" in doctor.stdout
     dry = _cli(project, rs.dsn, "outbox", "reapply", "--outbox-dir", "var/w1-outbox", "--dry-run", "--json")
     assert dry.returncode == 0, dry.stderr
     would = json.loads(dry.stdout)

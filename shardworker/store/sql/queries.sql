@@ -1229,6 +1229,10 @@ SELECT shardworker.outbox_mark(%(mark_outbox)s::text, %(mark_worker)s::text, %(m
 -- How far the database holds what an outbox's flusher applied: its batch count and positions (no row: nothing).
 SELECT batch, positions::text FROM shardworker.outbox_marks WHERE outbox_id = %(outbox_id)s;
 
+-- outbox_marks_all --
+-- Every outbox's batch count as the database holds it (doctor compares each with its outbox's own).
+SELECT outbox_id, batch FROM shardworker.outbox_marks;
+
 -- claim_hold --
 -- Hold every worker's claims until `seconds` from now (by the database's clock), or move this holder's on.
 INSERT INTO shardworker.claim_holds (holder, reason, until)
