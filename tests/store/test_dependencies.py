@@ -158,3 +158,61 @@ def test_an_enqueue_racing_its_dependencys_outcome_is_released_when_both_commit(
             assert applying.is_alive()  # the apply waits on the enqueue's lock
         applying.join(10)
     assert row(pg_dsn, d or 0)[0] == "done" and row(pg_dsn, waiting or 0)[0] == "queued"
+
+
+def test_a_dependency_failed_by_a_rescue_cancels_the_jobs_waiting_on_it(pg_dsn: str, store: PgStore) -> None:
+    """A peer's rescue at the dependency's last attempt fails it outside the flusher: the jobs
+    waiting on it are cancelled, transitively, not left waiting for ever (issue 41, 2)."""
+    a = enqueue(pg_dsn, "a", max_attempts=1)
+    assert a
+    merge = enqueue(pg_dsn, "merge", after=[a])
+    last = enqueue(pg_dsn, "last", after=[merge])
+    store.claim(["a"], None, "gone", 1)
+    store.beat("gone", "host", 1, take_over=True)
+    (hb,) = query(pg_dsn, "SELECT heartbeat_at FROM shardworker.workers WHERE worker_id = 'gone'")[0]
+    assert store.rescue_workers([("gone", hb)]).jobs == [a]
+    assert row(pg_dsn, a)[0] == "failed"
+    assert row(pg_dsn, merge) == ("cancelled", f"waited on job {a}, which ended failed")
+    assert row(pg_dsn, last)[0] == "cancelled"
+
+
+def test_a_dependency_failed_by_a_restarts_requeue_cancels_the_jobs_waiting_on_it(pg_dsn: str, store: PgStore) -> None:
+    """An orphan requeued at its last attempt (a worker restarted after kill -9) fails: its
+    dependents are cancelled."""
+    a = enqueue(pg_dsn, "a", max_attempts=1)
+    merge = enqueue(pg_dsn, "merge", after=[a])
+    store.claim(["a"], None, "w1", 1)
+    assert store.requeue_orphans("w1", "worker restarted while the job was running") == [a]
+    assert row(pg_dsn, merge)[0] == "cancelled"
+
+
+def test_a_dependency_failed_by_a_lost_outcome_cancels_the_jobs_waiting_on_it(pg_dsn: str, store: PgStore) -> None:
+    """A job requeued because its outcome was lost (a quarantined segment), at its last attempt."""
+    a = enqueue(pg_dsn, "a", max_attempts=1)
+    merge = enqueue(pg_dsn, "merge", after=[a])
+    store.claim(["a"], None, "w1", 1)
+    assert store.requeue_lost("w1", "outcome lost", []) == [a]
+    assert row(pg_dsn, merge)[0] == "cancelled"
+
+
+def test_a_fan_in_waits_on_a_shared_follow_up_inserted_in_the_same_batch(pg_dsn: str, store: PgStore) -> None:
+    """Two parents' outcomes in one batch each enqueue a follow-up with the same dedupe key and a
+    merge after it: the second one's handle is the key's holder, inserted by the same statement,
+    and its merge waits on it (it ran before the shared job finished; issue 41, 3)."""
+    enqueue_many(pg_dsn, [JobSpec("split", {"n": 1}), JobSpec("split", {"n": 2})])
+    one, two = store.claim(["split"], None, "w1", 2)
+
+    def with_shared(job: object, n: int) -> Outcome:
+        blob = orjson.dumps([["shared", "null", "default", 0, 25, 0.0, "the-key", []],
+                             followup("merge", after=[-1], payload={"n": n})])
+        return Outcome.done(job.id, job.attempt, b"1", blob)  # type: ignore[attr-defined]
+
+    store.apply_outcomes([with_shared(one, 1), with_shared(two, 2)])
+    assert query(pg_dsn, "SELECT count(*) FROM shardworker.jobs WHERE kind = 'shared'") == [(1,)]
+    (shared,) = query(pg_dsn, "SELECT id FROM shardworker.jobs WHERE kind = 'shared'")[0]
+    merges = query(pg_dsn, "SELECT j.status, array_agg(d.depends_on) FROM shardworker.jobs j "
+                           "LEFT JOIN shardworker.job_dependencies d ON d.job_id = j.id "
+                           "WHERE j.kind = 'merge' GROUP BY j.id, j.status ORDER BY j.id")
+    assert merges == [("waiting", [shared]), ("waiting", [shared])]
+    finish(store, "shared", "s")
+    assert query(pg_dsn, "SELECT status FROM shardworker.jobs WHERE kind = 'merge'") == [("queued",), ("queued",)]

@@ -1015,7 +1015,9 @@ ORDER BY a.id;
 -- the order given: those with dependencies as waiting (job_dependencies_settle_new decides
 -- once their edges exist), the rest as queued. Ids are drawn here, so each row comes back
 -- by its position; a job whose dedupe key a live job holds is not inserted, and comes back
--- as that job's id (inserted false), or NULL when none is found. A given id (a follow-up
+-- as that job's id (inserted false): the one inserted by this statement (an earlier row of
+-- the same batch, which the lookup in the table cannot see yet), else one already there, or
+-- NULL when none is found. A given id (a follow-up
 -- inserted again with the id it had, after the database went back in time) is taken unless
 -- another job holds it now; a given uid (a follow-up's, from its parent's run) likewise.
 WITH f AS (
@@ -1036,10 +1038,11 @@ WITH f AS (
            CASE WHEN deps_total > 0 THEN 'waiting' ELSE 'queued' END, deps_total, deps_total
     FROM f ORDER BY ord
     ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('waiting', 'queued', 'running') DO NOTHING
-    RETURNING id
+    RETURNING id, dedupe_key
 )
-SELECT f.ord, coalesce(i.id, (SELECT l.id FROM shardworker.jobs l WHERE l.dedupe_key = f.dedupe_key
-                                AND l.status IN ('waiting', 'queued', 'running'))), i.id IS NOT NULL
+SELECT f.ord, coalesce(i.id, (SELECT h.id FROM ins h WHERE h.dedupe_key = f.dedupe_key),
+                       (SELECT l.id FROM shardworker.jobs l WHERE l.dedupe_key = f.dedupe_key
+                          AND l.status IN ('waiting', 'queued', 'running'))), i.id IS NOT NULL
 FROM f LEFT JOIN ins i ON i.id = f.id
 ORDER BY f.ord;
 
