@@ -21,6 +21,9 @@ from shardworker.errors import ConfigError
 log = logging.getLogger(__name__)
 
 DEFAULT_CATCH_UP = 100
+# cron's aliases, as their five fields: the hour field decides the fall-back hour (_is_scheduled).
+ALIASES = {"@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *", "@weekly": "0 0 * * 0",
+           "@daily": "0 0 * * *", "@midnight": "0 0 * * *", "@hourly": "0 * * * *"}
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,7 @@ class Schedule:
     tz: str = "UTC"
     catch_up: int = DEFAULT_CATCH_UP
     zone: ZoneInfo = field(init=False, repr=False, compare=False)
+    fields: tuple[str, ...] = field(init=False, repr=False, compare=False)  # ``cron``, an alias spelled out
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, str) or not self.kind:
@@ -54,6 +58,7 @@ class Schedule:
             raise ConfigError(f"periodic {self.kind!r}: unknown time zone {self.tz!r}") from None
         object.__setattr__(self, "zone", zone)
         object.__setattr__(self, "name", self.name or self.kind)
+        object.__setattr__(self, "fields", tuple(ALIASES.get(self.cron.strip().lower(), self.cron).split()))
 
     @staticmethod
     def encode_payload(kind: str, payload: Any) -> str:
@@ -71,7 +76,7 @@ class Schedule:
         of the schedule's time zone (``_is_scheduled``). UTC because Python compares two
         datetimes of one zone by wall clock: 01:30 EDT == 01:30 EST."""
         previous = last
-        it = _croniter()(self.cron, last.astimezone(self.zone))
+        it = _croniter()(" ".join(self.fields), last.astimezone(self.zone))
         while True:
             tick = it.get_next(datetime).astimezone(UTC)
             if tick > previous and self._is_scheduled(tick):
@@ -85,12 +90,12 @@ class Schedule:
         spring-forward skips is run once at the jump (croniter's answer, and cron's)."""
         local = tick.astimezone(self.zone)
         repeated = local.fold == 1 and local.replace(fold=0).utcoffset() != local.utcoffset()
-        return not repeated or self.cron.split()[1].startswith("*")
+        return not repeated or self.fields[1].startswith("*")
 
     def latest_tick(self, now: datetime) -> datetime:
         """The last tick at or before ``now``."""
         start = (now + timedelta(microseconds=1)).astimezone(self.zone)
-        return _croniter()(self.cron, start).get_prev(datetime).astimezone(UTC)
+        return _croniter()(" ".join(self.fields), start).get_prev(datetime).astimezone(UTC)
 
     def next_tick(self, now: datetime) -> datetime:
         """The first scheduled instant after ``now``."""

@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
+from shardworker.errors import StoreError
 from shardworker.schedule import Schedule
 
 log = logging.getLogger(__name__)
@@ -59,14 +60,34 @@ class Scheduler:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.store, self.schedules, self.clock = store, list(schedules), clock
         self._asked: dict[str, tuple[float, float]] = {}  # name -> (asked at, next look), host clock
+        self._failing: dict[str, str] = {}  # name -> the error its last check raised (said once)
         self.enqueued = 0
 
     def run_once(self) -> int:
-        """Enqueue what is due; how many jobs. Database errors propagate (the caller backs off)."""
+        """Enqueue what is due; how many jobs. Database errors propagate (the caller backs off);
+        any other error is one schedule's: it is logged once, that schedule is looked at again
+        after ``MAX_WAIT_S``, and the others (and retention) go on."""
         now = self.clock()
-        inserted = sum(self._run_schedule(schedule, now) for schedule in self.schedules if self._due(schedule, now))
+        inserted = 0
+        for schedule in self.schedules:
+            if self._due(schedule, now):
+                inserted += self._run_guarded(schedule, now)
         self.enqueued += inserted
         return inserted
+
+    def _run_guarded(self, schedule: Schedule, now: float) -> int:
+        try:
+            return self._run_schedule(schedule, now)
+        except StoreError:
+            raise
+        except Exception as exc:
+            said = f"{type(exc).__name__}: {exc}"
+            if self._failing.get(schedule.name) != said:
+                self._failing[schedule.name] = said
+                log.exception("periodic %s (%r) failed its check, skipped; the other schedules go on", schedule.name,
+                              schedule.cron)
+            self._asked[schedule.name] = (now, now + self.MAX_WAIT_S)
+            return 0
 
     def _due(self, schedule: Schedule, now: float) -> bool:
         asked_at, next_look = self._asked.get(schedule.name, (now, now))
@@ -80,6 +101,7 @@ class Scheduler:
             return schedule.plan(db_now, last_tick)
 
         jobs = self.store.run_periodic(schedule.name, schedule.cron, plan)
+        self._failing.pop(schedule.name, None)
         if jobs:
             log.debug("periodic %s: enqueued %d job(s) of kind %s", schedule.name, jobs, schedule.kind)
         # Next look when the database's clock reaches the next tick, on this host's clock.

@@ -123,3 +123,40 @@ def test_ticks_across_two_years_of_dst_changes_through_the_real_store(pg_dsn: st
     assert len(days) == (last - first).days + 1 == inserted
     assert datetime(2024, 10, 27, 0, 30, tzinfo=UTC) in {run_at for run_at, _ in rows}  # 02:30 CEST
     assert datetime(2025, 3, 30, 1, 0, tzinfo=UTC) in {run_at for run_at, _ in rows}  # the jump, 03:00 CEST
+
+
+@pytest.mark.parametrize("alias, hours", [("@hourly", 1), ("@daily", 24), ("@midnight", 24)])
+def test_a_cron_alias_in_a_dst_time_zone_ticks_through_the_fall_back_night(alias: str, hours: int) -> None:
+    """An alias (``@hourly``) in a zone with DST: the fall-back hour raised IndexError at every
+    check, for good (issue 41, 4). Hourly ticks every real hour; daily once a day."""
+    schedule = Schedule(alias, "tick", tz="America/New_York")
+    start = datetime(2024, 11, 2, 12, tzinfo=UTC)
+    enqueued = walk(schedule, start, start + timedelta(days=2), timedelta(minutes=10))
+    gaps = {later - earlier for earlier, later in zip(enqueued, enqueued[1:], strict=False)}
+    if hours == 1:
+        assert gaps == {timedelta(hours=1)} and len(enqueued) == 48
+    else:
+        assert len(enqueued) == 2 and len({t.astimezone(ZoneInfo("America/New_York")).date() for t in enqueued}) == 2
+
+
+class _Broken(Schedule):
+    def plan(self, now: datetime, last_tick: datetime | None) -> tuple[list[dict[str, Any]], datetime]:
+        raise RuntimeError("a bug in one schedule")
+
+
+def test_a_failing_schedule_never_stops_the_others(pg_dsn: str, caplog: pytest.LogCaptureFixture) -> None:
+    """One schedule whose check raises (a bug, a library's) is logged once and skipped; the
+    schedules after it still tick."""
+    store = PgStore(StoreConfig(dsn=pg_dsn))
+    try:
+        scheduler = Scheduler(store, [_Broken("* * * * *", "bad"), Schedule("* * * * * *", "good")])
+        with caplog.at_level("ERROR"):
+            for _ in range(3):
+                scheduler.run_once()
+                scheduler._asked.clear()  # every schedule due again at once
+        execute(pg_dsn, "UPDATE shardworker.periodic SET last_tick = now() - interval '3 seconds'")
+        scheduler.run_once()
+    finally:
+        store.close()
+    assert query(pg_dsn, "SELECT count(*) > 0 FROM shardworker.jobs WHERE kind = 'good'") == [(True,)]
+    assert len([r for r in caplog.records if "failed its check" in r.getMessage()]) == 1
