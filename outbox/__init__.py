@@ -15,8 +15,9 @@ It imports nothing from ``shardworker`` and never touches a database.
   need the outbox. ``MAX_RECORD_BYTES``: the largest record a writer accepts.
 
 Trust: a directory (and ``torn/``, ``quarantine/``) must be owned by the process's effective
-user and must not be a symlink, or every entry point refuses it with ``OutboxUntrusted``;
-no file in it is opened through a symlink.
+user, must not be a symlink, and must not be writable by other users, or every entry point
+refuses it with ``OutboxUntrusted``; the reader also refuses it while any file in it is
+another account's; no file in it is opened through a symlink.
 
 Layout of a directory (0700; files 0600)::
 

@@ -61,7 +61,8 @@ def _user(uid: int) -> str:
 
 def ensure_dir(directory: str) -> None:
     """Create ``directory`` (0700) if missing, durably; refuse it if it is not ours
-    (``check_dir``); tighten its mode if too open."""
+    (``check_dir``) or if other users could write to it (group or world writable: they may
+    have planted files in it already); make it private (0700) if others could only read it."""
     created = False
     try:
         os.mkdir(directory, DIR_MODE)
@@ -74,6 +75,11 @@ def ensure_dir(directory: str) -> None:
     if created:
         fsync_dir(os.path.dirname(os.path.abspath(directory)))
     st = check_dir(directory)
+    if st.st_mode & 0o022:
+        mode = stat.S_IMODE(st.st_mode)
+        raise OutboxUntrusted(f"the outbox directory {directory} is writable by other users (mode {mode:04o}): "
+                              "another account may have planted files in it; check what it holds, then "
+                              f"`chmod 700 {directory}`, or move it aside and let the worker create its own")
     if st.st_mode & 0o077:
         # An fd on the checked directory: a rename between check and chmod cannot redirect it.
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW)
@@ -81,6 +87,24 @@ def ensure_dir(directory: str) -> None:
             os.fchmod(fd, DIR_MODE)
         finally:
             os.close(fd)
+
+
+def check_contents(directory: str) -> None:
+    """Refuse (``OutboxUntrusted``, naming it) a file or folder in ``directory``, or in its
+    folders, that another account owns: it may be a forged outcome planted while the directory
+    was open to others, and the reader would apply it."""
+    me = os.geteuid()
+    for root, dirs, files in os.walk(directory):
+        for name in dirs + files:
+            path = os.path.join(root, name)
+            try:
+                owner = os.lstat(path).st_uid
+            except FileNotFoundError:
+                continue  # removed meanwhile (a flusher deleting an applied segment)
+            if owner != me:
+                raise OutboxUntrusted(f"{path} in the outbox is owned by {_user(owner)}, not by this process's "
+                                      f"user {_user(me)}: refusing the outbox (it may be a forged outcome); "
+                                      "check it and remove it, or move the directory aside")
 
 
 def read_small(path: str) -> bytes:

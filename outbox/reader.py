@@ -64,6 +64,7 @@ class OutboxReader:
         """Take the directory's flusher lock; ``OutboxLocked`` if another flusher has it.
         ``keep``: how much of the applied tail to keep (``outbox.tail``; default none)."""
         fsutil.ensure_dir(directory)
+        fsutil.check_contents(directory)  # what it reads it applies: nothing another account wrote
         lock_fd = fsutil.try_lock(os.path.join(directory, FLUSHER_LOCK))
         if lock_fd is None:
             raise OutboxLocked(f"another flusher or worker holds the outbox {directory}")

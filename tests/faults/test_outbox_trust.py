@@ -179,3 +179,34 @@ def test_doctor_fails_another_users_directory_without_handing_it_over(tmp_path: 
     link.symlink_to(tmp_path / "outbox")
     check = check_permissions(gather_outbox(str(link)))
     assert check.status is Status.FAIL and "symlink" in check.detail
+
+
+def test_a_directory_others_could_write_to_is_refused_not_tightened(tmp_path: Path) -> None:
+    """Ours, but group- or world-writable before the first start: another account may have
+    planted segments in it, so it is refused, with what to do, instead of made 0700 and read
+    (20 of 20 forged results landed; issue 41, 5)."""
+    d = tmp_path / "outbox"
+    d.mkdir()
+    os.chmod(d, 0o777)
+    for opener in (lambda: OutboxReader.open(str(d)), lambda: ShardWriter.open(str(d), 0),
+                   lambda: layout.lock_outbox(str(d), "worker")):
+        with pytest.raises(OutboxUntrusted, match="writable by other users"):
+            opener()
+    assert os.listdir(d) == [] and oct(os.stat(d).st_mode & 0o777) == "0o777"  # nothing made, nothing changed
+
+
+def test_a_file_another_account_owns_in_our_directory_is_refused_by_name(
+        tmp_path: Path, pg_dsn: str, store: PgStore) -> None:
+    """Our 0700 directory holding a segment another account planted (it was open once): the
+    reader (a worker's flusher, a drain) refuses, naming the file, and no forged result lands."""
+    d = tmp_path / "outbox"
+    enqueue(pg_dsn, "count", 4)
+    jobs = store.claim(["count"], None, "w-1", 4)
+    _forge(d, [(j.id, j.attempt) for j in jobs])
+    planted = sorted(name for name in os.listdir(d) if name.endswith(".seg"))[0]
+    os.chown(d / planted, OTHER_UID, -1)
+    with pytest.raises(OutboxUntrusted, match=planted):
+        OutboxReader.open(str(d))
+    result = CliRunner().invoke(cli, ["outbox", "drain", "--dsn", pg_dsn, "--timeout", "5", "--outbox-dir", str(d)])
+    assert result.exit_code == 1 and planted in one_error_line(result.output)
+    assert query(pg_dsn, "SELECT count(*) FROM shardworker.jobs WHERE result = %s::jsonb", FORGED.decode()) == [(0,)]
