@@ -51,3 +51,21 @@ def test_requeue_orphans_retries_this_workers_running_jobs(store: PgStore, pg_ds
     assert r["finished_at"] is not None
     assert row(pg_dsn, foreign)["locked_by"] == "w2"
     assert store.requeue_orphans("w1", "again") == []
+
+
+def test_an_attempt_whose_steps_were_recorded_is_never_given_back(store: PgStore, pg_dsn: str) -> None:
+    """Progress files that say nothing started (zeroed on disk) would give back, uncharged, an
+    attempt that recorded steps: claimed again at attempt 1, it got no steps and ran them again
+    (issue 41, 10). Such an attempt is not given back; requeued as an orphan, the retry gets
+    its steps."""
+    from shardworker.model import StepRecord
+
+    job_id = add_id(store)
+    job = claim_one(store)
+    store.apply_outcomes([], [StepRecord(job.id, job.attempt, "fetch", b'"page"', 1.0, job.uid)])
+    assert store.release_unstarted("w1", started=[]) == 0
+    assert store.release([(job.id, job.attempt)], "w1") == 0
+    assert row(pg_dsn, job_id)["status"] == "running"
+    assert store.requeue_orphans("w1", "worker restarted while the job was running") == [job_id]
+    again = claim_one(store)
+    assert again.attempt == 2 and again.steps_json is not None and "fetch" in again.steps_json

@@ -388,24 +388,32 @@ ON CONFLICT (job_id, name) DO NOTHING;
 SELECT id, applied_attempt, status, attempt, uid FROM shardworker.jobs WHERE id = ANY(%(ids)s::bigint[]);
 
 -- job_release --
--- Give back claimed jobs whose handler never started: the claim is undone, attempt too.
+-- Give back claimed jobs whose handler never started: the claim is undone, attempt too. Never
+-- an attempt that recorded a step (its handler did start, whatever said otherwise): undone, the
+-- claim would come back as the same attempt number, which is given no recorded steps.
 UPDATE shardworker.jobs j
 SET status = 'queued', attempt = j.attempt - 1, locked_by = NULL, updated_at = now()
 FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS r(id, attempt)
-WHERE j.id = r.id AND j.attempt = r.attempt AND j.status = 'running' AND j.locked_by = %(worker_id)s;
+WHERE j.id = r.id AND j.attempt = r.attempt AND j.status = 'running' AND j.locked_by = %(worker_id)s
+  AND NOT EXISTS (SELECT FROM shardworker.job_steps s WHERE s.job_id = j.id AND s.attempt = j.attempt);
 
 -- job_release_claim --
--- Give back the jobs of a claim whose reply never arrived: no child ever saw them.
-UPDATE shardworker.jobs
+-- Give back the jobs of a claim whose reply never arrived: no child ever saw them (nor, so,
+-- recorded a step; checked as job_release does all the same).
+UPDATE shardworker.jobs j
 SET status = 'queued', attempt = attempt - 1, locked_by = NULL, updated_at = now()
-WHERE claim_token = %(claim_token)s AND status = 'running' AND locked_by = %(worker_id)s;
+WHERE claim_token = %(claim_token)s AND status = 'running' AND locked_by = %(worker_id)s
+  AND NOT EXISTS (SELECT FROM shardworker.job_steps s WHERE s.job_id = j.id AND s.attempt = j.attempt);
 
 -- job_release_unstarted --
 -- At startup, after the outbox is drained: this worker's running jobs whose handler never
--- started (no child's progress slot names them) are given back as job_release does, uncharged.
-UPDATE shardworker.jobs
+-- started (no child's progress slot names them) are given back as job_release does,
+-- uncharged; not one that recorded a step (progress files zeroed on disk say nothing started):
+-- it stays running, for the orphans' requeue to charge, and its retry gets its steps.
+UPDATE shardworker.jobs j
 SET status = 'queued', attempt = attempt - 1, locked_by = NULL, updated_at = now()
 WHERE status = 'running' AND locked_by = %(worker_id)s AND id <> ALL(%(started)s::bigint[])
+  AND NOT EXISTS (SELECT FROM shardworker.job_steps s WHERE s.job_id = j.id AND s.attempt = j.attempt)
 RETURNING id;
 
 -- job_requeue_orphans --
