@@ -113,6 +113,9 @@ class JobSpec:
             raise EnqueueError(f"unknown field(s) {', '.join(sorted(unknown))}")
         if "kind" not in obj:
             raise EnqueueError("missing field 'kind'")
+        after = obj.get("after", [])
+        if not isinstance(after, list):  # 0, false, "" or null would silently mean no dependency
+            raise EnqueueError(f"after must be a list of job ids (like [12, 13]), got {orjson.dumps(after).decode()}")
         run_at = obj.get("run_at")
         if run_at is not None:
             try:
@@ -120,7 +123,7 @@ class JobSpec:
             except ValueError as exc:
                 raise EnqueueError(f"run_at is not an ISO 8601 time: {run_at!r}") from exc
         return cls(obj["kind"], obj.get("payload"), obj.get("queue", "default"), obj.get("priority", 0),
-                   obj.get("max_attempts", DEFAULT_MAX_ATTEMPTS), run_at, obj.get("dedupe_key"), obj.get("after") or ())
+                   obj.get("max_attempts", DEFAULT_MAX_ATTEMPTS), run_at, obj.get("dedupe_key"), after)
 
 
 def loads_json(text: str | bytes) -> Any:

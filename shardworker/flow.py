@@ -18,7 +18,7 @@ from typing import NamedTuple
 from shardworker.errors import ConfigError
 
 PERIODS = {"s": 1.0, "m": 60.0, "h": 3600.0}
-_RATE = re.compile(r"\s*(\d+)\s*/\s*([smh])\s*")
+_RATE = re.compile(r"\s*(\d{1,12})\s*/\s*([smh])\s*")  # digits bounded: int() refuses past 4,300
 MAX_RATE = 1_000_000
 
 
@@ -33,11 +33,17 @@ class Rate(NamedTuple):
         return f"{self.n}/{unit}" if unit else f"{self.n}/{self.period_s:g}s"
 
 
+def shown(value: object, limit: int = 40) -> str:
+    """``value`` as a refusal quotes it: its repr, cut to ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def parse_rate(text: str) -> Rate:
     """``"N/s"``, ``"N/m"`` or ``"N/h"`` (N a whole number from 1) as a ``Rate``; anything
     else raises ``ConfigError`` saying what is accepted."""
     match = _RATE.fullmatch(text) if isinstance(text, str) else None
     if match is None or not 1 <= int(match.group(1)) <= MAX_RATE:
         raise ConfigError(f"rate must look like 10/s, 600/m or 1000/h (a whole number from 1 to {MAX_RATE:,} "
-                          f"per second, minute or hour); got {text!r}")
+                          f"per second, minute or hour); got {shown(text)}")
     return Rate(int(match.group(1)), PERIODS[match.group(2)])

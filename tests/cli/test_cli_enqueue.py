@@ -162,3 +162,22 @@ def test_enqueue_refuses_a_queue_name_no_worker_could_be_given(pg_dsn: str, queu
         JobSpec("k", None, queue=queue)
     with pytest.raises(ConfigError, match="queue name"):
         App().periodic("* * * * *", kind="tick", queue=queue)
+
+
+@pytest.mark.parametrize("after", ["0", "false", '""', "null", "12", '{"id": 1}'])
+def test_a_file_line_whose_after_is_not_a_list_of_ids_is_refused(tmp_path: Path, pg_dsn: str, after: str) -> None:
+    """``"after": 0`` (or false, "", null) silently dropped the dependency, and the job ran at
+    once (issue 41, 12): anything but a list of ids is refused, naming the line, and nothing is
+    enqueued."""
+    path = tmp_path / "jobs.jsonl"
+    path.write_text(f'{{"kind": "a"}}\n{{"kind": "b", "after": {after}}}\n')
+    assert_one_line_error(invoke("enqueue", "--file", str(path), "--dsn", pg_dsn), "line 2",
+                          "after must be a list of job ids")
+    assert rows(pg_dsn) == []
+
+
+def test_a_rate_of_thousands_of_digits_is_a_one_line_usage_error(pg_dsn: str) -> None:
+    """`queues limit q --rate <4,301 digits>/s` printed a traceback (issue 41, 11)."""
+    result = invoke("queues", "limit", "q", "--rate", "9" * 4301 + "/s", "--dsn", pg_dsn)
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert "rate must look like 10/s" in result.output and len(result.output) < 600
