@@ -13,12 +13,14 @@ most once per (id, attempt), which the outbox's checks and the promise rely on.
   every other one is snoozed;
 * the child reported ``Fatal`` (its outbox cannot take outcomes): every one is charged with
   that error, as before, and the death counts toward the crash-loop detector;
-* it died by itself with one unfinished job: that job is charged ("the handler's process
-  died: signal 11 (SIGSEGV)"); with several, nobody is known to be the cause: they are all
-  snoozed and become *suspects*, which this worker runs one at a time, alone, when it claims
-  them again, so the next death names the culprit; with none (it died starting, or between
-  jobs), the death counts toward the crash-loop detector. Unsaved jobs are snoozed in every
-  case but ``Fatal``.
+* it died by itself with one unfinished job that was the only handler this process ran, or
+  that ran alone as a suspect: that job is charged ("the handler's process died: signal 11
+  (SIGSEGV)"); with several, or one after other handlers ran in the process (one of those may
+  have left a thread or a timer that killed it after it returned), nobody is known to be the
+  cause: they are all snoozed and become *suspects*, which this worker runs one at a time,
+  alone, in a fresh process, when it claims them again, so the next death names the culprit;
+  with none (it died starting, or between jobs), the death counts toward the crash-loop
+  detector. Unsaved jobs are snoozed in every case but ``Fatal``.
 
 Pure logic on plain values: the pool (``shardworker.worker.pool``) applies the verdict.
 """
@@ -60,8 +62,11 @@ class Verdict:
     cancelled: bool = False  # killed only for cancelled jobs: nothing is really charged (they stay cancelled)
 
 
-def judge(cause: Cause, unfinished: Sequence[ClaimedJob], unsaved: Sequence[ClaimedJob]) -> Verdict:
-    """The verdict on a dead child's ``unfinished`` and ``unsaved`` jobs (see the module docstring)."""
+def judge(cause: Cause, unfinished: Sequence[ClaimedJob], unsaved: Sequence[ClaimedJob], *,
+          others_ran: bool = False, alone: bool = False) -> Verdict:
+    """The verdict on a dead child's ``unfinished`` and ``unsaved`` jobs (see the module
+    docstring): ``others_ran``, whether other handlers ran in that process before (one of them
+    may be the cause); ``alone``, whether the one unfinished job ran alone as a suspect."""
     if cause.killed:
         charged = tuple((j, cause.timed_out[(j.id, j.attempt)]) for j in unfinished
                         if (j.id, j.attempt) in cause.timed_out)
@@ -75,7 +80,7 @@ def judge(cause: Cause, unfinished: Sequence[ClaimedJob], unsaved: Sequence[Clai
     if cause.fatal:
         return Verdict(cause.fatal, tuple((j, cause.fatal) for j in (*unfinished, *unsaved)), crash=True)
     died = process_death(cause.exitcode)
-    if len(unfinished) == 1:
+    if len(unfinished) == 1 and (alone or not others_ran):
         return Verdict(f"worker process died: {died}", ((unfinished[0], f"the handler's process died: {died}"),),
                        snooze=tuple(unsaved))
     if unfinished:

@@ -3,7 +3,9 @@
 The database already says ``cancelled``: whatever outcome the attempt ends with is fenced
 out when it is applied. What is left is to stop the work. The pool marks the jobs here;
 each is told to the child that holds it (``wire.CancelJobs``; a job still waiting in the
-parent is told once it is sent, and told again after its child restarts); a handler that
+parent is told once it is sent, and told again after its child restarts, or after it was
+taken back and sent again, even to the same child: a child forgets the jobs it gives back,
+cancels and all); a handler that
 has not stopped ``grace_s`` after being told is *overdue*, and its child is stopped the
 way a timeout stops it.
 """
@@ -30,6 +32,9 @@ class Cancelling:
     def __bool__(self) -> bool:
         return bool(self._told)
 
+    def __contains__(self, key: object) -> bool:
+        return key in self._told
+
     def add(self, keys: Iterable[wire.JobKey]) -> int:
         """Mark ``keys`` cancelled; how many were not already."""
         new = [key for key in keys if key not in self._told]
@@ -43,13 +48,15 @@ class Cancelling:
             del self._told[key]
 
     def tell(self, handles: Iterable[ChildHandle], now: float) -> None:
-        """Send each cancelled job's child a ``CancelJobs`` unless that process was told already."""
+        """Send each cancelled job's child a ``CancelJobs`` unless that process was told already,
+        since the job was last sent to it."""
         for handle in handles:
             if not handle.alive:
                 continue
             process = handle.process  # a restarted child is a new process object: tell it again
             fresh = [key for key in self._told.keys() & handle.sent.keys()
-                     if (told := self._told[key]) is None or told[0] is not handle or told[1] is not process]
+                     if (told := self._told[key]) is None or told[0] is not handle or told[1] is not process
+                     or told[2] < handle.sent[key].at]
             for key in fresh:
                 self._told[key] = (handle, process, now)
             if fresh:

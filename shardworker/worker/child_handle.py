@@ -92,6 +92,7 @@ class ChildHandle:
     saturated: bool = False  # recalled, and has finished nothing since: worth no more jobs
     returned: list[Sent] = field(default_factory=list)  # taken back (now held), for the pool's caps
     reported_at: float = 0.0  # when it last reported a finished job (the pool's clock)
+    finished_here: int = 0  # jobs its current process reported finished (their handlers ran there)
     fatal: str = ""
     job_counts: JobCounts = field(default_factory=JobCounts)  # the pool's, for the metrics
     alive_until: Any = None  # the pool's shared gate (shardworker.child.gate.StartGate)
@@ -149,7 +150,7 @@ class ChildHandle:
         self._pipes = [to_child_w, from_child_r]
         self.out, self.inp = wire.OutFrames(to_child_w.fileno()), wire.InFrames(from_child_r.fileno())
         self.progress, self._free = progress, list(range(self.config.slots - 1, -1, -1))
-        self.stopped, self.fatal, self.restart_at = False, "", None
+        self.stopped, self.fatal, self.restart_at, self.finished_here = False, "", None, 0
         self.recalling = self.saturated = False
         self.crashes.started(now)
 
@@ -217,6 +218,7 @@ class ChildHandle:
             if isinstance(msg, wire.Done):
                 for key in msg.finished:
                     finished.append(self._release(key))
+                self.finished_here += len(msg.finished)
                 if msg.stats:
                     self.job_counts.add(msg.stats)
                 if not self.recalling:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -34,6 +35,8 @@ from shardworker.worker.child_handle import ChildHandle, Sent
 from shardworker.worker.deaths import Death, Suspects, Timeouts, leftovers, log_death, shutdown_cause
 from shardworker.worker.kindcaps import KindCaps
 from shardworker.worker.sending import Sender
+
+log = logging.getLogger(__name__)
 
 
 class ChildPool:
@@ -100,7 +103,21 @@ class ChildPool:
 
     def cancel(self, keys: set[wire.CancelKey]) -> int:
         """Stop the held attempts ``keys`` name (``shardworker.worker.cancelling``); how many not yet stopping."""
-        return self.cancelling.add(matching(self.job_keys(), keys))
+        added = self.cancelling.add(matching(self.job_keys(), keys))
+        self._drop_cancelled()
+        return added
+
+    def _drop_cancelled(self) -> None:
+        """Cancelled jobs that wait here, unsent (or taken back from a child): never sent (again).
+        The database says cancelled already, and they never started: nothing is left to do."""
+        if not self.cancelling:
+            return
+        for handle in self.handles:
+            for waiting in (handle.held, handle.suspects):
+                dropped = [j for j in waiting if (j.id, j.attempt) in self.cancelling]
+                for job in dropped:
+                    waiting.remove(job)
+                    log.info("job %d (%s) was cancelled before it started: dropped", job.id, job.kind)
 
     def held_jobs(self) -> list[ClaimedJob]:
         """Every job routed to a child and not yet reported (sent, held here for one, suspects)."""
@@ -165,6 +182,7 @@ class ChildPool:
             if handle.returned:  # recalled jobs, held again: their kinds' caps free up
                 self._forget(handle.returned, finished=False)
                 handle.returned = []
+                self._drop_cancelled()  # a cancelled one taken back is not sent again
 
     def _forget(self, taken: list[Sent], *, finished: bool = True) -> None:
         """Jobs taken off a child: their kind caps free up; ``finished`` ones count as done."""
@@ -220,7 +238,11 @@ class ChildPool:
         left = leftovers(handle)
         self._forget(left.reported)
         self._forget(left.taken, finished=False)  # the dispatcher counts the death's own
-        verdict = blame.judge(cause, left.unfinished, left.unsaved)
+        # Other handlers that ran in this process (finished, durable or returned) may have left
+        # a thread or a timer behind that killed it: then one running job is not the known cause.
+        others_ran = handle.finished_here > 0 or left.durable > 0 or bool(left.unsaved)
+        alone = len(left.unfinished) == 1 and (left.unfinished[0].id, left.unfinished[0].attempt) == handle.suspect
+        verdict = blame.judge(cause, left.unfinished, left.unsaved, others_ran=others_ran, alone=alone)
         unstarted = left.unstarted
         if handle.suspect is not None:  # a suspect it never started keeps its turn
             back = [j for j in unstarted if (j.id, j.attempt) == handle.suspect]

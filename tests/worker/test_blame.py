@@ -90,3 +90,12 @@ def test_the_default_timeout_is_thirty_minutes_and_validated() -> None:
     assert WorkerConfig(dsn="x", app_ref="m").default_timeout_s == 1800.0
     with pytest.raises(ConfigError, match="default_timeout_s"):
         WorkerConfig(dsn="x", app_ref="m", default_timeout_s=-1)
+
+
+def test_one_running_job_after_other_handlers_ran_in_the_process_is_a_suspect_not_charged() -> None:
+    """Another handler ran in that process before (it may have left a thread or a timer that
+    killed it): the one running job is snoozed as a suspect; run alone, a death charges it."""
+    verdict = judge(Cause(exitcode=3), [B], [], others_ran=True)
+    assert (verdict.charged, verdict.snooze, verdict.suspects) == ((), (B,), (B,))
+    alone = judge(Cause(exitcode=3), [B], [], others_ran=True, alone=True)
+    assert alone.charged == ((B, "the handler's process died: exit code 3"),)
