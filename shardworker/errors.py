@@ -17,6 +17,7 @@ Hierarchy::
     └── StoreError                    PostgreSQL said no (translated from psycopg)
         ├── DatabaseUnavailable       cannot connect or the connection broke: retry slowly
         ├── TransientConflict         serialization failure, deadlock, cancelled statement: retry fast
+        │   └── StatementTimeout      a statement ran past --statement-timeout
         ├── SchemaMissing             the schema is missing or older than the code
         ├── DatabaseWentBack          the database holds less than this outbox saw committed (a
         │                             failover to a replica that lagged, a restore): re-apply
@@ -109,6 +110,10 @@ class NotConnected(DatabaseUnavailable):
 
 class TransientConflict(StoreError):
     """The database gave up on the statement for now (serialization failure, deadlock, timeout)."""
+
+
+class StatementTimeout(TransientConflict):
+    """A statement ran past its statement timeout (--statement-timeout)."""
 
 
 class SchemaMissing(StoreError):

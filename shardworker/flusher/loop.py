@@ -25,6 +25,11 @@ database holds. ``check_wanted`` asks for the same check before the next pass (t
 on a new server, waits for it before it claims). While another worker re-applies too, an
 outcome whose job does not exist is held back (``deferred``) and tried again: that worker may
 be about to insert it again (a follow-up it lost); once no one re-applies, it is set aside.
+
+A batch that takes longer than the statement timeout to apply (a slow database, a fan-out of
+many follow-ups) is applied in halves, then smaller parts, in order; a single record that
+still does is given a longer timeout at each try (four times longer, up to
+``MAX_STATEMENT_TIMEOUT_S``), each step said in the log: never the same batch forever.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from typing import Protocol
 from outbox import OutboxReader, Record
 from shardworker import layout, wire
 from shardworker.config import FlusherConfig
-from shardworker.errors import DatabaseWentBack, NewerRecord, OutcomeRejected, StoreError
+from shardworker.errors import DatabaseWentBack, NewerRecord, OutcomeRejected, StatementTimeout, StoreError
 from shardworker.flusher import kept
 from shardworker.flusher.marks import Marks
 from shardworker.model import ApplyResult, Mark, Outcome, StepRecord
@@ -49,6 +54,7 @@ log = logging.getLogger(__name__)
 
 QUIET_CHECKPOINT_S = 0.02  # caught up this long with nothing new: the outbox is quiet, checkpoint it
 DEFER_RETRY_S = 0.2  # how often outcomes of jobs missing while another worker re-applies are tried again
+MAX_STATEMENT_TIMEOUT_S = 3600.0  # the longest a single record's apply is given (its timeout grows 4x a try)
 BATCH_BUCKETS = (1, 5, 10, 50, 100, 250, 500, 1000, 5000)  # outcomes per flushed batch, for the metrics
 
 
@@ -108,6 +114,9 @@ class Flusher:
                              tell_unreachable=report_outages)
         self.stats = FlushStats()
         self._held: list[Record] = []  # read but not yet applied (kept across failures)
+        self._decoded: list[Outcome | StepRecord | None] = []  # each of _held decoded, once (None: dead-lettered)
+        self._part: int | None = None  # after a statement timeout: apply only this many of _held at once
+        self._timeout_s: float | None = None  # and for a single record, a longer statement timeout
         self._deferred: list[Outcome] = []  # their jobs were missing while some worker re-applied
         self._deferred_at = 0.0  # when they are next tried
         self._outcomes: list[Outcome] = []  # _held decoded, once: its outcomes
@@ -171,18 +180,26 @@ class Flusher:
                                    or quiet)
             return 0
         started = self.clock()
-        mark = self.marks.mark_for(self._held) if self.marks is not None else None
-        outcomes = self.marks.with_followup_ids(self._outcomes) if self.marks is not None else self._outcomes
+        count = len(self._held) if self._part is None else min(self._part, len(self._held))
+        records, decoded = self._held[:count], self._decoded[:count]
+        outcomes = [d for d in decoded if isinstance(d, Outcome)]
+        steps = [d for d in decoded if isinstance(d, StepRecord)]
+        mark = self.marks.mark_for(records) if self.marks is not None else None
+        if self.marks is not None:
+            outcomes = self.marks.with_followup_ids(outcomes)
         try:
-            result = self._apply(outcomes, self._steps, mark)
+            result = self._apply(outcomes, steps, mark)
         except DatabaseWentBack:
             self._went_back()
+            return 0
+        except StatementTimeout as exc:
+            self._too_slow(count, outcomes, exc)
             return 0
         except StoreError as exc:
             self._failed(exc)
             return 0
         try:
-            self._record(result)
+            self._record(result, outcomes)
         except OSError as exc:
             # Stale or set-aside outcomes are kept whole before their records may go: keep
             # the batch (its replay is harmless) until the outbox disk takes them.
@@ -194,8 +211,14 @@ class Flusher:
         if self.marks is not None and mark is not None:
             self.marks.applied(mark, result)
         self.stats.failing, self.stats.batch_started_at = "", started
-        self.stats.steps += len(self._steps)
-        flushed, self._held, self._outcomes, self._steps = self._held, [], [], []
+        self.stats.steps += len(steps)
+        flushed = records
+        self._held, self._decoded = self._held[count:], self._decoded[count:]
+        self._outcomes = [d for d in self._decoded if isinstance(d, Outcome)]
+        self._steps = [d for d in self._decoded if isinstance(d, StepRecord)]
+        if not self._held and self._part is not None:
+            log.info("the slow batch is applied; batches are whole again")
+            self._part = self._timeout_s = None
         self._caught_up_at = None
         self.reader.mark_flushed(flushed)
         self.stats.flushed += len(flushed)
@@ -224,7 +247,8 @@ class Flusher:
         """The database went back in time: drop the records in hand (they come again) and
         re-apply from what it holds, claims held (``Marks.went_back``)."""
         assert self.marks is not None
-        self._held, self._outcomes, self._steps, self._gathering_since = [], [], [], None
+        self._held, self._decoded, self._outcomes, self._steps, self._gathering_since = [], [], [], [], None
+        self._part = self._timeout_s = None
         self.check_wanted = False
         try:
             self.marks.went_back()
@@ -234,6 +258,23 @@ class Flusher:
             return
         self.stats.regressions += 1
         self._dirty = True
+
+    def _too_slow(self, count: int, outcomes: list[Outcome], exc: StoreError) -> None:
+        """The batch took longer than the statement timeout: apply it in halves next (in order:
+        a prefix of each shard's records), or, a single record, with a longer timeout."""
+        self.stats.db_errors += 1
+        if count > 1:
+            if self._part is None:
+                log.warning("a batch of %d records took longer than --statement-timeout to apply (%s): applying it "
+                            "in smaller parts", count, exc)
+            self._part = max(1, count // 2)
+            return
+        base = self._timeout_s or self.config.statement_timeout_s
+        self._timeout_s = min(MAX_STATEMENT_TIMEOUT_S, base * 4)
+        what = (f"the outcome of job {outcomes[0].job_id}" + (" (and its follow-up jobs)" if outcomes[0].followups_json
+                                                              else "")) if outcomes else "a batch of step records"
+        log.error("%s takes longer than the statement timeout (%.0fs) to apply on this database; trying again with "
+                  "%.0fs", what, base, self._timeout_s)
 
     def _failed(self, exc: StoreError) -> None:
         delay = self.outage.failed(exc)  # raises what is not retryable
@@ -250,7 +291,8 @@ class Flusher:
             return
         records = self.reader.poll(room, self.config.flush_bytes - size if self._held else self.config.flush_bytes)
         self._held += records
-        decoded = [d for d in map(self._decode, records) if d is not None]
+        decoded = [self._decode(record) for record in records]
+        self._decoded += decoded
         self._outcomes += [d for d in decoded if isinstance(d, Outcome)]
         self._steps += [d for d in decoded if isinstance(d, StepRecord)]
 
@@ -281,6 +323,8 @@ class Flusher:
 
     def _apply_round(self, outcomes: list[Outcome], steps: list[StepRecord], mark: Mark | None) -> ApplyResult:
         try:
+            if self._timeout_s is not None:
+                return self.store.apply_outcomes(outcomes, steps, mark, timeout_s=self._timeout_s)
             return self.store.apply_outcomes(outcomes, steps, mark)
         except OutcomeRejected:
             result = self._steps_one_by_one(steps) + self._apply_one_by_one(outcomes)

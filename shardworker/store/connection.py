@@ -31,6 +31,7 @@ from shardworker.errors import (
     DataRejected,
     NotConnected,
     SchemaMissing,
+    StatementTimeout,
     StoreError,
     TransientConflict,
 )
@@ -68,6 +69,8 @@ def translate(exc: psycopg.Error) -> StoreError:
         return DataRejected(f"database refused: {first_line(exc)}")
     if isinstance(exc, pgerr.UndefinedTable | pgerr.InvalidSchemaName | pgerr.UndefinedColumn):
         return SchemaMissing()
+    if isinstance(exc, pgerr.QueryCanceled) and "statement timeout" in str(exc):
+        return StatementTimeout(f"statement timeout: {first_line(exc)}")
     if isinstance(exc, pgerr.SerializationFailure | pgerr.DeadlockDetected | pgerr.QueryCanceled):
         return TransientConflict(f"transient conflict: {exc.diag.message_primary or exc}")
     if isinstance(exc, pgerr.ReadOnlySqlTransaction):
@@ -266,13 +269,15 @@ class Session:
         self._watchdog.stop()
 
     @contextlib.contextmanager
-    def cursor(self, *, transaction: bool = False) -> Iterator[psycopg.Cursor[Any]]:
-        """A cursor (in a transaction if asked) under the client-side deadline; a broken
+    def cursor(self, *, transaction: bool = False, timeout_s: float | None = None) -> Iterator[psycopg.Cursor[Any]]:
+        """A cursor (in a transaction if asked) under the client-side deadline (that of a
+        statement timeout of ``timeout_s``, which the caller sets, when given); a broken
         connection is closed so the next call reconnects."""
+        deadline_s = self._deadline_s if timeout_s is None else timeout_s + self.config.network_timeout_s
         try:
             with translate_errors():
                 conn = self.connection()
-                self._watchdog.arm(conn.fileno(), self._deadline_s)
+                self._watchdog.arm(conn.fileno(), deadline_s)
                 try:
                     with conn.transaction() if transaction else contextlib.nullcontext(), conn.cursor() as cur:
                         yield cur

@@ -93,7 +93,7 @@ class WorkerQueries(ClaimQueries):
         return int(row[0]) if row else 0
 
     def apply_outcomes(self, outcomes: Sequence[Outcome], steps: Sequence[StepRecord] = (),
-                       mark: Mark | None = None) -> ApplyResult:
+                       mark: Mark | None = None, *, timeout_s: float | None = None) -> ApplyResult:
         """Apply a batch of outcomes in one fenced statement and its steps' results with them,
         in one transaction: a job's steps are in PostgreSQL no later than the outcome that
         queues it again. A batch is one round trip: BEGIN, the steps, the outcomes and COMMIT
@@ -101,7 +101,11 @@ class WorkerQueries(ClaimQueries):
         are left out of it, and applied next in a transaction of their own that settles the
         jobs waiting on them (``job_dependents_settle``); so is a batch that carries follow-up
         jobs, inserted with it. Zero-row outcomes are replays or stale. ``mark`` (the outbox's
-        mark after this batch) is written in the transaction that applies the batch's last part."""
+        mark after this batch) is written in the transaction that applies the batch's last part.
+        ``timeout_s``: a statement timeout of its own for the batch (one outcome that takes
+        longer than --statement-timeout to apply: a fan-out of many follow-ups)."""
+        if timeout_s is not None:
+            return self._apply_settling(outcomes, steps, mark, timeout_s)
         if not outcomes:
             return self._apply_steps(steps, mark)
         if any(o.followups_json for o in outcomes):
@@ -126,7 +130,7 @@ class WorkerQueries(ClaimQueries):
         return result + self._apply_settling(missed, (), mark) if missed else result
 
     def _apply_settling(self, outcomes: Sequence[Outcome], steps: Sequence[StepRecord],
-                        mark: Mark | None = None) -> ApplyResult:
+                        mark: Mark | None = None, timeout_s: float | None = None) -> ApplyResult:
         """``apply_outcomes`` in two round trips: the first sends BEGIN, the steps and the
         outcomes at once; the second settles the jobs waiting on those applied (only when
         some have dependents), inserts the follow-up jobs of those applied as done (only for
@@ -136,13 +140,14 @@ class WorkerQueries(ClaimQueries):
         (and steps) of follow-ups that its own outcomes insert: those jobs did not exist when
         the batch's apply ran, so their steps are recorded once the follow-ups are in, and
         their outcomes are applied next, in a transaction of their own that takes the mark."""
-        with self.cursor() as cur, cur.connection.cursor() as stepping, psycopg.RawCursor(cur.connection) as applying:
+        with self.cursor(timeout_s=timeout_s) as cur, cur.connection.cursor() as stepping, \
+                psycopg.RawCursor(cur.connection) as applying:
             conn = cur.connection
             prepare = self.prepares(conn)
             with refusals(conn):
                 with conn.pipeline():
                     send_apply(cur, stepping, applying, outcomes, steps, prepare=prepare, settles=True,
-                               custom_plans=True, mark=mark, mark_write="never")
+                               custom_plans=True, mark=mark, mark_write="never", timeout_s=timeout_s)
                 rows = applying.fetchall()
                 landed = max(0, stepping.rowcount) if steps else 0
                 ended = [(job_id, status) for job_id, _, status, dependents in rows
@@ -172,7 +177,7 @@ class WorkerQueries(ClaimQueries):
                 rows_now = {int(i): JobNow(applied, status, attempt, uid)
                             for i, applied, status, attempt, uid in cur.fetchall()}
         result = classify(len(outcomes) - len(missed) - len(again), missed, rows_now, landed, followups, made)
-        return result + self.apply_outcomes(again, (), mark) if again else result
+        return result + self.apply_outcomes(again, (), mark, timeout_s=timeout_s) if again else result
 
     def _apply_steps(self, steps: Sequence[StepRecord], mark: Mark | None = None) -> ApplyResult:
         """Steps alone: one statement (with ``mark``); a mark alone when there are none."""
@@ -228,7 +233,8 @@ def outcome_params(outcomes: Sequence[Outcome], *, settles: bool = True, mark: M
 
 def send_apply(cur: psycopg.Cursor[Any], stepping: psycopg.Cursor[Any], applying: psycopg.RawCursor[Any],
                outcomes: Sequence[Outcome], steps: Sequence[StepRecord], *, prepare: bool, settles: bool,
-               custom_plans: bool = False, mark: Mark | None = None, mark_write: str = "never") -> None:
+               custom_plans: bool = False, mark: Mark | None = None, mark_write: str = "never",
+               timeout_s: float | None = None) -> None:
     """Into an open pipeline: BEGIN, the steps (on ``stepping``), and the outcomes (on ``applying``,
     with ``mark``). ``custom_plans``: every statement of the transaction planned for its own
     values, as the rare ones that settle dependents and insert follow-ups want (the session's
@@ -236,6 +242,8 @@ def send_apply(cur: psycopg.Cursor[Any], stepping: psycopg.Cursor[Any], applying
     cur.execute("BEGIN")
     if custom_plans:
         cur.execute("SET LOCAL plan_cache_mode = force_custom_plan")
+    if timeout_s is not None:
+        cur.execute("SELECT set_config('statement_timeout', %s, true)", (f"{int(timeout_s * 1000)}ms",))
     if steps:
         stepping.execute(query("job_steps_insert"), step_params(steps))
     execute_apply(applying, outcomes, prepare=prepare, settles=settles, mark=mark, mark_write=mark_write)
