@@ -50,16 +50,20 @@ def assert_uncharged(dsn: str, count_dir: Path, ids: list[int]) -> int:
 def test_handlers_that_kill_their_child_fail_alone_and_the_worker_stays_up(
         pg_dsn: str, dirs: tuple[Path, Path]) -> None:
     """An os._exit(1) job and a segfaulting job among 200 sync jobs: each is charged with how its
-    process died until its attempts are spent; the worker keeps going and every other job runs once."""
+    process died until its attempts are spent (a death after other handlers ran in that process
+    is charged only once the job ran alone as a suspect: a run that uses no attempt); the worker
+    keeps going and every other job runs once."""
     others = enqueue(pg_dsn, "ok", 200)
     [exiting] = enqueue(pg_dsn, "exit1", 1)
     [crashing] = enqueue(pg_dsn, "segv", 1)
     assert run_idle(pg_dsn, dirs, procs=2) == 0, worker_log(dirs[1])[-3000:]
-    assert row(pg_dsn, exiting) == ("failed", 2, "the handler's process died: exit code 1")
-    assert row(pg_dsn, crashing) == ("failed", 2, "the handler's process died: signal 11 (SIGSEGV)")
+    for job_id, error in ((exiting, "exit code 1"), (crashing, "signal 11 (SIGSEGV)")):
+        status, attempt, snoozes, last_error = query(
+            pg_dsn, "SELECT status, attempt, snoozes, last_error FROM shardworker.jobs WHERE id = %s", job_id)[0]
+        assert (status, attempt - snoozes, last_error) == ("failed", 2, f"the handler's process died: {error}")
     ran = runs(dirs[1])
-    assert {k: n for k, n in ran.items() if k[0] in (exiting, crashing)} == {
-        (exiting, 1): 1, (exiting, 2): 1, (crashing, 1): 1, (crashing, 2): 1}
+    poison = {k: n for k, n in ran.items() if k[0] in (exiting, crashing)}
+    assert set(poison.values()) == {1} and 4 <= len(poison) <= 6, poison
     rows = query(pg_dsn, "SELECT id, status, attempt, last_error FROM shardworker.jobs WHERE id = ANY(%s)", others)
     assert [(status, error) for _, status, _, error in rows] == [("done", None)] * 200  # nobody charged
     assert all(n == 1 for n in ran.values()), "a handler ran twice for one attempt"
