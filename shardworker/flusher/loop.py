@@ -467,13 +467,13 @@ class Flusher:
 
 
 def _rounds(outcomes: list[Outcome]) -> list[list[Outcome]]:
-    """``outcomes`` in as few rounds as keep each job's outcomes in separate rounds, in order
+    """``outcomes`` in as few rounds as keep each job's outcomes in separate rounds, by attempt
     (one round, nearly always: only a batch read again holds a job twice)."""
     if len({o.job_id for o in outcomes}) == len(outcomes):
         return [outcomes]
     rounds: list[list[Outcome]] = []
     seen: list[set[int]] = []
-    for outcome in outcomes:
+    for outcome in sorted(outcomes, key=lambda o: (o.job_id, o.attempt)):
         n = next((i for i in range(len(rounds) - 1, -1, -1) if outcome.job_id in seen[i]), -1) + 1
         if n == len(rounds):
             rounds.append([])

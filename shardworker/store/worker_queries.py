@@ -332,8 +332,8 @@ def classify(applied: int, missed: Sequence[Outcome], rows: dict[int, JobNow],
             # No such job here (the wrong database, or deleted), or its id went to another job
             # (the database went back in time and the sequence handed it out again).
             missing.append(outcome.job_id)
-        elif (outcome.uid is not None and row.status in ("queued", "waiting") and row.attempt == outcome.attempt - 1
-              and (row.applied_attempt or 0) < outcome.attempt):
+        elif (outcome.uid is not None and row.status in ("queued", "waiting", "running")
+              and row.attempt < outcome.attempt and (row.applied_attempt or 0) < outcome.attempt):
             # As its claim found it, now: another worker inserted it again (a follow-up the database
             # lost when it went back in time) after this apply looked. Worth another try.
             late.append(outcome.job_id)

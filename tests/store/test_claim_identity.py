@@ -123,3 +123,39 @@ def _steps(dsn: str, job_id: int) -> list[tuple[str, Any]]:
     with connect(dsn) as conn:
         return [(n, r) for n, r in conn.execute(
             "SELECT name, result FROM shardworker.job_steps WHERE job_id = %s ORDER BY name", (job_id,))]
+
+
+def test_a_later_attempts_outcome_lands_first_on_a_row_that_went_back_two_attempts(store: PgStore,
+                                                                                 pg_dsn: str) -> None:
+    """Re-applied after the database went back to before both claims, a job's attempt 2 (done)
+    may come before its attempt 1 (a retry): read from another shard, or another worker's
+    outbox. It lands (its run proves attempt 1 ended), and attempt 1's outcome is then stale
+    (it left the job queued to run a third time)."""
+    job_id = add_id(store, max_attempts=3)
+    first = claim_one(store)
+    retried = Outcome.retry(first.id, first.attempt, "boom", 0.0).claimed_by(first)
+    assert store.apply_outcomes([retried]).applied == 1
+    second = claim_one(store)
+    _as_before_the_claim(pg_dsn, job_id)
+    assert store.apply_outcomes([_done(second)]).applied == 1
+    again = store.apply_outcomes([retried])
+    assert (again.applied, again.stale) == (0, 1)
+    r = row(pg_dsn, job_id)
+    assert (r["status"], r["attempt"], r["result"]) == ("done", 2, {"ran": "here"})
+
+
+def test_a_later_attempts_outcome_lands_on_a_row_still_running_an_older_attempt(store: PgStore, pg_dsn: str) -> None:
+    """The database went back to while attempt 1 ran: the row says running at 1. Attempt 2's
+    outcome lands: its run proves attempt 1 ended and a second claim ran."""
+    job_id = add_id(store, max_attempts=3)
+    first = claim_one(store)
+    with connect(pg_dsn) as conn:
+        then = conn.execute("SELECT status, attempt, locked_by, claim_token FROM shardworker.jobs WHERE id = %s",
+                            (job_id,)).fetchone()
+    store.apply_outcomes([Outcome.retry(first.id, first.attempt, "boom", 0.0).claimed_by(first)])
+    second = claim_one(store)
+    with connect(pg_dsn) as conn:
+        conn.execute("UPDATE shardworker.jobs SET status = %s, attempt = %s, locked_by = %s, claim_token = %s, "
+                     "applied_attempt = NULL WHERE id = %s", (*then, job_id))
+    assert store.apply_outcomes([_done(second)]).applied == 1
+    assert (row(pg_dsn, job_id)["status"], row(pg_dsn, job_id)["attempt"]) == ("done", 2)

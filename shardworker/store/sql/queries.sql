@@ -266,8 +266,10 @@ WHERE (k.global_concurrency, k.rate_limit, k.rate_period_s)
 -- still running, or while it waits rescued and not yet claimed again (a late outcome from a
 -- host that was stopped or cut off lands instead of the job running again); or, when the
 -- database went back to before the claim itself (a failover to a replica that lagged, a
--- restore), the row as that claim found it (queued or waiting, one attempt before, this
--- attempt's outcome never applied): the handler's run is the attempt, and it lands.
+-- restore), the row as it was before that claim (queued, waiting, or still running an older
+-- attempt: a later attempt's outcome proves the earlier ones ended; this attempt's outcome
+-- never applied): the handler's run is the attempt, and it lands. (An older attempt's outcome
+-- re-applied after a later one is then stale.)
 -- Returns the rows applied; an outcome missing from the result was applied before (a
 -- replay), its attempt lost its lease (stale), or its job does not exist: see job_classify.
 -- disposition (shardworker.model.Disposition): 'done'; 'retry' (queued again after
@@ -332,7 +334,7 @@ WITH o AS (
     WHERE j.id = o.id AND (o.uid IS NULL OR j.uid IS NULL OR j.uid = o.uid)
       AND ((j.attempt = o.attempt AND (o.token IS NULL OR j.claim_token IS NULL OR j.claim_token = o.token)
             AND (j.status = 'running' OR (j.rescued_attempt = o.attempt AND j.status IN ('queued', 'failed'))))
-           OR (o.uid IS NOT NULL AND j.attempt = o.attempt - 1 AND j.status IN ('queued', 'waiting')
+           OR (o.uid IS NOT NULL AND j.attempt < o.attempt AND j.status IN ('queued', 'waiting', 'running')
                AND coalesce(j.applied_attempt, 0) < o.attempt))
       AND (%(settles)s::boolean OR NOT j.has_dependents)
     RETURNING j.id, j.attempt, j.status, j.has_dependents
@@ -1267,15 +1269,15 @@ SELECT pg_postmaster_start_time()::text || ' ' || (SELECT oid FROM pg_database W
 
 -- job_reclaim --
 -- Claims the database lost by going back in time, made again for the jobs this worker holds
--- (sent to its children, not finished): a row as the claim found it (queued or waiting, one
--- attempt before, of the same job) is claimed again with that claim's attempt and token, so
--- no other worker claims it, and its outcome lands as usual. Returns the ids claimed again.
+-- (sent to its children, not finished): a row as it was before that claim (queued, waiting or
+-- running an older attempt, of the same job) is claimed again with that claim's attempt and
+-- token, so no other worker claims it, and its outcome lands as usual. Returns the ids claimed again.
 UPDATE shardworker.jobs j
 SET status = 'running', attempt = r.attempt, locked_by = %(worker_id)s, claim_token = r.token,
     rescued_attempt = NULL, attempted_at = now(), updated_at = now()
 FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(uids)s::bigint[], %(tokens)s::text[]) AS r(id, attempt, uid, token)
 WHERE j.id = r.id AND (r.uid IS NULL OR j.uid IS NULL OR j.uid = r.uid)
-  AND j.status IN ('queued', 'waiting') AND j.attempt = r.attempt - 1 AND coalesce(j.applied_attempt, 0) < r.attempt
+  AND j.status IN ('queued', 'waiting', 'running') AND j.attempt < r.attempt AND coalesce(j.applied_attempt, 0) < r.attempt
 RETURNING j.id;
 
 -- job_apply_preview --
@@ -1288,5 +1290,5 @@ JOIN shardworker.jobs j ON j.id = o.id
 WHERE (o.uid IS NULL OR j.uid IS NULL OR j.uid = o.uid)
   AND ((j.attempt = o.attempt AND (o.token IS NULL OR j.claim_token IS NULL OR j.claim_token = o.token)
         AND (j.status = 'running' OR (j.rescued_attempt = o.attempt AND j.status IN ('queued', 'failed'))))
-       OR (o.uid IS NOT NULL AND j.attempt = o.attempt - 1 AND j.status IN ('queued', 'waiting')
+       OR (o.uid IS NOT NULL AND j.attempt < o.attempt AND j.status IN ('queued', 'waiting', 'running')
            AND coalesce(j.applied_attempt, 0) < o.attempt));
