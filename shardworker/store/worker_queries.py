@@ -165,6 +165,7 @@ class WorkerQueries(ClaimQueries):
                 if inserted and (theirs := [s for s in steps if s.job_id in inserted]):
                     cur.execute(query("job_steps_insert"), step_params(theirs))
                     landed += max(0, cur.rowcount)
+                    cur.execute(query("job_steps_ahead"), ahead_params(theirs))
                 if mark is not None and not again:
                     cur.execute(query("outbox_mark_write"), mark_params(mark))
                 cur.execute("COMMIT")
@@ -185,14 +186,20 @@ class WorkerQueries(ClaimQueries):
             if mark is not None:
                 self.mark_outbox(mark)
             return ApplyResult()
-        with self.cursor() as cur:
+        with self.cursor() as cur, cur.connection.cursor() as stepping:
+            conn = cur.connection
             try:
-                cur.execute(query("job_steps_insert"), step_params(steps, mark))
+                with conn.pipeline():  # one round trip: BEGIN, the steps, those ahead of their rows, COMMIT
+                    cur.execute("BEGIN")
+                    stepping.execute(query("job_steps_insert"), step_params(steps, mark))
+                    cur.execute(query("job_steps_ahead"), ahead_params(steps))
+                    cur.execute("COMMIT")
             except psycopg.Error as exc:
+                rollback(conn)
                 if not is_refusal(exc):
                     raise
                 raise OutcomeRejected(f"outcome rejected: {first_line(exc)}") from exc
-            return ApplyResult(steps=max(0, cur.rowcount))
+            return ApplyResult(steps=max(0, stepping.rowcount))
 
     def identity(self) -> DatabaseIdentity:
         """(instance id, database name, server as host:port): what an outbox is bound to."""
@@ -246,6 +253,7 @@ def send_apply(cur: psycopg.Cursor[Any], stepping: psycopg.Cursor[Any], applying
         cur.execute("SELECT set_config('statement_timeout', %s, true)", (f"{int(timeout_s * 1000)}ms",))
     if steps:
         stepping.execute(query("job_steps_insert"), step_params(steps))
+        cur.execute(query("job_steps_ahead"), ahead_params(steps))
     execute_apply(applying, outcomes, prepare=prepare, settles=settles, mark=mark, mark_write=mark_write)
 
 
@@ -266,6 +274,11 @@ def refusals(conn: psycopg.Connection[Any]) -> Iterator[None]:
         if isinstance(exc, psycopg.Error) and not is_refusal(exc):
             raise
         raise OutcomeRejected(f"outcome rejected: {first_line(exc)}") from exc
+
+
+def ahead_params(steps: Sequence[StepRecord]) -> dict[str, Any]:
+    """``job_steps_ahead``'s arrays."""
+    return {"job_ids": [s.job_id for s in steps], "attempts": [s.attempt for s in steps], "uids": [s.uid for s in steps]}
 
 
 def step_params(steps: Sequence[StepRecord], mark: Mark | None = None) -> dict[str, Any]:

@@ -159,3 +159,16 @@ def test_a_later_attempts_outcome_lands_on_a_row_still_running_an_older_attempt(
                      "applied_attempt = NULL WHERE id = %s", (*then, job_id))
     assert store.apply_outcomes([_done(second)]).applied == 1
     assert (row(pg_dsn, job_id)["status"], row(pg_dsn, job_id)["attempt"]) == ("done", 2)
+
+
+def test_steps_of_a_lost_claim_reach_the_next_claim_of_the_same_attempt_number(store: PgStore, pg_dsn: str) -> None:
+    """The database lost a claim whose steps land again from the kept tail: the job, queued at
+    attempt 0, is claimed as attempt 1 again, and that claim gets the steps (the claim read
+    steps only after the first attempt, and the steps ran again: found by a trial, kill -9
+    and a failover)."""
+    job_id = add_id(store)
+    job = claim_one(store)
+    _as_before_the_claim(pg_dsn, job_id)
+    store.apply_outcomes([], [StepRecord(job.id, job.attempt, "fetch", b'"page"', 1.0, job.uid)])
+    again = claim_one(store)
+    assert again.attempt == 1 and again.steps_json is not None and "fetch" in again.steps_json

@@ -155,12 +155,13 @@ WITH hold AS (
                            SELECT a.n FROM unnest(%(attempt_kinds)s::text[], %(attempt_limits)s::int[]) AS a(kind, n)
                            WHERE a.kind = j.kind)) ELSE j.max_attempts END
     WHERE j.id = ANY(ARRAY(SELECT id FROM running_total WHERE n <= %(limit)s AND (n = 1 OR upto <= %(max_bytes)s)))
-    -- The steps earlier attempts recorded (job.step): only a retried job can have any, so
-    -- a first attempt costs nothing here; the results of the jobs it waited on (after=),
-    -- read only for a job that waited on some.
+    -- The steps earlier attempts recorded (job.step): only a retried job can have any (or one
+    -- whose steps are ahead of its row: steps_ahead, migration 0017), so a first attempt costs
+    -- nothing here; the results of the jobs it waited on (after=), read only for a job that
+    -- waited on some.
     RETURNING j.id, j.kind, j.queue, j.payload::text AS payload, j.attempt, j.max_attempts, j.snoozes,
               j.priority, j.run_at,
-              CASE WHEN j.attempt > 1 THEN (SELECT jsonb_object_agg(s.name, s.result)::text
+              CASE WHEN j.attempt > 1 OR j.steps_ahead THEN (SELECT jsonb_object_agg(s.name, s.result)::text
                                             FROM shardworker.job_steps s WHERE s.job_id = j.id) END AS steps,
               CASE WHEN j.deps_total > 0 THEN (SELECT jsonb_object_agg(d.depends_on::text, r.result)::text
                                                FROM shardworker.job_dependencies d
@@ -229,7 +230,7 @@ WITH flow AS (
     WHERE j.id = ANY(ARRAY(SELECT id FROM running_total WHERE n = 1 OR upto <= %(max_bytes)s))
     RETURNING j.id, j.kind, j.queue, j.payload::text AS payload, j.attempt, j.max_attempts, j.snoozes,
               NULL::numeric AS pace_s,
-              CASE WHEN j.attempt > 1 THEN (SELECT jsonb_object_agg(s.name, s.result)::text
+              CASE WHEN j.attempt > 1 OR j.steps_ahead THEN (SELECT jsonb_object_agg(s.name, s.result)::text
                                             FROM shardworker.job_steps s WHERE s.job_id = j.id) END AS steps,
               CASE WHEN j.deps_total > 0 THEN (SELECT jsonb_object_agg(d.depends_on::text, r.result)::text
                                                FROM shardworker.job_dependencies d
@@ -381,6 +382,16 @@ FROM s JOIN live ON live.id = s.job_id AND s.attempt > live.steps_reset_attempt
                 AND (s.uid IS NULL OR live.uid IS NULL OR live.uid = s.uid)
 WHERE (SELECT count(*) FROM marked) >= 0
 ON CONFLICT (job_id, name) DO NOTHING;
+
+-- job_steps_ahead --
+-- After job_steps_insert, in its transaction (a statement of its own: one that updated the
+-- rows job_steps_insert locks would make it skip them): the jobs whose steps just recorded are
+-- of an attempt their row does not show yet (the claim was lost with the database's going back
+-- in time) are marked, so their next claim reads the steps whatever its attempt number.
+UPDATE shardworker.jobs j SET steps_ahead = true
+FROM unnest(%(job_ids)s::bigint[], %(attempts)s::int[], %(uids)s::bigint[]) AS s(job_id, attempt, uid)
+WHERE j.id = s.job_id AND s.attempt > j.attempt AND NOT j.steps_ahead
+  AND (s.uid IS NULL OR j.uid IS NULL OR j.uid = s.uid);
 
 -- job_classify --
 -- For outcomes that matched no running attempt: which attempt's outcome each job last
