@@ -72,6 +72,7 @@ class FlusherConfig:
     backoff_cap_s: float
     embedded_db: bool = False  # the database is the embedded server (recorded in the outbox's binding)
     statement_timeout_s: float = 30.0  # the store's: a batch that takes longer is applied in parts
+    rescue_grace_s: float = 300.0  # how long a follow-up inserted again after the database went back waits
     # The applied tail kept for a database that comes back older (WorkerConfig's reapply_*).
     reapply_window_s: float = 0.0
     reapply_max_bytes: int = 0
@@ -289,7 +290,8 @@ class WorkerConfig:
                              checkpoint_interval_s=self.checkpoint_interval_s, backoff_base_s=self.backoff_base_s,
                              backoff_cap_s=self.backoff_cap_s, embedded_db=self.embedded_db,
                              reapply_window_s=self.reapply_window_s, reapply_max_bytes=self.reapply_max_bytes,
-                             min_free_bytes=self.min_free_bytes, statement_timeout_s=self.statement_timeout_s)
+                             min_free_bytes=self.min_free_bytes, statement_timeout_s=self.statement_timeout_s,
+                             rescue_grace_s=self.rescue_grace_s)
 
     def child_config(self, shard: int, *, parent_pid: int, slots: int) -> ChildConfig:
         return ChildConfig(shard=shard, outbox_dir=self.outbox_dir, app_ref=self.app_ref,

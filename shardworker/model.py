@@ -194,8 +194,11 @@ class Outcome:
     uid: int | None = None  # the job's uid and the claim's token it ran under (ClaimedJob); None: not checked
     token: str | None = None
     # The ids its follow-ups had when this outcome was applied before the database went back in
-    # time (shardworker.flusher.journal), to insert them with again; never in the record.
+    # time (shardworker.flusher.journal), to insert them with again, and how long they then wait
+    # before they may be claimed (an outcome of theirs kept on another host lands meanwhile);
+    # never in the record.
     followup_ids: tuple[int | None, ...] | None = None
+    followup_wait_s: float = 0.0
 
     def claimed_by(self, job: ClaimedJob) -> Outcome:
         """This outcome, marked as the outcome of ``job``'s claim (its uid and token)."""

@@ -70,7 +70,7 @@ def drain(outbox_dir: str, dsn: str, *, timeout_s: float, backoff_cap_s: float =
                        backoff=backoff, log=log, deadline=deadline, sleep=sleep)
             heartbeat = _heartbeat_for_owner(outbox_dir, dsn, store, backoff, deadline, sleep)
             flusher = Flusher(reader, store, config.flusher_config(), sleep=sleep,
-                              marks=marks_for(reader, store, config.reapply_window_s))
+                              marks=marks_for(reader, store, config.flusher_config()))
             if reapply:
                 _rewind(flusher, from_start, backoff, deadline, sleep)
             stats = _drain_loop(flusher, outbox_dir, deadline, progress, heartbeat)

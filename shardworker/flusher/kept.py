@@ -12,7 +12,7 @@ from collections.abc import Iterable
 import orjson
 
 from outbox.fsutil import append_durably, atomic_write, ensure_dir
-from shardworker import layout
+from shardworker import layout, wire
 from shardworker.model import ApplyResult, Outcome
 
 log = logging.getLogger(__name__)
@@ -31,12 +31,15 @@ def deadletter(outbox_dir: str, payload: bytes, reason: str, outcome: Outcome | 
     return name
 
 
-def keep_unapplied(outbox_dir: str, result: ApplyResult, outcomes: list[Outcome]) -> None:
+def keep_unapplied(outbox_dir: str, result: ApplyResult, outcomes: list[Outcome], *, may_come: bool = False) -> None:
     """Keep, whole, the outcomes of ``outcomes`` that a batch's ``result`` did not apply
-    (stale, cancelled, or of a job this database does not have), saying so once each."""
-    def keep_these(path: str, job_ids: tuple[int, ...], reason: str) -> None:
+    (stale, cancelled, or of a job this database does not have, with its record, so that it
+    can land if the job comes: ``shardworker.flusher.setaside``), saying so once each.
+    ``may_come``: the database went back in time, and some worker re-applies what it lost (or
+    checks whether it must): a missing job may be inserted again any moment."""
+    def keep_these(path: str, job_ids: tuple[int, ...], reason: str, *, records: bool = False) -> None:
         wanted = set(job_ids)
-        keep(path, (o for o in outcomes if o.job_id in wanted), reason)
+        keep(path, (o for o in outcomes if o.job_id in wanted), reason, records=records)
 
     if result.stale:
         log.warning("%d stale outcomes kept in %s, not applied (a newer attempt owns the job): ids %s",
@@ -47,16 +50,29 @@ def keep_unapplied(outbox_dir: str, result: ApplyResult, outcomes: list[Outcome]
         log.info("%d outcomes not applied, kept in %s: their jobs were cancelled while they ran: ids %s",
                  len(result.cancelled_ids), layout.STALE_LOG, list(result.cancelled_ids[:10]))
         keep_these(layout.stale_log(outbox_dir), result.cancelled_ids, layout.CANCELLED_REASON)
-    if result.missing_ids:
-        log.error("%d outcomes set aside in %s: their jobs do not exist in this database: ids %s",
-                  len(result.missing_ids), layout.SETASIDE_LOG, list(result.missing_ids[:10]))
-        keep_these(layout.setaside_log(outbox_dir), result.missing_ids, "set aside: no such job in this database")
+    missing = result.missing_ids + result.late_ids
+    if missing:
+        if may_come:
+            log.info("%d outcomes wait in %s while the workers re-apply what the database lost: their jobs do not "
+                     "exist here yet (one may insert them again); tried again until they land: ids %s",
+                     len(missing), layout.SETASIDE_LOG, list(missing[:10]))
+        else:
+            log.error("%d outcomes set aside in %s: their jobs do not exist in this database: ids %s",
+                      len(missing), layout.SETASIDE_LOG, list(missing[:10]))
+        keep_these(layout.setaside_log(outbox_dir), missing, "set aside: no such job in this database",
+                   records=True)
 
 
-def keep(path: str, outcomes: Iterable[Outcome], reason: str) -> None:
-    """Append each outcome whole to ``path`` (JSON lines), durably."""
-    append_durably(path, b"".join(orjson.dumps({"at": time.time(), "reason": reason, **readable(o)}) + b"\n"
-                                  for o in outcomes))
+def keep(path: str, outcomes: Iterable[Outcome], reason: str, *, records: bool = False) -> None:
+    """Append each outcome whole to ``path`` (JSON lines), durably; with ``records``, its
+    outbox record too (base64), to apply it again later."""
+    lines = []
+    for outcome in outcomes:
+        entry: dict[str, object] = {"at": time.time(), "reason": reason, **readable(outcome)}
+        if records:
+            entry["record"] = base64.b64encode(wire.encode_outcome(outcome)).decode()
+        lines.append(orjson.dumps(entry) + b"\n")
+    append_durably(path, b"".join(lines))
 
 
 def readable(outcome: Outcome) -> dict[str, object]:

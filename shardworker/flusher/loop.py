@@ -22,9 +22,10 @@ With ``marks`` (``shardworker.flusher.marks``), each batch checks and advances t
 mark in its own transaction; a database found gone back in time (``DatabaseWentBack``) makes
 the flusher hold every worker's claims and apply its kept records again from what the
 database holds. ``check_wanted`` asks for the same check before the next pass (the worker,
-on a new server, waits for it before it claims). While another worker re-applies too, an
-outcome whose job does not exist is held back (``deferred``) and tried again: that worker may
-be about to insert it again (a follow-up it lost); once no one re-applies, it is set aside.
+on a new server, waits for it before it claims). An outcome whose job does not
+exist is set aside whole (``setaside.jsonl``) and tried again while that may change: often
+while some worker re-applies (it may be about to insert the job again: a follow-up the
+database lost), now and then for the rest of the reapply window (``shardworker.flusher.setaside``).
 
 A batch that takes longer than the statement timeout to apply (a slow database, a fan-out of
 many follow-ups) is applied in halves, then smaller parts, in order; a single record that
@@ -47,13 +48,16 @@ from shardworker.config import FlusherConfig
 from shardworker.errors import DatabaseWentBack, NewerRecord, OutcomeRejected, StatementTimeout, StoreError
 from shardworker.flusher import kept
 from shardworker.flusher.marks import Marks
+from shardworker.flusher.setaside import FAST_S as SETASIDE_FAST_S
+from shardworker.flusher.setaside import SLOW_S as SETASIDE_SLOW_S
+from shardworker.flusher.setaside import SetAside
 from shardworker.model import ApplyResult, Mark, Outcome, StepRecord
 from shardworker.retry import Backoff, Outage
 
 log = logging.getLogger(__name__)
 
 QUIET_CHECKPOINT_S = 0.02  # caught up this long with nothing new: the outbox is quiet, checkpoint it
-DEFER_RETRY_S = 0.2  # how often outcomes of jobs missing while another worker re-applies are tried again
+HOLDS_ASKED_S = 1.0  # how often the database is asked whether some worker holds claims (set-aside outcomes wait)
 MAX_STATEMENT_TIMEOUT_S = 3600.0  # the longest a single record's apply is given (its timeout grows 4x a try)
 BATCH_BUCKETS = (1, 5, 10, 50, 100, 250, 500, 1000, 5000)  # outcomes per flushed batch, for the metrics
 
@@ -117,8 +121,9 @@ class Flusher:
         self._decoded: list[Outcome | StepRecord | None] = []  # each of _held decoded, once (None: dead-lettered)
         self._part: int | None = None  # after a statement timeout: apply only this many of _held at once
         self._timeout_s: float | None = None  # and for a single record, a longer statement timeout
-        self._deferred: list[Outcome] = []  # their jobs were missing while some worker re-applied
-        self._deferred_at = 0.0  # when they are next tried
+        # Outcomes of jobs missing here, kept in setaside.jsonl and tried again while they may come.
+        self.setaside = SetAside(reader.directory, config.reapply_window_s, clock)
+        self._holds_asked = (float("-inf"), False)  # when the database was last asked for holds on claims, and its answer
         self._outcomes: list[Outcome] = []  # _held decoded, once: its outcomes
         self._steps: list[StepRecord] = []  # and its step records
         self._last_checkpoint, self._dirty = clock(), False
@@ -132,14 +137,16 @@ class Flusher:
     def idle(self) -> bool:
         """The last pass read and found nothing (a batch ending on a due checkpoint holds nothing, is not dirty, and
         may leave records on disk), the checkpoint is written, and no outcome is held back (``deferred``)."""
-        return self.caught_up and not self._held and not self._dirty and not self._deferred
+        return self.caught_up and not self._held and not self._dirty
 
     def checkpoint_due_in(self) -> float:
         """Seconds until the checkpoint a caught-up pass put off is due, or held-back outcomes are
         tried again; inf when neither is."""
-        if self._deferred:
-            return max(0.0, min(self._deferred_at - self.clock(), self._checkpoint_due_in()))
-        return self._checkpoint_due_in()
+        due = self._checkpoint_due_in()
+        if self.setaside.waiting:
+            every = SETASIDE_FAST_S if self.setaside.recent else SETASIDE_SLOW_S
+            due = min(due, max(0.0, self.setaside.last + every - self.clock()))
+        return due
 
     def _checkpoint_due_in(self) -> float:
         if not self._dirty:
@@ -165,7 +172,7 @@ class Flusher:
         self.caught_up = False
         if self.marks is not None and not self._keep_marks(self.marks):
             return 0
-        if self._deferred and self.clock() >= self._deferred_at and not self._retry_deferred():
+        if not self._retry_set_aside():
             return 0
         if not self._held or self.gathering:
             self._read()
@@ -209,7 +216,7 @@ class Flusher:
             return 0
         self.outage.recovered()
         if self.marks is not None and mark is not None:
-            self.marks.applied(mark, result)
+            self.marks.applied(mark)
         self.stats.failing, self.stats.batch_started_at = "", started
         self.stats.steps += len(steps)
         flushed = records
@@ -322,9 +329,11 @@ class Flusher:
         return total
 
     def _apply_round(self, outcomes: list[Outcome], steps: list[StepRecord], mark: Mark | None) -> ApplyResult:
+        journal = self.marks.journal if self.marks is not None else None
         try:
-            if self._timeout_s is not None:
-                return self.store.apply_outcomes(outcomes, steps, mark, timeout_s=self._timeout_s)
+            if self._timeout_s is not None or (journal is not None and any(o.followups_json for o in outcomes)):
+                return self.store.apply_outcomes(outcomes, steps, mark, timeout_s=self._timeout_s,
+                                                 note_followups=journal.record if journal is not None else None)
             return self.store.apply_outcomes(outcomes, steps, mark)
         except OutcomeRejected:
             result = self._steps_one_by_one(steps) + self._apply_one_by_one(outcomes)
@@ -393,54 +402,48 @@ class Flusher:
 
     def _record(self, result: ApplyResult, outcomes: list[Outcome] | None = None) -> None:
         outcomes = self._outcomes if outcomes is None else outcomes
-        if result.late_ids:  # their rows appeared since the apply looked: try again in a moment
-            late = set(result.late_ids)
-            self._defer([o for o in outcomes if o.job_id in late])
-            result = replace(result, late_ids=())
-        if result.missing_ids and self._defers():
-            missing = set(result.missing_ids)
-            deferred = [o for o in outcomes if o.job_id in missing]
-            if deferred:
-                log.info("%d outcomes wait: their jobs do not exist here while the workers re-apply what the "
-                         "database lost (one may insert them again)", len(deferred))
-                self._defer(deferred)
-                result = replace(result, missing_ids=())
         self.stats.applied += result.applied
         self.stats.replayed += result.replayed
         self.stats.stale += result.stale
-        self.stats.missing += len(result.missing_ids)
+        self.stats.missing += len(result.missing_ids) + len(result.late_ids)
         self.stats.followups += result.followups
         self.stats.cancelled += len(result.cancelled_ids)
-        kept.keep_unapplied(self.reader.directory, result, outcomes)
+        may_come = bool(result.late_ids) or (bool(result.missing_ids) and self._holds_live())
+        kept.keep_unapplied(self.reader.directory, result, outcomes, may_come=may_come)
+        if result.missing_ids or result.late_ids:
+            self.setaside.kept_more()
 
-    def _defer(self, outcomes: list[Outcome]) -> None:
-        self._deferred += outcomes
-        self._deferred_at = self.clock() + DEFER_RETRY_S
-
-    def _defers(self) -> bool:
-        """Whether an outcome of a missing job waits: after the database went back in time, while
-        some other worker holds claims (it re-applies, or checks whether it must: its follow-ups
-        may be the missing jobs)."""
-        if self.marks is None or not self.marks.regressions:
+    def _holds_live(self) -> bool:
+        """Whether a re-apply is under way: this flusher's, or some worker's hold on claims (it
+        re-applies, or checks whether it must); its follow-ups may be jobs found missing here.
+        The database is asked at most every ``HOLDS_ASKED_S``."""
+        if self.marks is None:
             return False
-        try:
-            return self.marks.others_check()
-        except StoreError:
-            return True  # the next retry asks again
+        if self.marks.reapplying:
+            return True
+        now = self.clock()
+        if now - self._holds_asked[0] >= HOLDS_ASKED_S:
+            try:
+                self._holds_asked = (now, self.marks.others_check())
+            except StoreError:
+                return True  # as if: the next retry asks again
+        return self._holds_asked[1]
 
-    def _retry_deferred(self) -> bool:
-        """Try the deferred outcomes again; those still missing once no other worker re-applies
-        are set aside. False when the database failed it."""
-        deferred, self._deferred = self._deferred, []
+    def _retry_set_aside(self) -> bool:
+        """The set-aside outcomes, tried again when due (``shardworker.flusher.setaside``); False
+        when the database failed it."""
+        if not self.setaside.due(fast=True):
+            return True
+        if not self.setaside.due(fast=False) and not (self.setaside.recent and self._holds_live()):
+            return True
         try:
-            result = self.store.apply_outcomes(self.marks.with_followup_ids(deferred) if self.marks else deferred)
-            self._record(result, deferred)
+            self.setaside.retry(self.store)
         except StoreError as exc:
-            self._deferred = deferred + self._deferred
             self._failed(exc)
             return False
-        if result.applied:
-            log.info("%d outcomes held back while the workers re-applied have landed", result.applied)
+        except OSError as exc:
+            log.warning("could not rewrite %s after outcomes set aside there landed (%s); they are tried again",
+                        layout.SETASIDE_LOG, exc)
         return True
 
     def finish(self) -> None:

@@ -36,7 +36,7 @@ from typing import Protocol
 
 from outbox import OutboxReader, Position, Record
 from shardworker.flusher.journal import Journal
-from shardworker.model import ApplyResult, Mark, Outcome
+from shardworker.model import Mark, Outcome
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +61,13 @@ class Marks:
     """The mark of one outbox, as its flusher knows it committed, and a re-apply in progress."""
 
     def __init__(self, reader: OutboxReader, store: MarkStore, outbox_id: str, worker_id: str,
-                 journal: Journal | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 journal: Journal | None = None, clock: Callable[[], float] = time.monotonic, *,
+                 followup_wait_s: float = 0.0) -> None:
         self.reader, self.store, self.outbox_id, self.worker_id = reader, store, outbox_id, worker_id
         self.journal, self.clock = journal, clock
+        # A follow-up inserted again with the id it had waits this long before it may be claimed:
+        # its own outcome, kept by another host that re-applies later, lands meanwhile (--rescue-grace).
+        self.followup_wait_s = followup_wait_s
         # While re-applying: the ids the follow-ups of each parent run had (shardworker.flusher.journal).
         self.followup_ids: dict[tuple[int, int], tuple[int | None, ...]] = {}
         note = reader.note
@@ -91,17 +95,15 @@ class Marks:
             positions[record.shard] = (record.segno, record.end, record.seq + 1)
         return Mark(self.outbox_id, self.worker_id, self.committed + 1, positions, self.committed)
 
-    def applied(self, mark: Mark, result: ApplyResult) -> None:
+    def applied(self, mark: Mark) -> None:
         self.committed = max(self.committed, mark.batch)
-        if self.journal is not None:
-            self.journal.record(result.followup_ids)
 
     def with_followup_ids(self, outcomes: list[Outcome]) -> list[Outcome]:
         """While re-applying: outcomes whose follow-ups were inserted before, with the ids they had."""
         if not self.followup_ids:
             return outcomes
-        return [replace(o, followup_ids=self.followup_ids.get((o.job_id, o.attempt))) if o.followups_json else o
-                for o in outcomes]
+        return [replace(o, followup_ids=self.followup_ids.get((o.job_id, o.attempt)), followup_wait_s=self.followup_wait_s)
+                if o.followups_json else o for o in outcomes]
 
     def others_check(self) -> bool:
         """Whether some other worker holds claims now: it re-applies what the database lost, or

@@ -91,11 +91,11 @@ def open_reader(directory: str, wait_s: float, keep: Keep | None = None) -> Outb
     return procs.wait_for_lock(lambda: OutboxReader.open(directory, keep), OutboxLocked, wait_s)
 
 
-def marks_for(reader: OutboxReader, store: PgStore, window_s: float) -> Marks:
+def marks_for(reader: OutboxReader, store: PgStore, config: FlusherConfig) -> Marks:
     """The mark of the reader's outbox, under its own id and the worker id it runs for, with
-    the ids its follow-ups got noted for ``window_s`` (the kept tail's)."""
+    the ids its follow-ups got noted for as long as the kept tail lasts."""
     return Marks(reader, store, layout.outbox_id(reader.directory), layout.read_worker_id(reader.directory),
-                 Journal(reader.directory, window_s))
+                 Journal(reader.directory, config.reapply_window_s), followup_wait_s=config.rescue_grace_s)
 
 
 class FlusherHandle:
@@ -255,7 +255,7 @@ def flusher_main(directory: str, store_config: StoreConfig, config: FlusherConfi
         state.last_error = str(exc).encode()[:511]
         os._exit(EXIT_WRONG_DATABASE)
     flusher = Flusher(reader, store, config, sleep=sleep, report_outages=False, gather_steps_s=STEP_GATHER_S,
-                      lazy_checkpoints=True, marks=marks_for(reader, store, config.reapply_window_s))
+                      lazy_checkpoints=True, marks=marks_for(reader, store, config))
     try:
         _loop(flusher, state, idle_sleep_s)
     except NewerRecord as exc:

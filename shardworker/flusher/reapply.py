@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from outbox import Keep, OutboxLocked, Position
 from shardworker import binding, layout, wire
+from shardworker.config import FlusherConfig
 from shardworker.errors import OutboxBusy
 from shardworker.flusher.journal import Journal
 from shardworker.followups import decode as decode_followups
@@ -60,7 +61,8 @@ def preview(outbox_dir: str, dsn: str, *, from_start: bool = False, timeout_s: f
             backoff = Backoff(0.05, 2.0)
             retry_call(lambda: binding.bind(outbox_dir, store), "checking which database the outbox belongs to",
                        backoff=backoff, log=log, deadline=_deadline(timeout_s))
-            marks = marks_for(reader, store, 0.0)
+            marks = marks_for(reader, store, FlusherConfig(flush_batch=1, flush_bytes=1, checkpoint_interval_s=1.0,
+                                                           backoff_base_s=0.05, backoff_cap_s=1.0))
             found = retry_call(lambda: store.read_mark(marks.outbox_id), "reading the outbox's mark",
                                backoff=backoff, log=log, deadline=_deadline(timeout_s))
             held = {} if found is None or from_start else found.positions

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import psycopg
@@ -93,7 +93,8 @@ class WorkerQueries(ClaimQueries):
         return int(row[0]) if row else 0
 
     def apply_outcomes(self, outcomes: Sequence[Outcome], steps: Sequence[StepRecord] = (),
-                       mark: Mark | None = None, *, timeout_s: float | None = None) -> ApplyResult:
+                       mark: Mark | None = None, *, timeout_s: float | None = None,
+                       note_followups: NoteFollowups | None = None) -> ApplyResult:
         """Apply a batch of outcomes in one fenced statement and its steps' results with them,
         in one transaction: a job's steps are in PostgreSQL no later than the outcome that
         queues it again. A batch is one round trip: BEGIN, the steps, the outcomes and COMMIT
@@ -103,13 +104,13 @@ class WorkerQueries(ClaimQueries):
         jobs, inserted with it. Zero-row outcomes are replays or stale. ``mark`` (the outbox's
         mark after this batch) is written in the transaction that applies the batch's last part.
         ``timeout_s``: a statement timeout of its own for the batch (one outcome that takes
-        longer than --statement-timeout to apply: a fan-out of many follow-ups)."""
-        if timeout_s is not None:
-            return self._apply_settling(outcomes, steps, mark, timeout_s)
+        longer than --statement-timeout to apply: a fan-out of many follow-ups). ``note_followups``
+        is told the ids the follow-ups got before the transaction that inserts them commits (a
+        commit whose reply is lost, then replayed, inserts nothing: the ids are known still)."""
+        if timeout_s is not None or any(o.followups_json for o in outcomes):
+            return self._apply_settling(outcomes, steps, mark, timeout_s, note_followups)
         if not outcomes:
             return self._apply_steps(steps, mark)
-        if any(o.followups_json for o in outcomes):
-            return self._apply_settling(outcomes, steps, mark)
         with self.cursor() as cur, cur.connection.cursor() as stepping, psycopg.RawCursor(cur.connection) as applying:
             conn = cur.connection
             prepare = self.prepares(conn)  # before BEGIN: what it sets is the session's
@@ -130,7 +131,8 @@ class WorkerQueries(ClaimQueries):
         return result + self._apply_settling(missed, (), mark) if missed else result
 
     def _apply_settling(self, outcomes: Sequence[Outcome], steps: Sequence[StepRecord],
-                        mark: Mark | None = None, timeout_s: float | None = None) -> ApplyResult:
+                        mark: Mark | None = None, timeout_s: float | None = None,
+                        note_followups: NoteFollowups | None = None) -> ApplyResult:
         """``apply_outcomes`` in two round trips: the first sends BEGIN, the steps and the
         outcomes at once; the second settles the jobs waiting on those applied (only when
         some have dependents), inserts the follow-up jobs of those applied as done (only for
@@ -157,6 +159,8 @@ class WorkerQueries(ClaimQueries):
                     cur.execute(query("job_dependents_settle"), {"ids": [i for i, _ in ended],
                                                                  "statuses": [s for _, s in ended]})
                 made = insert_followups(cur, outcomes, rows) if has_followups else ()
+                if made and note_followups is not None:
+                    note_followups(made)  # before the commit: its reply may be lost, and the ids with it
                 followups = sum(i is not None for _, _, ids in made for i in ids)
                 applied = {(job_id, attempt) for job_id, attempt, _, _ in rows}
                 missed = [o for o in outcomes if (o.job_id, o.attempt) not in applied]
@@ -178,7 +182,8 @@ class WorkerQueries(ClaimQueries):
                 rows_now = {int(i): JobNow(applied, status, attempt, uid)
                             for i, applied, status, attempt, uid in cur.fetchall()}
         result = classify(len(outcomes) - len(missed) - len(again), missed, rows_now, landed, followups, made)
-        return result + self.apply_outcomes(again, (), mark, timeout_s=timeout_s) if again else result
+        return result + self.apply_outcomes(again, (), mark, timeout_s=timeout_s,
+                                            note_followups=note_followups) if again else result
 
     def _apply_steps(self, steps: Sequence[StepRecord], mark: Mark | None = None) -> ApplyResult:
         """Steps alone: one statement (with ``mark``); a mark alone when there are none."""
@@ -289,6 +294,7 @@ def step_params(steps: Sequence[StepRecord], mark: Mark | None = None) -> dict[s
 
 
 FollowupIds = tuple[tuple[int, int, tuple[int | None, ...]], ...]  # (parent id, attempt, the ids its follow-ups got)
+NoteFollowups = Callable[[FollowupIds], None]
 
 
 def insert_followups(cur: psycopg.Cursor[Any], outcomes: Sequence[Outcome],
@@ -308,6 +314,7 @@ def insert_followups(cur: psycopg.Cursor[Any], outcomes: Sequence[Outcome],
             had = outcome.followup_ids if outcome.followup_ids and len(outcome.followup_ids) == len(made) else None
             rows += [row._replace(after=tuple(ref if ref > 0 else ref - offset for ref in row.after),
                                   id=had[n] if had else None,
+                                  delay_s=max(row.delay_s, outcome.followup_wait_s) if had else row.delay_s,
                                   uid=None if outcome.uid is None else followup_uid(outcome.uid, outcome.attempt, n))
                      for n, row in enumerate(made)]
             runs.append((outcome.job_id, outcome.attempt, len(made)))

@@ -91,7 +91,7 @@ def _flusher(directory: Path, store: PgStore, keep: Keep = HOUR) -> Flusher:
     reader = OutboxReader.open(str(directory), keep)
     clock = Clock()
     return Flusher(reader, store, worker_config().flusher_config(), clock=clock, sleep=clock.sleep,
-                   marks=marks_for(reader, store, keep.seconds))
+                   marks=marks_for(reader, store, worker_config(reapply_window_s=keep.seconds).flusher_config()))
 
 
 def _held_longer_than_the_grace(dsn: str) -> int:
