@@ -8,7 +8,8 @@ batch that inserted follow-ups the flusher appends, per parent run, the ids they
 (``followups.jsonl``: {"at", "job", "attempt", "ids"}), made durable with the checkpoint that
 follows (a crash before it loses only ids of the last moments, and only if the database then
 goes back too: those follow-ups get new ids, and run again). Lines older than the kept window
-go when the file grows past ``PRUNE_BYTES``.
+go when the file has grown past ``PRUNE_BYTES`` and doubled since it was last pruned (a
+rewrite at every checkpoint would cost more than the batches).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class Journal:
         self.path = os.path.join(directory, FOLLOWUPS_JOURNAL)
         self._fd: int | None = None
         self._unsynced = False
+        self._prune_at = PRUNE_BYTES  # the size at which the next prune is due
 
     def record(self, made: tuple[tuple[int, int, tuple[int | None, ...]], ...]) -> None:
         """The ids the follow-ups of these parent runs got (synced at the next ``sync``)."""
@@ -60,7 +62,7 @@ class Journal:
             try:
                 os.fdatasync(self._fd)
                 self._unsynced = False
-                if os.fstat(self._fd).st_size > PRUNE_BYTES:
+                if os.fstat(self._fd).st_size > self._prune_at:
                     self._prune()
             except OSError as exc:
                 log.warning("could not sync %s: %s", FOLLOWUPS_JOURNAL, exc)
@@ -91,7 +93,9 @@ class Journal:
         since = time.time() - self.window_s
         kept = [e for e in self._entries() if isinstance(e.get("at"), int | float) and e["at"] >= since]  # type: ignore[operator]
         self.close()
-        atomic_write(self.directory, FOLLOWUPS_JOURNAL, b"".join(orjson.dumps(e) + b"\n" for e in kept))
+        text = b"".join(orjson.dumps(e) + b"\n" for e in kept)
+        atomic_write(self.directory, FOLLOWUPS_JOURNAL, text)
+        self._prune_at = max(PRUNE_BYTES, 2 * len(text))
 
     def close(self) -> None:
         if self._fd is not None:

@@ -21,6 +21,7 @@ statement itself (``job_apply_outcomes``).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Generator, Sequence
 from typing import Any
 
@@ -33,6 +34,8 @@ from shardworker.store.connection import first_line
 from shardworker.store.enqueue import REFUSED, EnqueueQueries, borrowed_cursor
 from shardworker.store.enqueue_async import async_cursor_for
 from shardworker.store.sql import query
+
+log = logging.getLogger(__name__)
 
 Plan = Generator[tuple[str, dict[str, Any]], list[tuple[Any, ...]], list[int | None]]
 
@@ -50,7 +53,10 @@ def plan_insert(rows: Sequence[DependentRow], *, refuse_missing: bool) -> Plan:
     if any(i is not None for i in given):
         reserved = yield "job_ids_reserve", {"max_id": max(i for i in given if i is not None)}
         if not (reserved and reserved[0][0]):
-            given = [None] * len(rows)  # the sequence cannot be moved past them: new ids
+            log.warning("follow-up jobs inserted again after the database went back get new ids: this role may not "
+                        "draw from the jobs' id sequence (GRANT USAGE on it); their outcomes kept elsewhere will "
+                        "not find them, and they run again")
+            given = [None] * len(rows)
     inserted = yield "job_dependent_insert", {
         "kinds": [r.kind for r in rows], "queues": [r.queue for r in rows], "payloads": [r.payload_json for r in rows],
         "priorities": [r.priority for r in rows], "max_attempts": [r.max_attempts for r in rows],

@@ -172,3 +172,31 @@ def test_steps_of_a_lost_claim_reach_the_next_claim_of_the_same_attempt_number(s
     store.apply_outcomes([], [StepRecord(job.id, job.attempt, "fetch", b'"page"', 1.0, job.uid)])
     again = claim_one(store)
     assert again.attempt == 1 and again.steps_json is not None and "fetch" in again.steps_json
+
+
+def test_follow_ups_inserted_again_keep_their_ids_and_later_inserts_draw_past_them(store: PgStore,
+                                                                                  pg_dsn: str) -> None:
+    """The database went back to before a parent's outcome and its follow-ups: applied again
+    with the ids they had (the journal's), they get those ids and their uids, and the id
+    sequence, which went back too, is drawn past them, so no later enqueue collides."""
+    from dataclasses import replace
+
+    import orjson
+
+    add_id(store)
+    parent = store.claim(["k"], None, "w1", 1, "a" * 32)[0]
+    blob = orjson.dumps([["part", "null", "default", 0, 25, 0.0, None, []] for _ in range(3)])
+    done = Outcome.done(parent.id, parent.attempt, b"1", blob).claimed_by(parent)
+    first = store.apply_outcomes([done])
+    ((_, _, ids),) = first.followup_ids
+    uids = [row(pg_dsn, i)["uid"] for i in ids]
+    with connect(pg_dsn) as conn:
+        conn.execute("DELETE FROM shardworker.jobs WHERE id <> %s", (parent.id,))
+        conn.execute("UPDATE shardworker.jobs SET status = 'running', result = NULL, applied_attempt = NULL, "
+                     "finished_at = NULL WHERE id = %s", (parent.id,))
+        conn.execute("SELECT setval(pg_get_serial_sequence('shardworker.jobs', 'id'), %s)", (parent.id,))
+    again = store.apply_outcomes([replace(done, followup_ids=ids, followup_wait_s=30.0)])
+    assert again.followup_ids == ((parent.id, parent.attempt, ids),)
+    assert [row(pg_dsn, i)["uid"] for i in ids] == uids
+    assert all(row(pg_dsn, i)["due_in_s"] > 20 for i in ids)  # they wait before they may be claimed
+    assert add_id(store) > max(i for i in ids if i is not None)

@@ -1069,11 +1069,14 @@ ORDER BY f.ord;
 
 -- job_ids_reserve --
 -- Before jobs are inserted again with the ids they had (follow-ups the database lost when it
--- went back in time): move the id sequence past the largest, so no later insert draws one of
--- them. False, and nothing done, without the right to (they then get new ids).
-SELECT CASE WHEN has_sequence_privilege(s, 'UPDATE')
-            THEN setval(s, greatest(coalesce(pg_sequence_last_value(s), 1), %(max_id)s::bigint)) IS NOT NULL
-            ELSE false END
+-- went back in time): draw from the id sequence until it is past the largest, so no later
+-- insert draws one of them (nextval only: a sequence never goes back, whatever other sessions
+-- draw meanwhile; at most a million, the gap a lost stretch could leave). False, and nothing
+-- drawn, without the right to draw (they then get new ids).
+SELECT CASE WHEN NOT has_sequence_privilege(s, 'USAGE') AND NOT has_sequence_privilege(s, 'UPDATE') THEN false
+            ELSE (SELECT count(*) FROM generate_series(1, least(1000000, greatest(0,
+                      %(max_id)s::bigint - coalesce(pg_sequence_last_value(s), 0)))) g
+                  WHERE nextval(s) IS NOT NULL) >= 0 END
 FROM (SELECT pg_get_serial_sequence('shardworker.jobs', 'id')::regclass AS s) q;
 
 -- job_dependencies_link --
