@@ -56,6 +56,7 @@ class DependentRow(NamedTuple):
     after: tuple[int, ...]
     id: int | None = None
     uid: int | None = None
+    reinserted: bool = False  # inserted again after the database went back in time: findable by uid
 
 
 def followup_uid(parent_uid: int, attempt: int, index: int) -> int:

@@ -193,10 +193,11 @@ class Outcome:
     failed_at: float | None = None  # when a failed attempt failed (Unix s); None: when it is applied
     uid: int | None = None  # the job's uid and the claim's token it ran under (ClaimedJob); None: not checked
     token: str | None = None
-    # The ids its follow-ups had when this outcome was applied before the database went back in
-    # time (shardworker.flusher.journal), to insert them with again, and how long they then wait
-    # before they may be claimed (an outcome of theirs kept on another host lands meanwhile);
-    # never in the record.
+    # Applied again after the database went back in time (never in the record): its follow-ups
+    # are inserted again, marked (an outcome of theirs kept elsewhere finds them by uid), with the
+    # ids they had when known (shardworker.flusher.journal), and wait followup_wait_s before they
+    # may be claimed (an outcome of theirs kept on another host lands meanwhile).
+    reapplied: bool = False
     followup_ids: tuple[int | None, ...] | None = None
     followup_wait_s: float = 0.0
 

@@ -193,7 +193,7 @@ class Flusher:
         steps = [d for d in decoded if isinstance(d, StepRecord)]
         mark = self.marks.mark_for(records) if self.marks is not None else None
         if self.marks is not None:
-            outcomes = self.marks.with_followup_ids(outcomes)
+            outcomes = self.marks.reapplied(outcomes)
         try:
             result = self._apply(outcomes, steps, mark)
         except DatabaseWentBack:
@@ -429,15 +429,22 @@ class Flusher:
                 return True  # as if: the next retry asks again
         return self._holds_asked[1]
 
+    def _apply_set_aside(self, outcomes: list[Outcome]) -> ApplyResult:
+        """Set-aside outcomes applied again: those with follow-ups insert them as a re-apply does
+        (marked, with the ids they had when known, waiting a while), noted in the journal."""
+        journal = self.marks.journal if self.marks is not None else None
+        if self.marks is None or journal is None:
+            return self.store.apply_outcomes(outcomes)
+        return self.store.apply_outcomes(self.marks.reapplied(outcomes, always=True), (), None,
+                                         note_followups=journal.record)
+
     def _retry_set_aside(self) -> bool:
         """The set-aside outcomes, tried again when due (``shardworker.flusher.setaside``); False
         when the database failed it."""
-        if not self.setaside.due(fast=True):
-            return True
-        if not self.setaside.due(fast=False) and not (self.setaside.recent and self._holds_live()):
+        if not self.setaside.due():
             return True
         try:
-            self.setaside.retry(self.store)
+            self.setaside.retry(self._apply_set_aside)
         except StoreError as exc:
             self._failed(exc)
             return False

@@ -98,12 +98,15 @@ class Marks:
     def applied(self, mark: Mark) -> None:
         self.committed = max(self.committed, mark.batch)
 
-    def with_followup_ids(self, outcomes: list[Outcome]) -> list[Outcome]:
-        """While re-applying: outcomes whose follow-ups were inserted before, with the ids they had."""
-        if not self.followup_ids:
+    def reapplied(self, outcomes: list[Outcome], *, always: bool = False) -> list[Outcome]:
+        """While re-applying (or ``always``: outcomes set aside since): those with follow-ups, to
+        insert them again (``Outcome.reapplied``), with the ids they had when the journal has them."""
+        if not (always or self.reapplying):
             return outcomes
-        return [replace(o, followup_ids=self.followup_ids.get((o.job_id, o.attempt)), followup_wait_s=self.followup_wait_s)
-                if o.followups_json else o for o in outcomes]
+        if always and not self.followup_ids and self.journal is not None:
+            self.followup_ids = self.journal.load()
+        return [replace(o, reapplied=True, followup_ids=self.followup_ids.get((o.job_id, o.attempt)),
+                        followup_wait_s=self.followup_wait_s) if o.followups_json else o for o in outcomes]
 
     def others_check(self) -> bool:
         """Whether some other worker holds claims now: it re-applies what the database lost, or

@@ -6,9 +6,10 @@ outbox was pointed at another database, and it never will. But after the databas
 in time, the job may be a follow-up that another worker (or this one, from another shard, or
 ``outbox reapply`` on another host) is about to insert again with the id it had: then its
 outcome lands as soon as the job is there, instead of the job running again. So the flusher
-tries the kept ones again (``due``, ``retry``): every ``FAST_S`` while some worker holds claims
-(a re-apply is under way: asked for ``RECENT_S`` after one was set aside), and every
-``SLOW_S`` otherwise, for as long as the kept tail lasts
+tries the kept ones again (``due``, ``retry``): every ``FAST_S`` for ``RECENT_S`` after one was
+set aside (a re-apply is under way somewhere, or has just ended: a follow-up it inserted again
+waits --rescue-grace before it may run, its kept outcome lands meanwhile), and every ``SLOW_S``
+after that, for as long as the kept tail lasts
 (``--reapply-window``, counted from when each was set aside). One that lands, or turns out to
 be applied already, leaves the file; one whose job is now another attempt's goes to
 ``stale.jsonl``; the rest stay, and stop being tried once their window has passed.
@@ -22,8 +23,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
-from typing import Protocol
+from collections.abc import Callable
 
 import orjson
 
@@ -34,13 +34,9 @@ from shardworker.model import ApplyResult, Outcome
 
 log = logging.getLogger(__name__)
 
-FAST_S = 0.2  # while some worker holds claims: a re-apply is under way, the job may come any moment
-SLOW_S = 30.0  # otherwise, while the window lasts (a host started later may insert it)
-RECENT_S = 60.0  # for this long after an outcome is set aside, ask whether a re-apply is under way
-
-
-class RetryStore(Protocol):
-    def apply_outcomes(self, outcomes: Sequence[Outcome]) -> ApplyResult: ...
+FAST_S = 0.5  # for RECENT_S after one was set aside: a re-apply may be inserting its job any moment
+SLOW_S = 30.0  # after that, while the window lasts (a host started later may insert it)
+RECENT_S = 60.0
 
 
 class SetAside:
@@ -57,17 +53,18 @@ class SetAside:
         """Whether one was set aside in the last ``RECENT_S`` (a re-apply may be under way)."""
         return self.clock() < self._recent_until
 
-    def due(self, fast: bool) -> bool:
-        """Whether to try again now (``fast``: some worker holds claims)."""
-        return self.waiting and self.clock() - self.last >= (FAST_S if fast else SLOW_S)
+    def due(self) -> bool:
+        """Whether to try again now."""
+        return self.waiting and self.clock() - self.last >= (FAST_S if self.recent else SLOW_S)
 
     def kept_more(self) -> None:
         """Outcomes were just set aside: worth trying again, soon while a re-apply may be under way."""
         self.waiting = self.window_s > 0
         self._recent_until = self.clock() + RECENT_S
 
-    def retry(self, store: RetryStore) -> ApplyResult:
-        """Apply again the set-aside outcomes still within their window; keep what did not land."""
+    def retry(self, apply: Callable[[list[Outcome]], ApplyResult]) -> ApplyResult:
+        """Apply again (with ``apply``) the set-aside outcomes still within their window; keep
+        what did not land."""
         self.last = self.clock()
         entries = self._entries()
         since = time.time() - self.window_s
@@ -76,7 +73,7 @@ class SetAside:
         self.waiting = bool(tried)
         if not tried:
             return ApplyResult()
-        result = store.apply_outcomes([outcome for _, outcome in tried])
+        result = apply([outcome for _, outcome in tried])
         gone = {(o.job_id, o.attempt) for _, o in tried} - set(self._still_missing(result, tried))
         if not gone:
             return result

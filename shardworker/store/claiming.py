@@ -42,7 +42,8 @@ class ClaimQueries(Session):
     def claim_within(self, kinds: Sequence[str], queues: Sequence[str] | None, worker_id: str, limit: int,
                      claim_token: str | None = None, max_bytes: int = 1 << 62, *,
                      caps: Mapping[str, int] | None = None, run_room: int | None = None,
-                     attempts: Mapping[str, int] | None = None, generation: int | None = None) -> Claim:
+                     attempts: Mapping[str, int] | None = None, generation: int | None = None,
+                     server: str | None = None) -> Claim:
         """Claim up to ``limit`` due jobs and ``max_bytes`` of payload (at least one job when
         any is due): status running, attempt + 1, locked_by worker_id; at a job's first claim,
         ``attempts`` (kind: its handler's max_attempts) lowers its max_attempts. Within every limit:
@@ -53,13 +54,15 @@ class ClaimQueries(Session):
         ``claim_token`` tags the claimed rows; if the reply is lost, ``release_claim`` with
         the same token gives back whatever the server did commit. With ``generation``, only on
         that connection: ``Reconnected`` (nothing sent) on a newer one, which the caller looks
-        at first (``shardworker.worker.reapply_watch``).
+        at first (``shardworker.worker.reapply_watch``); with ``server``, only on that server
+        (``server_identity``): on another, nothing is claimed.
         """
         params = {"kinds": list(kinds), "queues": list(queues) if queues else None,
                   "worker_id": worker_id, "limit": limit, "claim_token": claim_token, "max_bytes": max_bytes,
                   "cap_kinds": list(caps or ()), "cap_rooms": [max(0, n) for n in (caps or {}).values()],
                   "run_room": limit if run_room is None else max(0, run_room),
-                  "attempt_kinds": list(attempts or ()), "attempt_limits": list((attempts or {}).values())}
+                  "attempt_kinds": list(attempts or ()), "attempt_limits": list((attempts or {}).values()),
+                  "server": server}
         floor = self.claim_floor()
         while True:
             bounds = floor.params()

@@ -75,6 +75,27 @@ class MarkQueries(Session):
         with self.cursor() as cur:
             cur.execute(query("claim_unhold"), {"holder": holder})
 
+    def settle_hold(self, holder: str, reason: str, seconds: float, server: str, window_s: float) -> None:
+        """Hold every worker's claims until each worker that may have lost work to ``server``
+        has checked its mark there (``settle_end``), or for ``seconds``."""
+        with self.cursor() as cur:
+            cur.execute(query("claim_settle"), {"holder": holder, "reason": reason, "seconds": seconds,
+                                                "server": server, "window_s": window_s})
+
+    def settle_end(self, holder: str) -> list[str]:
+        """End ``holder``'s hold for a new server once every worker it waits for has checked
+        there; the workers still awaited (none: it ended)."""
+        with self.cursor() as cur:
+            cur.execute(query("claim_settle_end"), {"holder": holder})
+            return [str(r[0]) for r in cur.fetchall()]
+
+    def worker_checked(self, worker_id: str, server: str) -> bool:
+        """Say this worker has checked, on ``server``, that the database holds what it applied;
+        False when its row is missing (its heartbeat writes it again)."""
+        with self.cursor() as cur:
+            cur.execute(query("worker_checked"), {"worker_id": worker_id, "server": server})
+            return cur.fetchone() is not None
+
     def claim_holds(self) -> list[Hold]:
         """The holds live now, longest first."""
         with self.cursor() as cur:

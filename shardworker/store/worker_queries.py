@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from dataclasses import replace
 from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -182,8 +183,32 @@ class WorkerQueries(ClaimQueries):
                 rows_now = {int(i): JobNow(applied, status, attempt, uid)
                             for i, applied, status, attempt, uid in cur.fetchall()}
         result = classify(len(outcomes) - len(missed) - len(again), missed, rows_now, landed, followups, made)
-        return result + self.apply_outcomes(again, (), mark, timeout_s=timeout_s,
-                                            note_followups=note_followups) if again else result
+        if again:
+            result += self.apply_outcomes(again, (), mark, timeout_s=timeout_s, note_followups=note_followups)
+        return self._by_uid(result, missed) if result.missing_ids else result
+
+    def _by_uid(self, result: ApplyResult, missed: Sequence[Outcome]) -> ApplyResult:
+        """Outcomes of jobs missing by id that are follow-ups inserted again with another id (the
+        database went back in time, and their id went to another job): applied where their uid
+        is, their results told by the ids they carry."""
+        lost = {o.uid: o for o in missed if o.job_id in set(result.missing_ids) and o.uid is not None}
+        if not lost:
+            return result
+        with self.cursor() as cur:
+            cur.execute(query("jobs_reinserted_by_uid"), {"uids": list(lost)})
+            found = {int(uid): int(job_id) for uid, job_id in cur.fetchall()}
+        if not found:
+            return result
+        moved = [replace(lost[uid], job_id=job_id) for uid, job_id in found.items()]
+        back = {o.job_id: lost[o.uid].job_id for o in moved}
+        again = self.apply_outcomes(moved)
+        still = {back[i] for i in (*again.missing_ids, *again.late_ids)}
+        return ApplyResult(result.applied + again.applied, result.replayed + again.replayed,
+                           result.stale + again.stale, result.stale_ids + tuple(back[i] for i in again.stale_ids),
+                           tuple(i for i in result.missing_ids if i not in set(back.values()) or i in still),
+                           result.steps, result.followups + again.followups,
+                           result.cancelled_ids + tuple(back[i] for i in again.cancelled_ids),
+                           result.followup_ids + again.followup_ids, result.late_ids)
 
     def _apply_steps(self, steps: Sequence[StepRecord], mark: Mark | None = None) -> ApplyResult:
         """Steps alone: one statement (with ``mark``); a mark alone when there are none."""
@@ -312,9 +337,10 @@ def insert_followups(cur: psycopg.Cursor[Any], outcomes: Sequence[Outcome],
             offset = len(rows)  # a run's references to its own follow-ups, made batch-wide
             made = followups.decode(outcome.followups_json)
             had = outcome.followup_ids if outcome.followup_ids and len(outcome.followup_ids) == len(made) else None
+            again = outcome.reapplied
             rows += [row._replace(after=tuple(ref if ref > 0 else ref - offset for ref in row.after),
-                                  id=had[n] if had else None,
-                                  delay_s=max(row.delay_s, outcome.followup_wait_s) if had else row.delay_s,
+                                  id=had[n] if had else None, reinserted=again,
+                                  delay_s=max(row.delay_s, outcome.followup_wait_s) if again else row.delay_s,
                                   uid=None if outcome.uid is None else followup_uid(outcome.uid, outcome.attempt, n))
                      for n, row in enumerate(made)]
             runs.append((outcome.job_id, outcome.attempt, len(made)))

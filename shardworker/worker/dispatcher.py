@@ -44,9 +44,10 @@ from shardworker.worker.reapply_watch import ReapplyWatch
 
 log = logging.getLogger(__name__)
 LOOK_S = 0.05  # how often a pass that will not wait looks for notifications kept during queries
-# A worker that reaches a new server holds every worker's claims for its reconnect backoff's cap
-# (or a heartbeat, if longer: the time each peer may take to reach the new server too) and this
-# much more, for their flushers to check their marks (shardworker.worker.reapply_watch).
+# A worker that reaches a new server holds every worker's claims until each has checked its mark
+# there, or at most for as long as a peer may take to reach it too (a silent connection is
+# found dead after --network-timeout, then reconnects within the backoff's cap), and this much
+# more (shardworker.worker.reapply_watch).
 SETTLE_MARGIN_S = 2.0
 
 
@@ -83,8 +84,9 @@ class Dispatcher:
         self.quarantine = QuarantineWatch(config.outbox_dir, worker_id, store, still_coming, clock=clock)
         # A database that went back in time: look before claiming (``heard``: the server the heartbeat reached).
         self.reapply = ReapplyWatch(store, flusher, worker_id, config.outbox_dir, held=pool.held_jobs,
-                                    still_coming=still_coming, heard=heard,
-                                    settle_s=max(config.backoff_cap_s, config.heartbeat_interval_s) + SETTLE_MARGIN_S)
+                                    still_coming=still_coming, heard=heard, clock=clock,
+                                    settle_s=config.network_timeout_s + config.backoff_cap_s + SETTLE_MARGIN_S,
+                                    beat_s=config.heartbeat_interval_s)
 
     # the loop ----------------------------------------------------------------------
 
@@ -188,7 +190,7 @@ class Dispatcher:
             claim = self.store.claim_within(self.kinds, self.config.queues, self.worker_id, limit, token,
                                             max_bytes=self.config.claim_bytes, caps=self.pool.cap_rooms(),
                                             run_room=self.pool.run_room(), attempts=self.pool.attempts,
-                                            generation=self.reapply.generation)
+                                            generation=self.reapply.generation, server=self.reapply.server)
         except Reconnected:
             return 0  # nothing was sent: the next pass looks at the new connection first
         except StoreError as exc:

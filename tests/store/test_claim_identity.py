@@ -10,6 +10,7 @@ from typing import Any
 
 from shardworker.model import ClaimedJob, Outcome, StepRecord
 from shardworker.store.pg_store import PgStore
+from tests.helpers import query
 from tests.store.support import add_id, claim_one, connect, row
 
 
@@ -195,8 +196,36 @@ def test_follow_ups_inserted_again_keep_their_ids_and_later_inserts_draw_past_th
         conn.execute("UPDATE shardworker.jobs SET status = 'running', result = NULL, applied_attempt = NULL, "
                      "finished_at = NULL WHERE id = %s", (parent.id,))
         conn.execute("SELECT setval(pg_get_serial_sequence('shardworker.jobs', 'id'), %s)", (parent.id,))
-    again = store.apply_outcomes([replace(done, followup_ids=ids, followup_wait_s=30.0)])
+    again = store.apply_outcomes([replace(done, reapplied=True, followup_ids=ids, followup_wait_s=30.0)])
     assert again.followup_ids == ((parent.id, parent.attempt, ids),)
     assert [row(pg_dsn, i)["uid"] for i in ids] == uids
-    assert all(row(pg_dsn, i)["due_in_s"] > 20 for i in ids)  # they wait before they may be claimed
+    assert all(row(pg_dsn, i)["due_in_s"] > 20 and row(pg_dsn, i)["reinserted"] for i in ids)  # they wait
     assert add_id(store) > max(i for i in ids if i is not None)
+
+
+def test_an_outcome_finds_its_follow_up_inserted_again_under_another_id(store: PgStore, pg_dsn: str) -> None:
+    """The database went back, and the follow-up's id went to another job before its parent's
+    outcome was applied again: the follow-up gets a new id, and its own outcome, which names the
+    old one, lands there all the same (by its uid), not on the other job."""
+    from dataclasses import replace
+
+    import orjson
+
+    add_id(store)
+    parent = store.claim(["k"], None, "w1", 1, "a" * 32)[0]
+    blob = orjson.dumps([["part", "null", "default", 0, 25, 0.0, None, []]])
+    done = Outcome.done(parent.id, parent.attempt, b"1", blob).claimed_by(parent)
+    ((_, _, (part_id,)),) = store.apply_outcomes([done]).followup_ids
+    part = store.claim(["part"], None, "w1", 1, "b" * 32)[0]
+    with connect(pg_dsn) as conn:
+        conn.execute("DELETE FROM shardworker.jobs WHERE id <> %s", (parent.id,))
+        conn.execute("UPDATE shardworker.jobs SET status = 'running', result = NULL, applied_attempt = NULL, "
+                     "finished_at = NULL WHERE id = %s", (parent.id,))
+        conn.execute("INSERT INTO shardworker.jobs (id, kind) VALUES (%s, 'another')", (part_id,))
+    store.apply_outcomes([replace(done, reapplied=True, followup_ids=(part_id,))])
+    (new_id,) = [i for (i,) in query(pg_dsn, "SELECT id FROM shardworker.jobs WHERE kind = 'part'")]
+    assert new_id != part_id
+    result = store.apply_outcomes([Outcome.done(part.id, part.attempt, b'"theirs"').claimed_by(part)])
+    assert (result.applied, result.missing_ids) == (1, ())
+    assert (row(pg_dsn, new_id)["status"], row(pg_dsn, new_id)["result"]) == ("done", "theirs")
+    assert row(pg_dsn, part_id)["status"] == "queued"  # the other job, untouched

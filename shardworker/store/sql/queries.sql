@@ -57,9 +57,12 @@ FOR UPDATE;
 -- Without one the bound is the smallest key there is: the same condition either way, so the
 -- statement's one generic plan (a direct connection keeps the claim prepared) starts its
 -- index scan at the floor too. Nothing is claimed while a claim hold is live (shardworker.claim_holds:
--- a worker re-applies what the database lost when it went back in time).
+-- a worker re-applies what the database lost when it went back in time), nor on another server
+-- than the one the worker looked at (`server`, when given: a pooler may have moved to a new
+-- server under the same connection; the worker looks first).
 WITH hold AS (
-    SELECT EXISTS (SELECT FROM shardworker.claim_holds WHERE until > now()) AS held
+    SELECT EXISTS (SELECT FROM shardworker.claim_holds WHERE until > now())
+           OR coalesce(%(server)s::text <> shardworker.server_identity(), false) AS held
 ), limited AS (
     -- The kinds and queues with limits across workers, and what their rate buckets hold now.
     SELECT l.*, greatest(1, ceil(l.rate_limit / 20.0)) * l.rate_period_s / l.rate_limit AS pace_s,
@@ -208,6 +211,7 @@ WITH flow AS (
     FROM shardworker.jobs
     WHERE NOT (SELECT limited FROM flow)
       AND NOT EXISTS (SELECT FROM shardworker.claim_holds WHERE until > now())  -- as job_claim's hold
+      AND NOT coalesce(%(server)s::text <> shardworker.server_identity(), false)
       AND status = 'queued' AND run_at <= now() AND kind = ANY(%(kinds)s::text[])
       AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
       AND (priority, run_at, id) >= (coalesce(%(floor_priority)s::int, -2147483648),
@@ -562,11 +566,11 @@ SELECT
 -- server it reached (as server_identity).
 WITH beat AS (
     INSERT INTO shardworker.workers AS w (worker_id, hostname, pid, heartbeat_at, jobs_running, outbox_pending, flow,
-                                          kinds, queues, rescue_after_s)
+                                          kinds, queues, rescue_after_s, server)
     VALUES (%(worker_id)s, %(hostname)s, %(pid)s, now(), %(running)s, %(pending)s, %(flow)s::text::jsonb,
-            %(kinds)s::text[], %(queues)s::text[], %(rescue_after_s)s::float8)
+            %(kinds)s::text[], %(queues)s::text[], %(rescue_after_s)s::float8, shardworker.server_identity())
     ON CONFLICT (worker_id) DO UPDATE
-    SET hostname = excluded.hostname, pid = excluded.pid, heartbeat_at = now(),
+    SET hostname = excluded.hostname, pid = excluded.pid, heartbeat_at = now(), server = excluded.server,
         started_at = CASE WHEN (w.hostname, w.pid) IS DISTINCT FROM (excluded.hostname, excluded.pid)
                           THEN now() ELSE w.started_at END,
         jobs_running = excluded.jobs_running, outbox_pending = excluded.outbox_pending, flow = excluded.flow,
@@ -577,8 +581,7 @@ WITH beat AS (
 SELECT EXISTS (SELECT 1 FROM beat), w.hostname, w.pid, coalesce((SELECT inserted FROM beat), false),
        EXISTS (SELECT 1 FROM shardworker.worker_rescues r
                WHERE r.worker_id = %(worker_id)s AND r.started_at = %(started_at)s::timestamptz),
-       coalesce((SELECT started_at FROM beat), w.started_at),
-       pg_postmaster_start_time()::text || ' ' || (SELECT oid FROM pg_database WHERE datname = current_database())::text
+       coalesce((SELECT started_at FROM beat), w.started_at), shardworker.server_identity()
 FROM (SELECT 1) AS one LEFT JOIN shardworker.workers w ON w.worker_id = %(worker_id)s;
 
 -- worker_get --
@@ -1047,14 +1050,15 @@ WITH f AS (
                      ELSE nextval(pg_get_serial_sequence('shardworker.jobs', 'id')) END AS id
     FROM unnest(%(kinds)s::text[], %(queues)s::text[], %(payloads)s::text[], %(priorities)s::int[],
                 %(max_attempts)s::int[], %(run_ats)s::timestamptz[], %(delays)s::float8[],
-                %(dedupe_keys)s::text[], %(deps_total)s::int[], %(given_ids)s::bigint[], %(given_uids)s::bigint[])
+                %(dedupe_keys)s::text[], %(deps_total)s::int[], %(given_ids)s::bigint[], %(given_uids)s::bigint[],
+                %(reinserted)s::boolean[])
          WITH ORDINALITY AS f(kind, queue, payload, priority, max_attempts, run_at, delay_s, dedupe_key, deps_total,
-                              given_id, given_uid, ord)
+                              given_id, given_uid, reinserted, ord)
 ), ins AS (
-    INSERT INTO shardworker.jobs (id, uid, kind, queue, payload, payload_bytes, priority, max_attempts, run_at,
-                                  dedupe_key, status, deps_total, deps_pending)
-    SELECT id, coalesce(given_uid, (random() * 9.2e18)::bigint), kind, queue, payload::jsonb, octet_length(payload),
-           priority, max_attempts,
+    INSERT INTO shardworker.jobs (id, uid, reinserted, kind, queue, payload, payload_bytes, priority, max_attempts,
+                                  run_at, dedupe_key, status, deps_total, deps_pending)
+    SELECT id, coalesce(given_uid, (random() * 9.2e18)::bigint), coalesce(reinserted, false), kind, queue,
+           payload::jsonb, octet_length(payload), priority, max_attempts,
            coalesce(run_at, now()) + make_interval(secs => delay_s), dedupe_key,
            CASE WHEN deps_total > 0 THEN 'waiting' ELSE 'queued' END, deps_total, deps_total
     FROM f ORDER BY ord
@@ -1066,6 +1070,11 @@ SELECT f.ord, coalesce(i.id, (SELECT h.id FROM ins h WHERE h.dedupe_key = f.dedu
                           AND l.status IN ('waiting', 'queued', 'running'))), i.id IS NOT NULL
 FROM f LEFT JOIN ins i ON i.id = f.id
 ORDER BY f.ord;
+
+-- jobs_reinserted_by_uid --
+-- Follow-ups inserted again after the database went back in time, by uid: where the outcomes of
+-- theirs that name an id the insert did not get back (another job holds it now) land instead.
+SELECT uid, id FROM shardworker.jobs WHERE reinserted AND uid = ANY(%(uids)s::bigint[]);
 
 -- job_ids_reserve --
 -- Before jobs are inserted again with the ids they had (follow-ups the database lost when it
@@ -1279,7 +1288,40 @@ WHERE until > now() ORDER BY until DESC;
 -- Which server process and which database this session reached: another value than before
 -- means another server (a failover, a physical restore), a restart, or the database made
 -- anew (a logical restore), after any of which the database may be older than it was.
-SELECT pg_postmaster_start_time()::text || ' ' || (SELECT oid FROM pg_database WHERE datname = current_database())::text;
+SELECT shardworker.server_identity();
+
+-- claim_settle --
+-- A worker that reached a new server holds every worker's claims until each worker that was
+-- beating around the database's latest state (in the last `window_s` of the beats made before
+-- this server: they may have lost work to it) and each already on it has said it checked its
+-- outbox's mark there (worker_checked), or until `seconds` from now.
+INSERT INTO shardworker.claim_holds (holder, reason, until, server, waits_for)
+SELECT %(holder)s, %(reason)s, now() + make_interval(secs => %(seconds)s), %(server)s,
+       ARRAY(SELECT w.worker_id FROM shardworker.workers w
+             WHERE w.kinds IS NOT NULL
+               AND (w.server IS NOT DISTINCT FROM %(server)s
+                    OR w.heartbeat_at >= (SELECT max(o.heartbeat_at) FROM shardworker.workers o
+                                          WHERE o.kinds IS NOT NULL AND o.server IS DISTINCT FROM %(server)s)
+                                         - make_interval(secs => %(window_s)s)))
+ON CONFLICT (holder) DO UPDATE
+SET reason = excluded.reason, until = excluded.until, server = excluded.server, waits_for = excluded.waits_for;
+
+-- claim_settle_end --
+-- End a new server's hold once every worker it waits for has checked its mark there. Returns
+-- the workers still awaited (none: it ended).
+WITH pending AS (
+    SELECT w AS worker_id FROM shardworker.claim_holds h, unnest(h.waits_for) AS w
+    WHERE h.holder = %(holder)s
+      AND NOT EXISTS (SELECT FROM shardworker.workers x WHERE x.worker_id = w AND x.checked_server = h.server)
+), ended AS (
+    DELETE FROM shardworker.claim_holds WHERE holder = %(holder)s AND NOT EXISTS (SELECT FROM pending)
+)
+SELECT worker_id FROM pending;
+
+-- worker_checked --
+-- This worker has checked, on this server, that the database holds what its outbox applied.
+-- Returns whether its row took it (none: the row is being written again by its heartbeat).
+UPDATE shardworker.workers SET checked_server = %(server)s WHERE worker_id = %(worker_id)s RETURNING 1;
 
 -- job_reclaim --
 -- Claims the database lost by going back in time, made again for the jobs this worker holds
