@@ -98,12 +98,19 @@ class Heartbeat:
         try:
             beat = self.store.beat(self.worker_id, socket.gethostname(), os.getpid(), *self.load(),
                                    take_over=self.last_ok is None, serves=self.serves, started_at=self._started_at)
+            if beat.holder is not None and self._from_the_past(beat):
+                log.warning("this worker's heartbeat row names %s, a process of this host that is gone: the database "
+                            "went back in time to before this worker started; the row is taken over", beat.holder)
+                beat = self.store.beat(self.worker_id, socket.gethostname(), os.getpid(), *self.load(),
+                                       take_over=True, serves=self.serves, started_at=self._started_at)
             if self._stop.is_set():
                 return self.interval_s  # a beat that outlived stop(): the worker is done with its row
             if beat.holder is not None:
                 self._lost_the_id(beat.holder)
                 return self.interval_s
-            if beat.inserted and self.last_ok is not None and beat.rescued:
+            if beat.inserted and self.last_ok is not None and (beat.rescued or beat.server == self.server):
+                # A tombstone says a rescue removed this process's row; so does a row gone on the same
+                # server (a release before tombstones rescued it): the database cannot have gone back.
                 self._stopped_by(WorkerRescued(
                     f"a peer rescued the jobs of worker {self.worker_id!r} while it was silent (paused, or cut off, "
                     f"for {began - self._last_ok_boot:.0f}s): they run elsewhere now, and it starts none of those "
@@ -128,6 +135,23 @@ class Heartbeat:
             # Beat again before the children's gate would close (an interval ahead), backoff or not.
             return min(self.outage.failed(exc), max(0.05, self._alive_until - procs.boottime() - self.interval_s))
         return self.interval_s
+
+    def _from_the_past(self, beat: Beat) -> bool:
+        """Whether a row held by another process is one the database went back to: a new server
+        since the last good beat, and that process, of this host, gone (an earlier run of this
+        worker, restarted in the stretch the database lost)."""
+        if self.last_ok is None or not beat.server or beat.server == self.server or beat.holder is None:
+            return False
+        host, pid = beat.holder
+        if host != socket.gethostname() or pid <= 0 or pid == os.getpid():
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False  # alive, another user's
+        return False
 
     def _refused(self, exc: StoreError) -> float:
         """The database refuses the beat for good (not an outage): say so at ERROR, once per

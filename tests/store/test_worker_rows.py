@@ -4,6 +4,8 @@ clean stop removes only the row it wrote. Real PostgreSQL."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from shardworker import procs
@@ -135,10 +137,42 @@ def test_a_heartbeat_row_the_database_lost_is_written_again_and_the_worker_goes_
     beat = Heartbeat(store, "w", interval_s=1.0, rescue_after_s=60.0, backoff=Backoff(0.05, 1.0),
                      on_alive=lambda boot, wall: alive.append(boot))
     beat.run_once(0.0)
+    assert beat.server  # the server the beat reached, for the worker to notice a new one
     query(pg_dsn, "DELETE FROM shardworker.workers WHERE worker_id = 'w' RETURNING 1")  # the database went back
+    beat.server = "the server before the failover"
     with caplog.at_level("WARNING"):
         beat.run_once(5.0)
     assert beat.conflict is None
     assert store.worker_row("w") is not None and alive[-1] > 0
     assert "database went back in time" in caplog.text
-    assert beat.server  # the server the beat reached, for the worker to notice a new one
+
+
+def test_a_row_gone_on_the_same_server_without_a_tombstone_is_a_rescue(store: PgStore, pg_dsn: str) -> None:
+    """No tombstone, but the server is the one of the last beat: the database did not go back,
+    so a rescue removed the row (a peer of a release before tombstones): the worker stops."""
+    beat = Heartbeat(store, "w", interval_s=1.0, rescue_after_s=60.0, backoff=Backoff(0.05, 1.0))
+    beat.run_once(0.0)
+    query(pg_dsn, "DELETE FROM shardworker.workers WHERE worker_id = 'w' RETURNING 1")
+    beat.run_once(5.0)
+    assert isinstance(beat.conflict, WorkerRescued), beat.conflict
+
+
+def test_a_row_the_database_went_back_to_names_a_gone_process_of_this_host_and_is_taken_over(
+        store: PgStore, pg_dsn: str) -> None:
+    """The database went back to before this worker started: its row names the worker's earlier
+    run on this host, whose process is gone. The beat takes it over instead of stopping as for a
+    second live worker under the id."""
+    import socket
+    import subprocess
+    import sys
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    beat = Heartbeat(store, "w", interval_s=1.0, rescue_after_s=60.0, backoff=Backoff(0.05, 1.0))
+    beat.run_once(0.0)
+    query(pg_dsn, "UPDATE shardworker.workers SET hostname = %s, pid = %s WHERE worker_id = 'w' RETURNING 1",
+          socket.gethostname(), int(gone.stdout))
+    beat.server = "the server before the failover"
+    beat.run_once(5.0)
+    assert beat.conflict is None
+    row = store.worker_row("w")
+    assert row is not None and row.pid == os.getpid()
