@@ -2,15 +2,19 @@
 applied to loses them (a database restored from a backup, or failed over to a replica that
 lagged).
 
-A segment whose records are all flushed is *kept* rather than deleted while it is younger
-than ``Keep.seconds`` (its last write, the seal, by mtime), the kept segments hold no more
-than ``Keep.max_bytes`` in all, and the disk keeps ``Keep.min_free_bytes`` free; beyond any
-of those the oldest go first. ``Keep()`` keeps nothing: a flushed segment goes at once.
+A segment whose records are all flushed is *kept* rather than deleted for ``Keep.seconds``
+after its records were applied (when this reader first found it finished, or its last write,
+the seal, if later: a backlog applied long after it was written is kept its whole window), while
+the kept segments hold no more than ``Keep.max_bytes`` in all and the disk keeps twice
+``Keep.min_free_bytes`` free (the kept tail gives way before the disk reaches the watermark
+where the worker stops claiming); beyond any of those the oldest go first. ``Keep()`` keeps
+nothing: a flushed segment goes at once.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 from outbox import fsutil
@@ -38,7 +42,7 @@ class Finished:
     shard: int
     segno: int
     size: int
-    mtime: float  # when it was last written (sealed), Unix seconds
+    mtime: float  # when it was applied: first found finished, or last written (sealed) if later; Unix seconds
 
 
 class Tail:
@@ -58,7 +62,7 @@ class Tail:
                 st = os.lstat(os.path.join(self.directory, segment_name(shard, segno)))
             except FileNotFoundError:
                 return None
-            found = self._seen[key] = Finished(shard, segno, st.st_size, st.st_mtime)
+            found = self._seen[key] = Finished(shard, segno, st.st_size, max(st.st_mtime, time.time()))
         return found
 
     def to_delete(self, finished: list[Finished], now: float) -> list[Finished]:
@@ -68,7 +72,7 @@ class Tail:
             return finished
         by_age = sorted(finished, key=lambda f: (f.mtime, f.shard, f.segno))
         kept_bytes = sum(f.size for f in by_age)
-        short = max(0, self.keep.min_free_bytes - fsutil.free_bytes(self.directory)) if self.keep.min_free_bytes else 0
+        short = max(0, 2 * self.keep.min_free_bytes - fsutil.free_bytes(self.directory)) if self.keep.min_free_bytes else 0
         doomed: list[Finished] = []
         for f in by_age:
             if now - f.mtime <= self.keep.seconds and kept_bytes <= self.keep.max_bytes and short <= 0:

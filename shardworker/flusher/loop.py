@@ -57,6 +57,7 @@ from shardworker.retry import Backoff, Outage
 log = logging.getLogger(__name__)
 
 QUIET_CHECKPOINT_S = 0.02  # caught up this long with nothing new: the outbox is quiet, checkpoint it
+TAIL_LOOK_S = 10.0  # how often an idle flusher checkpoints to let the kept tail go past its window
 HOLDS_ASKED_S = 1.0  # how often the database is asked whether some worker holds claims (set-aside outcomes wait)
 MAX_STATEMENT_TIMEOUT_S = 3600.0  # the longest a single record's apply is given (its timeout grows 4x a try)
 BATCH_BUCKETS = (1, 5, 10, 50, 100, 250, 500, 1000, 5000)  # outcomes per flushed batch, for the metrics
@@ -123,7 +124,8 @@ class Flusher:
         self._timeout_s: float | None = None  # and for a single record, a longer statement timeout
         # Outcomes of jobs missing here, kept in setaside.jsonl and tried again while they may come.
         self.setaside = SetAside(reader.directory, config.reapply_window_s, clock)
-        self._holds_asked = (float("-inf"), False)  # when the database was last asked for holds on claims, and its answer
+        self._holds_asked = (float("-inf"), False)
+        self._tail_looked_at = clock()  # when the database was last asked for holds on claims, and its answer
         self._outcomes: list[Outcome] = []  # _held decoded, once: its outcomes
         self._steps: list[StepRecord] = []  # and its step records
         self._last_checkpoint, self._dirty = clock(), False
@@ -181,8 +183,9 @@ class Flusher:
         if not self._held:
             self.caught_up, self._caught_up_at = True, self._caught_up_at or self.clock()
             quiet = self.clock() - self._caught_up_at >= QUIET_CHECKPOINT_S
-            # A passed seal or empty segment frees space only once a checkpoint deletes it.
-            self._dirty = self._dirty or self.reader.wants_checkpoint
+            # A passed seal or empty segment frees space only once a checkpoint deletes it; so does a
+            # kept segment past its window, or one the disk wants back, however idle the outbox.
+            self._dirty = self._dirty or self.reader.wants_checkpoint or self._tail_due()
             self._maybe_checkpoint(force=not self.lazy_checkpoints or self.reader.wants_checkpoint or not self.gather
                                    or quiet)
             return 0
@@ -233,6 +236,14 @@ class Flusher:
         self._dirty = True
         self._maybe_checkpoint()
         return len(flushed)
+
+    def _tail_due(self) -> bool:
+        """Whether to look at the kept tail again (every ``TAIL_LOOK_S``: a checkpoint deletes what
+        is past its window, or what the disk wants back)."""
+        if self.config.reapply_window_s <= 0 or self.clock() - self._tail_looked_at < TAIL_LOOK_S:
+            return False
+        self._tail_looked_at = self.clock()
+        return True
 
     def _keep_marks(self, marks: Marks) -> bool:
         """The mark's chores before a pass: the check the worker asked for, and a re-apply's

@@ -20,7 +20,9 @@ When the database went back (``went_back``), the flusher
    everything from there again through the usual fences: an outcome lands on a row that went
    back to before its claim, on that claim's job only (``job_apply_outcomes``), steps and
    follow-ups once;
-3. lets claims go once it has passed the positions it had reached (``progress``).
+3. lets claims go once it has passed the positions it had reached (``progress``); a re-apply
+   that makes no progress for a while (a row locked for good, a record of a newer release)
+   lets its hold lapse, with an ERROR, rather than stop every worker's claims for good.
 
 What the kept tail no longer holds (the database went back further than the window) cannot
 land again: it is said at ERROR, and those jobs run again.
@@ -76,6 +78,8 @@ class Marks:
         self.until: dict[int, Position] | None = None  # re-applying until the reader passes these
         self.holder = f"reapply:{outbox_id}"
         self._renew_at = 0.0
+        self._flushed_at_renew: dict[int, Position] = {}  # where the reader was when the hold was last moved on
+        self._stuck = False  # the hold was let lapse: no progress since
         self.regressions = 0  # times the database was found gone back
         self.lost = False  # the last one went back past the kept tail: some outcomes cannot land again
 
@@ -127,6 +131,7 @@ class Marks:
         held_batch, held = (found[0], found[1]) if found is not None and not from_start else (0, {})
         self.store.hold_claims(self.holder, f"worker {self.worker_id} re-applies what the database lost", HOLD_S)
         self._renew_at = self.clock() + HOLD_RENEW_S
+        self._flushed_at_renew, self._stuck = {}, False
         reached = self.reader.flushed_positions()
         if self.until is not None:  # went back again while re-applying: finish where the first one ended
             reached = {shard: max(pos, self.until.get(shard, pos)) for shard, pos in reached.items()}
@@ -161,5 +166,12 @@ class Marks:
             self.until, self.followup_ids = None, {}
             log.info("re-applied what the database lost; claims resume")
         elif self.clock() >= self._renew_at:
-            self.store.hold_claims(self.holder, f"worker {self.worker_id} re-applies what the database lost", HOLD_S)
             self._renew_at = self.clock() + HOLD_RENEW_S
+            if flushed == self._flushed_at_renew:
+                if not self._stuck:
+                    self._stuck = True
+                    log.error("re-applying what the database lost makes no progress (the flusher's log says why): "
+                              "the hold on every worker's claims lapses in %.0fs; it goes on re-applying", HOLD_S)
+                return  # a re-apply that is stuck does not stop every worker's claims for good
+            self._flushed_at_renew, self._stuck = flushed, False
+            self.store.hold_claims(self.holder, f"worker {self.worker_id} re-applies what the database lost", HOLD_S)

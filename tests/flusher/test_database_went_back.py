@@ -7,6 +7,7 @@ failover itself, with a streaming replica, is tests/faults/test_database_regress
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -178,3 +179,27 @@ def test_without_a_kept_tail_the_loss_is_said_and_the_rest_goes_on(
     assert dict(query(pg_dsn, "SELECT id, status FROM shardworker.jobs")) == {
         jobs[0].id: "running", jobs[1].id: "running", jobs[2].id: "done", jobs[3].id: "done"}
     assert _held_longer_than_the_grace(pg_dsn) == 0
+
+
+def test_an_idle_flusher_lets_the_kept_tail_go_past_its_window(pg_dsn: str, stores: list[PgStore], tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing more to apply, ever: the kept segments still go once their window has passed (a
+    checkpoint deleted them only after a batch, and an idle outbox kept them for good)."""
+    import outbox.tail as outbox_tail
+    from outbox.segment import list_segments
+
+    enqueue(pg_dsn, "k", 30)
+    store = _store(stores, pg_dsn)
+    jobs = store.claim(["k"], None, "w1", 30, "a" * 32)
+    for chunk in (jobs[:10], jobs[10:20], jobs[20:]):  # three segments, each sealed by its writer's close
+        _write_done(tmp_path, chunk)
+    flusher = _flusher(tmp_path, store, Keep(seconds=60, max_bytes=1 << 30))
+    _drain(flusher)
+    kept = len(list_segments(str(tmp_path))[0])
+    assert kept >= 3
+    later = time.time() + 120
+    monkeypatch.setattr(outbox_tail.time, "time", lambda: later)
+    assert isinstance(flusher.clock, Clock)
+    flusher.clock.now += 11
+    flusher.run_once()
+    assert len(list_segments(str(tmp_path))[0]) < kept

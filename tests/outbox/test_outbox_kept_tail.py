@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import os
+import time
 
 import outbox
+import outbox.tail as outbox_tail
 from outbox import Keep, OutboxReader, Position
 from outbox.segment import list_segments, segment_name
 from tests.outbox.healthy_disk import drain, values, write
@@ -50,15 +52,24 @@ def test_applied_segments_stay_within_the_window_and_show_as_kept(tmp_path):
     assert outbox.kept_records(d) == 40
 
 
-def test_segments_past_the_window_or_the_byte_cap_go_oldest_first(tmp_path):
-    """A segment sealed longer ago than the window goes; then the oldest go until the rest fit the cap."""
+def test_segments_past_the_window_or_the_byte_cap_go_oldest_first(tmp_path, monkeypatch):
+    """A segment applied longer ago than the window goes (its window counts from when it was
+    applied, not written); then the oldest go until the rest fit the cap."""
     d = str(tmp_path)
     write(d, 0, [{"n": i, "pad": "z" * 300} for i in range(40)])
     segs = list_segments(d)[0]
     _age(d, 0, segs[0], 7200)
     _flush_all(d, HOUR)
-    assert segs[0] not in list_segments(d)[0] and segs[1] in list_segments(d)[0]
-    size = os.path.getsize(os.path.join(d, segment_name(0, segs[-1])))
+    assert set(segs) <= set(list_segments(d)[0])  # written two hours ago, applied now: kept
+    with OutboxReader.open(d, HOUR) as reader:
+        reader.checkpoint()  # this reader found them finished now
+        later = time.time() + 3700
+        monkeypatch.setattr(outbox_tail.time, "time", lambda: later)
+        reader.checkpoint()
+    assert list_segments(d)[0] == [max(list_segments(d)[0])]  # all past the window: only the newest stays
+    write(d, 0, [{"n": i, "pad": "z" * 300} for i in range(40)])
+    _flush_all(d, HOUR)
+    size = os.path.getsize(os.path.join(d, segment_name(0, list_segments(d)[0][0])))
     with OutboxReader.open(d, Keep(seconds=3600, max_bytes=2 * size)) as reader:
         reader.checkpoint()
     kept = list_segments(d)[0]
@@ -66,7 +77,7 @@ def test_segments_past_the_window_or_the_byte_cap_go_oldest_first(tmp_path):
 
 
 def test_the_disk_watermark_takes_the_kept_tail_first(tmp_path):
-    """With less free space than the watermark, kept segments go whatever the window says."""
+    """With less free space than twice the watermark, kept segments go whatever the window says."""
     d = str(tmp_path)
     write(d, 0, [{"n": i, "pad": "z" * 300} for i in range(40)])
     _flush_all(d, Keep(seconds=3600, max_bytes=1 << 30, min_free_bytes=1 << 62))
