@@ -195,6 +195,10 @@ def test_an_idle_flusher_lets_the_kept_tail_go_past_its_window(pg_dsn: str, stor
         _write_done(tmp_path, chunk)
     flusher = _flusher(tmp_path, store, Keep(seconds=60, max_bytes=1 << 30))
     _drain(flusher)
+    for _ in range(3):  # idle: nothing to apply, no seal to pass, the checkpoint written
+        flusher.clock.now += 1  # type: ignore[attr-defined]
+        flusher.run_once()
+    assert flusher.idle
     kept = len(list_segments(str(tmp_path))[0])
     assert kept >= 3
     later = time.time() + 120
