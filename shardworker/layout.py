@@ -70,8 +70,14 @@ _IN_USE_ADVICE = {
     ("worker", "drain"): "a running worker applies its outbox itself: drain it once that worker has stopped",
     ("drain", "worker"): "start the worker once the drain has ended",
     ("drain", "drain"): "wait for that drain to end",
+    ("worker", "reapply"): "a running worker re-applies by itself what a database that went back lost: run "
+                           "`outbox reapply` only with the worker stopped",
+    ("drain", "reapply"): "wait for that drain to end",
+    ("reapply", "worker"): "start the worker once `outbox reapply` has ended",
+    ("reapply", "drain"): "wait for `outbox reapply` to end",
+    ("reapply", "reapply"): "wait for that `outbox reapply` to end",
 }
-_HOLDERS = {"worker": "a worker", "drain": "`outbox drain`"}
+_HOLDERS = {"worker": "a worker", "drain": "`outbox drain`", "reapply": "`outbox reapply`"}
 
 
 def lock_outbox(directory: str, role: str) -> int:
@@ -131,6 +137,15 @@ def read_outbox_id(directory: str) -> str:
         return read_small(os.path.join(directory, OUTBOX_ID_FILE)).decode("ascii", errors="replace").strip()
     except FileNotFoundError:
         return ""
+
+
+def holds_an_outbox(directory: str) -> bool:
+    """Whether ``directory`` holds an outbox a worker used (its id, or segments)."""
+    try:
+        names = os.listdir(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    return OUTBOX_ID_FILE in names or any(name.startswith("shard-") and name.endswith(".seg") for name in names)
 
 
 def outbox_id(directory: str) -> str:

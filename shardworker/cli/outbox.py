@@ -121,7 +121,8 @@ def _echo_status_text(outbox_dir: str, st: OutboxStatus, worker: bool, kept: _Ke
         click.echo(f"  {kept.setaside} outcome(s) set aside, their jobs missing from the database; see "
                    f"{layout.SETASIDE_LOG}")
     if kept.lost:
-        click.echo(f"  {kept.lost} job(s) requeued because their outcomes were in a quarantined segment; see "
+        click.echo(f"  {kept.lost} job(s) requeued, charged an attempt, because their outcomes were lost (in a "
+                   f"quarantined segment, or gone with a database that went back past the kept window); see "
                    f"{layout.LOST_LOG}")
     if kept.deadletters:
         click.echo(f"  {kept.deadletters} outcome(s) dead-lettered in {layout.DEADLETTER_DIR}/")
@@ -205,8 +206,10 @@ def reapply(outbox_dir: str, dry_run: bool, from_start: bool, timeout: float, as
     from shardworker.flusher.drain import drain as drain_outbox
     from shardworker.flusher.reapply import preview
 
-    if not os.path.isdir(outbox_dir):
-        raise ShardworkerError(f"no outbox directory at {outbox_dir}")
+    from shardworker import layout
+
+    if not layout.holds_an_outbox(outbox_dir):
+        raise ShardworkerError(f"no outbox at {outbox_dir}: nothing to re-apply (give the --outbox-dir a worker used)")
     dsn = _drain_dsn(outbox_dir, dsn, 1)
     if dry_run:
         seen = preview(outbox_dir, dsn, from_start=from_start, timeout_s=timeout)
@@ -220,7 +223,7 @@ def reapply(outbox_dir: str, dry_run: bool, from_start: bool, timeout: float, as
                        + (f", inserting {seen.followups} follow-up jobs again" if seen.followups else "")
                        + (f"; and {seen.steps} step results" if seen.steps else "") + "; nothing was changed")
         return
-    stats = drain_outbox(outbox_dir, dsn, timeout_s=timeout, reapply=True, from_start=from_start)
+    stats = drain_outbox(outbox_dir, dsn, timeout_s=timeout, reapply=True, from_start=from_start, role="reapply")
     if as_json:
         click.echo(orjson.dumps({"dry_run": False, "outcomes": stats.flushed - stats.steps,
                                  "jobs_changed": stats.applied, "already_applied": stats.replayed,

@@ -81,10 +81,10 @@ D = WorkerConfig.default
               help="Outbox segment size: a segment is deleted once every outcome in it is applied, and the "
                    "reapply window has passed.")
 @click.option("--reapply-window", type=Duration(), default=duration_text(D("reapply_window_s")), show_default=True,
-              help="Keep applied outcomes this long (5m, 1h; 0: not at all), so that a database that comes back "
-                   "older (a failover to a replica that lagged, a restore) gets them again instead of their jobs "
-                   "running again.")
-@click.option("--reapply-max-mb", type=click.IntRange(min=0), default=D("reapply_max_bytes") // MiB,
+              help="Keep applied outcomes this long after they land (5m, 1h; 0: no sealed segment is kept), so "
+                   "that a database that comes back older (a failover to a replica that lagged, a restore) gets "
+                   "them again instead of their jobs running again.")
+@click.option("--reapply-max-mb", type=click.IntRange(min=0, max=1 << 20), default=D("reapply_max_bytes") // MiB,
               show_default=True, help="At most this many MiB of applied outcomes kept (the oldest go first; all "
                                       "of them before the disk reaches --min-free-mb).")
 @click.option("--metrics-port", envvar="SHARDWORKER_METRICS_PORT", type=click.IntRange(min=0, max=65535),

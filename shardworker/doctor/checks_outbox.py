@@ -249,4 +249,6 @@ def outbox_checks(facts: OutboxFacts, *, given: bool, min_free_bytes: int, here:
         return [*checks, check_permissions(facts)]
     return [*checks, check_permissions(facts), check_free_space(facts, min_free_bytes), check_pending(facts),
             check_binding(facts, here, reachable), check_quarantine(facts), check_kept(facts),
-            check_reapply(facts, marks)]
+            # Another database's marks say nothing of this outbox (bound-to says what is wrong).
+            check_reapply(facts, None if here is not None and facts.bound is not None and not facts.bound.same_database(here)
+                          else marks)]

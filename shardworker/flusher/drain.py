@@ -42,14 +42,14 @@ HEARTBEAT_INTERVAL_S = 2.0  # a worker's default (WorkerConfig.heartbeat_interva
 
 def drain(outbox_dir: str, dsn: str, *, timeout_s: float, backoff_cap_s: float = 5.0,
           progress: Callable[[FlushStats, int], None] | None = None, reapply: bool = False,
-          from_start: bool = False) -> FlushStats:
+          from_start: bool = False, role: str = "drain") -> FlushStats:
     """Apply everything pending; raise ``DrainTimeout`` if outcomes remain at the deadline.
     ``reapply`` (``outbox reapply``): first apply again the kept records past the database's
     mark (``from_start``: every kept record), as a worker does when it finds the database
     went back in time, whatever the marks say."""
     if not os.path.lexists(outbox_dir):
         raise OutboxBusy(f"no outbox directory at {outbox_dir}")
-    lock_fd = layout.lock_outbox(outbox_dir, "drain")  # refuses another user's directory, or a symlink
+    lock_fd = layout.lock_outbox(outbox_dir, role)  # refuses another user's directory, or a symlink
     try:
         # The worker's defaults, with the caller's backoff cap (a drain by hand may want a short one).
         config = WorkerConfig(dsn=dsn, app_ref="", backoff_cap_s=backoff_cap_s, backoff_base_s=min(0.05, backoff_cap_s))

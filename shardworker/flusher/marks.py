@@ -150,9 +150,9 @@ class Marks:
                         "batch %d committed (a failover to a replica that lagged, or a restore); re-applying the "
                         "outcomes kept since, with every worker's claims held meanwhile", held_batch, self.committed)
         if self.lost and not from_start:
-            log.error("the database went back further than the outbox keeps (--reapply-window): outcomes applied "
-                      "before the oldest kept one cannot land again, and their jobs may run again (shards %s)",
-                      ", ".join(str(s) for s, ok in sorted(whole.items()) if not ok))
+            log.warning("the database went back to before the oldest applied outcome the outbox keeps "
+                        "(--reapply-window; shards %s): outcomes applied before it, if any, cannot land again, and "
+                        "their jobs may run again", ", ".join(str(s) for s, ok in sorted(whole.items()) if not ok))
         self.committed = held_batch
 
     def progress(self) -> None:

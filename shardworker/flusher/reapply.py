@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from outbox import Keep, OutboxLocked, Position
 from shardworker import binding, layout, wire
 from shardworker.config import FlusherConfig
-from shardworker.errors import OutboxBusy
+from shardworker.errors import NewerRecord, OutboxBusy
 from shardworker.flusher.journal import Journal
 from shardworker.followups import decode as decode_followups
 from shardworker.flusher.process import marks_for, open_reader
@@ -32,6 +32,7 @@ from shardworker.retry import Backoff, retry_call
 from shardworker.store.pg_store import PgStore, StoreConfig
 
 log = logging.getLogger(__name__)
+PREVIEW_BATCH = 5000  # kept records read, and asked about, at a time
 KEEP_ALL = Keep(seconds=float("inf"), max_bytes=1 << 62)  # a dry run deletes nothing
 
 
@@ -48,9 +49,9 @@ class Preview:
 
 def preview(outbox_dir: str, dsn: str, *, from_start: bool = False, timeout_s: float = 60.0) -> Preview:
     """Read, without applying, what ``outbox reapply`` would apply, and count what it would change."""
-    if not os.path.isdir(outbox_dir):
-        raise OutboxBusy(f"no outbox directory at {outbox_dir}")
-    lock_fd = layout.lock_outbox(outbox_dir, "drain")
+    if not layout.holds_an_outbox(outbox_dir):
+        raise OutboxBusy(f"no outbox at {outbox_dir}: nothing to re-apply")
+    lock_fd = layout.lock_outbox(outbox_dir, "reapply")
     try:
         try:
             reader = open_reader(outbox_dir, wait_s=0, keep=KEEP_ALL)
@@ -68,15 +69,17 @@ def preview(outbox_dir: str, dsn: str, *, from_start: bool = False, timeout_s: f
             held = {} if found is None or from_start else found.positions
             reader.rewind({shard: Position(*held[shard]) if shard in held else None
                            for shard in reader.shards_on_disk()})
-            records = []
-            while batch := reader.poll(1000):
-                records += batch
-            decoded = [wire.decode_record(r.payload) for r in records]
-            outcomes = [d for d in decoded if isinstance(d, Outcome)]
-            steps = sum(isinstance(d, StepRecord) for d in decoded)
-            landing = retry_call(lambda: store.preview_outcomes(outcomes), "asking which outcomes would land",
-                                 backoff=backoff, log=log, deadline=_deadline(timeout_s))
-            return _count(outbox_dir, outcomes, landing, len(records), steps)
+            records = steps = 0
+            outcomes: list[Outcome] = []
+            landing: set[int] = set()
+            while batch := reader.poll(PREVIEW_BATCH):  # a batch at a time: the kept tail may be large
+                decoded = [_decode(r.payload, outbox_dir) for r in batch]
+                part = [d for d in decoded if isinstance(d, Outcome)]
+                records, steps = records + len(batch), steps + sum(isinstance(d, StepRecord) for d in decoded)
+                landing |= retry_call(lambda part=part: store.preview_outcomes(part), "asking which outcomes would "
+                                      "land", backoff=backoff, log=log, deadline=_deadline(timeout_s))
+                outcomes += [o for o in part if o.followups_json or o.job_id in landing]
+            return _count(outbox_dir, outcomes, landing, records, steps)
         finally:
             store.close()
             reader.close()  # no checkpoint: the outbox's positions are as they were
@@ -97,6 +100,18 @@ def _count(outbox_dir: str, outcomes: list[Outcome], landing: set[int], records:
             again.update(i for i in ids if i is not None)
     changed = {o.job_id for o in outcomes if o.job_id in landing or o.job_id in again}
     return Preview(records, len(outcomes), len(changed), followups, steps)
+
+
+def _decode(payload: bytes, outbox_dir: str) -> Outcome | StepRecord | None:
+    """A kept record, or None for one that is not ours (a drain dead-letters it; a dry run skips
+    it); a record of a newer release is refused, as the drain does."""
+    try:
+        return wire.decode_record(payload)
+    except NewerRecord as exc:
+        raise NewerRecord(f"the outbox {outbox_dir} holds a record written by a newer shardworker ({exc}): run that "
+                          "release, or a later one, to re-apply it") from None
+    except (ValueError, TypeError):
+        return None
 
 
 def _deadline(timeout_s: float) -> float:
