@@ -7,6 +7,12 @@ Fixed limits (the same for every worker):
   into the table by other means fails its job for good in the child, with the reason.
 * ``MAX_RESULT_BYTES``: one handler's return value, as JSON text in UTF-8. A bigger one
   fails its job for good with the reason (running it again would compute it again).
+* ``MAX_JOB_INPUT_BYTES`` (256 MiB): what one run is given besides its payload, the steps
+  its earlier attempts recorded and the results of the jobs it waited on, together, as the
+  JSON text the handler reads (``shardworker/store/claiming.py`` counts it before gathering
+  it; PostgreSQL's own cap on one jsonb value is the same 256 MiB, on text 1 GiB). A job
+  over it fails for good before its handler starts, with the sizes: another attempt would
+  meet the same input, and a claim that tried would fail for every job it claims.
 * ``MAX_TRACEBACK_BYTES`` (16 KiB): a failed attempt's traceback, as the child records it;
   a longer one (a deep recursion) keeps its end, where the error is. ``MAX_ERROR_CHARS``
   (16,384): an error message as a job's ``errors`` history keeps it (its start). The
@@ -38,7 +44,8 @@ outcome over a budget goes alone and nothing is ever stuck behind it):
 ==========================  =============================  ==================================
 stage                       count                          bytes
 ==========================  =============================  ==================================
-claim (parent)              ``claim_batch`` (500)          ``claim_bytes`` (16 MiB of payload)
+claim (parent)              ``claim_batch`` (500)          ``claim_bytes`` (16 MiB of payload,
+                                                           recorded steps, dependencies' results)
 prefetch, pipe (per child)  ``prefetch_max_jobs`` (1,000)  ``prefetch_bytes`` (8 MiB)
 uncommitted outcomes        ``group_commit_max_records``   ``group_commit_max_bytes`` (8 MiB)
   (per child)
@@ -60,6 +67,10 @@ MiB = 1024 * 1024
 MAX_PAYLOAD_BYTES = 64 * MiB
 # An outbox record holds the result and a small header; the outbox caps a record at 64 MiB.
 MAX_RESULT_BYTES = 64 * MiB - 4096
+
+# What one run may be given besides its payload: the steps its earlier attempts recorded and
+# the results of the jobs it waited on, as JSON text.
+MAX_JOB_INPUT_BYTES = 256 * MiB
 
 MAX_TRACEBACK_BYTES = 16 * 1024
 MAX_ERROR_CHARS = 16 * 1024

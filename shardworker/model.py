@@ -131,6 +131,10 @@ class ClaimedJob:
     # land on this claim of this job only (``shardworker.flusher.marks``).
     uid: int | None = None
     token: str | None = None
+    # Over MAX_JOB_INPUT_BYTES: the sizes, as JSON text, of the recorded steps and of the
+    # dependencies' results the claim did not bring (steps_json and dependencies_json are
+    # None); the child fails the job for good, naming them. None: nothing was left behind.
+    withheld: tuple[int, int] | None = None
 
     @property
     def attempts_used(self) -> int:

@@ -24,7 +24,7 @@ from shardworker.child.followups import FollowUps
 from shardworker.child.results import Unstorable, storable_json
 from shardworker.child.steps import AsyncSteps, StepLog, SyncSteps
 from shardworker.control import Cancel, Fail, JobControl, Retry, Snooze
-from shardworker.limits import MAX_PAYLOAD_BYTES, MAX_TRACEBACK_BYTES
+from shardworker.limits import MAX_JOB_INPUT_BYTES, MAX_PAYLOAD_BYTES, MAX_TRACEBACK_BYTES
 from shardworker.model import ClaimedJob, Disposition, Outcome
 
 FAILURES = (Disposition.RETRY, Disposition.FAILED)  # the outcomes of a failed attempt
@@ -59,7 +59,7 @@ def attempt_sync(app: App, job: ClaimedJob, steps: StepLog | None = None,
     spec = app.handlers.get(job.kind)
     if spec is None:
         return refused(job, f"no handler for kind {job.kind!r}")
-    not_run = payload_refused(job) or cancelled_before(job, cancel)
+    not_run = input_refused(job) or cancelled_before(job, cancel)
     if not_run is not None:
         return not_run
     followups = FollowUps()
@@ -80,7 +80,7 @@ async def attempt_async(app: App, job: ClaimedJob, steps: StepLog | None = None,
     spec = app.handlers.get(job.kind)
     if spec is None:
         return refused(job, f"no handler for kind {job.kind!r}")
-    not_run = payload_refused(job) or cancelled_before(job, cancel)
+    not_run = input_refused(job) or cancelled_before(job, cancel)
     if not_run is not None:
         return not_run
     deadline = asyncio.timeout(spec.timeout_s)
@@ -167,9 +167,13 @@ def refused(job: ClaimedJob, reason: str) -> Attempt:
     return Attempt(never_again(job, reason), Fail(reason))
 
 
-def payload_refused(job: ClaimedJob) -> Attempt | None:
+def input_refused(job: ClaimedJob) -> Attempt | None:
     """A final failure for a payload over ``MAX_PAYLOAD_BYTES`` (only SQL written by hand
-    can store one: ``enqueue`` refuses it), else None."""
+    can store one: ``enqueue`` refuses it), or for recorded steps and dependency results
+    over ``MAX_JOB_INPUT_BYTES`` (the claim left them behind: ``ClaimedJob.withheld``); else
+    None. Running such a job again would meet the same input."""
+    if job.withheld is not None:
+        return refused(job, withheld_reason(job.id, *job.withheld))
     if len(job.payload_json) * 4 <= MAX_PAYLOAD_BYTES:  # UTF-8 takes at most 4 bytes a character
         return None
     size = len(job.payload_json.encode("utf-8", "surrogatepass"))
@@ -177,6 +181,18 @@ def payload_refused(job: ClaimedJob) -> Attempt | None:
         return None
     return refused(job, f"payload too large: {size} bytes of JSON, the limit is {MAX_PAYLOAD_BYTES} "
                             "(shardworker.limits.MAX_PAYLOAD_BYTES)")
+
+
+def withheld_reason(job_id: int, steps_bytes: int, deps_bytes: int) -> str:
+    """Why a job whose input the claim left behind is not run, and what the operator can do."""
+    held = [f"its recorded steps hold {steps_bytes:,} bytes of JSON"] if steps_bytes else []
+    if deps_bytes:
+        held.append(f"the results of the jobs it waited on hold {deps_bytes:,}")
+    remedy = [f"`shardworker jobs retry {job_id} --reset-steps` runs it from its first step"] if steps_bytes else []
+    if deps_bytes:
+        remedy.append("results that keep a key to data stored elsewhere stay small")
+    return (f"input too large: {' and '.join(held)}, over the {MAX_JOB_INPUT_BYTES:,} a run may be given "
+            f"(shardworker.limits.MAX_JOB_INPUT_BYTES); {'; '.join(remedy)}")
 
 
 def failure(spec: HandlerSpec, job: ClaimedJob, exc: BaseException, *, error: str | None = None) -> Outcome:

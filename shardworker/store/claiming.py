@@ -23,6 +23,7 @@ from typing import Any
 import psycopg
 
 from shardworker.errors import Reconnected
+from shardworker.limits import MAX_JOB_INPUT_BYTES
 from shardworker.model import Claim, ClaimedJob
 from shardworker.store.claim_floor import ClaimFloor
 from shardworker.store.connection import Session, rollback
@@ -43,7 +44,7 @@ class ClaimQueries(Session):
                      claim_token: str | None = None, max_bytes: int = 1 << 62, *,
                      caps: Mapping[str, int] | None = None, run_room: int | None = None,
                      attempts: Mapping[str, int] | None = None, generation: int | None = None,
-                     server: str | None = None) -> Claim:
+                     server: str | None = None, max_input_bytes: int = MAX_JOB_INPUT_BYTES) -> Claim:
         """Claim up to ``limit`` due jobs and ``max_bytes`` of payload (at least one job when
         any is due): status running, attempt + 1, locked_by worker_id; at a job's first claim,
         ``attempts`` (kind: its handler's max_attempts) lowers its max_attempts. Within every limit:
@@ -56,13 +57,18 @@ class ClaimQueries(Session):
         that connection: ``Reconnected`` (nothing sent) on a newer one, which the caller looks
         at first (``shardworker.worker.reapply_watch``); with ``server``, only on that server
         (``server_identity``): on another, nothing is claimed.
+
+        A retried job comes with the steps its earlier attempts recorded, and a job that waited
+        on others with their results, as JSON text, counted in ``max_bytes`` as that text; when
+        the two are over ``max_input_bytes`` together, the job comes without them and with
+        their sizes (``ClaimedJob.withheld``), for the child to fail it for good.
         """
         params = {"kinds": list(kinds), "queues": list(queues) if queues else None,
                   "worker_id": worker_id, "limit": limit, "claim_token": claim_token, "max_bytes": max_bytes,
                   "cap_kinds": list(caps or ()), "cap_rooms": [max(0, n) for n in (caps or {}).values()],
                   "run_room": limit if run_room is None else max(0, run_room),
                   "attempt_kinds": list(attempts or ()), "attempt_limits": list((attempts or {}).values()),
-                  "server": server}
+                  "server": server, "max_input_bytes": max_input_bytes}
         floor = self.claim_floor()
         while True:
             bounds = floor.params()
@@ -70,7 +76,8 @@ class ClaimQueries(Session):
             if not floor.claimed([(row[10], row[11], row[0]) for row in rows], bounds["floor_id"] is not None):
                 break
         paces = [row[7] for row in rows if row[7] is not None]
-        jobs = [ClaimedJob(row[0], row[1], row[2], row[3], row[4], row[5], row[8], row[9], row[6], row[12], claim_token)
+        jobs = [ClaimedJob(row[0], row[1], row[2], row[3], row[4], row[5], row[8], row[9], row[6], row[12], claim_token,
+                           None if row[13] is None else (row[13], row[14]))
                 for row in rows]
         return Claim(jobs, min(paces) if paces else None)
 

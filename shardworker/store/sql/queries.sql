@@ -102,7 +102,8 @@ WITH hold AS (
     SELECT name AS queue, pace_s, room FROM limited_room WHERE scope = 'queue'
 ), plain AS (
     -- Jobs of kinds and queues without limits (none to look for when every kind has one).
-    SELECT id, kind, queue, priority, run_at, coalesce(payload_bytes, pg_column_size(payload)) + deps_bytes AS bytes
+    SELECT id, kind, queue, priority, run_at, coalesce(payload_bytes, pg_column_size(payload)) + deps_bytes
+           + CASE WHEN attempt > 0 OR steps_ahead THEN shardworker.steps_bytes(id) ELSE 0 END AS bytes
     FROM shardworker.jobs
     WHERE (SELECT count(*) FROM kind_room) < cardinality(%(kinds)s::text[]) AND NOT (SELECT held FROM hold)
       AND status = 'queued' AND run_at <= now()
@@ -118,7 +119,8 @@ WITH hold AS (
 ), by_kind AS (
     -- Each limited kind, in queues without limits: no more than its room.
     SELECT j.* FROM kind_room k CROSS JOIN LATERAL (
-        SELECT id, kind, queue, priority, run_at, coalesce(payload_bytes, pg_column_size(payload)) + deps_bytes AS bytes
+        SELECT id, kind, queue, priority, run_at, coalesce(payload_bytes, pg_column_size(payload)) + deps_bytes
+           + CASE WHEN attempt > 0 OR steps_ahead THEN shardworker.steps_bytes(id) ELSE 0 END AS bytes
         FROM shardworker.jobs
         WHERE status = 'queued' AND run_at <= now() AND left(kind, 255) = left(k.kind, 255) AND kind = k.kind
           AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
@@ -130,7 +132,8 @@ WITH hold AS (
 ), by_queue AS (
     -- Each limited queue: no more than its room, of kinds with room (ranked again below).
     SELECT j.* FROM queue_room q CROSS JOIN LATERAL (
-        SELECT id, kind, queue, priority, run_at, coalesce(payload_bytes, pg_column_size(payload)) + deps_bytes AS bytes
+        SELECT id, kind, queue, priority, run_at, coalesce(payload_bytes, pg_column_size(payload)) + deps_bytes
+           + CASE WHEN attempt > 0 OR steps_ahead THEN shardworker.steps_bytes(id) ELSE 0 END AS bytes
         FROM shardworker.jobs
         WHERE status = 'queued' AND run_at <= now() AND left(queue, 255) = left(q.queue, 255) AND queue = q.queue
           AND kind = ANY(%(kinds)s::text[]) AND kind NOT IN (SELECT kind FROM kind_room WHERE room <= 0)
@@ -158,18 +161,16 @@ WITH hold AS (
                            SELECT a.n FROM unnest(%(attempt_kinds)s::text[], %(attempt_limits)s::int[]) AS a(kind, n)
                            WHERE a.kind = j.kind)) ELSE j.max_attempts END
     WHERE j.id = ANY(ARRAY(SELECT id FROM running_total WHERE n <= %(limit)s AND (n = 1 OR upto <= %(max_bytes)s)))
-    -- The steps earlier attempts recorded (job.step): only a retried job can have any (or one
-    -- whose steps are ahead of its row: steps_ahead, migration 0017), so a first attempt costs
-    -- nothing here; the results of the jobs it waited on (after=), read only for a job that
-    -- waited on some.
+    -- The size of the steps earlier attempts recorded (job.step): only a retried job can have
+    -- any (or one whose steps are ahead of its row: steps_ahead, migration 0017), so a first
+    -- attempt costs nothing here; and of the results of the jobs it waited on (after=). The
+    -- select below gathers both as JSON text, unless together they are over max_input_bytes:
+    -- then it returns their sizes instead, and the worker fails that job for good (a claim
+    -- that tried to gather them would fail whole, for every job, on every retry).
     RETURNING j.id, j.kind, j.queue, j.payload::text AS payload, j.attempt, j.max_attempts, j.snoozes,
               j.priority, j.run_at,
-              CASE WHEN j.attempt > 1 OR j.steps_ahead THEN (SELECT jsonb_object_agg(s.name, s.result)::text
-                                            FROM shardworker.job_steps s WHERE s.job_id = j.id) END AS steps,
-              CASE WHEN j.deps_total > 0 THEN (SELECT jsonb_object_agg(d.depends_on::text, r.result)::text
-                                               FROM shardworker.job_dependencies d
-                                               JOIN shardworker.jobs r ON r.id = d.depends_on
-                                               WHERE d.job_id = j.id) END AS dependencies,
+              CASE WHEN j.attempt > 1 OR j.steps_ahead THEN shardworker.steps_bytes(j.id) END AS steps_bytes,
+              CASE WHEN j.deps_total > 0 THEN j.deps_bytes END AS deps_bytes,
               j.uid
 ), spent_kind AS (
     UPDATE shardworker.kinds k
@@ -187,8 +188,11 @@ WITH hold AS (
 SELECT c.id, c.kind, c.queue, c.payload, c.attempt, c.max_attempts, c.snoozes,
        least((SELECT k.pace_s FROM kind_room k WHERE k.kind = c.kind),
              (SELECT q.pace_s FROM queue_room q WHERE q.queue = c.queue)) AS pace_s,
-       c.steps, c.dependencies, c.priority, c.run_at, c.uid
-FROM claimed c;
+       CASE WHEN c.steps_bytes IS NOT NULL AND NOT c.over THEN shardworker.steps_json(c.id) END AS steps,
+       CASE WHEN c.deps_bytes IS NOT NULL AND NOT c.over THEN shardworker.dependencies_json(c.id) END AS dependencies,
+       c.priority, c.run_at, c.uid,
+       CASE WHEN c.over THEN coalesce(c.steps_bytes, 0) END, CASE WHEN c.over THEN coalesce(c.deps_bytes, 0) END
+FROM (SELECT *, coalesce(steps_bytes, 0) + coalesce(deps_bytes, 0) > %(max_input_bytes)s AS over FROM claimed) c;
 
 -- job_claim_plain --
 -- job_claim for the common case, one statement in a transaction of its own: a worker with no
@@ -207,7 +211,8 @@ WITH flow AS (
                    WHERE (paused OR concurrency IS NOT NULL OR rate_limit IS NOT NULL)
                      AND (%(queues)s::text[] IS NULL OR name = ANY(%(queues)s::text[]))) AS limited
 ), candidate AS (
-    SELECT id, priority, run_at, coalesce(payload_bytes, pg_column_size(payload)) + deps_bytes AS bytes
+    SELECT id, priority, run_at, coalesce(payload_bytes, pg_column_size(payload)) + deps_bytes
+           + CASE WHEN attempt > 0 OR steps_ahead THEN shardworker.steps_bytes(id) ELSE 0 END AS bytes
     FROM shardworker.jobs
     WHERE NOT (SELECT limited FROM flow)
       AND NOT EXISTS (SELECT FROM shardworker.claim_holds WHERE until > now())  -- as job_claim's hold
@@ -234,17 +239,19 @@ WITH flow AS (
     WHERE j.id = ANY(ARRAY(SELECT id FROM running_total WHERE n = 1 OR upto <= %(max_bytes)s))
     RETURNING j.id, j.kind, j.queue, j.payload::text AS payload, j.attempt, j.max_attempts, j.snoozes,
               NULL::numeric AS pace_s,
-              CASE WHEN j.attempt > 1 OR j.steps_ahead THEN (SELECT jsonb_object_agg(s.name, s.result)::text
-                                            FROM shardworker.job_steps s WHERE s.job_id = j.id) END AS steps,
-              CASE WHEN j.deps_total > 0 THEN (SELECT jsonb_object_agg(d.depends_on::text, r.result)::text
-                                               FROM shardworker.job_dependencies d
-                                               JOIN shardworker.jobs r ON r.id = d.depends_on
-                                               WHERE d.job_id = j.id) END AS dependencies,
+              CASE WHEN j.attempt > 1 OR j.steps_ahead THEN shardworker.steps_bytes(j.id) END AS steps_bytes,
+              CASE WHEN j.deps_total > 0 THEN j.deps_bytes END AS deps_bytes,
               j.priority, j.run_at, j.uid
 )
-SELECT * FROM claimed
+SELECT c.id, c.kind, c.queue, c.payload, c.attempt, c.max_attempts, c.snoozes, c.pace_s,
+       CASE WHEN c.steps_bytes IS NOT NULL AND NOT c.over THEN shardworker.steps_json(c.id) END AS steps,
+       CASE WHEN c.deps_bytes IS NOT NULL AND NOT c.over THEN shardworker.dependencies_json(c.id) END AS dependencies,
+       c.priority, c.run_at, c.uid,
+       CASE WHEN c.over THEN coalesce(c.steps_bytes, 0) END, CASE WHEN c.over THEN coalesce(c.deps_bytes, 0) END
+FROM (SELECT *, coalesce(steps_bytes, 0) + coalesce(deps_bytes, 0) > %(max_input_bytes)s AS over FROM claimed) c
 UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL WHERE (SELECT limited FROM flow);
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+WHERE (SELECT limited FROM flow);
 
 -- flow_register_kinds --
 -- At a worker's start: its handlers' limits across workers become the kinds' rows (the
@@ -380,8 +387,9 @@ WITH s AS (
                                    convert_from(%(mark_positions)s::bytea, 'UTF8')::jsonb, %(mark_expect)s::bigint, true)
     WHERE %(mark_outbox)s::text IS NOT NULL
 )
-INSERT INTO shardworker.job_steps (job_id, name, attempt, result, recorded_at)
-SELECT s.job_id, s.name, s.attempt, convert_from(s.result_utf8, 'UTF8')::jsonb, to_timestamp(s.recorded_at)
+INSERT INTO shardworker.job_steps (job_id, name, attempt, result, recorded_at, result_bytes)
+SELECT s.job_id, s.name, s.attempt, convert_from(s.result_utf8, 'UTF8')::jsonb, to_timestamp(s.recorded_at),
+       octet_length(s.result_utf8)
 FROM s JOIN live ON live.id = s.job_id AND s.attempt > live.steps_reset_attempt
                 AND (s.uid IS NULL OR live.uid IS NULL OR live.uid = s.uid)
 WHERE (SELECT count(*) FROM marked) >= 0
@@ -732,7 +740,7 @@ SELECT id, status FROM shardworker.jobs WHERE id = ANY(%(ids)s::bigint[]) ORDER 
 WITH deps AS (
     SELECT d.job_id, count(*) FILTER (WHERE t.status IS DISTINCT FROM 'done') AS pending,
            count(*) FILTER (WHERE t.id IS NULL) AS deleted,
-           coalesce(sum(pg_column_size(t.result)) FILTER (WHERE t.status = 'done'), 0) AS bytes
+           coalesce(sum(octet_length(t.result::text)) FILTER (WHERE t.status = 'done'), 0) AS bytes
     FROM shardworker.job_dependencies d LEFT JOIN shardworker.jobs t ON t.id = d.depends_on
     WHERE d.job_id = ANY(%(ids)s::bigint[])
     GROUP BY d.job_id
@@ -1110,7 +1118,7 @@ WHERE id IN (SELECT id FROM locked WHERE NOT has_dependents);
 -- dependency that ended failed or cancelled, or does not exist, is cancelled, and so is
 -- every new job behind it. Returns each job's status.
 WITH RECURSIVE deps AS (
-    SELECT d.job_id, d.depends_on, t.status, pg_column_size(t.result) AS bytes
+    SELECT d.job_id, d.depends_on, t.status, octet_length(t.result::text) AS bytes
     FROM shardworker.job_dependencies d LEFT JOIN shardworker.jobs t ON t.id = d.depends_on
     WHERE d.job_id = ANY(%(ids)s::bigint[])
 ), bad AS (
@@ -1179,7 +1187,7 @@ ORDER BY side, id;
 -- (workers are woken); one behind a dependency that ended failed or cancelled is cancelled,
 -- and so, transitively, is every job waiting behind it, each naming the job it waited on.
 WITH RECURSIVE ended AS (
-    SELECT e.id, e.status, pg_column_size(j.result) AS result_bytes
+    SELECT e.id, e.status, CASE WHEN e.status = 'done' THEN octet_length(j.result::text) END AS result_bytes
     FROM unnest(%(ids)s::bigint[], %(statuses)s::text[]) AS e(id, status)
     JOIN shardworker.jobs j ON j.id = e.id
 ), released AS (
