@@ -20,7 +20,7 @@ from shardworker.model import ApplyResult, Mark, Outcome, StepRecord
 from shardworker.store.claiming import ClaimQueries
 from shardworker.store.connection import first_line, is_refusal, rollback
 from shardworker.store.dependencies import plan_insert, run_plan
-from shardworker.store.sql import native, native_params, query
+from shardworker.store.sql import BinaryList, native, native_params, query
 
 if TYPE_CHECKING:
     from shardworker.app import HandlerSpec
@@ -259,7 +259,7 @@ def outcome_params(outcomes: Sequence[Outcome], *, settles: bool = True, mark: M
     mark to check, and when to write it (``mark_write``: "if_all" the outcomes were applied
     here, "never": the caller writes it later in the same transaction)."""
     return {"settles": settles, "ids": [o.job_id for o in outcomes], "attempts": [o.attempt for o in outcomes],
-            "dispositions": [o.disposition.value for o in outcomes], "results": [o.result_json for o in outcomes],
+            "dispositions": [o.disposition.value for o in outcomes], "results": BinaryList(o.result_json for o in outcomes),
             "errors": [o.error for o in outcomes], "delays": [float(o.delay_s) for o in outcomes],
             "tracebacks": [o.traceback for o in outcomes],
             "failed_at": [math.nan if o.failed_at is None else o.failed_at for o in outcomes],

@@ -66,6 +66,11 @@ def failure(job: ClaimedJob, delay_s: float, error: str = "boom") -> Outcome:
 
 def frontend_messages(store: PgStore, action: Callable[[], Any]) -> list[str]:
     """The protocol messages the store's connection sends while ``action`` runs (libpq's trace)."""
+    return [kind for kind, _ in frontend_sizes(store, action)]
+
+
+def frontend_sizes(store: PgStore, action: Callable[[], Any]) -> list[tuple[str, int]]:
+    """``frontend_messages`` with each message's length in bytes."""
     with store.cursor() as cur:
         pgconn = cur.connection.pgconn
     with tempfile.TemporaryFile() as trace:
@@ -77,4 +82,4 @@ def frontend_messages(store: PgStore, action: Callable[[], Any]) -> list[str]:
             pgconn.untrace()
         trace.seek(0)
         lines = trace.read().decode(errors="replace").splitlines()
-    return [line.split("\t")[2] for line in lines if line.startswith("F\t")]
+    return [(line.split("\t")[2], int(line.split("\t")[1])) for line in lines if line.startswith("F\t")]
