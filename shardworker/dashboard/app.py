@@ -35,7 +35,7 @@ from shardworker import counts
 from shardworker.dashboard import data
 from shardworker.dashboard.chart import HEIGHT, WIDTH, chart
 from shardworker.dashboard.memory import Memory
-from shardworker.dashboard.security import SameOriginPosts, TokenAuth, unauthorized
+from shardworker.dashboard.security import GuardedPosts, TokenAuth, unauthorized
 from shardworker.errors import JobsError, ShardworkerError
 from shardworker.jobs import dumps_json
 
@@ -220,9 +220,12 @@ def path_job_id(request: Request) -> int:
     return job_id
 
 
-def create_app(dsn: str, *, token: str | None = None, allowed_hosts: Sequence[str] | None = None) -> Starlette:
-    """The dashboard over ``dsn``; ``token`` (if any) is required of every request, and only
-    ``allowed_hosts`` may be named in the Host header (None: any)."""
+def create_app(dsn: str, *, token: str | None = None, action_token: str | None = None,
+               token_hint: str = "--token", allowed_hosts: Sequence[str] | None = None) -> Starlette:
+    """The dashboard over ``dsn``; ``token`` (if any) is required of every request; without
+    one, pages are open and buttons need ``action_token`` (none: no button works), which
+    ``token_hint`` says where to find; only ``allowed_hosts`` may be named in the Host header
+    (None: any)."""
     board = Dashboard(dsn)
     routes = [
         Route("/", board.overview),
@@ -235,8 +238,8 @@ def create_app(dsn: str, *, token: str | None = None, allowed_hosts: Sequence[st
     ]
     middleware = [
         Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts or ["*"])),
-        Middleware(AuthenticationMiddleware, backend=TokenAuth(token), on_error=unauthorized),
-        Middleware(SameOriginPosts),
+        Middleware(AuthenticationMiddleware, backend=TokenAuth(token, action_token), on_error=unauthorized),
+        Middleware(GuardedPosts, token_hint=token_hint),
     ]
     handlers = {404: board.not_found, 400: board.bad_request}
     return Starlette(routes=routes, middleware=middleware, exception_handlers=handlers)

@@ -2,13 +2,16 @@
 
 * ``TokenAuth``: with a token set, every request (pages, fragments, static files) needs it,
   as ``Authorization: Bearer <token>`` or basic auth with the token as the password (any
-  user name: a browser's own login prompt works). Without a token (allowed on a loopback
-  bind only) everyone who can reach the port may use it. Secrets are compared with
-  ``hmac.compare_digest``.
-* ``SameOriginPosts``: a POST (every button that changes a job) must carry an ``Origin`` (or,
-  lacking one, a ``Referer``) of this very host, so another site's page cannot press our
-  buttons with the browser's cached credentials. Responses also forbid framing and any
-  script or style from elsewhere.
+  user name: a browser's own login prompt works). Without one (allowed on a loopback bind
+  only) every account on the machine can reach the port: it may read the pages, and only
+  a request presenting the action token (``keep_action_token``: made at the first start,
+  printed, kept in the outbox directory, 0600) may press a button. Secrets are compared
+  with ``hmac.compare_digest``.
+* ``GuardedPosts``: a POST (every button that changes a job or a queue) must carry an
+  ``Origin`` (or, lacking one, a ``Referer``) of this very host, so another site's page
+  cannot press our buttons with the browser's cached credentials, and must be allowed to
+  act (a 401 with a basic-auth challenge otherwise: the browser asks for the token and sends
+  the form again). Responses also forbid framing and any script or style from elsewhere.
 * On a loopback bind the app accepts only loopback ``Host`` names (``LOOPBACK_HOSTS``):
   a DNS-rebinding page, whose Origin and Host would both be its own name, is refused.
 """
@@ -18,12 +21,17 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
+import os
+import secrets
 from urllib.parse import urlsplit
+
+from outbox import fsutil
 
 from starlette.authentication import AuthCredentials, AuthenticationBackend, AuthenticationError, SimpleUser
 from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.requests import HTTPConnection, Request
 from starlette.responses import PlainTextResponse, Response
+from starlette.types import ASGIApp
 
 REALM = 'Basic realm="shardworker dashboard", charset="UTF-8"'
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
@@ -51,19 +59,44 @@ def presented_secret(authorization: str) -> str | None:
     return password if colon else None
 
 
-class TokenAuth(AuthenticationBackend):
-    """Everyone when ``token`` is None; otherwise only requests presenting it."""
+ACTION_TOKEN_FILE = "dashboard-token"
 
-    def __init__(self, token: str | None) -> None:
+
+def keep_action_token(outbox_dir: str) -> tuple[str, str]:
+    """The token that lets a request press the buttons of a dashboard without ``--token``, and
+    the file that keeps it: ``dashboard-token`` in ``outbox_dir`` (made 0700 if missing, and
+    refused, ``OutboxUntrusted``, when another account owns it or may write to it), 0600. The
+    first start makes it; later ones read it again, so a browser that has it keeps working."""
+    fsutil.ensure_dir(outbox_dir)
+    path = os.path.join(outbox_dir, ACTION_TOKEN_FILE)
+    try:
+        kept = fsutil.read_small(path).decode("ascii", "replace").strip()
+    except FileNotFoundError:
+        kept = ""
+    if len(kept) >= 32 and kept.isascii() and kept.replace("-", "").replace("_", "").isalnum():
+        return kept, path
+    token = secrets.token_urlsafe(32)
+    fsutil.atomic_write(outbox_dir, ACTION_TOKEN_FILE, f"{token}\n".encode())
+    return token, path
+
+
+class TokenAuth(AuthenticationBackend):
+    """With ``token``, only requests presenting it, and they may act. Without, everyone may
+    read, and a request presenting ``action_token`` may act too (the scope ``act``)."""
+
+    def __init__(self, token: str | None, action_token: str | None = None) -> None:
         self._token = token.encode() if token is not None else None
+        self._action_token = action_token.encode() if action_token is not None else None
 
     async def authenticate(self, conn: HTTPConnection) -> tuple[AuthCredentials, SimpleUser]:
-        if self._token is None:
-            return AuthCredentials(["authenticated"]), SimpleUser("local")
         given = presented_secret(conn.headers.get("authorization", ""))
+        if self._token is None:
+            acts = given is not None and self._action_token is not None and \
+                hmac.compare_digest(given.encode(), self._action_token)
+            return AuthCredentials(["authenticated", "act"] if acts else ["authenticated"]), SimpleUser("local")
         if given is None or not hmac.compare_digest(given.encode(), self._token):
             raise AuthenticationError("the dashboard token is required")
-        return AuthCredentials(["authenticated"]), SimpleUser("operator")
+        return AuthCredentials(["authenticated", "act"]), SimpleUser("operator")
 
 
 def unauthorized(_conn: HTTPConnection, exc: Exception) -> Response:
@@ -80,12 +113,24 @@ def same_origin(request: Request) -> bool:
     return urlsplit(source).netloc.lower() == request.headers.get("host", "").lower()
 
 
-class SameOriginPosts(BaseHTTPMiddleware):
-    """Refuse state-changing requests from other origins; add the security headers."""
+class GuardedPosts(BaseHTTPMiddleware):
+    """Refuse state-changing requests from other origins, and from requests that may not act
+    (saying where the token is: ``token_hint``); add the security headers."""
+
+    def __init__(self, app: ASGIApp, token_hint: str) -> None:
+        super().__init__(app)
+        self.token_hint = token_hint
 
     async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
-        if request.method not in SAFE_METHODS and not same_origin(request):
-            response: Response = PlainTextResponse("403: cross-site request refused", status_code=403)
+        response: Response
+        if request.method in SAFE_METHODS:
+            response = await call_next(request)
+        elif not same_origin(request):
+            response = PlainTextResponse("403: cross-site request refused", status_code=403)
+        elif "act" not in request.auth.scopes:
+            response = unauthorized(request, AuthenticationError(
+                f"the dashboard's buttons need its token ({self.token_hint}): give it as the password, "
+                "with any user name"))
         else:
             response = await call_next(request)
         for name, value in HEADERS.items():

@@ -36,6 +36,25 @@ class Dashboard:
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
+    @property
+    def token_file(self) -> Path:
+        """Where it keeps the token its buttons need without --token: the default outbox
+        directory, under the directory it was started in."""
+        return self.log.parent / ".shardworker" / "outbox" / "dashboard-token"
+
+    @property
+    def action_token_kept(self) -> bool:
+        return self.token_file.exists()
+
+    @property
+    def action_token(self) -> str:
+        return self.token_file.read_text().strip()
+
+    @property
+    def acting(self) -> tuple[str, str]:
+        """Basic-auth credentials that may press its buttons (httpx's ``auth=``)."""
+        return ("ops", self.action_token)
+
 
 def dashboard_env(token: str | None = None) -> dict[str, str]:
     env = dict(os.environ)

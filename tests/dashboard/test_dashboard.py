@@ -25,7 +25,8 @@ def status(dsn: str, job_id: int) -> str:
 
 def post(board: Dashboard, path: str, origin: str | None = "same", back: str = "job") -> httpx.Response:
     headers = {"Origin": board.url} if origin == "same" else ({"Origin": origin} if origin else {})
-    return httpx.post(f"{board.url}{path}", params={"back": back}, headers=headers, follow_redirects=False)
+    return httpx.post(f"{board.url}{path}", params={"back": back}, headers=headers, follow_redirects=False,
+                      auth=board.acting)
 
 
 def test_overview_shows_counts_failed_jobs_and_workers(pg_dsn: str, dashboard: Dashboard) -> None:
@@ -85,7 +86,8 @@ def test_cross_site_posts_are_refused(pg_dsn: str, dashboard: Dashboard) -> None
     other_port = dashboard.url.rsplit(":", 1)[0] + f":{free_port()}"
     assert post(dashboard, f"/jobs/{job_id}/cancel", origin=other_port).status_code == 403
     assert status(pg_dsn, job_id) == "queued"
-    referer = httpx.post(f"{dashboard.url}/jobs/{job_id}/cancel", headers={"Referer": f"{dashboard.url}/"})
+    referer = httpx.post(f"{dashboard.url}/jobs/{job_id}/cancel", headers={"Referer": f"{dashboard.url}/"},
+                         auth=dashboard.acting)
     assert referer.status_code == 303 and status(pg_dsn, job_id) == "cancelled"
 
 
@@ -167,6 +169,45 @@ def test_a_token_is_required_of_every_request(pg_dsn: str, tmp_path: Path) -> No
         assert httpx.get(board.url, headers={"Authorization": f"Basic {basic}"}).status_code == 200
         assert httpx.get(board.url, auth=("ops", "nope")).status_code == 401
         assert "token required" in board.output() and token not in board.output()
+
+
+def test_on_loopback_without_a_token_the_buttons_need_the_one_it_keeps_in_the_outbox(pg_dsn: str,
+                                                                                   tmp_path: Path) -> None:
+    """Any local account can reach a loopback port: pages are open to it, the buttons are not
+    (issue 41, 13). The dashboard makes a token, prints it, and keeps it in its outbox
+    directory (0600 in 0700), where a restart finds it again; a POST without it, or with a
+    wrong one, is a 401 with a basic-auth challenge (the browser asks), and changes nothing."""
+    [job_id] = enqueue(pg_dsn, "count", 1)
+    with running_dashboard(pg_dsn, tmp_path) as board:
+        token_file = tmp_path / ".shardworker" / "outbox" / "dashboard-token"
+        token = token_file.read_text().strip()
+        assert len(token) >= 32 and token in board.output() and str(Path(".shardworker/outbox/dashboard-token")) in board.output()
+        assert (token_file.stat().st_mode & 0o777, token_file.parent.stat().st_mode & 0o777) == (0o600, 0o700)
+        assert httpx.get(board.url).status_code == 200 and httpx.get(f"{board.url}/jobs/{job_id}").status_code == 200
+        for auth in (None, ("ops", "wrong"), ("ops", "")):
+            denied = httpx.post(f"{board.url}/jobs/{job_id}/cancel", headers={"Origin": board.url}, auth=auth)
+            assert denied.status_code == 401 and denied.headers["www-authenticate"].startswith("Basic ")
+            assert "dashboard-token" in denied.text
+            paused = httpx.post(f"{board.url}/queues/pause", data={"queue": "default"}, headers={"Origin": board.url},
+                                auth=auth)
+            assert paused.status_code == 401
+        assert status(pg_dsn, job_id) == "queued" and query(pg_dsn, "SELECT count(*) FROM shardworker.queues") == [(0,)]
+        allowed = httpx.post(f"{board.url}/jobs/{job_id}/cancel", headers={"Origin": board.url}, auth=("ops", token),
+                             follow_redirects=False)
+        assert allowed.status_code == 303 and status(pg_dsn, job_id) == "cancelled"
+    with running_dashboard(pg_dsn, tmp_path) as board:  # a restart keeps the token a browser holds
+        assert token_file.read_text().strip() == token
+
+
+def test_a_dashboard_refuses_an_outbox_directory_others_can_write(pg_dsn: str, tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    done = subprocess.run(command(pg_dsn, free_port(), "--outbox-dir", str(shared)), env=dashboard_env(),
+                          capture_output=True, timeout=30)
+    lines = done.stderr.decode().strip().splitlines()
+    assert done.returncode == 1 and len(lines) == 1 and "writable by other users" in lines[0], done
+    assert not (shared / "dashboard-token").exists()
 
 
 def test_database_down_is_a_banner_not_a_traceback(tmp_path: Path) -> None:

@@ -43,7 +43,10 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture
 def page(browser: Any, dashboard: Dashboard) -> Iterator[Any]:
-    context = browser.new_context(base_url=dashboard.url)
+    """A page of the loopback dashboard, whose browser answers its buttons' basic-auth
+    challenge with the token the dashboard printed."""
+    context = browser.new_context(base_url=dashboard.url,
+                                  http_credentials={"username": "ops", "password": dashboard.action_token})
     yield context.new_page()
     context.close()
 
@@ -86,6 +89,21 @@ def test_cancel_a_queued_job_from_its_page(pg_dsn: str, page: Any) -> None:
     expect(page.locator("[data-job-status]")).to_have_text("cancelled")
     expect(page.locator('button[data-action="retry"]')).to_be_visible()  # a cancelled job may be retried
     assert query(pg_dsn, "SELECT status FROM shardworker.jobs WHERE id = %s", job_id) == [("cancelled",)]
+
+
+def test_a_button_pressed_without_the_token_changes_nothing(pg_dsn: str, browser: Any, dashboard: Dashboard) -> None:
+    """Another account's browser on this machine reads the page; its Cancel is refused (the
+    401 a browser asks for the token with), and the job stays queued."""
+    [job_id] = enqueue(pg_dsn, "count", 1)
+    context = browser.new_context(base_url=dashboard.url)
+    page = context.new_page()
+    page.goto(f"/jobs/{job_id}")
+    expect(page.locator("[data-job-status]")).to_have_text("queued")
+    with page.expect_response(lambda response: response.request.method == "POST") as refused:
+        page.locator('button[data-action="cancel"]').click()
+    assert refused.value.status == 401
+    context.close()
+    assert query(pg_dsn, "SELECT status FROM shardworker.jobs WHERE id = %s", job_id) == [("queued",)]
 
 
 def test_counts_follow_new_jobs_without_a_reload(pg_dsn: str, page: Any) -> None:

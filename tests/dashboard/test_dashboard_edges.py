@@ -36,7 +36,8 @@ def test_an_id_no_job_can_have_is_a_404_page(dashboard: Dashboard, job_id: str) 
         response = httpx.get(f"{dashboard.url}{path}")
         assert response.status_code == 404, (path, response.status_code, response.text[:300])
         assert "<html" in response.text or path.startswith("/live/")
-    response = httpx.post(f"{dashboard.url}/jobs/{job_id}/retry", headers={"Origin": dashboard.url})
+    response = httpx.post(f"{dashboard.url}/jobs/{job_id}/retry", headers={"Origin": dashboard.url},
+                          auth=dashboard.acting)
     assert response.status_code == 404
 
 
@@ -58,6 +59,7 @@ def test_bound_to_another_loopback_address_it_answers_its_own_url(pg_dsn: str, t
         response = httpx.get(own + "/")
         assert response.status_code == 200, response.text[:300]
         [job_id] = enqueue(pg_dsn, "count", 1)
-        button = httpx.post(f"{own}/jobs/{job_id}/cancel", headers={"Origin": own}, follow_redirects=False)
+        button = httpx.post(f"{own}/jobs/{job_id}/cancel", headers={"Origin": own}, follow_redirects=False,
+                            auth=board.acting)
         assert button.status_code == 303
         assert httpx.get(own + "/", headers={"Host": "evil.example"}).status_code == 400

@@ -37,7 +37,8 @@ def stats_json(dsn: str) -> dict[str, dict[str, int]]:
 def press(board: Dashboard, action: str, origin: str | None = "same", **fields: str) -> httpx.Response:
     """A queue button's POST, as the page's form sends it."""
     headers = {"Origin": board.url} if origin == "same" else ({"Origin": origin} if origin else {})
-    return httpx.post(f"{board.url}/queues/{action}", data=fields, headers=headers, follow_redirects=False)
+    return httpx.post(f"{board.url}/queues/{action}", data=fields, headers=headers, follow_redirects=False,
+                      auth=board.acting if board.action_token_kept else None)
 
 
 def state(dsn: str, name: str) -> tuple[object, ...] | None:
@@ -154,7 +155,7 @@ def test_bad_input_is_a_page_saying_why_and_changes_nothing(pg_dsn: str, dashboa
 def test_a_form_that_is_no_form_is_a_400_and_an_unknown_button_a_404(pg_dsn: str, dashboard: Dashboard) -> None:
     headers = {"Origin": dashboard.url, "Content-Type": "application/x-www-form-urlencoded"}
     for body in (b"queue=%ff", b"queue=\xff", b"queue=" + b"q" * 20_000):
-        response = httpx.post(f"{dashboard.url}/queues/pause", content=body, headers=headers)
+        response = httpx.post(f"{dashboard.url}/queues/pause", content=body, headers=headers, auth=dashboard.acting)
         assert response.status_code == 400 and "<html" in response.text, (body[:20], response.text[:300])
     assert press(dashboard, "explode", queue="mail").status_code == 404
     assert httpx.get(f"{dashboard.url}/queues/pause").status_code == 405
