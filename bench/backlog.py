@@ -20,9 +20,9 @@ import time
 import psycopg
 from bench_db import database  # bench/bench_db.py: the script's directory is on sys.path
 
+from shardworker.core.views import FlowCount
 from shardworker.store.pg_store import PgStore, StoreConfig
 from shardworker.store.sql import query
-from shardworker.views import FlowCount
 
 QUEUES, KINDS = 5, 4
 CHUNK = 1_000_000

@@ -13,7 +13,7 @@ import psycopg
 from psycopg import sql
 
 from shardworker import JobSpec, enqueue_many
-from shardworker.store.embedded import EmbeddedPostgres
+from shardworker.embedded import EmbeddedPostgres
 from shardworker.store.migrate import apply_migrations
 
 

@@ -29,6 +29,7 @@ Layout of a directory (0700; files 0600)::
     quarantine/                     corrupt segments, moved aside and reported
 """
 
+from outbox.checkpoint import Position
 from outbox.errors import (
     OutboxCorrupt,
     OutboxError,
@@ -40,7 +41,6 @@ from outbox.errors import (
 )
 from outbox.frame import MAX_PAYLOAD_BYTES as MAX_RECORD_BYTES
 from outbox.fsutil import free_bytes
-from outbox.checkpoint import Position
 from outbox.inspect import (
     OutboxStatus,
     ShardStatus,

@@ -4,6 +4,9 @@ database was away. See ``App`` for the handler API and ``enqueue`` to add jobs."
 from shardworker.app import App
 from shardworker.client import JobSpec, enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from shardworker.control import Cancel, Fail, Retry, Snooze
+from shardworker.core.followups import FollowUp
+from shardworker.core.model import Job
+from shardworker.core.routing import shard_for
 from shardworker.errors import (
     ConfigError,
     DatabaseUnavailable,
@@ -15,10 +18,7 @@ from shardworker.errors import (
     StoreError,
     WaitTimeout,
 )
-from shardworker.followups import FollowUp
 from shardworker.jobs import JobInfo, get_job, wait_for, wait_for_async
-from shardworker.model import Job
-from shardworker.routing import shard_for
 
 __all__ = ["App", "Cancel", "ConfigError", "DatabaseUnavailable", "EnqueueError", "Fail", "FollowUp", "Job", "JobInfo",
            "JobSpec", "JobsError", "KindNotServed", "Retry", "ShardworkerError", "Snooze", "StepError", "StoreError",

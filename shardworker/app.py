@@ -58,9 +58,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from shardworker.control import MAX_DELAY_S
-from shardworker.errors import AppLoadError, ConfigError
-from shardworker.flow import Rate, parse_rate
-from shardworker.limits import (
+from shardworker.core.flow import Rate, parse_rate
+from shardworker.core.limits import (
     MAX_KIND_BYTES,
     MAX_PERIODIC_NAME_BYTES,
     MAX_QUEUE_BYTES,
@@ -68,9 +67,10 @@ from shardworker.limits import (
     too_long,
     unservable_queue_name,
 )
-from shardworker.model import Job
-from shardworker.retry import job_retry_delay
-from shardworker.schedule import DEFAULT_CATCH_UP, Schedule
+from shardworker.core.model import Job
+from shardworker.core.retry import job_retry_delay
+from shardworker.core.schedule import DEFAULT_CATCH_UP, Schedule
+from shardworker.errors import AppLoadError, ConfigError
 
 Handler = Callable[[Job], Any]
 Hook = Callable[[], Any]  # on_startup, on_shutdown: sync, or async def
@@ -168,7 +168,7 @@ class App:
 
         ``concurrency`` caps the kind within one worker; ``global_concurrency`` and ``rate``
         (``"N/s"``, ``"N/m"``, ``"N/h"``) across every worker on the database
-        (``shardworker.flow``)."""
+        (``shardworker.core.flow``)."""
         if not isinstance(kind, str) or not kind:
             raise ConfigError("a handler's kind must be a non-empty string")
         _check_sizes("a handler's", (("kind", kind, MAX_KIND_BYTES),))
@@ -225,7 +225,7 @@ def hook_name(fn: Any) -> str:
 
 
 def _check_sizes(whose: str, fields: tuple[tuple[str, Any, int], ...]) -> None:
-    """Refuse a name the database could not index (``shardworker.limits``) at registration,
+    """Refuse a name the database could not index (``shardworker.core.limits``) at registration,
     not when its first job is written."""
     for name, value, limit in fields:
         why = (too_long(f"{whose} {name}", value, limit) or not_storable_text(f"{whose} {name}", value)

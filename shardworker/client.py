@@ -19,9 +19,8 @@ from typing import Any
 
 import orjson
 
-from shardworker.errors import EnqueueError
-from shardworker.followups import DependentRow, check_after
-from shardworker.limits import (
+from shardworker.core.followups import DependentRow, check_after
+from shardworker.core.limits import (
     MAX_DEDUPE_KEY_BYTES,
     MAX_KIND_BYTES,
     MAX_PAYLOAD_BYTES,
@@ -30,7 +29,8 @@ from shardworker.limits import (
     too_long,
     unservable_queue_name,
 )
-from shardworker.model import has_non_finite
+from shardworker.core.model import has_non_finite
+from shardworker.errors import EnqueueError
 
 DEFAULT_MAX_ATTEMPTS = 25
 _INT32 = (-(2**31), 2**31 - 1)
@@ -56,7 +56,7 @@ class JobSpec:
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     run_at: datetime | None = None
     dedupe_key: str | None = None
-    after: tuple[int, ...] = ()  # ids of jobs it waits on (shardworker.followups)
+    after: tuple[int, ...] = ()  # ids of jobs it waits on (shardworker.core.followups)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "after", check_after(self.after))
@@ -91,7 +91,7 @@ class JobSpec:
             raise EnqueueError(f"payload is not JSON-serializable: {exc}") from exc
         if len(data) > MAX_PAYLOAD_BYTES:
             raise EnqueueError(f"payload too large: {len(data)} bytes of JSON, the limit is {MAX_PAYLOAD_BYTES} "
-                               "(shardworker.limits.MAX_PAYLOAD_BYTES); store big data elsewhere and pass a key")
+                               "(shardworker.core.limits.MAX_PAYLOAD_BYTES); store big data elsewhere and pass a key")
         if b"null" in data and has_non_finite(self.payload):  # orjson writes nan and inf as null
             raise EnqueueError("payload holds a float that is not a finite number (nan or infinity), "
                                "which JSON cannot hold")

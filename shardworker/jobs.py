@@ -25,8 +25,8 @@ from typing import Any
 
 import orjson
 
+from shardworker.core.views import ErrorInfo, JobInfo, LinkInfo, StepInfo
 from shardworker.errors import JobsError, WaitTimeout
-from shardworker.views import ErrorInfo, JobInfo, LinkInfo, StepInfo
 
 STATUSES = ("waiting", "queued", "running", "done", "failed", "cancelled")
 STEPS_SHOWN = 50  # steps listed on a job's page (`jobs show` without --json, the dashboard); a job may hold 10,000

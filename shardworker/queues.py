@@ -8,7 +8,7 @@ holds across every worker on the database:
 * ``pause``: no worker claims the queue's jobs; running ones finish. ``resume`` undoes it.
   Either keeps the limits.
 * ``limit``: at most ``concurrency`` of its jobs running at once, and at most ``rate``
-  (``"10/s"``, ``"600/m"``, ``"1000/h"``: see ``shardworker.flow``) starting per period. A
+  (``"10/s"``, ``"600/m"``, ``"1000/h"``: see ``shardworker.core.flow``) starting per period. A
   limit given is set, one not given is kept; ``clear=True`` removes both.
 
 Bad input (an empty or over-long name, a bad rate or concurrency, ``clear`` with a limit,
@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from shardworker.core.flow import Rate, parse_rate
+from shardworker.core.limits import MAX_QUEUE_BYTES, not_storable_text, too_long
+from shardworker.core.views import QueueInfo, QueueState
 from shardworker.errors import ConfigError
-from shardworker.flow import Rate, parse_rate
-from shardworker.limits import MAX_QUEUE_BYTES, not_storable_text, too_long
-from shardworker.views import QueueInfo, QueueState
 
 __all__ = ["QueueInfo", "QueueState", "check_concurrency", "check_name", "limit", "list_queues", "pause", "resume"]
 

@@ -1,7 +1,7 @@
 """Real PostgreSQL for tests: one server per session, a fresh database per test.
 
 Server, first that works: ``$SHARDWORKER_TEST_DSN``; a Docker container (testcontainers) when a
-Docker engine answers; an embedded server (``shardworker.store.embedded``) in a temporary directory.
+Docker engine answers; an embedded server (``shardworker.embedded``) in a temporary directory.
 The schema is migrated once into a template database; each test clones it (``CREATE DATABASE
 ... TEMPLATE``, ~10 ms for a small schema) instead of migrating again.
 Fault tests that stop the server use ``private_pg``, a server of their own.
@@ -29,7 +29,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from shardworker.store.embedded import EmbeddedPostgres, PostgresBinariesNotFound, bin_dir
+from shardworker.embedded import EmbeddedPostgres, PostgresBinariesNotFound, bin_dir
 
 TEMPLATE_DB = "shardworker_template"
 DOCKER_IMAGE = "postgres:16-alpine"

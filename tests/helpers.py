@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from shardworker.config import ChildConfig, WorkerConfig
+from shardworker.core.config import ChildConfig, WorkerConfig
 
 APPS_DIR = Path(__file__).parent / "apps"
 REPO = Path(__file__).parent.parent

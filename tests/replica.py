@@ -52,9 +52,9 @@ from typing import Any, Literal
 import psycopg
 import pytest
 
-from shardworker.store.embedded import EmbeddedPostgres, EmbeddedPostgresError
-from shardworker.store.embedded_programs import bin_dir_for, run_program, server_user
-from shardworker.store.embedded_state import free_port, tail
+from shardworker.embedded import EmbeddedPostgres, EmbeddedPostgresError
+from shardworker.embedded.programs import bin_dir_for, run_program, server_user
+from shardworker.embedded.state import free_port, tail
 from tests.helpers import wait_for
 from tests.proxy import PgProxy
 

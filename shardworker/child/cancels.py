@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 
-from shardworker.wire import JobKey
+from shardworker.core.wire import JobKey
 
 OPERATOR_CANCEL = "cancelled by an operator"  # the error of an attempt cancelled while it ran
 

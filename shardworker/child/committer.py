@@ -35,8 +35,8 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from outbox import OutboxError, OutboxFull, ShardWriter
-from shardworker.jobstats import Stat
-from shardworker.wire import JobKey
+from shardworker.core.jobstats import Stat
+from shardworker.core.wire import JobKey
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """A handler run's follow-up jobs (``job.enqueue``), validated as ``enqueue`` validates and
-encoded as they come; the outcome record carries them (``shardworker.followups``)."""
+encoded as they come; the outcome record carries them (``shardworker.core.followups``)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 import orjson
 
 from shardworker.client import JobSpec, check_delay
+from shardworker.core.followups import MAX_AFTER, MAX_FOLLOWUP_BYTES, MAX_FOLLOWUPS, FollowUp, check_after
 from shardworker.errors import EnqueueError
-from shardworker.followups import MAX_AFTER, MAX_FOLLOWUP_BYTES, MAX_FOLLOWUPS, FollowUp, check_after
 
 
 class FollowUps:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from shardworker import procs
+from shardworker.core import procs
 
 GATE_POLL_S = 0.05  # how often a lane or a step looks again at a closed gate
 

@@ -24,8 +24,8 @@ from shardworker.child.followups import FollowUps
 from shardworker.child.results import Unstorable, storable_json
 from shardworker.child.steps import AsyncSteps, StepLog, SyncSteps
 from shardworker.control import Cancel, Fail, JobControl, Retry, Snooze
-from shardworker.limits import MAX_JOB_INPUT_BYTES, MAX_PAYLOAD_BYTES, MAX_TRACEBACK_BYTES
-from shardworker.model import ClaimedJob, Disposition, Outcome
+from shardworker.core.limits import MAX_JOB_INPUT_BYTES, MAX_PAYLOAD_BYTES, MAX_TRACEBACK_BYTES
+from shardworker.core.model import ClaimedJob, Disposition, Outcome
 
 FAILURES = (Disposition.RETRY, Disposition.FAILED)  # the outcomes of a failed attempt
 
@@ -180,7 +180,7 @@ def input_refused(job: ClaimedJob) -> Attempt | None:
     if size <= MAX_PAYLOAD_BYTES:
         return None
     return refused(job, f"payload too large: {size} bytes of JSON, the limit is {MAX_PAYLOAD_BYTES} "
-                            "(shardworker.limits.MAX_PAYLOAD_BYTES)")
+                            "(shardworker.core.limits.MAX_PAYLOAD_BYTES)")
 
 
 def withheld_reason(job_id: int, steps_bytes: int, deps_bytes: int) -> str:
@@ -192,7 +192,7 @@ def withheld_reason(job_id: int, steps_bytes: int, deps_bytes: int) -> str:
     if deps_bytes:
         remedy.append("results that keep a key to data stored elsewhere stay small")
     return (f"input too large: {' and '.join(held)}, over the {MAX_JOB_INPUT_BYTES:,} a run may be given "
-            f"(shardworker.limits.MAX_JOB_INPUT_BYTES); {'; '.join(remedy)}")
+            f"(shardworker.core.limits.MAX_JOB_INPUT_BYTES); {'; '.join(remedy)}")
 
 
 def failure(spec: HandlerSpec, job: ClaimedJob, exc: BaseException, *, error: str | None = None) -> Outcome:

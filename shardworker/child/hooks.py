@@ -21,9 +21,9 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from shardworker import logs, procs
 from shardworker.app import App, hook_name
-from shardworker.model import ClaimedJob
+from shardworker.core import logs, procs
+from shardworker.core.model import ClaimedJob
 
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ from shardworker.child.gate import GATE_POLL_S, StartGate
 from shardworker.child.handlers import attempt_async, attempt_sync
 from shardworker.child.hooks import Hooks
 from shardworker.child.steps import StepLog
-from shardworker.model import ClaimedJob, Outcome
+from shardworker.core.model import ClaimedJob, Outcome
 
 OnStart = Callable[[int, ClaimedJob], None]
 OnDone = Callable[[int, ClaimedJob, Outcome, float, StepLog], None]

@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from outbox import OutboxLocked, ShardWriter, WriterConfig
-from shardworker import logs, procs, wire
 from shardworker.app import App, load_app
 from shardworker.child.cancels import OPERATOR_CANCEL, Cancels
 from shardworker.child.committer import Committer
@@ -34,9 +33,10 @@ from shardworker.child.hooks import EventLoop, HookFailed, Hooks
 from shardworker.child.lanes import AsyncLane, Lane, ThreadLane
 from shardworker.child.progress import Progress, ProgressFile
 from shardworker.child.steps import StepLog
-from shardworker.config import ChildConfig
-from shardworker.jobstats import OUTCOMES, STEP_RECORDED, STEP_REPLAYED, outcome_label, summarize
-from shardworker.model import ClaimedJob, Disposition, Outcome
+from shardworker.core import logs, procs, wire
+from shardworker.core.config import ChildConfig
+from shardworker.core.jobstats import OUTCOMES, STEP_RECORDED, STEP_REPLAYED, outcome_label, summarize
+from shardworker.core.model import ClaimedJob, Disposition, Outcome
 
 log = logging.getLogger(__name__)
 

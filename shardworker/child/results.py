@@ -1,13 +1,13 @@
 """What a handler's or a step's result must be to be stored: JSON that PostgreSQL's jsonb
-holds, within ``shardworker.limits.MAX_RESULT_BYTES``. Running the code again would compute
+holds, within ``shardworker.core.limits.MAX_RESULT_BYTES``. Running the code again would compute
 the same unstorable value, so the callers fail for good (a result) or fail the attempt (a step)."""
 
 from __future__ import annotations
 
 import orjson
 
-from shardworker.limits import MAX_RESULT_BYTES
-from shardworker.model import dumps_exact, has_non_finite
+from shardworker.core.limits import MAX_RESULT_BYTES
+from shardworker.core.model import dumps_exact, has_non_finite
 
 
 class Unstorable(ValueError):
@@ -23,7 +23,7 @@ def storable_json(value: object) -> bytes:
         raise Unstorable(f"result is not JSON-serializable: {exc}") from None
     if len(encoded) > MAX_RESULT_BYTES:
         raise Unstorable(f"result too large: {len(encoded)} bytes of JSON, the limit is {MAX_RESULT_BYTES} "
-                         "(shardworker.limits.MAX_RESULT_BYTES)")
+                         "(shardworker.core.limits.MAX_RESULT_BYTES)")
     if b"null" in encoded and has_non_finite(value):  # orjson writes nan and infinity as null
         raise Unstorable("result holds a float that is not a finite number (nan or infinity), which JSON cannot hold")
     if b"\\u0000" in encoded:

@@ -1,7 +1,7 @@
 """``job.step``: a part of a job that runs once, ever, whatever attempt asks for it.
 
 A step's result is appended to the child's outbox shard as a step record
-(``shardworker.wire.encode_step``) in the same group commit as outcomes, and the step returns
+(``shardworker.core.wire.encode_step``) in the same group commit as outcomes, and the step returns
 only once that record is fsync'd: whatever the handler does next happens only after the step
 is durable. The flusher lands step records in ``shardworker.job_steps`` with the outcomes
 (first recorded wins), and a later attempt receives them with its claim (``steps_json``):
@@ -26,12 +26,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from shardworker import wire
 from shardworker.child.cancels import Flag
 from shardworker.child.gate import GATE_POLL_S, StartGate
 from shardworker.child.results import Unstorable, storable_json
+from shardworker.core import wire
+from shardworker.core.model import ClaimedJob, StepRecord, loads_exact
 from shardworker.errors import StepError
-from shardworker.model import ClaimedJob, StepRecord, loads_exact
 
 MAX_STEPS = 10_000  # step names a job may record, over all its attempts
 MAX_STEP_NAME_CHARS = 200

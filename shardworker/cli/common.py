@@ -17,8 +17,8 @@ from typing import Any
 import click
 
 from outbox import OutboxError
-from shardworker import logs
-from shardworker.config import WorkerConfig
+from shardworker.core import logs
+from shardworker.core.config import WorkerConfig
 from shardworker.errors import ShardworkerError
 
 dsn_option = click.option("--dsn", envvar="SHARDWORKER_DSN", default=None,
@@ -140,8 +140,8 @@ def resolve_dsn(dsn: str | None, *, migrate: bool = True, start: bool = True) ->
                                      "postgresql://user:password@host:port/dbname, or key=value pairs)",
                                      param_hint="--dsn")
         return dsn
-    from shardworker.dsn import redact_dsn
-    from shardworker.store.embedded import ensure_embedded, running_embedded
+    from shardworker.core.dsn import redact_dsn
+    from shardworker.embedded import ensure_embedded, running_embedded
     from shardworker.store.migrate import apply_migrations
 
     dsn = ensure_embedded(EMBEDDED_BASE) if start else running_embedded(EMBEDDED_BASE)

@@ -38,7 +38,7 @@ def demo(jobs: int | None, procs: int | None, outbox_dir: str, outage: bool, ste
         return
     jobs, procs = jobs or 5000, procs or 4
     from shardworker.client import JobSpec, enqueue_many
-    from shardworker.config import WorkerConfig
+    from shardworker.core.config import WorkerConfig
     from shardworker.demo.app import app
     from shardworker.store.pg_store import PgStore, StoreConfig
     from shardworker.worker.supervisor import Supervisor

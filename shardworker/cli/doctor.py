@@ -17,7 +17,7 @@ from shardworker.cli.common import (
     outbox_dir_option,
     resolve_dsn,
 )
-from shardworker.config import HORIZON_WARN_S, WorkerConfig
+from shardworker.core.config import HORIZON_WARN_S, WorkerConfig
 
 _MiB = 1024 * 1024
 
@@ -60,8 +60,8 @@ def doctor(ctx: click.Context, outbox_dir: str, min_free_mb: int, horizon_age: f
 def _doctor_dsn(dsn: str | None) -> tuple[str | None, str | None, str | None]:
     """The DSN to check, or None, why and what to do: without --dsn, the embedded server only
     while it runs (doctor never creates or starts a server, and never migrates one)."""
+    from shardworker.embedded import EmbeddedNotRunning
     from shardworker.errors import ShardworkerError
-    from shardworker.store.embedded import EmbeddedNotRunning
 
     if dsn:
         return dsn, None, None

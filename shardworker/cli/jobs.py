@@ -26,7 +26,7 @@ from shardworker.cli.common import (
     one_line_errors,
     resolve_dsn,
 )
-from shardworker.views import in_utc
+from shardworker.core.views import in_utc
 
 
 def parse_since(text: str | None) -> datetime | None:

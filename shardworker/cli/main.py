@@ -13,7 +13,6 @@ from typing import Any
 import click
 import orjson
 
-from shardworker import logs
 from shardworker.cli.common import (
     UTF8,
     dsn_option,
@@ -22,6 +21,7 @@ from shardworker.cli.common import (
     one_line_errors,
     resolve_dsn,
 )
+from shardworker.core import logs
 
 log = logging.getLogger("shardworker")
 
@@ -184,7 +184,7 @@ def stats(exact: bool, as_json: bool, dsn: str | None) -> None:
     """Job counts, in total and by queue: waiting (on dependencies), available (queued, due),
     scheduled (queued for later), prefetched (claimed, not started), running (started), done,
     failed, cancelled. Above a million rows, done is estimated (~)."""
-    from shardworker import counts
+    from shardworker.core import counts
 
     store = _store(resolve_dsn(dsn, start=False))
     try:
@@ -219,6 +219,7 @@ def _stats_json(split: dict[str, int]) -> dict[str, int]:
             "started": split["running"]}
 
 
+from shardworker.cli.dashboard import dashboard  # noqa: E402
 from shardworker.cli.demo import demo  # noqa: E402
 from shardworker.cli.doctor import doctor  # noqa: E402
 from shardworker.cli.jobs import jobs  # noqa: E402
@@ -226,7 +227,6 @@ from shardworker.cli.ops import embedded, periodic, prune, workers  # noqa: E402
 from shardworker.cli.outbox import outbox  # noqa: E402  (registers the outbox group)
 from shardworker.cli.queues import queues  # noqa: E402
 from shardworker.cli.run import run  # noqa: E402
-from shardworker.dashboard.command import dashboard  # noqa: E402
 
 main.add_command(run)
 main.add_command(outbox)

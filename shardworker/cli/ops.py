@@ -11,7 +11,7 @@ import click
 import orjson
 
 from shardworker.cli.common import EMBEDDED_BASE, Duration, dsn_option, json_option, note, one_line_errors, resolve_dsn
-from shardworker.views import in_utc, json_value
+from shardworker.core.views import in_utc, json_value
 
 
 def _store(dsn: str) -> Any:
@@ -108,7 +108,7 @@ def workers(show_all: bool, silent_after: float, as_json: bool, dsn: str | None)
 def periodic(as_json: bool, dsn: str | None) -> None:
     """Periodic schedules workers checked in the last day, with the last tick each enqueued (a
     schedule removed from the code leaves the list, and the table, a day after its last check)."""
-    from shardworker.config import WorkerConfig, duration_text
+    from shardworker.core.config import WorkerConfig, duration_text
 
     within = WorkerConfig.periodic_forget_s
     store = _store(resolve_dsn(dsn, start=False))
@@ -139,7 +139,7 @@ def embedded() -> None:
 def embedded_start() -> None:
     """Create it if needed, start it and bring its schema up to date (commands that only read,
     such as stats and doctor, never start it)."""
-    from shardworker.store.embedded import EmbeddedPostgres, ensure_embedded
+    from shardworker.embedded import EmbeddedPostgres, ensure_embedded
     from shardworker.store.migrate import apply_migrations
 
     apply_migrations(ensure_embedded(EMBEDDED_BASE))
@@ -151,7 +151,7 @@ def embedded_start() -> None:
 def embedded_dsn() -> None:
     """Print its DSN, password included (for SHARDWORKER_DSN, psql or an application); it
     stays the same across restarts. Starts nothing."""
-    from shardworker.store.embedded import EmbeddedNotRunning, EmbeddedPostgres, running_embedded
+    from shardworker.embedded import EmbeddedNotRunning, EmbeddedPostgres, running_embedded
 
     try:
         click.echo(running_embedded(EMBEDDED_BASE))
@@ -166,7 +166,7 @@ def embedded_dsn() -> None:
 @json_option
 def embedded_status(as_json: bool) -> None:
     """Whether it runs, on which port, and where its data is; exit 1 when it is not running."""
-    from shardworker.store.embedded import EmbeddedPostgres
+    from shardworker.embedded import EmbeddedPostgres
 
     datadir = EMBEDDED_DATA
     exists = (datadir / "PG_VERSION").exists()
@@ -189,7 +189,7 @@ def embedded_status(as_json: bool) -> None:
 def embedded_stop() -> None:
     """Stop it (a fast shutdown: connections are closed, nothing is lost); the next command
     without --dsn starts it again."""
-    from shardworker.store.embedded import EmbeddedPostgres
+    from shardworker.embedded import EmbeddedPostgres
 
     datadir = EMBEDDED_DATA
     if not (datadir / "PG_VERSION").exists():

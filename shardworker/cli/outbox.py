@@ -36,7 +36,7 @@ def status(outbox_dir: str, as_json: bool) -> None:
     """Pending outcomes per shard, bytes, oldest age; works with the database down."""
     from outbox import status as outbox_status
     from outbox.fsutil import is_locked
-    from shardworker import layout
+    from shardworker.core import layout
     from shardworker.errors import ShardworkerError
 
     if not os.path.isdir(outbox_dir):
@@ -63,7 +63,7 @@ class _Kept(NamedTuple):
 
 
 def _count_kept(outbox_dir: str) -> _Kept:
-    from shardworker import layout
+    from shardworker.core import layout
 
     stale, cancelled = layout.count_stale(outbox_dir), layout.count_cancelled_kept(outbox_dir)
     setaside = layout.count_setaside(outbox_dir)
@@ -95,7 +95,7 @@ def _kept_records(outbox_dir: str) -> int:
 
 
 def _echo_status_text(outbox_dir: str, st: OutboxStatus, worker: bool, kept: _Kept) -> None:
-    from shardworker import layout
+    from shardworker.core import layout
 
     click.echo(f"outbox {outbox_dir}: {st.pending} pending; worker {'running' if worker else 'not running'}, "
                f"flusher {'running' if st.flusher_alive else 'not running'}")
@@ -141,7 +141,7 @@ def drain(outbox_dir: str, timeout: float, dsn: str | None) -> None:
     """Apply every pending outcome and exit 0 when the outbox is empty."""
     from outbox import status as outbox_status
     from shardworker.errors import ShardworkerError
-    from shardworker.flusher.drain import drain as drain_outbox
+    from shardworker.worker.drain import drain as drain_outbox
 
     total = outbox_status(outbox_dir).pending if os.path.isdir(outbox_dir) else 0
     dsn = _drain_dsn(outbox_dir, dsn, total)
@@ -174,7 +174,7 @@ def drain(outbox_dir: str, timeout: float, dsn: str | None) -> None:
 def _drain_dsn(outbox_dir: str, dsn: str | None, pending: int) -> str:
     """The DSN to drain into: the given one, or the embedded server only when the outbox
     belongs to it; never an embedded server for an outbox that belongs elsewhere."""
-    from shardworker.binding import bound_to
+    from shardworker.core.binding import bound_to
     from shardworker.errors import ShardworkerError
 
     if dsn:
@@ -202,11 +202,10 @@ def reapply(outbox_dir: str, dry_run: bool, from_start: bool, timeout: float, as
     """After a restore from a backup: apply again the outcomes, steps and follow-ups this outbox
     kept (run --reapply-window) that the database no longer holds. Run it on each host, with
     the worker stopped (a running worker does this by itself when it finds the database older)."""
+    from shardworker.core import layout
     from shardworker.errors import ShardworkerError
-    from shardworker.flusher.drain import drain as drain_outbox
+    from shardworker.worker.drain import drain as drain_outbox
     from shardworker.flusher.reapply import preview
-
-    from shardworker import layout
 
     if not layout.holds_an_outbox(outbox_dir):
         raise ShardworkerError(f"no outbox at {outbox_dir}: nothing to re-apply (give the --outbox-dir a worker used)")

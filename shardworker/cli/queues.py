@@ -14,12 +14,12 @@ import click
 import orjson
 from click.core import ParameterSource
 
-from shardworker import counts
 from shardworker import queues as queues_api
 from shardworker.cli.common import dsn_option, json_option, one_line_errors, resolve_dsn
+from shardworker.core import counts
+from shardworker.core.flow import Rate, parse_rate
+from shardworker.core.views import QueueInfo, QueueState
 from shardworker.errors import ConfigError
-from shardworker.flow import Rate, parse_rate
-from shardworker.views import QueueInfo, QueueState
 
 COLUMNS = ("queue", "paused", "concurrency", "rate", "available", "scheduled", "prefetched", "running", "oldest")
 

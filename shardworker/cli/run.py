@@ -1,5 +1,5 @@
 """``shardworker run``: the worker, from the command line. Every option's default is read
-from ``WorkerConfig`` (``shardworker.config``), so the command and the library agree."""
+from ``WorkerConfig`` (``shardworker.core.config``), so the command and the library agree."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from typing import Any
 
 import click
 
-from shardworker import logs
 from shardworker.cli.common import (
     MAX_NETWORK_TIMEOUT_S,
     MAX_PG_TIMEOUT_S,
@@ -23,8 +22,9 @@ from shardworker.cli.common import (
     outbox_dir_option,
     resolve_dsn,
 )
-from shardworker.config import FAILED_RETENTION_S, WorkerConfig, duration_text
-from shardworker.limits import MiB
+from shardworker.core import logs
+from shardworker.core.config import FAILED_RETENTION_S, WorkerConfig, duration_text
+from shardworker.core.limits import MiB
 
 D = WorkerConfig.default
 
@@ -104,7 +104,7 @@ D = WorkerConfig.default
 @click.pass_context
 def run(ctx: click.Context, app_ref: str, log_format: str, dsn: str | None, **options: Any) -> None:
     """Run the worker: a parent, N children and one flusher."""
-    from shardworker import procs
+    from shardworker.core import procs
 
     with procs.stop_signals_held():  # a SIGTERM while the app imports stops the worker cleanly, as later
         from shardworker.app import load_app

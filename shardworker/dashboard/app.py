@@ -31,7 +31,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from shardworker import counts
+from shardworker.core import counts
 from shardworker.dashboard import data
 from shardworker.dashboard.chart import HEIGHT, WIDTH, chart
 from shardworker.dashboard.memory import Memory

@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from shardworker import counts, jobs, queues
+from shardworker import jobs, queues
+from shardworker.core import counts
+from shardworker.core.views import ErrorInfo, LinkInfo, QueueInfo, QueueState, StepInfo, UnservedKind, WorkerInfo
 from shardworker.errors import ConfigError, JobsError
 from shardworker.jobs import JobInfo
 from shardworker.store import job_queries, queue_queries
 from shardworker.store.pg_store import PgStore, StoreConfig
-from shardworker.views import ErrorInfo, LinkInfo, QueueInfo, QueueState, StepInfo, UnservedKind, WorkerInfo
 
 FAILED_SHOWN = 20
 RECENT_SHOWN = 15

@@ -25,13 +25,13 @@ import os
 import secrets
 from urllib.parse import urlsplit
 
-from outbox import fsutil
-
 from starlette.authentication import AuthCredentials, AuthenticationBackend, AuthenticationError, SimpleUser
 from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.requests import HTTPConnection, Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp
+
+from outbox import fsutil
 
 REALM = 'Basic realm="shardworker dashboard", charset="UTF-8"'
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")

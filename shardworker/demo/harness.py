@@ -21,10 +21,10 @@ from typing import TextIO
 
 import outbox
 from shardworker.client import JobSpec, enqueue_many
-from shardworker.dsn import redact_dsn
+from shardworker.core.dsn import redact_dsn
+from shardworker.embedded import EmbeddedPostgres, ensure_embedded
 from shardworker.errors import ShardworkerError
-from shardworker.flusher.drain import drain
-from shardworker.store.embedded import EmbeddedPostgres, ensure_embedded
+from shardworker.worker.drain import drain
 from shardworker.store.migrate import apply_migrations
 from shardworker.store.pg_store import PgStore, StoreConfig
 

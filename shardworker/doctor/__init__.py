@@ -17,7 +17,7 @@ operator reads), ``ok`` is fine.
 from __future__ import annotations
 
 import outbox
-from shardworker.config import HORIZON_WARN_S
+from shardworker.core.config import HORIZON_WARN_S
 from shardworker.doctor.checks_database import (
     CLOCK_SKEW_WARN_S,
     CONNECT_TIMEOUT_S,

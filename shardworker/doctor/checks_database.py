@@ -8,15 +8,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from shardworker import binding
-from shardworker.binding import Binding
-from shardworker.counts import unserved_text
+from shardworker.core import binding
+from shardworker.core.binding import Binding
+from shardworker.core.counts import unserved_text
+from shardworker.core.dsn import redact_dsn
+from shardworker.core.views import UnservedKind, WorkerInfo
 from shardworker.doctor.checks_production import HORIZON_WARN_S, ProductionFacts, gather_production, production_checks
 from shardworker.doctor.report import Check, Status, attempt
-from shardworker.dsn import redact_dsn
 from shardworker.errors import ShardworkerError
 from shardworker.store.schema import available_migrations
-from shardworker.views import UnservedKind, WorkerInfo
 
 if TYPE_CHECKING:
     from shardworker.store.schema_queries import ServerState

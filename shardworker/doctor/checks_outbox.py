@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 import outbox
 from outbox import checkpoint
 from outbox.fsutil import is_locked
-from shardworker import binding, layout
-from shardworker.binding import Binding
+from shardworker.core import binding, layout
+from shardworker.core.binding import Binding
 from shardworker.doctor.report import Check, Status, attempt
 
 MiB = 1024 * 1024

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from shardworker.config import HORIZON_WARN_S
+from shardworker.core.config import HORIZON_WARN_S
 from shardworker.doctor.report import Check, Status, attempt
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ import time
 import orjson
 
 from outbox.fsutil import NOFOLLOW, atomic_write, read_small
-from shardworker.layout import FOLLOWUPS_JOURNAL
+from shardworker.core.layout import FOLLOWUPS_JOURNAL
 
 log = logging.getLogger(__name__)
 

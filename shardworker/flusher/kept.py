@@ -12,8 +12,8 @@ from collections.abc import Iterable
 import orjson
 
 from outbox.fsutil import append_durably, atomic_write, ensure_dir
-from shardworker import layout, wire
-from shardworker.model import ApplyResult, Outcome
+from shardworker.core import layout, wire
+from shardworker.core.model import ApplyResult, Outcome
 
 log = logging.getLogger(__name__)
 

@@ -39,20 +39,20 @@ import bisect
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from outbox import OutboxReader, Record
-from shardworker import layout, wire
-from shardworker.config import FlusherConfig
+from shardworker.core import layout, wire
+from shardworker.core.config import FlusherConfig
+from shardworker.core.model import ApplyResult, Mark, Outcome, StepRecord
+from shardworker.core.retry import Backoff, Outage
 from shardworker.errors import DatabaseWentBack, NewerRecord, OutcomeRejected, StatementTimeout, StoreError
 from shardworker.flusher import kept
 from shardworker.flusher.marks import Marks
 from shardworker.flusher.setaside import FAST_S as SETASIDE_FAST_S
 from shardworker.flusher.setaside import SLOW_S as SETASIDE_SLOW_S
 from shardworker.flusher.setaside import SetAside
-from shardworker.model import ApplyResult, Mark, Outcome, StepRecord
-from shardworker.retry import Backoff, Outage
 
 log = logging.getLogger(__name__)
 

@@ -37,8 +37,8 @@ from dataclasses import replace
 from typing import Protocol
 
 from outbox import OutboxReader, Position, Record
+from shardworker.core.model import Mark, Outcome
 from shardworker.flusher.journal import Journal
-from shardworker.model import Mark, Outcome
 
 log = logging.getLogger(__name__)
 

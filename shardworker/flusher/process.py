@@ -22,13 +22,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from outbox import Keep, OutboxLocked, OutboxReader, wake
-from shardworker import binding, layout, logs, procs
-from shardworker.config import FlusherConfig, StoreConfig
+from shardworker.core import binding, layout, logs, procs
+from shardworker.core.config import FlusherConfig, StoreConfig
+from shardworker.core.retry import Backoff, retry_call
 from shardworker.errors import NewerRecord
 from shardworker.flusher.journal import Journal
 from shardworker.flusher.loop import BATCH_BUCKETS, Flusher, FlushStats
 from shardworker.flusher.marks import Marks
-from shardworker.retry import Backoff, retry_call
 
 if TYPE_CHECKING:
     from shardworker.store.pg_store import PgStore

@@ -5,7 +5,7 @@ A worker finds a database that went back in time by itself (``shardworker.flushe
 and so does ``outbox drain``; this is the explicit form, run on each host after a restore,
 with a dry run. It re-applies every kept record past the position the restored database holds
 (or every kept record, ``from_start``: the marks table itself may be from before the outbox's
-first batch), through the usual fences, then does what a drain does (``shardworker.flusher.drain``).
+first batch), through the usual fences, then does what a drain does (``shardworker.worker.drain``).
 
 The dry run (``preview``) reads the same records and asks the database, read only, which rows
 they would change now (``job_apply_preview``, the apply's own fence): the outcomes that would
@@ -21,14 +21,14 @@ import time
 from dataclasses import dataclass
 
 from outbox import Keep, OutboxLocked, Position
-from shardworker import binding, layout, wire
-from shardworker.config import FlusherConfig
+from shardworker.core import binding, layout, wire
+from shardworker.core.config import FlusherConfig
+from shardworker.core.followups import decode as decode_followups
+from shardworker.core.model import Outcome, StepRecord
+from shardworker.core.retry import Backoff, retry_call
 from shardworker.errors import NewerRecord, OutboxBusy
 from shardworker.flusher.journal import Journal
-from shardworker.followups import decode as decode_followups
 from shardworker.flusher.process import marks_for, open_reader
-from shardworker.model import Outcome, StepRecord
-from shardworker.retry import Backoff, retry_call
 from shardworker.store.pg_store import PgStore, StoreConfig
 
 log = logging.getLogger(__name__)

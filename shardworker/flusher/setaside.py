@@ -28,9 +28,9 @@ from collections.abc import Callable
 import orjson
 
 from outbox.fsutil import atomic_write, read_small
-from shardworker import layout, wire
+from shardworker.core import layout, wire
+from shardworker.core.model import ApplyResult, Outcome
 from shardworker.flusher import kept
-from shardworker.model import ApplyResult, Outcome
 
 log = logging.getLogger(__name__)
 

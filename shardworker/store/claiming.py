@@ -22,9 +22,9 @@ from typing import Any
 
 import psycopg
 
+from shardworker.core.limits import MAX_JOB_INPUT_BYTES
+from shardworker.core.model import Claim, ClaimedJob
 from shardworker.errors import Reconnected
-from shardworker.limits import MAX_JOB_INPUT_BYTES
-from shardworker.model import Claim, ClaimedJob
 from shardworker.store.claim_floor import ClaimFloor
 from shardworker.store.connection import Session, rollback
 from shardworker.store.sql import native, native_params, query

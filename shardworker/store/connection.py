@@ -23,8 +23,8 @@ import psycopg
 from psycopg import errors as pgerr
 from psycopg.pq import TransactionStatus
 
-from shardworker.config import StoreConfig
-from shardworker.dsn import redact_dsn
+from shardworker.core.config import StoreConfig
+from shardworker.core.dsn import redact_dsn
 from shardworker.errors import (
     DatabaseUnavailable,
     DatabaseWentBack,

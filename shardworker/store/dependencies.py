@@ -27,9 +27,9 @@ from typing import Any
 
 import psycopg
 
-from shardworker.config import StoreConfig
+from shardworker.core.config import StoreConfig
+from shardworker.core.followups import DependentRow
 from shardworker.errors import EnqueueError
-from shardworker.followups import DependentRow
 from shardworker.store.connection import first_line
 from shardworker.store.enqueue import REFUSED, EnqueueQueries, borrowed_cursor
 from shardworker.store.enqueue_async import async_cursor_for

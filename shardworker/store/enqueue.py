@@ -13,7 +13,7 @@ import psycopg
 from psycopg import errors as pgerr
 from psycopg.pq import TransactionStatus
 
-from shardworker.config import StoreConfig
+from shardworker.core.config import StoreConfig
 from shardworker.errors import DatabaseUnavailable, EnqueueError
 from shardworker.store.connection import Session, UnpreparedCursor, first_line, translate_errors
 from shardworker.store.sql import query

@@ -10,7 +10,7 @@ from typing import Any
 
 import psycopg
 
-from shardworker.config import StoreConfig
+from shardworker.core.config import StoreConfig
 from shardworker.errors import EnqueueError
 from shardworker.store.connection import AsyncUnpreparedCursor, connect_async, first_line, translate_errors
 from shardworker.store.enqueue import BULK_STATEMENT_TIMEOUT_S, REFUSED, inserted_ids, needs_own_transaction

@@ -17,12 +17,12 @@ from typing import Any, NamedTuple
 import psycopg
 from psycopg.pq import TransactionStatus
 
-from shardworker.config import StoreConfig
+from shardworker.core.config import StoreConfig
+from shardworker.core.views import ErrorInfo, JobInfo, LinkInfo, StepInfo
 from shardworker.errors import DatabaseUnavailable, JobsError
 from shardworker.store.connection import Session, translate_errors
 from shardworker.store.enqueue import borrowed_cursor
 from shardworker.store.sql import query
-from shardworker.views import ErrorInfo, JobInfo, LinkInfo, StepInfo
 
 FINAL_STATUSES = ("done", "failed", "cancelled")
 

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import orjson
 
-from shardworker.model import ClaimedJob, Mark, Outcome
+from shardworker.core.model import ClaimedJob, Mark, Outcome
 from shardworker.store.connection import Session
 from shardworker.store.sql import query
 from shardworker.store.worker_queries import mark_params

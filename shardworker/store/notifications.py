@@ -22,7 +22,7 @@ from typing import Any
 
 import psycopg
 
-from shardworker.records import CancelKey
+from shardworker.core.records import CancelKey
 from shardworker.store.connection import Session, connect, translate_errors
 from shardworker.store.sql import query
 

@@ -18,7 +18,7 @@ Everything outside ``shardworker.store`` talks to it in domain values (``Claimed
 
 from __future__ import annotations
 
-from shardworker.config import StoreConfig
+from shardworker.core.config import StoreConfig
 from shardworker.store.enqueue import EnqueueQueries
 from shardworker.store.housekeeping import HousekeepingQueries
 from shardworker.store.marks import MarkQueries

@@ -16,11 +16,11 @@ from typing import Any
 import orjson
 import psycopg
 
-from shardworker.flow import Rate
+from shardworker.core.flow import Rate
+from shardworker.core.views import BacklogRow, QueueInfo, QueueState
 from shardworker.store.connection import Session
 from shardworker.store.job_queries import cursor_for
 from shardworker.store.sql import query
-from shardworker.views import BacklogRow, QueueInfo, QueueState
 
 # A worker's flow report counts while its heartbeat is this recent: the age at which
 # `shardworker workers` stops calling a worker live (--silent-after's default).

@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from shardworker.core.views import UnservedKind
 from shardworker.errors import KindNotServed
 from shardworker.store.connection import Session
 from shardworker.store.enqueue_async import async_cursor_for
 from shardworker.store.job_queries import cursor_for
 from shardworker.store.sql import query
-from shardworker.views import UnservedKind
 
 UNSERVED_SHOWN = 20  # kinds listed, most queued jobs first
 

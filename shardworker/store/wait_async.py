@@ -11,12 +11,12 @@ from typing import Any
 import psycopg
 from psycopg.pq import TransactionStatus
 
-from shardworker.config import StoreConfig
+from shardworker.core.config import StoreConfig
+from shardworker.core.views import JobInfo
 from shardworker.errors import DatabaseUnavailable, JobsError
 from shardworker.store.connection import connect_async, translate_errors
 from shardworker.store.job_queries import FINAL_STATUSES, RECHECK_S
 from shardworker.store.sql import query
-from shardworker.views import JobInfo
 
 
 async def wait_job_end_async(conn_or_dsn: Any, job_id: int, timeout_s: float) -> tuple[JobInfo | None, bool]:

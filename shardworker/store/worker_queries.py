@@ -6,28 +6,37 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import replace
 from collections.abc import Callable, Collection, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from dataclasses import replace
+from typing import Any, NamedTuple, Protocol
 
 import psycopg
 
-from shardworker import followups
+from shardworker.core import followups
+from shardworker.core.flow import Rate
+from shardworker.core.followups import DependentRow, followup_uid
+from shardworker.core.limits import ERRORS_KEPT, MAX_ERROR_CHARS
+from shardworker.core.model import ApplyResult, Mark, Outcome, StepRecord
 from shardworker.errors import EnqueueError, OutcomeRejected, SchemaMissing
-from shardworker.followups import DependentRow, followup_uid
-from shardworker.limits import ERRORS_KEPT, MAX_ERROR_CHARS
-from shardworker.model import ApplyResult, Mark, Outcome, StepRecord
 from shardworker.store.claiming import ClaimQueries
 from shardworker.store.connection import first_line, is_refusal, rollback
 from shardworker.store.dependencies import plan_insert, run_plan
 from shardworker.store.sql import BinaryList, native, native_params, query
 
-if TYPE_CHECKING:
-    from shardworker.app import HandlerSpec
+
+class KindLimits(Protocol):
+    """A handler's limits across workers (``shardworker.app.HandlerSpec`` has them)."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def global_concurrency(self) -> int | None: ...
+    @property
+    def rate(self) -> Rate | None: ...
 
 
 class DatabaseIdentity(NamedTuple):
-    """What an outbox is bound to (``shardworker.binding``)."""
+    """What an outbox is bound to (``shardworker.core.binding``)."""
 
     instance_id: str
     database: str
@@ -37,7 +46,7 @@ class DatabaseIdentity(NamedTuple):
 class WorkerQueries(ClaimQueries):
     """Claiming (``shardworker.store.claiming``), applying and giving back for one worker."""
 
-    def register_kinds(self, specs: Sequence[HandlerSpec]) -> None:
+    def register_kinds(self, specs: Sequence[KindLimits]) -> None:
         """Make this worker's handlers' limits across workers the kinds' (``shardworker.kinds``)."""
         ordered = sorted(specs, key=lambda spec: spec.kind)
         with self.cursor() as cur:
@@ -374,7 +383,7 @@ def classify(applied: int, missed: Sequence[Outcome], rows: dict[int, JobNow],
     late: list[int] = []
     for outcome in missed:
         row = rows.get(outcome.job_id)
-        if row is None or None not in (row.uid, outcome.uid) and row.uid != outcome.uid:
+        if row is None or (None not in (row.uid, outcome.uid) and row.uid != outcome.uid):
             # No such job here (the wrong database, or deleted), or its id went to another job
             # (the database went back in time and the sequence handed it out again).
             missing.append(outcome.job_id)

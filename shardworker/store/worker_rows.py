@@ -9,10 +9,10 @@ from typing import NamedTuple
 
 import orjson
 
-from shardworker.limits import ERRORS_KEPT
+from shardworker.core.limits import ERRORS_KEPT
+from shardworker.core.views import Beat, FlowCount, Rescued, Serving, WorkerInfo
 from shardworker.store.connection import Session
 from shardworker.store.sql import query
-from shardworker.views import Beat, FlowCount, Rescued, Serving, WorkerInfo
 
 
 class HeartbeatRow(NamedTuple):

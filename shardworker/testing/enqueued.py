@@ -13,8 +13,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from shardworker.core.views import JobInfo
 from shardworker.store.job_queries import jobs_after, last_job_id
-from shardworker.views import JobInfo
 
 _ANY = object()
 

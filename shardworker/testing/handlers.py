@@ -23,13 +23,13 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from shardworker import followups, records
 from shardworker.app import App, HandlerSpec
 from shardworker.child.handlers import run_async, run_sync
 from shardworker.child.steps import StepLog
 from shardworker.client import DEFAULT_MAX_ATTEMPTS
 from shardworker.control import JobControl
-from shardworker.model import ClaimedJob, Disposition, Outcome, StepRecord, dumps_exact, loads_exact
+from shardworker.core import followups, records
+from shardworker.core.model import ClaimedJob, Disposition, Outcome, StepRecord, dumps_exact, loads_exact
 
 
 class HandlerFailed(AssertionError):

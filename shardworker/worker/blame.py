@@ -32,8 +32,8 @@ from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
-from shardworker.model import ClaimedJob
-from shardworker.wire import JobKey
+from shardworker.core.model import ClaimedJob
+from shardworker.core.wire import JobKey
 
 SHUTDOWN_TIMEOUT = "shutdown timeout"  # the error of a job still running when a stop's time ran out
 

@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
+from shardworker.core.records import CancelKey
 from shardworker.errors import StoreError
-from shardworker.records import CancelKey
 
 POLL_S = 2.0
 

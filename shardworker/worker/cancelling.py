@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from shardworker import logs, wire
+from shardworker.core import logs, wire
 from shardworker.worker.child_handle import ChildHandle
 
 log = logging.getLogger(__name__)

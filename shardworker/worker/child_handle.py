@@ -22,14 +22,14 @@ from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardworker import layout, logs, procs, wire
 from shardworker.child.main import EXIT_START_FAILED, child_main
 from shardworker.child.progress import Progress, ProgressFile
-from shardworker.config import ChildConfig
+from shardworker.core import layout, logs, procs, wire
+from shardworker.core.config import ChildConfig
+from shardworker.core.jobstats import JobCounts
+from shardworker.core.model import ClaimedJob
+from shardworker.core.views import FlowCount
 from shardworker.errors import StartupFailed
-from shardworker.jobstats import JobCounts
-from shardworker.model import ClaimedJob
-from shardworker.views import FlowCount
 
 log = logging.getLogger(__name__)
 

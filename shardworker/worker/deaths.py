@@ -23,9 +23,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import outbox
-from shardworker import logs, procs, wire
 from shardworker.app import HandlerSpec
-from shardworker.model import ClaimedJob
+from shardworker.core import logs, procs, wire
+from shardworker.core.model import ClaimedJob
 from shardworker.worker import blame
 from shardworker.worker.child_handle import ASYNC_TIMEOUT_GRACE_S, ChildHandle, Sent
 

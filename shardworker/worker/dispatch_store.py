@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from shardworker.model import Claim
-from shardworker.records import CancelKey
+from shardworker.core.model import Claim
+from shardworker.core.records import CancelKey
 from shardworker.worker.reapply_watch import WatchStore
 
 

@@ -23,14 +23,14 @@ import uuid
 from collections.abc import Callable
 
 import outbox
-from shardworker import procs
-from shardworker.config import WorkerConfig
+from shardworker.core import procs
+from shardworker.core.config import WorkerConfig
+from shardworker.core.model import ClaimedJob
+from shardworker.core.retry import Backoff, Outage
+from shardworker.core.routing import shard_for
+from shardworker.core.wire import JobKey
 from shardworker.errors import NotConnected, Reconnected, SchemaMissing, StoreError
 from shardworker.flusher.process import FlusherHandle
-from shardworker.model import ClaimedJob
-from shardworker.retry import Backoff, Outage
-from shardworker.routing import shard_for
-from shardworker.wire import JobKey
 from shardworker.worker.backlog import Backlog
 from shardworker.worker.cancel_watch import CancelWatch
 from shardworker.worker.dbwatch import DatabaseWatch

@@ -6,7 +6,7 @@ server may have committed them) and releases their jobs before the next claim. A
 ``GiveBack.at_stop`` releases uncharged the jobs no child started and those of lost
 claims, retrying until the shutdown's deadline. A stop during an outage cannot release
 them; it then keeps them in the outbox directory's ``giveback.json``
-(``shardworker.layout``). The next start on that directory, and ``outbox drain``, release
+(``shardworker.core.layout``). The next start on that directory, and ``outbox drain``, release
 them here (``release_saved``): after the flusher has applied every pending outcome and
 before orphans are requeued (which would charge each an attempt), with the fenced
 statements a stop uses (``job_release`` by id, attempt and worker; ``job_release_claim``
@@ -20,10 +20,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from shardworker import layout
+from shardworker.core import layout
+from shardworker.core.retry import Backoff, retry_call
+from shardworker.core.wire import JobKey
 from shardworker.errors import StoreError
-from shardworker.retry import Backoff, retry_call
-from shardworker.wire import JobKey
 
 log = logging.getLogger(__name__)
 

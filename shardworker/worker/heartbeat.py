@@ -33,10 +33,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from shardworker import procs
+from shardworker.core import procs
+from shardworker.core.retry import Backoff, Outage, is_retryable
+from shardworker.core.views import Beat, FlowCount, Serving
 from shardworker.errors import ShardworkerError, StoreError, WorkerRescued
-from shardworker.retry import Backoff, Outage, is_retryable
-from shardworker.views import Beat, FlowCount, Serving
 from shardworker.worker.identity import in_use
 from shardworker.worker.rescuer import Rescuer, RescueStore
 

@@ -24,11 +24,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol
 
-from shardworker.config import WorkerConfig, duration_text
+from shardworker.core.config import WorkerConfig, duration_text
+from shardworker.core.retry import Backoff, Outage, is_retryable
+from shardworker.core.schedule import Schedule
+from shardworker.core.views import BacklogRow
 from shardworker.errors import StoreError
-from shardworker.retry import Backoff, Outage, is_retryable
-from shardworker.schedule import Schedule
-from shardworker.views import BacklogRow
 from shardworker.worker.periodic import PeriodicStore, Scheduler
 from shardworker.worker.unserved import UnservedWatch
 

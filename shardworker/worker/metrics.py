@@ -41,10 +41,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 import outbox
+from shardworker.core.jobstats import DURATION_BUCKETS, OUTCOMES, STEPS_AT, JobCounts
+from shardworker.core.layout import PARENT_SHARD
 from shardworker.errors import ConfigError
 from shardworker.flusher.loop import BATCH_BUCKETS
-from shardworker.jobstats import DURATION_BUCKETS, OUTCOMES, STEPS_AT, JobCounts
-from shardworker.layout import PARENT_SHARD
 
 if TYPE_CHECKING:
     from shardworker.worker.housekeeping import Backlog

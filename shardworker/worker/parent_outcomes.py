@@ -17,12 +17,12 @@ import time
 from collections.abc import Iterable, Mapping
 
 from outbox import OutboxError, OutboxSyncError, ShardWriter, WriterConfig
-from shardworker import wire
 from shardworker.app import HandlerSpec
-from shardworker.jobstats import JobCounts, outcome_label
-from shardworker.layout import PARENT_SHARD
-from shardworker.model import ClaimedJob, Outcome
-from shardworker.retry import job_retry_delay
+from shardworker.core import wire
+from shardworker.core.jobstats import JobCounts, outcome_label
+from shardworker.core.layout import PARENT_SHARD
+from shardworker.core.model import ClaimedJob, Outcome
+from shardworker.core.retry import job_retry_delay
 
 log = logging.getLogger(__name__)
 

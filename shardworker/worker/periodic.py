@@ -34,8 +34,8 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
+from shardworker.core.schedule import Schedule
 from shardworker.errors import StoreError
-from shardworker.schedule import Schedule
 
 log = logging.getLogger(__name__)
 

@@ -22,12 +22,12 @@ import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-from shardworker import procs, wire
 from shardworker.app import HandlerSpec
-from shardworker.config import ChildConfig
+from shardworker.core import procs, wire
+from shardworker.core.config import ChildConfig
+from shardworker.core.jobstats import JobCounts
+from shardworker.core.model import ClaimedJob
 from shardworker.errors import CrashLoop
-from shardworker.jobstats import JobCounts
-from shardworker.model import ClaimedJob
 from shardworker.worker import blame
 from shardworker.worker.cancel_watch import matching
 from shardworker.worker.cancelling import Cancelling

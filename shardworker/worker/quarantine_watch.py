@@ -21,7 +21,7 @@ import orjson
 
 import outbox
 from outbox.fsutil import append_durably
-from shardworker import layout, wire
+from shardworker.core import layout, wire
 
 log = logging.getLogger(__name__)
 

@@ -33,8 +33,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
+from shardworker.core.model import ClaimedJob
 from shardworker.flusher.process import FlusherHandle
-from shardworker.model import ClaimedJob
 from shardworker.worker.quarantine_watch import pending_job_ids, record_lost
 
 log = logging.getLogger(__name__)

@@ -29,9 +29,9 @@ import time
 from datetime import datetime
 from typing import Protocol
 
+from shardworker.core.retry import is_retryable
+from shardworker.core.views import Rescued
 from shardworker.errors import StoreError
-from shardworker.retry import is_retryable
-from shardworker.views import Rescued
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ import collections
 import logging
 from collections.abc import Callable
 
-from shardworker.model import ClaimedJob
+from shardworker.core.model import ClaimedJob
 from shardworker.worker.child_handle import ChildHandle
 from shardworker.worker.kindcaps import KindCaps
 

@@ -22,8 +22,8 @@ import os
 import orjson
 
 from outbox.fsutil import atomic_write, fsync_dir, read_small
-from shardworker import layout
 from shardworker.child.progress import read_started
+from shardworker.core import layout
 
 log = logging.getLogger(__name__)
 

@@ -5,11 +5,9 @@ the handlers' limits across workers are written to ``shardworker.kinds``), the
 outbox belongs to this database (bound at first use), no process of a previous run still
 writes a shard of this outbox, and no other live worker uses this worker id
 (``shardworker.worker.identity``). The recovery (step 4), once the flusher runs: wait until
-it has applied every pending outcome, give back uncharged the jobs a stop in an outage left
-in ``giveback.json`` (``shardworker.worker.giveback``), then give back uncharged this worker's
-running jobs that no child started (its progress files: ``shardworker.worker.started``) and
-requeue, charged, those that have no outcome (their handlers never finished). Each waits out an outage, retrying,
-until a signal; the supervisor decides when each runs.
+it has applied every pending outcome, then settle what the last run left
+(``shardworker.worker.recovery``, which ``outbox drain`` runs too). Each waits out an
+outage, retrying, until a signal; the supervisor decides when each runs.
 """
 
 from __future__ import annotations
@@ -22,14 +20,13 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
 from outbox.fsutil import try_lock
-from shardworker import binding, layout, procs
 from shardworker.app import HandlerSpec
-from shardworker.config import WorkerConfig
+from shardworker.core import binding, layout, procs
+from shardworker.core.config import WorkerConfig
+from shardworker.core.retry import Backoff, is_retryable, retry_call
 from shardworker.errors import OutboxBusy
 from shardworker.flusher.process import FlusherHandle
-from shardworker.retry import Backoff, is_retryable, retry_call
-from shardworker.worker import giveback, identity
-from shardworker.worker import started as started_file
+from shardworker.worker import identity, recovery
 from shardworker.worker.kindcaps import caps_that_fill_every_child
 from shardworker.worker.started import Started
 
@@ -39,6 +36,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+ORPHANED = "worker restarted while the job was running"
 
 
 class StoppedWhileStarting(Exception):
@@ -100,27 +99,11 @@ class Startup:
                 log.info("waiting for the flusher to apply pending outcomes before claiming")
                 waited_since = time.monotonic()
             time.sleep(0.02)
-        # Before the orphans: jobs a stop in an outage never started are given back, uncharged.
-        self._retry(lambda: giveback.release_saved(self.config.outbox_dir, self.store),
-                    "giving back jobs left unstarted at the last stop")
+        recovery.give_back_saved(self.config.outbox_dir, self.store, self._retry)
         if self.stopping():
             return False  # a signal, or another live worker under our id: its running jobs are not orphans
-        self._settle_orphans(worker_id, started)
+        recovery.settle_orphans(self.config.outbox_dir, self.store, self._retry, worker_id, started, ORPHANED)
         return True
-
-    def _settle_orphans(self, worker_id: str, started: Started) -> None:
-        """Give back uncharged our running jobs no handler started (unless ``started`` is
-        None: nothing known), then requeue the rest charged: their handlers never finished."""
-        released = 0
-        if started is not None:
-            released = self._retry(lambda: self.store.release_unstarted(worker_id, started),
-                                   "giving back jobs no child started")
-        requeued = self._retry(lambda: self.store.requeue_orphans(
-            worker_id, "worker restarted while the job was running"), "requeueing unfinished jobs")
-        if released or requeued:
-            log.info("of the jobs this worker held when it last stopped, %d never started, given back uncharged, "
-                     "and %d had started: requeued, charged an attempt", released, len(requeued))
-        started_file.recovered(self.config.outbox_dir)
 
 
 def wait_for_writers_gone(outbox_dir: str, timeout_s: float = 60.0) -> None:

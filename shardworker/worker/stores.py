@@ -10,8 +10,8 @@ from dataclasses import replace
 from typing import NamedTuple
 
 from shardworker.app import App
-from shardworker.config import WorkerConfig
-from shardworker.retry import Backoff
+from shardworker.core.config import WorkerConfig
+from shardworker.core.retry import Backoff
 from shardworker.store.pg_store import PgStore
 from shardworker.worker.housekeeping import BACKLOG_INTERVAL_S, Housekeeper
 from shardworker.worker.unserved import UnservedWatch

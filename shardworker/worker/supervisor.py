@@ -37,14 +37,14 @@ from typing import TYPE_CHECKING, Any
 
 from outbox import OutboxError
 from outbox import status as outbox_status
-from shardworker import layout, logs, procs
 from shardworker.app import App
-from shardworker.config import WorkerConfig
+from shardworker.core import layout, logs, procs
+from shardworker.core.config import WorkerConfig
+from shardworker.core.jobstats import JobCounts
+from shardworker.core.retry import Backoff
+from shardworker.core.views import Serving
 from shardworker.errors import CrashLoop, ShardworkerError, StoreError
 from shardworker.flusher.process import FlusherHandle
-from shardworker.jobstats import JobCounts
-from shardworker.retry import Backoff
-from shardworker.views import Serving
 from shardworker.worker import started
 from shardworker.worker.child_handle import flow_counts
 from shardworker.worker.dispatcher import Dispatcher

@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from shardworker.counts import unserved_text
+from shardworker.core.counts import unserved_text
+from shardworker.core.views import UnservedKind
 from shardworker.errors import StoreError
-from shardworker.views import UnservedKind
 
 log = logging.getLogger(__name__)
 

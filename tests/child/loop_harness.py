@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from outbox import OutboxReader
-from shardworker import wire
 from shardworker.app import App
 from shardworker.child.main import Progress, ShardRunner, open_writer
-from shardworker.model import ClaimedJob, Job
+from shardworker.core import wire
+from shardworker.core.model import ClaimedJob, Job
 from tests.helpers import child_config
 
 

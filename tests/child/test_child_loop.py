@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from shardworker import wire
 from shardworker.child.main import Progress
-from shardworker.jobstats import DURATION_BUCKETS, OUTCOMES, STEPS_AT, JobCounts
-from shardworker.model import Disposition, Job
+from shardworker.core import wire
+from shardworker.core.jobstats import DURATION_BUCKETS, OUTCOMES, STEPS_AT, JobCounts
+from shardworker.core.model import Disposition, Job
 from tests.child.loop_harness import Clock, job, jobs_msg, make_app, outcomes, receive_until, run_child, start_runner
 
 DONE = Disposition.DONE

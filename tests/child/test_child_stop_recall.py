@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from shardworker import wire
-from shardworker.model import Job
+from shardworker.core import wire
+from shardworker.core.model import Job
 from tests.child.loop_harness import Clock, job, jobs_msg, make_app, receive_until, start_runner
 
 

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from shardworker import Cancel, Fail, Retry, Snooze, wire
+from shardworker import Cancel, Fail, Retry, Snooze
 from shardworker.app import App
 from shardworker.child.handlers import run_sync
+from shardworker.core import wire
+from shardworker.core.model import ClaimedJob, Disposition, Outcome
 from shardworker.errors import ConfigError
-from shardworker.model import ClaimedJob, Disposition, Outcome
 from tests.helpers import enqueue, exit_code, query, runs, start_worker
 
 RETRY = Disposition.RETRY

@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
-from shardworker import procs
 from shardworker.app import App
 from shardworker.child.cancels import Cancels
 from shardworker.child.gate import StartGate
 from shardworker.child.hooks import EventLoop, Hooks
 from shardworker.child.lanes import AsyncLane, ThreadLane
 from shardworker.child.steps import StepLog
-from shardworker.model import ClaimedJob
+from shardworker.core import procs
+from shardworker.core.model import ClaimedJob
 
 app = App()
 

@@ -22,7 +22,7 @@ from shardworker.child.handlers import attempt_sync
 from shardworker.child.hooks import EventLoop, Hooks
 from shardworker.child.lanes import AsyncLane, ThreadLane
 from shardworker.child.steps import StepLog
-from shardworker.model import ClaimedJob, Disposition, Outcome
+from shardworker.core.model import ClaimedJob, Disposition, Outcome
 from tests.child.test_start_gate import deadline
 
 app = App()

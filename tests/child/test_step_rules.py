@@ -15,12 +15,13 @@ import pytest
 
 import outbox
 from outbox import OutboxReader
-from shardworker import Cancel, Fail, Retry, Snooze, StepError, wire
+from shardworker import Cancel, Fail, Retry, Snooze, StepError
 from shardworker.app import App
 from shardworker.child import results
 from shardworker.child.steps import MAX_STEPS
-from shardworker.jobstats import STEPS_AT, JobCounts
-from shardworker.model import ClaimedJob, Disposition, Job, Outcome, StepRecord
+from shardworker.core import wire
+from shardworker.core.jobstats import STEPS_AT, JobCounts
+from shardworker.core.model import ClaimedJob, Disposition, Job, Outcome, StepRecord
 from tests.child.loop_harness import Clock, jobs_msg, receive_until, start_runner
 
 

@@ -12,11 +12,11 @@ from click.testing import CliRunner, Result
 
 from outbox import ShardWriter
 from outbox.fsutil import ensure_dir
-from shardworker import binding
 from shardworker.cli.main import main
-from shardworker.model import Outcome
+from shardworker.core import binding
+from shardworker.core.model import Outcome
+from shardworker.core.wire import encode_outcome
 from shardworker.store.pg_store import PgStore
-from shardworker.wire import encode_outcome
 from tests.helpers import enqueue
 
 REPO = Path(__file__).resolve().parents[2]

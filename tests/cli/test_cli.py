@@ -16,8 +16,8 @@ import pytest
 from click.testing import CliRunner
 
 from shardworker.cli.main import main
+from shardworker.core.views import FlowCount
 from shardworker.store.pg_store import PgStore
-from shardworker.views import FlowCount
 from tests.cli.cli_runner import REPO, assert_one_line_error, invoke, rows
 from tests.helpers import enqueue, execute
 

@@ -12,10 +12,10 @@ import pytest
 from outbox import ShardWriter
 from outbox.frame import HEADER_SIZE
 from outbox.segment import list_segments, scan_file
-from shardworker.layout import lock_outbox
-from shardworker.model import ClaimedJob, Outcome
+from shardworker.core.layout import lock_outbox
+from shardworker.core.model import ClaimedJob, Outcome
+from shardworker.core.wire import encode_outcome
 from shardworker.store.pg_store import PgStore
-from shardworker.wire import encode_outcome
 from tests.cli.cli_runner import assert_one_line_error, invoke, rows
 
 # --- outbox -------------------------------------------------------------------------------
@@ -209,8 +209,8 @@ def test_outbox_drain_applies_more_than_a_batch(tmp_path: Path, pg_dsn: str, sto
 def test_outbox_drain_counts_step_results_apart_from_outcomes(tmp_path: Path, pg_dsn: str, store: PgStore) -> None:
     """The count led with every record, steps too, above a breakdown of outcomes that then did
     not add up ("drained 38 outcomes: 10 applied, ..."; found by a new user)."""
-    from shardworker.model import StepRecord
-    from shardworker.wire import encode_step
+    from shardworker.core.model import StepRecord
+    from shardworker.core.wire import encode_step
 
     jobs = claim(store, pg_dsn, 2)
     outbox_dir = tmp_path / "outbox"

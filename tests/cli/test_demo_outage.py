@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psycopg
 
-from shardworker.store.embedded import EmbeddedPostgres
+from shardworker.embedded import EmbeddedPostgres
 from tests.cli.test_project_dir import shardworker_script
 
 

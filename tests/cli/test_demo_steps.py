@@ -10,7 +10,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from shardworker.store.embedded import EmbeddedPostgres
+from shardworker.embedded import EmbeddedPostgres
 from tests.cli.test_project_dir import shardworker_script
 
 STEPS_PER_JOB = 4

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from shardworker.core.views import Serving
 from shardworker.doctor import Status, check_clock, check_schema
-from shardworker.store.embedded import EmbeddedPostgres
+from shardworker.embedded import EmbeddedPostgres
 from shardworker.store.pg_store import PgStore, ServerState, StoreConfig
 from shardworker.store.schema import latest_version
-from shardworker.views import Serving
 from tests.cli.doctor_report import HEALTHY, bound_outbox, invoke, pending_outcomes, refused_port, report
 from tests.helpers import enqueue, execute, query
 

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from outbox.recovery import quarantine
 from outbox.segment import list_segments
 from shardworker.cli.main import main
-from shardworker.layout import lock_outbox
+from shardworker.core.layout import lock_outbox
 from shardworker.store.migrate import apply_migrations
 from shardworker.store.pg_store import PgStore
 from tests.cli.doctor_report import REPO, bound_outbox, pending_outcomes, report

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from shardworker.doctor import check_horizon
-from shardworker.store.embedded import EmbeddedPostgres
+from shardworker.embedded import EmbeddedPostgres
 from shardworker.store.production import SlotHolder
 from tests.cli.doctor_report import invoke, report
 from tests.helpers import enqueue, execute, wait_for

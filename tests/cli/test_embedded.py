@@ -13,7 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from shardworker.store.embedded import EmbeddedPostgres, PostgresBinariesNotFound, bin_dir, ensure_embedded
+from shardworker.embedded import EmbeddedPostgres, PostgresBinariesNotFound, bin_dir, ensure_embedded
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -113,7 +113,7 @@ def test_ensure_embedded_reuses_the_server_another_process_started(server_dir: P
         dsn = ensure_embedded(base)
         pid = server.postmaster_pid()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-        code = "import sys; from shardworker.store.embedded import ensure_embedded as e; print(e(sys.argv[1]))"
+        code = "import sys; from shardworker.embedded import ensure_embedded as e; print(e(sys.argv[1]))"
         other = subprocess.run(
             [sys.executable, "-c", code, str(base)],
             env=env,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psycopg
 
-from shardworker.store.embedded import EmbeddedPostgres
+from shardworker.embedded import EmbeddedPostgres
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from shardworker.model import Outcome
+from shardworker.core.model import Outcome
 from shardworker.store.migrate import apply_migrations
 from shardworker.store.pg_store import PgStore, StoreConfig
 from tests.dashboard.conftest import running_dashboard

@@ -1,5 +1,5 @@
 """``shardworker run`` reads its defaults from ``WorkerConfig``: the command and the library
-cannot drift apart (changing a default in shardworker/config.py changes the command)."""
+cannot drift apart (changing a default in shardworker/core/config.py changes the command)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from shardworker.cli.main import main
-from shardworker.config import WorkerConfig
+from shardworker.core.config import WorkerConfig
 from shardworker.worker import supervisor
 from tests.helpers import APPS_DIR
 

@@ -18,7 +18,7 @@ import pytest
 
 import shardworker
 from shardworker import JobSpec, enqueue_many, enqueue_many_async
-from shardworker.model import Outcome
+from shardworker.core.model import Outcome
 from shardworker.store.pg_store import PgStore, StoreConfig
 from tests.helpers import query
 

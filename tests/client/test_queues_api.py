@@ -11,8 +11,8 @@ import psycopg
 import pytest
 
 from shardworker import queues
+from shardworker.core.flow import Rate
 from shardworker.errors import ConfigError
-from shardworker.flow import Rate
 from shardworker.queues import QueueInfo, QueueState
 from tests.helpers import enqueue, query
 

@@ -16,8 +16,8 @@ import pytest
 
 import shardworker
 from shardworker import jobs
+from shardworker.core.model import Outcome
 from shardworker.errors import JobsError, WaitTimeout
-from shardworker.model import Outcome
 from shardworker.store.pg_store import PgStore, StoreConfig
 from tests.helpers import enqueue, execute, exit_code, query, start_worker, worker_env
 

@@ -12,8 +12,8 @@ import psycopg
 import pytest
 
 from shardworker import JobSpec, KindNotServed, enqueue, enqueue_async, enqueue_many, enqueue_many_async
+from shardworker.core.views import Serving
 from shardworker.store.pg_store import PgStore, StoreConfig
-from shardworker.views import Serving
 from tests.cli.cli_runner import assert_one_line_error, invoke
 from tests.helpers import execute, query
 

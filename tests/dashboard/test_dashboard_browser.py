@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from shardworker.store.embedded import EmbeddedPostgres
+from shardworker.embedded import EmbeddedPostgres
 from tests.dashboard.conftest import Dashboard, fail, running_dashboard
 from tests.dashboard.test_dashboard_outage import busy
 from tests.helpers import enqueue, execute, query, start_worker

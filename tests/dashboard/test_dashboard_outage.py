@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from shardworker.store.embedded import EmbeddedPostgres
+from shardworker.embedded import EmbeddedPostgres
 from tests.dashboard.conftest import running_dashboard
 from tests.helpers import enqueue, execute
 

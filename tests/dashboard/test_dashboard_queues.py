@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from shardworker.core.views import FlowCount
 from shardworker.store.pg_store import PgStore, StoreConfig
-from shardworker.views import FlowCount
 from tests.conftest import free_port
 from tests.dashboard.conftest import Dashboard, fail, running_dashboard
 from tests.helpers import enqueue, execute, query

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from shardworker.store.embedded import EmbeddedPostgres
+from shardworker.embedded import EmbeddedPostgres
 from tests.helpers import (
     enqueue,
     kill_worker_group,

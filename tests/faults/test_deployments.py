@@ -13,7 +13,7 @@ import psycopg
 from click.testing import CliRunner
 
 from shardworker.cli.main import main as cli
-from shardworker.store.embedded import EmbeddedPostgres
+from shardworker.embedded import EmbeddedPostgres
 from tests.faults.test_faults import FAST, assert_promise
 from tests.helpers import (
     enqueue,
@@ -154,9 +154,9 @@ def test_outbox_drain_heartbeats_for_the_worker_whose_outbox_it_drains(pg_dsn: s
     import sys
 
     from outbox import ShardWriter
-    from shardworker.model import Outcome
+    from shardworker.core.model import Outcome
+    from shardworker.core.wire import encode_outcome
     from shardworker.store.pg_store import PgStore, StoreConfig
-    from shardworker.wire import encode_outcome
 
     outbox_dir, counts = tmp_path / "outbox", tmp_path / "counts"
     counts.mkdir()

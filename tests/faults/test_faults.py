@@ -20,7 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 from shardworker.cli.main import main as cli
-from shardworker.store.embedded import EmbeddedPostgres
+from shardworker.embedded import EmbeddedPostgres
 from tests.helpers import (
     enqueue,
     kill_worker_group,

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from outbox import status as outbox_status
-from shardworker.store.embedded import EmbeddedPostgres
+from shardworker.embedded import EmbeddedPostgres
 from tests import proxy as proxy_module
 from tests.faults.network_scenario import (
     BLACKHOLE_S,

@@ -12,12 +12,12 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from outbox import ShardWriter
-from shardworker import layout
 from shardworker.cli.main import main as cli
-from shardworker.config import StoreConfig
-from shardworker.model import Outcome
+from shardworker.core import layout
+from shardworker.core.config import StoreConfig
+from shardworker.core.model import Outcome
+from shardworker.core.wire import encode_outcome
 from shardworker.store.pg_store import PgStore
-from shardworker.wire import encode_outcome
 from tests.helpers import enqueue, query, runs, start_worker, worker_log
 
 NEWER_WORKER = "host-b-newer"

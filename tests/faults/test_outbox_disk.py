@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from shardworker.store.embedded import EmbeddedPostgres
+from shardworker.embedded import EmbeddedPostgres
 from tests.helpers import (
     enqueue,
     exit_code,

@@ -15,12 +15,12 @@ from click.testing import CliRunner
 
 import outbox
 from outbox import OutboxReader, OutboxUntrusted, ShardWriter
-from shardworker import layout
 from shardworker.cli.main import main as cli
+from shardworker.core import layout
+from shardworker.core.model import Outcome
+from shardworker.core.wire import encode_outcome
 from shardworker.doctor import Status, check_permissions, gather_outbox
-from shardworker.model import Outcome
 from shardworker.store.pg_store import PgStore, StoreConfig
-from shardworker.wire import encode_outcome
 from tests.helpers import enqueue, query, runs, worker_env
 
 OTHER_UID = 65534  # "nobody": the other local user

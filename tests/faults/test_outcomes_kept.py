@@ -15,10 +15,10 @@ from click.testing import CliRunner
 from outbox import ShardWriter
 from outbox.segment import list_segments, parse, read_file, segment_name
 from shardworker.cli.main import main as cli
-from shardworker.model import Outcome
-from shardworker.store.embedded import EmbeddedPostgres
+from shardworker.core.model import Outcome
+from shardworker.core.wire import encode_outcome
+from shardworker.embedded import EmbeddedPostgres
 from shardworker.store.migrate import apply_migrations
-from shardworker.wire import encode_outcome
 from tests.faults.test_faults import FAST
 from tests.helpers import enqueue, exit_code, query, runs, start_worker, status_counts, wait_for, worker_log
 

@@ -16,9 +16,9 @@ from click.testing import CliRunner, Result
 
 from shardworker import App, JobSpec, enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from shardworker.cli.main import main
-from shardworker.config import WorkerConfig
+from shardworker.core.config import WorkerConfig
+from shardworker.core.retry import is_retryable
 from shardworker.errors import ConfigError, DatabaseUnavailable, DataRejected, EnqueueError
-from shardworker.retry import is_retryable
 from shardworker.store.pg_store import PgStore, StoreConfig
 from tests.helpers import exit_code, kill_worker_group, query, runs, start_worker, wait_for, worker_log
 

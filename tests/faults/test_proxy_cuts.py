@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from shardworker.store.embedded import EmbeddedPostgres
+from shardworker.embedded import EmbeddedPostgres
 from tests import proxy as proxy_module
 from tests.helpers import execute, query
 from tests.proxy import PgProxy

@@ -9,7 +9,7 @@ import signal
 import socket
 from pathlib import Path
 
-from shardworker.store.embedded import EmbeddedPostgres
+from shardworker.embedded import EmbeddedPostgres
 from tests.faults.test_faults import FAST
 from tests.helpers import (
     enqueue,
@@ -107,8 +107,8 @@ def test_outbox_drain_gives_back_the_jobs_a_stop_kept(pg_dsn: str, tmp_path: Pat
     a job rescued and claimed again meanwhile is not touched."""
     from click.testing import CliRunner
 
-    from shardworker import layout
     from shardworker.cli.main import main as cli
+    from shardworker.core import layout
     from shardworker.store.pg_store import PgStore, StoreConfig
 
     outbox_dir = tmp_path / "outbox"

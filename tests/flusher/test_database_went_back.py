@@ -17,11 +17,11 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from outbox import Keep, OutboxReader, ShardWriter
-from shardworker import layout, wire
+from shardworker.core import layout, wire
+from shardworker.core.model import ClaimedJob, Outcome
 from shardworker.flusher.loop import Flusher
 from shardworker.flusher.marks import REAPPLIED_GRACE_S
 from shardworker.flusher.process import marks_for
-from shardworker.model import ClaimedJob, Outcome
 from shardworker.store.pg_store import PgStore, StoreConfig
 from tests.conftest import PgServer
 from tests.helpers import enqueue, query, worker_config

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from outbox import OutboxReader, ShardWriter
-from shardworker import wire
+from shardworker.core import wire
+from shardworker.core.model import ClaimedJob, Outcome
 from shardworker.flusher.loop import Flusher
-from shardworker.model import ClaimedJob, Outcome
 from tests.flaky_store import FlakyStore
 from tests.flusher.test_flusher_loop import FakeClock
 from tests.helpers import enqueue, execute, query, worker_config

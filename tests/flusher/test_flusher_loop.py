@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from outbox import OutboxReader, ShardWriter
-from shardworker import layout, wire
+from shardworker.core import layout, wire
+from shardworker.core.model import Disposition, Outcome
 from shardworker.errors import OutcomeRejected, StoreError, TransientConflict
 from shardworker.flusher.loop import Flusher
-from shardworker.model import Disposition, Outcome
 from tests.flaky_store import FlakyStore
 from tests.helpers import enqueue, query, worker_config
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from outbox import ShardWriter
 from outbox import status as outbox_status
-from shardworker import wire
+from shardworker.core import wire
+from shardworker.core.model import ClaimedJob, Outcome
 from shardworker.flusher.process import FlusherHandle, StopRequest
-from shardworker.model import ClaimedJob, Outcome
 from shardworker.store.pg_store import PgStore, StoreConfig
 from tests.helpers import enqueue, query, wait_for, worker_config
 

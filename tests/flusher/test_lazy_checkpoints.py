@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from outbox import OutboxReader, ShardWriter
-from shardworker import wire
+from shardworker.core import wire
+from shardworker.core.model import Outcome
 from shardworker.flusher.loop import QUIET_CHECKPOINT_S, Flusher
-from shardworker.model import Outcome
 from tests.flaky_store import FlakyStore
 from tests.flusher.test_flusher_loop import FakeClock, statuses
 from tests.helpers import enqueue, mounted_tmpfs, worker_config

@@ -12,9 +12,9 @@ import psycopg
 import pytest
 
 from outbox import OutboxReader, ShardWriter
-from shardworker import wire
+from shardworker.core import wire
+from shardworker.core.model import Outcome
 from shardworker.flusher.loop import Flusher
-from shardworker.model import Outcome
 from shardworker.store.pg_store import PgStore, StoreConfig
 from tests.helpers import enqueue, query, worker_config
 

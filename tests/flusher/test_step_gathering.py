@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 from outbox import OutboxReader, ShardWriter
-from shardworker import wire
+from shardworker.core import wire
+from shardworker.core.model import Outcome, StepRecord
 from shardworker.flusher.loop import Flusher
-from shardworker.model import Outcome, StepRecord
 from tests.flaky_store import FlakyStore
 from tests.flusher.test_flusher_loop import FakeClock, statuses
 from tests.helpers import enqueue, query, worker_config

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shardworker.jobstats import STEP_RECORDED, summarize
+from shardworker.core.jobstats import STEP_RECORDED, summarize
 from shardworker.worker.deaths import Death
 from tests.flaky_store import FlakyStore
 from tests.helpers import enqueue

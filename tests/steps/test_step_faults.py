@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from shardworker.store.embedded import EmbeddedPostgres
+from shardworker.embedded import EmbeddedPostgres
 from tests.helpers import (
     enqueue,
     exit_code,
@@ -83,9 +83,9 @@ def test_a_child_killed_in_an_outage_carries_its_steps_ahead_of_its_failure(
 def _parent_shard(outbox_dir: Path) -> list[tuple[str, int, str]]:
     """The parent's shard in order: ("step", job id, step name) and ("outcome", job id, "")."""
     from outbox.segment import list_segments, parse, read_file, segment_name
-    from shardworker.layout import PARENT_SHARD
-    from shardworker.model import StepRecord
-    from shardworker.wire import decode_record
+    from shardworker.core.layout import PARENT_SHARD
+    from shardworker.core.model import StepRecord
+    from shardworker.core.wire import decode_record
 
     found: list[tuple[str, int, str]] = []
     for segno in list_segments(str(outbox_dir)).get(PARENT_SHARD, []):

@@ -12,7 +12,7 @@ import psycopg
 from psycopg import pq
 from psycopg.rows import dict_row
 
-from shardworker.model import ClaimedJob, Outcome
+from shardworker.core.model import ClaimedJob, Outcome
 from shardworker.store.pg_store import PgStore
 
 

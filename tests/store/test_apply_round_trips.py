@@ -8,7 +8,7 @@ from __future__ import annotations
 import orjson
 
 from shardworker.client import enqueue
-from shardworker.model import Outcome, StepRecord
+from shardworker.core.model import Outcome, StepRecord
 from shardworker.store.pg_store import PgStore
 from tests.store.support import add_id, claim_one, done, frontend_messages, frontend_sizes, row
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardworker.model import ClaimedJob, Outcome, StepRecord
+from shardworker.core.model import ClaimedJob, Outcome, StepRecord
 from shardworker.store.pg_store import PgStore
 from tests.helpers import query
 from tests.store.support import add_id, claim_one, connect, row

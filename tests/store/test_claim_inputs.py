@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from shardworker.client import enqueue
-from shardworker.model import ClaimedJob, Outcome, StepRecord
+from shardworker.core.model import ClaimedJob, Outcome, StepRecord
 from shardworker.store.pg_store import PgStore
 from tests.helpers import query
 from tests.store.support import add_id

@@ -16,7 +16,7 @@ import pytest
 
 from shardworker.app import App
 from shardworker.client import enqueue
-from shardworker.model import ClaimedJob, Outcome, StepRecord
+from shardworker.core.model import ClaimedJob, Outcome, StepRecord
 from shardworker.store import claiming
 from shardworker.store.pg_store import PgStore, StoreConfig
 from tests.store.support import add_id, frontend_messages

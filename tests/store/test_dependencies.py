@@ -14,8 +14,8 @@ import pytest
 
 from shardworker import jobs
 from shardworker.client import JobSpec, enqueue, enqueue_many
+from shardworker.core.model import Outcome
 from shardworker.errors import EnqueueError
-from shardworker.model import Outcome
 from shardworker.store.pg_store import PgStore
 from tests.helpers import query
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
-from shardworker.limits import ERRORS_KEPT
+from shardworker.core.limits import ERRORS_KEPT
 from shardworker.store.pg_store import PgStore
 from tests.store.support import add_id, connect, row
 

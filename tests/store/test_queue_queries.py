@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import re
 
-from shardworker.flow import Rate
+from shardworker.core.flow import Rate
+from shardworker.core.views import BacklogRow, FlowCount, QueueState
 from shardworker.store.pg_store import PgStore
 from shardworker.store.sql import query as sql_of
-from shardworker.views import BacklogRow, FlowCount, QueueState
 from tests.helpers import execute, query
 from tests.store.support import add_id, connect
 

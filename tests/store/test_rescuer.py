@@ -10,10 +10,10 @@ import time
 
 import pytest
 
+from shardworker.core.views import Serving
+from shardworker.embedded import EmbeddedPostgres
 from shardworker.errors import DatabaseUnavailable
-from shardworker.store.embedded import EmbeddedPostgres
 from shardworker.store.pg_store import PgStore, StoreConfig
-from shardworker.views import Serving
 from shardworker.worker.rescuer import Rescuer
 from tests.helpers import query, wait_for
 from tests.store.support import add_id, connect, row

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
+from shardworker.core.views import Serving
 from shardworker.errors import KindNotServed
 from shardworker.store.pg_store import PgStore
 from shardworker.store.serving import refuse_unserved
-from shardworker.views import Serving
 from tests.helpers import enqueue, execute, query
 
 

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
+from shardworker.core.model import Outcome, StepRecord
 from shardworker.errors import OutcomeRejected
-from shardworker.model import Outcome, StepRecord
 from shardworker.store.pg_store import PgStore
 from tests.helpers import execute, query
 from tests.store.support import add_id

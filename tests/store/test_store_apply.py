@@ -4,7 +4,7 @@ Every test gets a fresh migrated database (``pg_dsn``)."""
 
 from __future__ import annotations
 
-from shardworker.model import ApplyResult, Outcome
+from shardworker.core.model import ApplyResult, Outcome
 from shardworker.store.pg_store import PgStore
 from tests.store.support import add_id, claim_one, done, failure, row
 

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 
-from shardworker.model import ClaimedJob
+from shardworker.core.model import ClaimedJob
 from shardworker.store.pg_store import PgStore, StoreConfig
 from tests.store.support import add_id, claim_one, connect, row
 

@@ -58,7 +58,7 @@ def test_an_attempt_whose_steps_were_recorded_is_never_given_back(store: PgStore
     attempt that recorded steps: claimed again at attempt 1, it got no steps and ran them again
     (issue 41, 10). Such an attempt is not given back; requeued as an orphan, the retry gets
     its steps."""
-    from shardworker.model import StepRecord
+    from shardworker.core.model import StepRecord
 
     job_id = add_id(store)
     job = claim_one(store)

@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from shardworker.core.retry import is_retryable
+from shardworker.embedded import EmbeddedPostgres
 from shardworker.errors import DatabaseUnavailable, EnqueueError, ShardworkerError
-from shardworker.retry import is_retryable
-from shardworker.store.embedded import EmbeddedPostgres
 from shardworker.store.pg_store import PgStore, StoreConfig
 from tests.store.support import add, add_id, claim_one, connect, count_jobs, done
 

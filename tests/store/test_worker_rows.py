@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from shardworker import procs
+from shardworker.core import procs
+from shardworker.core.retry import Backoff
 from shardworker.errors import WorkerRescued
-from shardworker.retry import Backoff
 from shardworker.store.pg_store import PgStore
 from shardworker.worker.heartbeat import Heartbeat
 from tests.helpers import execute, query

@@ -1,12 +1,12 @@
-"""Which database an outbox belongs to (shardworker/binding.py), and whether it is the
+"""Which database an outbox belongs to (shardworker/core/binding.py), and whether it is the
 embedded server's: ``outbox drain`` without --dsn trusts only that flag."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from shardworker import binding
-from shardworker.config import WorkerConfig
+from shardworker.core import binding
+from shardworker.core.config import WorkerConfig
 
 
 class Identity:

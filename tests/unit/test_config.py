@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from shardworker.config import WorkerConfig
+from shardworker.core.config import WorkerConfig
+from shardworker.core.layout import PARENT_SHARD
 from shardworker.errors import ConfigError
-from shardworker.layout import PARENT_SHARD
 
 
 def test_worker_config_defaults_are_valid() -> None:

@@ -1,10 +1,10 @@
-"""Unit tests of ``shardworker.dsn.redact_dsn``: passwords hidden in URL and key=value DSNs."""
+"""Unit tests of ``shardworker.core.dsn.redact_dsn``: passwords hidden in URL and key=value DSNs."""
 
 from __future__ import annotations
 
 import pytest
 
-from shardworker.dsn import redact_dsn
+from shardworker.core.dsn import redact_dsn
 
 
 @pytest.mark.parametrize(("dsn", "expected"), [

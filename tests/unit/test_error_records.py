@@ -10,9 +10,9 @@ import pytest
 
 from shardworker import App
 from shardworker.child.handlers import run_sync
-from shardworker.limits import MAX_TRACEBACK_BYTES
-from shardworker.model import ClaimedJob, Disposition, Outcome
-from shardworker.wire import decode_outcome, encode_outcome, outcome_key
+from shardworker.core.limits import MAX_TRACEBACK_BYTES
+from shardworker.core.model import ClaimedJob, Disposition, Outcome
+from shardworker.core.wire import decode_outcome, encode_outcome, outcome_key
 
 # Records as the previous release wrote them: a failed attempt (version 2, its traceback inside
 # the error text) and a done one with a follow-up job (version 4).

@@ -9,7 +9,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from shardworker import binding, layout
+from shardworker.core import binding, layout
 from shardworker.errors import ShardworkerError
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from shardworker import followups
 from shardworker.child.followups import FollowUps
+from shardworker.core import followups
+from shardworker.core.model import ClaimedJob
 from shardworker.errors import EnqueueError
-from shardworker.model import ClaimedJob
 
 
 def add(run: FollowUps, kind: str = "k", **options: object) -> followups.FollowUp:

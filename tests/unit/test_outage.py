@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from shardworker.core.retry import Backoff, Outage, retry_call
 from shardworker.errors import DatabaseUnavailable, DataRejected, TransientConflict
-from shardworker.retry import Backoff, Outage, retry_call
 
 
 class Clock:

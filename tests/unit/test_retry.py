@@ -1,4 +1,4 @@
-"""Unit tests of the retry policy in ``shardworker.retry``: ``Backoff`` for database loops,
+"""Unit tests of the retry policy in ``shardworker.core.retry``: ``Backoff`` for database loops,
 ``job_retry_delay`` for failed jobs, and which errors ``is_retryable``."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import random
 
 import pytest
 
+from shardworker.core.retry import Backoff, is_retryable, job_retry_delay
 from shardworker.errors import DatabaseUnavailable, StoreError, TransientConflict
-from shardworker.retry import Backoff, is_retryable, job_retry_delay
 
 
 def test_backoff_first_delay_is_jittered_within_half_to_full_base() -> None:

@@ -1,4 +1,4 @@
-"""Unit tests of ``shardworker.routing``: ``shard_for`` against a pinned table, stable across
+"""Unit tests of ``shardworker.core.routing``: ``shard_for`` against a pinned table, stable across
 processes and hash seeds, spreading ids evenly."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from shardworker.routing import _mix64, shard_for
+from shardworker.core.routing import _mix64, shard_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -47,7 +47,7 @@ def test_shard_for_is_stable_in_another_process_with_another_hash_seed() -> None
     ids = [*range(500), 2**40 + 3, 2**63 - 1]
     code = textwrap.dedent(f"""
         import json
-        from shardworker.routing import shard_for
+        from shardworker.core.routing import shard_for
         print(json.dumps([shard_for(i, n) for i in {ids!r} for n in (1, 2, 7, 16)]))
     """)
     env = {**os.environ, "PYTHONHASHSEED": "12345"}

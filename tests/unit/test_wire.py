@@ -1,4 +1,4 @@
-"""Unit tests of the outcome record format in ``shardworker.wire``: round trips, garbage and
+"""Unit tests of the outcome record format in ``shardworker.core.wire``: round trips, garbage and
 earlier formats refused, the result's bytes kept verbatim, oversized outcomes."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from shardworker.core.model import Disposition, Outcome
+from shardworker.core.records import NEWEST_VERSION, decode_record
+from shardworker.core.wire import decode_outcome, encode_outcome, outcome_key
 from shardworker.errors import NewerRecord
-from shardworker.model import Disposition, Outcome
-from shardworker.records import NEWEST_VERSION, decode_record
-from shardworker.wire import decode_outcome, encode_outcome, outcome_key
 
 
 @pytest.mark.parametrize("outcome", [
@@ -72,8 +72,8 @@ def test_an_outcome_too_big_for_a_record_becomes_a_final_failure_saying_so() -> 
 def test_a_step_record_round_trips_and_its_key_reads_from_the_header() -> None:
     """encode_step then decode_record give the step back; step_key reads (id, attempt) from a
     step record only, and outcome_key refuses one (a step is never taken for an outcome)."""
-    from shardworker.model import StepRecord
-    from shardworker.wire import decode_record, encode_step, step_key
+    from shardworker.core.model import StepRecord
+    from shardworker.core.wire import decode_record, encode_step, step_key
 
     step = StepRecord(9, 3, "ocr ✓", b'{"pages":[1,2]}', 1700000000.5)
     record = encode_step(step)

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from shardworker import wire
 from shardworker.app import App
-from shardworker.config import WorkerConfig
-from shardworker.jobstats import JobCounts
-from shardworker.model import ClaimedJob
+from shardworker.core import wire
+from shardworker.core.config import WorkerConfig
+from shardworker.core.jobstats import JobCounts
+from shardworker.core.model import ClaimedJob
 from shardworker.store.pg_store import PgStore, StoreConfig
 from shardworker.worker.deaths import Death
 from shardworker.worker.dispatcher import Dispatcher

@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 
 from outbox import OutboxReader, ShardWriter
-from shardworker import wire
 from shardworker.child.committer import Committer
 from shardworker.child.handlers import run_sync
+from shardworker.core import wire
+from shardworker.core.limits import MAX_PAYLOAD_BYTES, MAX_RESULT_BYTES, MiB
+from shardworker.core.model import ApplyResult, ClaimedJob, Disposition, Outcome
 from shardworker.flusher.loop import Flusher
-from shardworker.limits import MAX_PAYLOAD_BYTES, MAX_RESULT_BYTES, MiB
-from shardworker.model import ApplyResult, ClaimedJob, Disposition, Outcome
 from shardworker.store.pg_store import PgStore, StoreConfig
 from tests.helpers import enqueue, execute, query, runs_per_job, start_worker, worker_config, worker_log
 

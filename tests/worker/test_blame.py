@@ -8,9 +8,9 @@ import signal
 import pytest
 
 from shardworker.app import App
-from shardworker.config import WorkerConfig
+from shardworker.core.config import WorkerConfig
+from shardworker.core.model import ClaimedJob, Job
 from shardworker.errors import ConfigError
-from shardworker.model import ClaimedJob, Job
 from shardworker.worker.blame import SHUTDOWN_TIMEOUT, Cause, judge, process_death
 
 

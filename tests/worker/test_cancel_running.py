@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from shardworker import jobs
-from shardworker.store.embedded import EmbeddedPostgres
+from shardworker.embedded import EmbeddedPostgres
 from tests.helpers import enqueue, exit_code, query, runs, start_worker, wait_for, worker_env, worker_log
 
 FAST = ("--backoff-cap", "0.2")

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardworker import wire
-from shardworker.model import ClaimedJob
+from shardworker.core import wire
+from shardworker.core.model import ClaimedJob
 from shardworker.worker.cancelling import Cancelling
 from shardworker.worker.child_handle import Sent
 

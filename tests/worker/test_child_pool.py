@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from shardworker import procs, wire
 from shardworker.app import App
 from shardworker.child.main import Progress, ShardRunner, open_writer
-from shardworker.model import ClaimedJob, Job
+from shardworker.core import procs, wire
+from shardworker.core.model import ClaimedJob, Job
 from shardworker.worker.child_handle import ChildHandle, Sent
 from shardworker.worker.pool import ChildPool
 from tests.helpers import child_config

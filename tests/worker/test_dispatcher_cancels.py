@@ -11,7 +11,7 @@ from pathlib import Path
 import psycopg
 
 from shardworker import jobs
-from shardworker.store.embedded import EmbeddedPostgres
+from shardworker.embedded import EmbeddedPostgres
 from shardworker.store.pg_store import PgStore, StoreConfig
 from shardworker.worker.dispatcher import LOOK_S
 from tests.flaky_store import FlakyStore

@@ -7,11 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from outbox import OutboxReader
-from shardworker import wire
+from shardworker.core import wire
+from shardworker.core.layout import PARENT_SHARD
+from shardworker.core.model import ClaimedJob, Disposition
+from shardworker.core.routing import shard_for
 from shardworker.errors import NotConnected, TransientConflict
-from shardworker.layout import PARENT_SHARD
-from shardworker.model import ClaimedJob, Disposition
-from shardworker.routing import shard_for
 from shardworker.worker.deaths import Death
 from tests.flaky_store import FlakyStore
 from tests.helpers import enqueue

@@ -1,7 +1,7 @@
 """No input of any size stops a worker (issue 41, 1). A retried job whose first attempt
 recorded five steps of 55 MB, and a merge after five results of 55 MB, each bring more than
 PostgreSQL can gather in one jsonb value (256 MB) and more than a run may be given
-(``shardworker.limits.MAX_JOB_INPUT_BYTES``): each fails for good, with the sizes on the
+(``shardworker.core.limits.MAX_JOB_INPUT_BYTES``): each fails for good, with the sizes on the
 job, and the quick jobs queued behind them all run. Before, the retry's claim failed and the
 worker exited 1 on every start."""
 
@@ -11,8 +11,8 @@ import signal
 from pathlib import Path
 
 from shardworker.client import JobSpec, enqueue_many
-from shardworker.limits import MAX_JOB_INPUT_BYTES
-from shardworker.store.embedded import EmbeddedPostgres
+from shardworker.core.limits import MAX_JOB_INPUT_BYTES
+from shardworker.embedded import EmbeddedPostgres
 from tests.helpers import exit_code, query, runs, start_worker, wait_for, worker_log
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-from shardworker.store.embedded import EmbeddedPostgres
+from shardworker.embedded import EmbeddedPostgres
 from tests.helpers import enqueue, exit_code, query, runs, start_worker, wait_for, worker_log
 
 

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 from outbox.segment import list_segments, parse, read_file, segment_name
-from shardworker.store.embedded import EmbeddedPostgres
-from shardworker.wire import outcome_key
+from shardworker.core.wire import outcome_key
+from shardworker.embedded import EmbeddedPostgres
 from tests.helpers import (
     enqueue,
     kill_worker_group,

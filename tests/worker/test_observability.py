@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from shardworker.embedded import EmbeddedPostgres
 from shardworker.errors import ConfigError
-from shardworker.store.embedded import EmbeddedPostgres
 from tests.conftest import free_port
 from tests.helpers import enqueue, runs_per_job, start_worker, status_counts, wait_for, worker_env, worker_log
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from shardworker import App
+from shardworker.core.schedule import Schedule
 from shardworker.errors import ConfigError
-from shardworker.schedule import Schedule
 from tests.helpers import exit_code, query, runs_per_job, start_worker
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)

@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from shardworker.schedule import Schedule
+from shardworker.core.schedule import Schedule
 from shardworker.store.pg_store import PgStore, StoreConfig
 from shardworker.worker.periodic import Scheduler
 from tests.helpers import execute, query

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
+from shardworker.core.retry import Backoff
+from shardworker.core.views import Rescued
 from shardworker.errors import DatabaseUnavailable, DataRejected
-from shardworker.retry import Backoff
 from shardworker.store.pg_store import PgStore, StoreConfig
-from shardworker.views import Rescued
 from shardworker.worker.heartbeat import Heartbeat
 from shardworker.worker.housekeeping import Housekeeper
 from shardworker.worker.rescuer import Rescuer

@@ -14,8 +14,8 @@ import psycopg
 from click.testing import CliRunner
 
 from shardworker.cli.main import main
-from shardworker.config import WorkerConfig
-from shardworker.retry import Backoff
+from shardworker.core.config import WorkerConfig
+from shardworker.core.retry import Backoff
 from shardworker.store.pg_store import PgStore, StoreConfig
 from shardworker.worker.housekeeping import Housekeeper, prune
 from tests.cli.test_project_dir import shardworker_script

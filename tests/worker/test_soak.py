@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from shardworker.store.embedded import EmbeddedPostgres
+from shardworker.embedded import EmbeddedPostgres
 from tests.faults.test_faults import FAST, _worker_processes
 from tests.helpers import enqueue, kill_worker_group, query, runs, start_worker, status_counts, wait_for, worker_log
 

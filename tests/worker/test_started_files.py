@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from shardworker import layout
 from shardworker.child.progress import ProgressFile
+from shardworker.core import layout
 from shardworker.worker import started
 
 

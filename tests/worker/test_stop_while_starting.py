@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from shardworker.cli.main import main as cli
-from shardworker.store.embedded import EmbeddedPostgres
+from shardworker.embedded import EmbeddedPostgres
 from tests.cli.test_project_dir import shardworker_script
 from tests.helpers import STARTED, enqueue, query, start_worker, wait_for, worker_log
 
@@ -118,8 +118,8 @@ def test_sigterm_while_the_start_waits_out_an_outage_exits_0(private_pg: Embedde
 def test_a_stop_does_not_hide_a_start_error_that_is_no_outage(empty_dsn: str, tmp_path: Path) -> None:
     """Only an outage being waited out ends quietly on a stop; an error a retry would not cure
     (here the schema missing: `shardworker migrate` never ran) is still raised, stop or not."""
+    from shardworker.core.retry import Backoff
     from shardworker.errors import SchemaMissing
-    from shardworker.retry import Backoff
     from shardworker.store.pg_store import PgStore, StoreConfig
     from shardworker.worker.startup import Startup
     from tests.helpers import worker_config

@@ -9,8 +9,8 @@ import logging
 
 import pytest
 
+from shardworker.core.views import Serving
 from shardworker.store.pg_store import PgStore, StoreConfig
-from shardworker.views import Serving
 from shardworker.worker.unserved import UnservedWatch
 from tests.helpers import enqueue, execute
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from shardworker.client import JobSpec, enqueue_many
-from shardworker.store.embedded import EmbeddedPostgres
+from shardworker.embedded import EmbeddedPostgres
 from tests.helpers import exit_code, kill_worker_group, query, start_worker, wait_for, worker_log
 from tests.worker.workflow_ledger import assert_workflows_once, ledger, open_runs
 

@@ -44,7 +44,7 @@ FOR UPDATE;
 -- their running jobs, and the whole tokens of their rate bucket (refilled at rate_limit
 -- per rate_period_s, holding at most a twentieth of rate_limit, at least one, and half a
 -- token more: a claim that comes a little after a token fell due loses no time, and the
--- whole tokens stay the burst; see shardworker.flow). Paused queues are skipped. A limited kind or queue is
+-- whole tokens stay the burst; see shardworker.core.flow). Paused queues are skipped. A limited kind or queue is
 -- read apart from the rest, so jobs that cannot start never crowd out jobs that can.
 -- (NOT IN over a subquery, never <> ALL(ARRAY(...)): the planner reads the array as a
 -- filter that keeps one row, and sorts the whole queue instead of walking jobs_claim_idx.)
@@ -284,7 +284,7 @@ WHERE (k.global_concurrency, k.rate_limit, k.rate_period_s)
 -- re-applied after a later one is then stale.)
 -- Returns the rows applied; an outcome missing from the result was applied before (a
 -- replay), its attempt lost its lease (stale), or its job does not exist: see job_classify.
--- disposition (shardworker.model.Disposition): 'done'; 'retry' (queued again after
+-- disposition (shardworker.core.model.Disposition): 'done'; 'retry' (queued again after
 -- delay_s while attempts remain, else failed); 'failed' (for good: max_attempts becomes the
 -- attempts it used); 'snoozed' (queued again after delay_s; snoozes grows by one, so no
 -- attempt is used: attempts used are attempt - snoozes); 'cancelled'. Jobs that reach an end (done, failed, cancelled) are
@@ -295,7 +295,7 @@ WHERE (k.global_concurrency, k.rate_limit, k.rate_period_s)
 -- batch then commits in the same round trip, and the caller applies those outcomes again
 -- with `settles`, in a transaction that settles their dependents.
 -- A failed attempt (retry, failed) is added to errors, the job's history of its last
--- failures (migration 0012; how many: shardworker.limits.ERRORS_KEPT), with its traceback
+-- failures (migration 0012; how many: shardworker.core.limits.ERRORS_KEPT), with its traceback
 -- and when it failed (NaN: unknown, then now()); last_error holds its message and
 -- traceback as one text.
 -- With mark_outbox, the outbox's mark is checked (the database must hold mark_expect, else

@@ -13,9 +13,8 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from outbox import Keep
-from shardworker.errors import ConfigError
-from shardworker.layout import PARENT_SHARD
-from shardworker.limits import (
+from shardworker.core.layout import PARENT_SHARD
+from shardworker.core.limits import (
     MAX_QUEUE_BYTES,
     MAX_WORKER_ID_BYTES,
     MiB,
@@ -23,6 +22,7 @@ from shardworker.limits import (
     too_long,
     unservable_queue_name,
 )
+from shardworker.errors import ConfigError
 
 # Failed and cancelled jobs are kept longer than done ones: someone may still look at why.
 FAILED_RETENTION_S = 30 * 86400.0
@@ -113,7 +113,7 @@ class WorkerConfig:
     queues: tuple[str, ...] | None = None
     worker_id: str | None = None
     exit_when_idle: bool = False
-    # Bounds in count and bytes at every stage: see shardworker/limits.py for all of them.
+    # Bounds in count and bytes at every stage: see shardworker/core/limits.py for all of them.
     claim_batch: int = 500
     claim_bytes: int = 16 * MiB  # payload bytes per claim (one bigger job comes alone)
     # Handlers in flight per child for async def and threads=True kinds (plain sync
@@ -235,7 +235,7 @@ class WorkerConfig:
                 raise ConfigError(f"{name} {why} (got {getattr(self, name)!r})")
         if self.queues is not None and not all(self.queues):
             raise ConfigError("queues must be non-empty names")
-        # Names the database indexes (shardworker.limits): refused here, not at the first claim.
+        # Names the database indexes (shardworker.core.limits): refused here, not at the first claim.
         sized = [("queue", q, MAX_QUEUE_BYTES) for q in self.queues or ()]
         if self.worker_id is not None:
             sized.append(("worker_id", self.worker_id, MAX_WORKER_ID_BYTES))

@@ -11,7 +11,7 @@ import stat
 import struct
 from pathlib import Path
 
-from shardworker.store.embedded_programs import PG_SYSTEM_USER, EmbeddedPostgresError
+from shardworker.embedded.programs import PG_SYSTEM_USER, EmbeddedPostgresError
 
 
 def ensure_traversable(path: Path, owner: pwd.struct_passwd) -> None:

@@ -2,7 +2,7 @@
 
 The outcome record (``encode_outcome`` / ``decode_outcome``): a fixed header, then the
 result's JSON bytes exactly as the child encoded them, then the error text, then (versions 4
-to 6) the follow-up jobs the handler enqueued (``shardworker.followups``, JSON), then
+to 6) the follow-up jobs the handler enqueued (``shardworker.core.followups``, JSON), then
 (versions 5, 6) a failed attempt's traceback::
 
     u8 version (2, 4, 5 or 6) | i64 job id | i32 attempt | u8 code | f64 retry delay
@@ -38,8 +38,8 @@ import struct
 from dataclasses import replace
 
 from outbox import MAX_RECORD_BYTES
+from shardworker.core.model import Disposition, Outcome, StepRecord
 from shardworker.errors import NewerRecord
-from shardworker.model import Disposition, Outcome, StepRecord
 
 JobKey = tuple[int, int]  # (job id, attempt)
 CancelKey = tuple[int, int | None]  # a cancel's (job id, attempt); None: every attempt (an older release's cancel)

@@ -65,9 +65,9 @@ def dashboard(host: str, port: int, token: str | None, dsn: str | None, outbox_d
                      "(or SHARDWORKER_DASHBOARD_TOKEN), or bind 127.0.0.1")
     import uvicorn
 
+    from shardworker.core.dsn import redact_dsn
     from shardworker.dashboard.app import create_app
     from shardworker.dashboard.security import keep_action_token
-    from shardworker.dsn import redact_dsn
 
     dsn = resolve_dsn(dsn)
     action_token, token_file = keep_action_token(outbox_dir) if not token else (None, "")

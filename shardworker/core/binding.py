@@ -17,8 +17,8 @@ from typing import Protocol
 import orjson
 
 from outbox.fsutil import atomic_write, read_small
+from shardworker.core.layout import DATABASE_FILE
 from shardworker.errors import ShardworkerError
-from shardworker.layout import DATABASE_FILE
 
 
 class WrongDatabase(ShardworkerError):

@@ -18,8 +18,8 @@ the binaries that it could not search gets a POSIX ACL entry letting that one us
 it (never ``o+x``, which would open, say, ``/root`` to everyone).
 
 This module drives ``initdb`` and ``pg_ctl`` and never imports psycopg. Its helpers:
-``embedded_programs`` (finding and running the binaries, the server's user, the errors),
-``embedded_access`` (the ACLs above) and ``embedded_state`` (the pid file, ports, state files).
+``programs`` (finding and running the binaries, the server's user, the errors), ``access``
+(the ACLs above) and ``state`` (the pid file, ports, state files).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote
 
-from shardworker.store.embedded_access import chown_tree, ensure_traversable
-from shardworker.store.embedded_programs import (
+from shardworker.embedded.access import chown_tree, ensure_traversable
+from shardworker.embedded.programs import (
     EmbeddedNotRunning,
     EmbeddedPostgresError,
     PostgresBinariesNotFound,
@@ -45,7 +45,7 @@ from shardworker.store.embedded_programs import (
     run_program,
     server_user,
 )
-from shardworker.store.embedded_state import (
+from shardworker.embedded.state import (
     free_port,
     is_postgres_process,
     port_is_free,
@@ -197,7 +197,7 @@ class EmbeddedPostgres:
             sockets = ""  # too long for a unix socket path: TCP only, which is all the DSN uses
         path = self.datadir / "shardworker.conf"
         path.write_text(
-            "# Written by shardworker.store.embedded on every start; edits here are lost.\n"
+            "# Written by shardworker.embedded on every start; edits here are lost.\n"
             f"port = {self._port}\n"
             "listen_addresses = '127.0.0.1'\n"
             f"unix_socket_directories = '{_conf_quote(sockets)}'\n"
@@ -207,7 +207,7 @@ class EmbeddedPostgres:
         )
         hba = self.datadir / "pg_hba.conf"
         hba.write_text(
-            "# Written by shardworker.store.embedded on every start; edits here are lost.\n"
+            "# Written by shardworker.embedded on every start; edits here are lost.\n"
             "# The socket's directory is 0700: only the server's own user reaches it.\n"
             "local all all trust\n"
             "host all all 127.0.0.1/32 scram-sha-256\n"

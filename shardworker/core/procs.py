@@ -25,9 +25,9 @@ from typing import Any, TypeVar
 
 import multiprocess
 
-from shardworker import logs
+from shardworker.core import logs
+from shardworker.core.retry import Backoff
 from shardworker.errors import CrashLoop
-from shardworker.retry import Backoff
 
 log = logging.getLogger(__name__)
 

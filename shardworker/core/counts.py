@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from shardworker.views import BacklogRow, UnservedKind
+from shardworker.core.views import BacklogRow, UnservedKind
 
 UNFINISHED = ("available", "scheduled", "prefetched", "running")
 FINISHED = ("done", "failed", "cancelled")

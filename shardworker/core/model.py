@@ -1,8 +1,8 @@
 """Domain values that cross process boundaries: plain, frozen, picklable.
 
 ``Job`` is what a handler receives. ``Outcome`` is what a child writes to its outbox and
-the flusher applies (its record form lives in ``shardworker.wire``), ``StepRecord`` what
-``job.step`` records. What the store reads back for operators is in ``shardworker.views``.
+the flusher applies (its record form lives in ``shardworker.core.wire``), ``StepRecord`` what
+``job.step`` records. What the store reads back for operators is in ``shardworker.core.views``.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class Job:
     _steps: Any = field(default=None, repr=False, compare=False)
     # {job id: result} of the jobs this one waited on (after=); empty when it waited on none.
     dependencies: dict[int, Any] = field(default_factory=dict, repr=False, compare=False)
-    _followups: Any = field(default=None, repr=False, compare=False)  # shardworker.followups.FollowUps
+    _followups: Any = field(default=None, repr=False, compare=False)  # shardworker.core.followups.FollowUps
     # Runs of this job that used no attempt (snoozed): attempts used are attempt - snoozes.
     snoozes: int = 0
     _cancel: Any = field(default=None, repr=False, compare=False)  # a cancels.Flag an operator's cancel sets
@@ -102,7 +102,7 @@ class Job:
                 delay_s: float = 0.0, max_attempts: int = 25, dedupe_key: str | None = None,
                 after: Any = ()) -> Any:
         """Enqueue a follow-up job, inserted only if this job's outcome is applied as done, in
-        the same transaction, exactly once (``shardworker.followups``); returns its handle, which
+        the same transaction, exactly once (``shardworker.core.followups``); returns its handle, which
         ``after=`` of a later ``job.enqueue`` takes, as it takes job ids."""
         if self._followups is None:
             raise RuntimeError("job.enqueue works inside a worker's handler only (this Job was made by hand)")
@@ -148,7 +148,7 @@ class ClaimedJob:
 
     def to_job(self, steps: Any = None, followups: Any = None, cancel: Any = None) -> Job:
         """The handler's view; ``steps`` runs its ``job.step`` calls (``shardworker.child.steps``),
-        ``followups`` keeps its ``job.enqueue`` calls (``shardworker.followups``), ``cancel``
+        ``followups`` keeps its ``job.enqueue`` calls (``shardworker.core.followups``), ``cancel``
         (its ``cancels.Flag``) tells ``job.cancelled``."""
         dependencies = {} if self.dependencies_json is None else {
             int(key): value for key, value in loads_exact(self.dependencies_json).items()}
@@ -192,7 +192,7 @@ class Outcome:
     result_json: bytes | None = None
     error: str | None = None
     delay_s: float = 0.0
-    followups_json: bytes | None = None  # a done attempt's follow-up jobs (shardworker.followups)
+    followups_json: bytes | None = None  # a done attempt's follow-up jobs (shardworker.core.followups)
     traceback: str | None = None  # a failed attempt's traceback
     failed_at: float | None = None  # when a failed attempt failed (Unix s); None: when it is applied
     uid: int | None = None  # the job's uid and the claim's token it ran under (ClaimedJob); None: not checked
@@ -247,7 +247,7 @@ class Outcome:
 class StepRecord:
     """A step's result as a child recorded it: the result's JSON text in UTF-8 bytes, as
     encoded, and when it was recorded (Unix seconds, the child's clock). Its outbox form is
-    in ``shardworker.wire``."""
+    in ``shardworker.core.wire``."""
 
     job_id: int
     attempt: int

@@ -8,7 +8,7 @@ Pipe messages between the parent and a child are frozen dataclasses; ``encode`` 
 
 ``Jobs`` gives each job the progress slot the child marks when it starts it; ``Done`` names
 jobs whose outcomes are durable, by (id, attempt), with counts for the metrics
-(``shardworker.jobstats.summarize``); ``Recall`` asks a child for the jobs not started, and
+(``shardworker.core.jobstats.summarize``); ``Recall`` asks a child for the jobs not started, and
 ``Returned`` names them (never to start there: the parent may send them elsewhere);
 ``Stopped`` lists those a stopping child never started; ``Fatal`` is a child's last error
 (``at_start``: a startup hook's, before it took any job).
@@ -17,7 +17,7 @@ On the pipe each message is a frame: a 4-byte big-endian length, then the bytes.
 queues frames on a non-blocking descriptor (the parent never waits on a child that does not
 read), ``InFrames`` takes them as they arrive, ``read_frame``/``write_frame`` are the child's side.
 
-The outbox records (outcomes and steps) are encoded in ``shardworker.records``, re-exported here.
+The outbox records (outcomes and steps) are encoded in ``shardworker.core.records``, re-exported here.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import orjson
 
-from shardworker.model import ClaimedJob
-from shardworker.records import (  # noqa: F401 (re-exported: the records are part of the wire)
+from shardworker.core.model import ClaimedJob
+from shardworker.core.records import (  # noqa: F401 (re-exported: the records are part of the wire)
     CancelKey,
     JobKey,
     decode_outcome,

@@ -91,7 +91,7 @@ def too_long(field: str, value: str, limit: int) -> str | None:
     if size <= limit:
         return None
     return (f"{field} is {size} bytes of UTF-8, the limit is {limit} "
-            "(shardworker.limits: the database indexes it)")
+            "(shardworker.core.limits: the database indexes it)")
 
 
 def not_storable_text(field: str, value: str) -> str | None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
-from shardworker.flow import Rate
+from shardworker.core.flow import Rate
 
 
 class Beat(NamedTuple):

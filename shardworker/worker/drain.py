@@ -1,16 +1,16 @@
 """``outbox drain``: apply every pending outcome of an outbox directory, then stop.
 
 It refuses while a worker (or another drain) holds the directory, refuses a database the
-outbox does not belong to (``shardworker.binding``), waits out an unreachable database up
+outbox does not belong to (``shardworker.core.binding``), waits out an unreachable database up
 to a timeout, and works on a directory copied from a dead host: shards without a live
 writer are recovered (torn tails cut, segments sealed) and read. While it drains it
 heartbeats for the worker whose outbox this is, so no peer rescues (and re-runs) jobs whose
 outcomes it is applying; like a worker, it first makes sure no live worker uses that id.
-Once every outcome is applied, it gives back (uncharged) the jobs the owner's last stop
-could not give back (``shardworker.worker.giveback``), then, of the ones the owner was
-running with no outcome, gives back uncharged those its children never started (their
-progress files: ``shardworker.worker.started``) and requeues the rest, charged an attempt, as
-the next start would; then its heartbeat row goes.
+Once every outcome is applied, it settles what the owner's last run left, as the owner's
+next start would (``shardworker.worker.recovery``: the jobs its stop could not give back,
+then its running jobs with no outcome); then its heartbeat row goes. It is a worker's
+start without children and without claims, so it lives with the worker and drives the
+flusher's loop (``shardworker.flusher``) in this process.
 """
 
 from __future__ import annotations
@@ -20,21 +20,24 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 from outbox import OutboxLocked
 from outbox import status as outbox_status
 from outbox.fsutil import is_locked
-from shardworker import binding, layout
-from shardworker.config import StoreConfig, WorkerConfig
+from shardworker.core import binding, layout
+from shardworker.core.config import StoreConfig, WorkerConfig
+from shardworker.core.retry import Backoff, retry_call
 from shardworker.errors import DrainTimeout, OutboxBusy, StoreError
 from shardworker.flusher.loop import Flusher, FlushStats
 from shardworker.flusher.process import marks_for, open_reader
-from shardworker.retry import Backoff, retry_call
 from shardworker.store.pg_store import PgStore
-from shardworker.worker import giveback, identity, started
+from shardworker.worker import identity, recovery, started
 from shardworker.worker.heartbeat import Heartbeat
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 ORPHANED = "worker stopped while the job was running (requeued by outbox drain)"
 HEARTBEAT_INTERVAL_S = 2.0  # a worker's default (WorkerConfig.heartbeat_interval_s): what a peer expects
@@ -74,9 +77,13 @@ def drain(outbox_dir: str, dsn: str, *, timeout_s: float, backoff_cap_s: float =
             if reapply:
                 _rewind(flusher, from_start, backoff, deadline, sleep)
             stats = _drain_loop(flusher, outbox_dir, deadline, progress, heartbeat)
-            _give_back(outbox_dir, store, backoff, deadline, sleep)
+
+            def retry(call: Callable[[], T], what: str) -> T:
+                return retry_call(call, what, backoff=backoff, log=log, deadline=deadline, sleep=sleep)
+
+            _give_back(outbox_dir, store, retry)
             if heartbeat is not None:
-                _requeue_orphans(outbox_dir, store, heartbeat, backoff, deadline, sleep)
+                _requeue_orphans(outbox_dir, store, heartbeat, retry)
             return stats
         finally:
             if heartbeat is not None:
@@ -98,42 +105,30 @@ def _rewind(flusher: Flusher, from_start: bool, backoff: Backoff, deadline: floa
     flusher.check_wanted = False
 
 
-def _give_back(outbox_dir: str, store: PgStore, backoff: Backoff, deadline: float,
-               sleep: Callable[[float], None]) -> None:
-    """Give back, uncharged, the jobs the owner's last stop kept in ``giveback.json``: now
-    that every outcome is applied, as a worker's start would (``shardworker.worker.giveback``)."""
+def _give_back(outbox_dir: str, store: PgStore, retry: recovery.Retry) -> None:
+    """The owner's last stop kept jobs in ``giveback.json``: give them back now that every
+    outcome is applied; a database that stays away fails the drain, saying what is left."""
     try:
-        retry_call(lambda: giveback.release_saved(outbox_dir, store), "giving back jobs left unstarted at the "
-                   "last stop", backoff=backoff, log=log, deadline=deadline, sleep=sleep)
+        recovery.give_back_saved(outbox_dir, store, retry)
     except StoreError as exc:
         jobs, claims = layout.count_giveback(outbox_dir)
         raise DrainTimeout(f"every outcome was applied, but {jobs} unstarted jobs and {claims} lost claims kept in "
                            f"{layout.GIVEBACK_FILE} could not be given back ({exc}); run drain again") from exc
 
 
-def _requeue_orphans(outbox_dir: str, store: PgStore, heartbeat: Heartbeat, backoff: Backoff, deadline: float,
-                     sleep: Callable[[float], None]) -> None:
+def _requeue_orphans(outbox_dir: str, store: PgStore, heartbeat: Heartbeat, retry: recovery.Retry) -> None:
     """Every outcome applied: the owner's jobs still running have no outcome anywhere, so their
-    handlers never finished; requeue them (the lost run counts as an attempt) as the owner's
-    next start would, so its row can go when the drain ends. Not while a process still writes
-    a shard here (a child of a worker that died a moment ago) or another worker took the id:
-    then the row stays, naming no process, for that start or the rescuer."""
+    handlers never finished; settle them as the owner's next start would, so its row can go
+    when the drain ends. Not while a process still writes a shard here (a child of a worker
+    that died a moment ago) or another worker took the id: then the row stays, naming no
+    process, for that start or the rescuer."""
     if heartbeat.conflict is not None or any(is_locked(p) for p in layout.shard_lock_names(outbox_dir)):
         return
-    worker_id, found = heartbeat.worker_id, started.previous(outbox_dir)  # None: not known, every one is charged
+    worker_id = heartbeat.worker_id
     try:
-        released = 0 if found is None else retry_call(
-            lambda: store.release_unstarted(worker_id, found), "giving back jobs the worker's children never started",
-            backoff=backoff, log=log, deadline=deadline, sleep=sleep)
-        requeued = retry_call(lambda: store.requeue_orphans(worker_id, ORPHANED),
-                              "requeueing jobs the worker was running when it stopped", backoff=backoff, log=log,
-                              deadline=deadline, sleep=sleep)
+        recovery.settle_orphans(outbox_dir, store, retry, worker_id, started.previous(outbox_dir), ORPHANED)
     except StoreError as exc:
         log.warning("could not requeue the jobs worker %s was running (%s); the rescuer will", worker_id, exc)
-        return
-    if released or requeued:
-        log.info("of the jobs worker %s held when it stopped, %d never started, given back uncharged, and %d had "
-                 "started: requeued, charged an attempt", worker_id, released, len(requeued))
 
 
 def _release(store: PgStore, heartbeat: Heartbeat) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable
 
-from shardworker.model import ClaimedJob, Disposition, Outcome
+from shardworker.core.model import ClaimedJob, Disposition, Outcome
 
 OUTCOMES = ("done", "failed", "retried", "snoozed", "cancelled")
 # Handler seconds: Prometheus' default buckets, and two more for slow jobs.
