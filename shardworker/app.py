@@ -57,9 +57,10 @@ from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import Any
 
-from shardworker.control import MAX_DELAY_S
 from shardworker.core.flow import Rate, parse_rate
 from shardworker.core.limits import (
+    DEFAULT_MAX_ATTEMPTS,
+    MAX_DELAY_S,
     MAX_KIND_BYTES,
     MAX_PERIODIC_NAME_BYTES,
     MAX_QUEUE_BYTES,
@@ -144,7 +145,7 @@ class App:
         return _add_hook(self.failure_hooks, "on_failure", fn)
 
     def periodic(self, cron: str, *, kind: str, payload: Any = None, name: str | None = None,
-                 queue: str = "default", priority: int = 0, max_attempts: int = 25, tz: str = "UTC",
+                 queue: str = "default", priority: int = 0, max_attempts: int = DEFAULT_MAX_ATTEMPTS, tz: str = "UTC",
                  catch_up: int = DEFAULT_CATCH_UP, **handler_options: Any) -> Callable[[Handler], Handler]:
         """Enqueue a ``kind`` job with ``payload`` at every tick of ``cron`` (see
         ``shardworker.periodic``). Registered at once; used as a decorator it also registers

@@ -21,7 +21,9 @@ import orjson
 
 from shardworker.core.followups import DependentRow, check_after
 from shardworker.core.limits import (
+    DEFAULT_MAX_ATTEMPTS,
     MAX_DEDUPE_KEY_BYTES,
+    MAX_DELAY_S,
     MAX_KIND_BYTES,
     MAX_PAYLOAD_BYTES,
     MAX_QUEUE_BYTES,
@@ -32,10 +34,8 @@ from shardworker.core.limits import (
 from shardworker.core.model import has_non_finite
 from shardworker.errors import EnqueueError
 
-DEFAULT_MAX_ATTEMPTS = 25
 _INT32 = (-(2**31), 2**31 - 1)
 # make_interval(secs => ...) takes a float8; past ~290,000 years timestamptz overflows anyway.
-_MAX_DELAY_S = 100 * 365.25 * 86400  # 100 years
 # Handlers read payloads with orjson, which turns integers outside these bounds into floats.
 _INT_RANGE = (-(2**63), 2**64 - 1)
 BEYOND_64_BITS = ("payload holds an integer beyond 64 bits, which a handler would receive changed; "
@@ -210,8 +210,8 @@ def _one_job(kind: str, payload: Any, queue: str, priority: int, max_attempts: i
 
 def check_delay(delay_s: Any) -> float:
     """A delay in seconds, checked."""
-    if not isinstance(delay_s, int | float) or isinstance(delay_s, bool) or not 0 <= delay_s < _MAX_DELAY_S:
-        raise EnqueueError(f"delay must be a number of seconds from 0 to {_MAX_DELAY_S:.0f}, got {delay_s!r}")
+    if not isinstance(delay_s, int | float) or isinstance(delay_s, bool) or not 0 <= delay_s < MAX_DELAY_S:
+        raise EnqueueError(f"delay must be a number of seconds from 0 to {MAX_DELAY_S:.0f}, got {delay_s!r}")
     return float(delay_s)
 
 

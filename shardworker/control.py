@@ -25,10 +25,8 @@ from __future__ import annotations
 
 import math
 
+from shardworker.core.limits import MAX_DELAY_S  # a century: far past any sane delay
 from shardworker.errors import ConfigError
-
-# PostgreSQL's make_interval takes a float8 of seconds; a century is far past any sane delay.
-MAX_DELAY_S = 100 * 365.25 * 86400
 
 
 def _delay(name: str, delay_s: float) -> float:

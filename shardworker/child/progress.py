@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from outbox.fsutil import FILE_MODE, NOFOLLOW
+from outbox import FILE_MODE, NOFOLLOW
 
 SLOT_BYTES = 8  # each field a native int64
 

@@ -19,6 +19,7 @@ import click
 from outbox import OutboxError
 from shardworker.core import logs
 from shardworker.core.config import WorkerConfig
+from shardworker.core.limits import MAX_DELAY_S
 from shardworker.errors import ShardworkerError
 
 dsn_option = click.option("--dsn", envvar="SHARDWORKER_DSN", default=None,
@@ -36,7 +37,7 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 # its waits (threading.TIMEOUT_MAX, about 292 years), PostgreSQL's intervals and now()
 # minus it (timestamptz starts at 4713 BC).
 JOB_ID = click.IntRange(min=1, max=2**63 - 1)  # a job id: a bigint, positive (a usage error, not the database's)
-MAX_DURATION_S = 100 * 365.25 * 86400
+MAX_DURATION_S = MAX_DELAY_S
 TOO_LONG = "is beyond the longest duration, 100 years (36525d)"
 MAX_PG_TIMEOUT_S = 2_147_483  # statement_timeout: milliseconds in a C int
 MAX_NETWORK_TIMEOUT_S = 65_534  # keepalives idle at half of it: Linux takes up to 32767 s

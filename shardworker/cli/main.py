@@ -22,6 +22,7 @@ from shardworker.cli.common import (
     resolve_dsn,
 )
 from shardworker.core import logs
+from shardworker.core.limits import DEFAULT_MAX_ATTEMPTS, MAX_DELAY_S
 
 log = logging.getLogger("shardworker")
 
@@ -102,8 +103,8 @@ def migrate(print_sql: bool, after: int, bare: bool, dsn: str | None) -> None:
                    "--queue, --priority, --max-attempts and --delay fill fields a line leaves out.")
 @click.option("--queue", type=UTF8, default="default", show_default=True, help="Queue name.")
 @click.option("--priority", type=int, default=0, show_default=True, help="Smaller runs first.")
-@click.option("--max-attempts", type=click.IntRange(min=1), default=25, show_default=True, help="Attempts allowed.")
-@click.option("--delay", type=click.FloatRange(min=0, max=100 * 365.25 * 86400), default=0.0, show_default=True,
+@click.option("--max-attempts", type=click.IntRange(min=1), default=DEFAULT_MAX_ATTEMPTS, show_default=True, help="Attempts allowed.")
+@click.option("--delay", type=click.FloatRange(min=0, max=MAX_DELAY_S), default=0.0, show_default=True,
               callback=lambda _ctx, _param, value: _finite(value, "--delay"), help="Seconds before the job may run.")
 @click.option("--dedupe-key", type=UTF8, default=None, help="Skip when a live job holds this key.")
 @click.option("--after", default=None, callback=lambda _ctx, _param, value: _ids(value),

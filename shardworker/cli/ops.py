@@ -11,6 +11,7 @@ import click
 import orjson
 
 from shardworker.cli.common import EMBEDDED_BASE, Duration, dsn_option, json_option, note, one_line_errors, resolve_dsn
+from shardworker.core.limits import SILENT_AFTER_S
 from shardworker.core.views import in_utc, json_value
 
 
@@ -70,7 +71,7 @@ def _ago(seconds: float) -> str:
 
 @click.command()
 @click.option("--all", "show_all", is_flag=True, help="Also workers silent for longer than --silent-after.")
-@click.option("--silent-after", type=Duration(), default="60s", show_default=True,
+@click.option("--silent-after", type=Duration(), default=f"{SILENT_AFTER_S:.0f}s", show_default=True,
               help="A worker whose last heartbeat is older than this is not live.")
 @json_option
 @dsn_option

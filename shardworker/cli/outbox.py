@@ -34,8 +34,8 @@ def outbox() -> None:
 @one_line_errors
 def status(outbox_dir: str, as_json: bool) -> None:
     """Pending outcomes per shard, bytes, oldest age; works with the database down."""
+    from outbox import is_locked
     from outbox import status as outbox_status
-    from outbox.fsutil import is_locked
     from shardworker.core import layout
     from shardworker.errors import ShardworkerError
 
@@ -204,8 +204,8 @@ def reapply(outbox_dir: str, dry_run: bool, from_start: bool, timeout: float, as
     the worker stopped (a running worker does this by itself when it finds the database older)."""
     from shardworker.core import layout
     from shardworker.errors import ShardworkerError
-    from shardworker.worker.drain import drain as drain_outbox
     from shardworker.flusher.reapply import preview
+    from shardworker.worker.drain import drain as drain_outbox
 
     if not layout.holds_an_outbox(outbox_dir):
         raise ShardworkerError(f"no outbox at {outbox_dir}: nothing to re-apply (give the --outbox-dir a worker used)")

@@ -16,7 +16,7 @@ from typing import Protocol
 
 import orjson
 
-from outbox.fsutil import atomic_write, read_small
+from outbox import atomic_write, read_small
 from shardworker.core.layout import DATABASE_FILE
 from shardworker.errors import ShardworkerError
 

@@ -26,7 +26,7 @@ The ``outbox`` package owns its segments, shard locks, ``flusher.lock``, the che
                      trusted), kept until its recovery has charged them
 
 Everything that opens, locks or counts one of these names comes through here, and opens
-nothing through a symlink (the directory itself is checked by ``outbox.fsutil.ensure_dir``:
+nothing through a symlink (the directory itself is checked by ``outbox.ensure_dir``:
 owned by this user, no symlink).
 """
 
@@ -38,11 +38,19 @@ import uuid
 
 import orjson
 
-from outbox.checkpoint import CHECKPOINT_NAME
-from outbox.fsutil import NOFOLLOW, atomic_write, ensure_dir, fsync_dir, read_small, try_lock
-from outbox.reader import FLUSHER_LOCK
-from outbox.recovery import QUARANTINE_DIR, TORN_DIR
-from outbox.wake import WAKE_SOCKET
+from outbox import (
+    CHECKPOINT_NAME,
+    FLUSHER_LOCK,
+    NOFOLLOW,
+    QUARANTINE_DIR,
+    TORN_DIR,
+    WAKE_SOCKET,
+    atomic_write,
+    ensure_dir,
+    fsync_dir,
+    read_small,
+    try_lock,
+)
 from shardworker.errors import OutboxBusy, ShardworkerError
 
 WORKER_LOCK = "worker.lock"

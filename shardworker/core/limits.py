@@ -1,4 +1,6 @@
-"""Every bound on what a worker holds in memory, in one place.
+"""The fixed bounds on what a job carries and a worker holds, the budgets that bound the
+rest (their numbers live in ``shardworker.core.config``), and the times and defaults that
+several floors share, each written once here.
 
 Fixed limits (the same for every worker):
 
@@ -81,6 +83,13 @@ MAX_QUEUE_BYTES = 255
 MAX_DEDUPE_KEY_BYTES = 1024
 MAX_WORKER_ID_BYTES = 255
 MAX_PERIODIC_NAME_BYTES = 255
+
+# Shared by the API, the commands and the store.
+MAX_DELAY_S = 100 * 365.25 * 86400  # the longest delay, snooze or duration accepted: 100 years (36525d)
+DEFAULT_MAX_ATTEMPTS = 25  # a job's attempts when its enqueue, handler or schedule names none
+# A worker whose last heartbeat is older is not counted live (30 missed beats of 2 s): by
+# `shardworker workers`, doctor, the dashboard and the backlog of kinds no live worker handles.
+SILENT_AFTER_S = 60.0
 
 
 def too_long(field: str, value: str, limit: int) -> str | None:

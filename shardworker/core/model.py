@@ -16,6 +16,8 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from shardworker.core.limits import DEFAULT_MAX_ATTEMPTS
+
 # orjson reads an integer beyond 64 bits as a float. |i| < 10**18 fits whatever reads it, so
 # only JSON text with a run of 19 digits is read again, exactly, by the standard library.
 _LONG_DIGITS = re.compile(r"\d{19}")
@@ -99,7 +101,7 @@ class Job:
         return self._steps.run(name, fn, args, kwargs)
 
     def enqueue(self, kind: str, payload: Any = None, *, queue: str = "default", priority: int = 0,
-                delay_s: float = 0.0, max_attempts: int = 25, dedupe_key: str | None = None,
+                delay_s: float = 0.0, max_attempts: int = DEFAULT_MAX_ATTEMPTS, dedupe_key: str | None = None,
                 after: Any = ()) -> Any:
         """Enqueue a follow-up job, inserted only if this job's outcome is applied as done, in
         the same transaction, exactly once (``shardworker.core.followups``); returns its handle, which

@@ -16,6 +16,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import orjson
 
+from shardworker.core.limits import DEFAULT_MAX_ATTEMPTS
 from shardworker.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ class Schedule:
     name: str = ""  # defaults to the kind
     queue: str = "default"
     priority: int = 0
-    max_attempts: int = 25
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
     tz: str = "UTC"
     catch_up: int = DEFAULT_CATCH_UP
     zone: ZoneInfo = field(init=False, repr=False, compare=False)

@@ -31,7 +31,7 @@ from starlette.requests import HTTPConnection, Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp
 
-from outbox import fsutil
+from outbox import atomic_write, ensure_dir, read_small
 
 REALM = 'Basic realm="shardworker dashboard", charset="UTF-8"'
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
@@ -67,16 +67,16 @@ def keep_action_token(outbox_dir: str) -> tuple[str, str]:
     the file that keeps it: ``dashboard-token`` in ``outbox_dir`` (made 0700 if missing, and
     refused, ``OutboxUntrusted``, when another account owns it or may write to it), 0600. The
     first start makes it; later ones read it again, so a browser that has it keeps working."""
-    fsutil.ensure_dir(outbox_dir)
+    ensure_dir(outbox_dir)
     path = os.path.join(outbox_dir, ACTION_TOKEN_FILE)
     try:
-        kept = fsutil.read_small(path).decode("ascii", "replace").strip()
+        kept = read_small(path).decode("ascii", "replace").strip()
     except FileNotFoundError:
         kept = ""
     if len(kept) >= 32 and kept.isascii() and kept.replace("-", "").replace("_", "").isalnum():
         return kept, path
     token = secrets.token_urlsafe(32)
-    fsutil.atomic_write(outbox_dir, ACTION_TOKEN_FILE, f"{token}\n".encode())
+    atomic_write(outbox_dir, ACTION_TOKEN_FILE, f"{token}\n".encode())
     return token, path
 
 

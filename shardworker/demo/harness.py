@@ -24,9 +24,9 @@ from shardworker.client import JobSpec, enqueue_many
 from shardworker.core.dsn import redact_dsn
 from shardworker.embedded import EmbeddedPostgres, ensure_embedded
 from shardworker.errors import ShardworkerError
-from shardworker.worker.drain import drain
 from shardworker.store.migrate import apply_migrations
 from shardworker.store.pg_store import PgStore, StoreConfig
+from shardworker.worker.drain import drain
 
 LEDGER_ENV = "SHARDWORKER_DEMO_LEDGER"
 

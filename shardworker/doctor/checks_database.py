@@ -12,6 +12,7 @@ from shardworker.core import binding
 from shardworker.core.binding import Binding
 from shardworker.core.counts import unserved_text
 from shardworker.core.dsn import redact_dsn
+from shardworker.core.limits import SILENT_AFTER_S
 from shardworker.core.views import UnservedKind, WorkerInfo
 from shardworker.doctor.checks_production import HORIZON_WARN_S, ProductionFacts, gather_production, production_checks
 from shardworker.doctor.report import Check, Status, attempt
@@ -22,7 +23,6 @@ if TYPE_CHECKING:
     from shardworker.store.schema_queries import ServerState
 
 CLOCK_SKEW_WARN_S = 5.0  # periodic ticks and heartbeats use the database's clock, outbox ages this host's
-SILENT_AFTER_S = 60.0  # as `shardworker workers --silent-after`: 30 missed heartbeats of 2 s
 CONNECT_TIMEOUT_S = 3  # a black-holed server is reported within ~3 s, not libpq's default of forever
 
 

@@ -11,8 +11,7 @@ import stat
 from dataclasses import dataclass, field
 
 import outbox
-from outbox import checkpoint
-from outbox.fsutil import is_locked
+from outbox import checkpoint, is_locked
 from shardworker.core import binding, layout
 from shardworker.core.binding import Binding
 from shardworker.doctor.report import Check, Status, attempt

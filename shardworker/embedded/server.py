@@ -35,6 +35,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote
 
+from outbox import atomic_write
 from shardworker.embedded.access import chown_tree, ensure_traversable
 from shardworker.embedded.programs import (
     EmbeddedNotRunning,
@@ -227,14 +228,7 @@ class EmbeddedPostgres:
         if result.returncode != 0:
             raise EmbeddedPostgresError(f"could not set the server's password in {self.datadir}:\n"
                                         f"{result.stdout.strip()}")
-        tmp = self.password_path.with_name("password.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, password.encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.password_path)
+        atomic_write(str(self.run_dir), self.password_path.name, password.encode())  # 0600
 
     def _run_pg_ctl(self, owner: pwd.struct_passwd | None, bins: Path, action: str, *extra: str) -> None:
         wait = ["-w", "-t", str(PG_CTL_TIMEOUT_S)]

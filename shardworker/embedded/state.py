@@ -9,6 +9,8 @@ import os
 import socket
 from pathlib import Path
 
+from outbox import atomic_write
+
 _LOG_TAIL_LINES = 20
 
 
@@ -57,21 +59,8 @@ def port_is_free(port: int) -> bool:
 
 
 def write_json(path: Path, value: object) -> None:
-    """Write tmp, fsync, rename over ``path``, fsync the directory."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with tmp.open("w") as file:
-            json.dump(value, file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    """Durably replace ``path`` with ``value`` as JSON (the outbox's recipe, 0600)."""
+    atomic_write(str(path.parent), path.name, json.dumps(value).encode())
 
 
 def tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:

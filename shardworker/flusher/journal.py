@@ -21,7 +21,7 @@ import time
 
 import orjson
 
-from outbox.fsutil import NOFOLLOW, atomic_write, read_small
+from outbox import NOFOLLOW, atomic_write, read_small
 from shardworker.core.layout import FOLLOWUPS_JOURNAL
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 import orjson
 
-from outbox.fsutil import append_durably, atomic_write, ensure_dir
+from outbox import append_durably, atomic_write, ensure_dir
 from shardworker.core import layout, wire
 from shardworker.core.model import ApplyResult, Outcome
 

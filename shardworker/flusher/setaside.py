@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import orjson
 
-from outbox.fsutil import atomic_write, read_small
+from outbox import atomic_write, read_small
 from shardworker.core import layout, wire
 from shardworker.core.model import ApplyResult, Outcome
 from shardworker.flusher import kept

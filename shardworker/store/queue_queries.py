@@ -17,6 +17,7 @@ import orjson
 import psycopg
 
 from shardworker.core.flow import Rate
+from shardworker.core.limits import SILENT_AFTER_S
 from shardworker.core.views import BacklogRow, QueueInfo, QueueState
 from shardworker.store.connection import Session
 from shardworker.store.job_queries import cursor_for
@@ -24,7 +25,7 @@ from shardworker.store.sql import query
 
 # A worker's flow report counts while its heartbeat is this recent: the age at which
 # `shardworker workers` stops calling a worker live (--silent-after's default).
-LIVE_WITHIN_S = 60.0
+LIVE_WITHIN_S = SILENT_AFTER_S
 
 
 class QueueQueries(Session):

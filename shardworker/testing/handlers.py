@@ -26,9 +26,9 @@ import orjson
 from shardworker.app import App, HandlerSpec
 from shardworker.child.handlers import run_async, run_sync
 from shardworker.child.steps import StepLog
-from shardworker.client import DEFAULT_MAX_ATTEMPTS
 from shardworker.control import JobControl
 from shardworker.core import followups, records
+from shardworker.core.limits import DEFAULT_MAX_ATTEMPTS
 from shardworker.core.model import ClaimedJob, Disposition, Outcome, StepRecord, dumps_exact, loads_exact
 
 

@@ -22,9 +22,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from outbox import OutboxLocked
+from outbox import OutboxLocked, is_locked
 from outbox import status as outbox_status
-from outbox.fsutil import is_locked
 from shardworker.core import binding, layout
 from shardworker.core.config import StoreConfig, WorkerConfig
 from shardworker.core.retry import Backoff, retry_call

@@ -20,7 +20,7 @@ from typing import Protocol
 import orjson
 
 import outbox
-from outbox.fsutil import append_durably
+from outbox import append_durably
 from shardworker.core import layout, wire
 
 log = logging.getLogger(__name__)

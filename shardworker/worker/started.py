@@ -21,7 +21,7 @@ import os
 
 import orjson
 
-from outbox.fsutil import atomic_write, fsync_dir, read_small
+from outbox import atomic_write, fsync_dir, read_small
 from shardworker.child.progress import read_started
 from shardworker.core import layout
 

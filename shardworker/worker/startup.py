@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
-from outbox.fsutil import try_lock
+from outbox import try_lock
 from shardworker.app import HandlerSpec
 from shardworker.core import binding, layout, procs
 from shardworker.core.config import WorkerConfig

@@ -16,15 +16,8 @@ from shardworker.app import App
 from shardworker.child.main import Progress, ShardRunner, open_writer
 from shardworker.core import wire
 from shardworker.core.model import ClaimedJob, Job
+from tests.clocks import FakeClock as Clock
 from tests.helpers import child_config
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 50.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def make_app(clock: Clock, ran: list[int]) -> App:
@@ -106,7 +99,7 @@ def receive_until(parent: Any, done: int) -> list[wire.Message]:
 def run_child(tmp_path: Path, jobs: list[ClaimedJob], *, max_records: int = 512, max_delay_s: float = 0.005,
               clock: Clock | None = None) -> tuple[list[wire.Message], list[int], Progress]:
     """Send ``jobs`` at once, wait for all to be reported, then stop; returns (messages, runs, progress)."""
-    clock = clock or Clock()
+    clock = clock or Clock(50.0)
     ran: list[int] = []
     parent, thread, writer, progress = start_runner(tmp_path, make_app(clock, ran), clock, max_records=max_records,
                                                     max_delay_s=max_delay_s)

@@ -45,7 +45,7 @@ def test_a_finished_outcome_is_committed_while_a_slow_handler_runs(tmp_path: Pat
     """The commit deadline holds while the next handler runs: a fast job's outcome is durable and
     reported while a slow one still blocks (a kill then would not re-run the fast job)."""
     release = threading.Event()
-    app = make_app(Clock(), [])
+    app = make_app(Clock(50.0), [])
 
     @app.handler("block")
     def block(job: Job) -> str:
@@ -91,7 +91,7 @@ def test_progress_names_the_running_job(tmp_path: Path, kind: str) -> None:
     """While a handler runs, its slot says so (with its start on the monotonic clock); after, it
     says started and finished."""
     seen: list[float | None] = []
-    clock = Clock()
+    clock = Clock(50.0)
     app = make_app(clock, [])
     spec = app.handlers[kind]
     box: list[Progress] = []

@@ -19,7 +19,7 @@ from tests.child.loop_harness import Clock, job, jobs_msg, make_app, receive_unt
 
 def test_stop_reports_the_jobs_never_started(tmp_path: Path) -> None:
     """A stop request finishes the job in hand and reports the rest as never started."""
-    clock = Clock()
+    clock = Clock(50.0)
     ran: list[int] = []
     app = make_app(clock, ran)
     holder: list[Any] = []
@@ -50,7 +50,7 @@ def test_a_recall_returns_the_jobs_not_started_and_they_never_run_here(tmp_path:
     (Returned, in order); those never run in this child, and the busy ones still report."""
     release = threading.Event()
     ran: list[int] = []
-    app = make_app(Clock(), ran)
+    app = make_app(Clock(50.0), ran)
 
     if lane == "sync":
         @app.handler("block")

@@ -31,7 +31,7 @@ def run_one(tmp_path: Path, handler: Callable[..., Any], *, steps: dict[str, Any
     the step records in the shard, and the counts its reports carried."""
     app = App()
     app.handler("k", threads=threads, retry_delay=lambda attempt: 1.0)(handler)
-    parent, thread, writer, _ = start_runner(tmp_path, app, Clock())
+    parent, thread, writer, _ = start_runner(tmp_path, app, Clock(50.0))
     claimed = ClaimedJob(7, "k", "default", "null", 2 if steps else 1, 25,
                          None if steps is None else orjson.dumps(steps).decode())
     try:

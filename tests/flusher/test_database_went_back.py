@@ -23,21 +23,11 @@ from shardworker.flusher.loop import Flusher
 from shardworker.flusher.marks import REAPPLIED_GRACE_S
 from shardworker.flusher.process import marks_for
 from shardworker.store.pg_store import PgStore, StoreConfig
+from tests.clocks import FakeClock as Clock
 from tests.conftest import PgServer
 from tests.helpers import enqueue, query, worker_config
 
 HOUR = Keep(seconds=3600, max_bytes=1 << 30)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
 
 
 @pytest.fixture

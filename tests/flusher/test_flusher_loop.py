@@ -15,21 +15,9 @@ from shardworker.core import layout, wire
 from shardworker.core.model import Disposition, Outcome
 from shardworker.errors import OutcomeRejected, StoreError, TransientConflict
 from shardworker.flusher.loop import Flusher
+from tests.clocks import FakeClock
 from tests.flaky_store import FlakyStore
 from tests.helpers import enqueue, query, worker_config
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self.slept: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
-        self.now += seconds
 
 
 def claim_and_write(dsn: str, store: FlakyStore, directory: Path, n: int, shard: int = 0) -> list[int]:

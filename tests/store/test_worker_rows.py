@@ -13,6 +13,7 @@ from shardworker.core.retry import Backoff
 from shardworker.errors import WorkerRescued
 from shardworker.store.pg_store import PgStore
 from shardworker.worker.heartbeat import Heartbeat
+from tests.clocks import FakeClock
 from tests.helpers import execute, query
 
 
@@ -47,18 +48,6 @@ def test_forget_removes_only_the_row_this_process_wrote(store: PgStore, pg_dsn: 
     assert query(pg_dsn, "SELECT count(*) FROM shardworker.workers") == [(0,)]
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now, self.sleeps = 0.0, 0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps += 1
-        self.now += seconds
-
-
 def test_an_id_beating_elsewhere_is_refused_while_a_silent_one_is_taken_over(store: PgStore, other: PgStore,
                                                                              pg_dsn: str) -> None:
     """check_worker_id watches another host's row: refused (naming host and pid) when its heartbeat
@@ -69,7 +58,7 @@ def test_an_id_beating_elsewhere_is_refused_while_a_silent_one_is_taken_over(sto
     from shardworker.worker.identity import WATCH_BEATS, check_worker_id
 
     other.heartbeat("w", "elsewhere.invalid", 7)
-    clock = FakeClock()
+    clock = FakeClock(0.0)
 
     def beat_while_watched(seconds: float) -> None:
         clock.sleep(seconds)
@@ -77,7 +66,7 @@ def test_an_id_beating_elsewhere_is_refused_while_a_silent_one_is_taken_over(sto
 
     with pytest.raises(WorkerIdInUse, match=r"elsewhere\.invalid \(pid 7\).*own --worker-id"):
         check_worker_id(store, "w", 2.0, sleep=beat_while_watched, clock=clock)
-    clock = FakeClock()
+    clock = FakeClock(0.0)
     check_worker_id(store, "w", 2.0, sleep=clock.sleep, clock=clock)
     assert clock.now >= WATCH_BEATS * 2.0 and clock.sleeps > 1
 
@@ -95,7 +84,7 @@ def test_a_dead_or_unreaped_pid_on_this_host_is_taken_over_at_once(store: PgStor
         pass
     for pid in (exited.pid, 2 ** 22 + 1):  # unreaped, then one above Linux's pid_max: never alive
         store.heartbeat("w", socket.gethostname(), pid)
-        clock = FakeClock()
+        clock = FakeClock(0.0)
         check_worker_id(store, "w", 2.0, sleep=clock.sleep, clock=clock)
         assert clock.sleeps == 0
     exited.wait()

@@ -213,3 +213,11 @@ def test_no_loop_between_folders() -> None:
         deps.discard("shardworker")  # the top package's __init__ only re-exports
     folders = {name: deps & set(folders) for name, deps in folders.items()}
     assert find_cycle(folders) is None
+
+
+def test_the_outbox_is_used_through_its_face() -> None:
+    """``shardworker`` imports ``outbox`` (its ``__init__``), never a module inside it: what
+    other floors need of the outbox is its public API."""
+    offenders = [(name, target) for name, tree in modules("shardworker").items()
+                 for target, _ in imports(tree) if target.startswith("outbox.")]
+    assert offenders == []

@@ -10,19 +10,12 @@ import pytest
 
 from shardworker.core.retry import Backoff, Outage, retry_call
 from shardworker.errors import DatabaseUnavailable, DataRejected, TransientConflict
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.clocks import FakeClock as Clock
 
 
 def outage(caplog: pytest.LogCaptureFixture, **options: Any) -> tuple[Outage, Clock]:
     caplog.set_level(logging.DEBUG, logger="test.outage")
-    clock = Clock()
+    clock = Clock(100.0)
     return Outage("beat", logging.getLogger("test.outage"), Backoff(0.1, 1.0), clock=clock,
                   started="{what} failed ({error})", ended="{what} back after {seconds:.0f}s, {failures} failures",
                   **options), clock

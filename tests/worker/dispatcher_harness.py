@@ -19,16 +19,9 @@ from shardworker.store.pg_store import PgStore, StoreConfig
 from shardworker.worker.deaths import Death
 from shardworker.worker.dispatcher import Dispatcher
 from shardworker.worker.parent_outcomes import ParentOutcomes
+from tests.clocks import FakeClock as Clock
 from tests.flaky_store import FlakyStore
 from tests.helpers import query
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Children:
@@ -144,7 +137,7 @@ def make(store: FlakyStore, tmp_path: Path, procs: int = 3, **config: Any) -> tu
     prefetch = config.pop("prefetch", 1000)
     settings = {"claim_batch": 500, "poll_interval_s": 0.01, **config}
     cfg = WorkerConfig(dsn="unused", app_ref="unused", procs=procs, outbox_dir=str(tmp_path), **settings)
-    children, flusher, clock = Children(procs, prefetch), Flusher(), Clock()
+    children, flusher, clock = Children(procs, prefetch), Flusher(), Clock(100.0)
     dispatcher = Dispatcher(cfg, "w1", ["k"], store, children, flusher,  # type: ignore[arg-type]
                             ParentOutcomes(str(tmp_path), 1 << 20, app.handlers), stopping=lambda: False, clock=clock)
     return dispatcher, children, flusher, clock

@@ -3,6 +3,8 @@ the rate it finishes jobs, is capped, and decays when it stalls. In-process, fak
 
 from __future__ import annotations
 
+from tests.clocks import FakeClock
+
 
 def _pool(clock: FakeClock, *, min_jobs: int = 65, max_jobs: int = 1001, horizon_s: float = 0.1):
     from shardworker.worker.pool import ChildPool
@@ -11,14 +13,6 @@ def _pool(clock: FakeClock, *, min_jobs: int = 65, max_jobs: int = 1001, horizon
     configs = [child_config(i, "/nonexistent") for i in range(2)]
     return ChildPool(configs, {}, min_jobs=min_jobs, max_jobs=max_jobs, max_bytes=1 << 20,
                      horizon_s=horizon_s, clock=clock)
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_prefetch_target_starts_at_the_minimum_and_grows_with_a_childs_rate() -> None:

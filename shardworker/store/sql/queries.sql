@@ -357,10 +357,8 @@ WITH o AS (
                                    AND (SELECT count(*) FROM applied) = cardinality(%(ids)b::bigint[]))
     WHERE %(mark_outbox)s::text IS NOT NULL
 ), announced AS (
-    SELECT pg_notify('shardworker_finished', string_agg(id::text, ',')) AS sent
-    FROM (SELECT id, (row_number() OVER ()) / 300 AS chunk FROM applied
-          WHERE status IN ('done', 'failed', 'cancelled')) f
-    GROUP BY chunk
+    SELECT shardworker.notify_finished(array_agg(id)) AS sent
+    FROM applied WHERE status IN ('done', 'failed', 'cancelled')
 )
 SELECT id, attempt, status, has_dependents FROM applied
 WHERE (SELECT count(*) FROM announced) >= 0 AND (SELECT count(*) FROM marked) >= 0;
@@ -795,9 +793,7 @@ WITH target AS (
     FROM target t WHERE j.id = t.id
     RETURNING j.id, j.attempt, t.was
 ), announced AS (
-    SELECT pg_notify('shardworker_finished', string_agg(id::text, ','))
-    FROM (SELECT id, (row_number() OVER ()) / 300 AS chunk FROM cancelled) c
-    GROUP BY chunk
+    SELECT shardworker.notify_finished(array_agg(id)) AS sent FROM cancelled
 ), stopped AS (
     SELECT pg_notify('shardworker_cancel', string_agg(id::text || ':' || attempt::text, ','))
     FROM (SELECT id, attempt, (row_number() OVER ()) / 300 AS chunk FROM cancelled WHERE was = 'running') c
@@ -830,9 +826,7 @@ WITH deleted AS (
     DELETE FROM shardworker.jobs WHERE id = ANY(%(ids)s::bigint[]) AND status <> 'running'
     RETURNING id
 ), announced AS (
-    SELECT pg_notify('shardworker_finished', string_agg(id::text, ','))
-    FROM (SELECT id, (row_number() OVER ()) / 300 AS chunk FROM deleted) d
-    GROUP BY chunk
+    SELECT shardworker.notify_finished(array_agg(id)) AS sent FROM deleted
 )
 SELECT id FROM deleted WHERE (SELECT count(*) FROM announced) >= 0;
 
@@ -1161,9 +1155,7 @@ WITH RECURSIVE doomed AS (
     WHERE w.id = c.id AND w.status = 'waiting'
     RETURNING w.id
 ), announced AS (
-    SELECT pg_notify('shardworker_finished', string_agg(id::text, ','))
-    FROM (SELECT id, (row_number() OVER ()) / 300 AS chunk FROM cancelled) c
-    GROUP BY chunk
+    SELECT shardworker.notify_finished(array_agg(id)) AS sent FROM cancelled
 )
 SELECT id FROM cancelled WHERE (SELECT count(*) FROM announced) >= 0;
 
@@ -1222,9 +1214,7 @@ WITH RECURSIVE ended AS (
     WHERE w.id = t.id AND w.status = 'waiting'
     RETURNING w.id, w.status
 ), announced AS (
-    SELECT pg_notify('shardworker_finished', string_agg(id::text, ',')) AS sent
-    FROM (SELECT id, (row_number() OVER ()) / 300 AS chunk FROM settled WHERE status = 'cancelled') f
-    GROUP BY chunk
+    SELECT shardworker.notify_finished(array_agg(id)) AS sent FROM settled WHERE status = 'cancelled'
 ), woken AS (
     SELECT pg_notify('shardworker_jobs', '') AS sent FROM settled WHERE status = 'queued' LIMIT 1
 )
