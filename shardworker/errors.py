@@ -13,9 +13,13 @@ Hierarchy::
     ├── DrainTimeout                  outcomes remained when --timeout ran out
     ├── CrashLoop                     a child or the flusher keeps dying right after start
     │   └── StartupFailed             a child's on_startup hook raised: the worker stops at start
+    ├── NewerRecord                   an outbox record of a newer release: left on disk, the flusher
+    │                                 stops (also a ValueError)
     ├── WorkerIdInUse                 another live worker runs under this --worker-id
+    ├── WorkerRescued                 a peer rescued this worker's jobs while it was silent
     └── StoreError                    PostgreSQL said no (translated from psycopg)
         ├── DatabaseUnavailable       cannot connect or the connection broke: retry slowly
+        │   └── NotConnected          no connection opened: nothing reached the server
         ├── TransientConflict         serialization failure, deadlock, cancelled statement: retry fast
         │   └── StatementTimeout      a statement ran past --statement-timeout
         ├── SchemaMissing             the schema is missing or older than the code
@@ -26,6 +30,9 @@ Hierarchy::
             │                         index's limit (class 54), bad data (class 22), a check
             │                         (23514); never retried, never told as an outage
             └── OutcomeRejected       the database refuses an outcome for good (bad data)
+
+    StepError                         job.step misused: the attempt fails, even when the handler
+                                      catches it, and nothing of the step is recorded
 
 Each class's docstring is its default message.
 """

@@ -11,9 +11,12 @@ in the wrong state refuses the whole call with ``JobsError`` naming it.
   attempt left (``max_attempts`` grows if it was used up); its history stays, and so do its
   recorded steps (the next attempt replays them) unless ``reset_steps``: then they are
   forgotten, and their code runs again.
-* ``cancel``: a ``queued`` job becomes ``cancelled`` and is never claimed. A running job is
-  refused: its handler cannot be told to stop, and its outcome will land.
-* ``delete``: any job that is not ``running``.
+* ``cancel``: a ``queued``, ``waiting`` or ``running`` job becomes ``cancelled`` at once, and
+  so do the jobs waiting on it. A queued or waiting one is never claimed; a running one's
+  worker stops its handler (an ``async def`` one is cancelled, a sync one sees
+  ``job.cancelled``, and past ``--cancel-grace`` its child is stopped), and its late outcome
+  is never applied.
+* ``delete``: any job that is not ``running`` (the jobs waiting on it are cancelled).
 """
 
 from __future__ import annotations

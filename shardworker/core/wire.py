@@ -3,13 +3,15 @@
 Pipe messages between the parent and a child are frozen dataclasses; ``encode`` and
 ``decode`` turn them into orjson bytes and back::
 
-    parent -> child   Jobs(jobs, slots)    Recall()    Stop()
+    parent -> child   Jobs(jobs, slots)    Recall()    CancelJobs(jobs)    Stop()
     child -> parent   Done(finished, stats)    Returned(jobs)    Stopped(unstarted)    Fatal(message)
 
 ``Jobs`` gives each job the progress slot the child marks when it starts it; ``Done`` names
 jobs whose outcomes are durable, by (id, attempt), with counts for the metrics
 (``shardworker.core.jobstats.summarize``); ``Recall`` asks a child for the jobs not started, and
 ``Returned`` names them (never to start there: the parent may send them elsewhere);
+``CancelJobs`` names jobs an operator cancelled while the child holds them (never started,
+or stopped if running);
 ``Stopped`` lists those a stopping child never started; ``Fatal`` is a child's last error
 (``at_start``: a startup hook's, before it took any job).
 

@@ -102,11 +102,17 @@ class Supervisor:
         self.dispatcher: Dispatcher | None = None
         self.schema_checked = False  # the database answered at startup (what database_up says until claims)
         self.metrics: MetricsServer | None = None
-        if config.metrics_port is not None:
-            from shardworker.worker.metrics import MetricsServer, WorkerCollector  # prometheus_client: only then
 
-            self.metrics = MetricsServer(config.metrics_host, config.metrics_port, [WorkerCollector(self)],
-                                         config.metrics_token)
+    def _serve_metrics(self) -> None:
+        """Serve ``/metrics`` if asked; after the fork, as the store: prometheus_client is the
+        parent's alone (a child loads only what running handlers needs)."""
+        if self.config.metrics_port is None:
+            return
+        from shardworker.worker.metrics import MetricsServer, WorkerCollector
+
+        self.metrics = MetricsServer(self.config.metrics_host, self.config.metrics_port, [WorkerCollector(self)],
+                                     self.config.metrics_token)
+        self.metrics.start()
 
     def _open_stores(self) -> None:
         from shardworker.worker.stores import open_stores  # imports psycopg: after the children's fork
@@ -160,8 +166,7 @@ class Supervisor:
             if self.stopping:  # a signal came while the app was imported: nothing is started
                 return RunSummary()
             self._fork_processes()
-            if self.metrics is not None:
-                self.metrics.start()
+            self._serve_metrics()
             if not self._start():
                 self._raise_if_id_lost()
                 return RunSummary()

@@ -54,3 +54,20 @@ def driver_loaded(job: Job) -> dict[str, int]:
     with open("/proc/self/maps") as f:
         libpq = sum(1 for line in f if "libpq" in line)
     return {"modules": sum(1 for name in sys.modules if name.split(".")[0].startswith("psycopg")), "libpq": libpq}
+
+
+HEAVY = ("psycopg", "prometheus_client", "starlette", "uvicorn", "jinja2")
+
+
+@app.handler("heavy_modules")
+def heavy_modules(job: Job) -> list[str]:
+    """Which of the libraries a child has no use for this process has imported: the database
+    driver, the metrics' and the dashboard's. Read at its first job, it is what the child
+    loaded before running anything."""
+    return sorted({name.split(".")[0] for name in sys.modules} & set(HEAVY))
+
+
+@app.handler("exit_child")
+def exit_child(job: Job) -> None:
+    """Ends the child's process: the worker starts another (spawned, not forked)."""
+    os._exit(3)

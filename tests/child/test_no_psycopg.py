@@ -1,4 +1,4 @@
-"""A child process holds no database connection. ``import shardworker`` does not load
+"""A child process holds no database connection, and loads only what running handlers needs. ``import shardworker`` does not load
 psycopg (a client that only enqueues through its own driver never pays for it); a worker's
 children are forked before the parent imports the store, so they hold neither its modules
 (about 13 MB a child) nor a connection."""
@@ -11,7 +11,8 @@ from pathlib import Path
 
 import psycopg
 
-from tests.helpers import REPO, enqueue, exit_code, query, start_worker
+from tests.conftest import free_port
+from tests.helpers import REPO, enqueue, exit_code, query, start_worker, wait_for
 
 
 def test_import_shardworker_does_not_load_psycopg() -> None:
@@ -45,3 +46,24 @@ def test_a_forked_child_never_loaded_the_driver(pg_dsn: str, tmp_path: Path) -> 
     [(status, result)] = query(pg_dsn, "SELECT status, result FROM shardworker.jobs WHERE id = %s", job_id)
     assert status == "done"
     assert result == {"modules": 0, "libpq": 0}
+
+
+def test_a_child_loads_neither_the_driver_nor_the_metrics_nor_the_dashboard(pg_dsn: str, tmp_path: Path) -> None:
+    """With the metrics served (prometheus_client in the parent), a child's first job finds
+    none of psycopg, prometheus_client, starlette, uvicorn or jinja2 imported: neither in the
+    child forked at the start nor in the one spawned after a child ended (issue 42, 6)."""
+    count_dir = tmp_path / "counts"
+    count_dir.mkdir()
+    [forked] = enqueue(pg_dsn, "heavy_modules", 1)
+    proc = start_worker(pg_dsn, tmp_path / "outbox", count_dir, "--metrics-port", str(free_port()), procs=1,
+                        app="modules_app")
+    done = "SELECT status, result FROM shardworker.jobs WHERE id = %s"
+    wait_for(lambda: query(pg_dsn, done, forked)[0][0] == "done", 60, "the forked child's job")
+    [ended] = enqueue(pg_dsn, "exit_child", 1, max_attempts=1)
+    wait_for(lambda: query(pg_dsn, done, ended)[0][0] == "failed", 60, "the child's end")
+    spawned = enqueue(pg_dsn, "heavy_modules", 1)[-1]
+    wait_for(lambda: query(pg_dsn, done, spawned)[0][0] == "done", 60, "the spawned child's job")
+    proc.terminate()
+    assert exit_code(proc, 60, count_dir) == 0
+    assert query(pg_dsn, done, forked) == [("done", [])]
+    assert query(pg_dsn, done, spawned) == [("done", [])]
