@@ -160,17 +160,20 @@ class ShardRunner:
 
 def log_failure(job: ClaimedJob, outcome: Outcome) -> None:
     """One line per failed attempt: kind, id, attempts used of the job's max_attempts (the
-    row's, as ``jobs list`` shows them) and the error's first line, with the traceback
-    (``logs.log_traceback``); ERROR when final."""
+    row's, as ``jobs list`` shows them) and the error's first line. The final one is an ERROR
+    followed by the traceback (``logs.log_traceback``); a retry is one WARNING line, its
+    traceback logged only at DEBUG: every attempt's is in the job's error history
+    (``jobs show``), and a log of planned retries should not read as a log of failures."""
     first = (outcome.error or "").strip().splitlines()[0] if outcome.error else "failed"
     fields = logs.job_fields(job)
     if outcome_label(job, outcome) == "failed":
         logs.log_traceback(log, logging.ERROR, outcome.traceback, "job %d (%s) attempt %d/%d failed for good: %s",
                            job.id, job.kind, job.attempts_used, job.max_attempts, first, extra=fields)
-    else:
-        logs.log_traceback(log, logging.WARNING, outcome.traceback,
-                           "job %d (%s) attempt %d/%d failed, retrying in %.1fs: %s", job.id, job.kind,
-                           job.attempts_used, job.max_attempts, outcome.delay_s, first, extra=fields)
+        return
+    log.warning("job %d (%s) attempt %d/%d failed, retrying in %.1fs: %s", job.id, job.kind, job.attempts_used,
+                job.max_attempts, outcome.delay_s, first, extra=fields)
+    logs.log_traceback(log, logging.DEBUG, outcome.traceback, "job %d (%s) attempt %d: the traceback", job.id,
+                       job.kind, job.attempts_used, extra=fields)
 
 
 def log_control(job: ClaimedJob, outcome: Outcome) -> None:

@@ -58,9 +58,11 @@ def demo(jobs: int | None, procs: int | None, outbox_dir: str, outage: bool, ste
         counts = {status: n for queue, status, n in store.stats() if queue == "demo"}
     finally:
         store.close()
+    retried = max(0, summary.done - counts.get("done", 0) - counts.get("failed", 0))
     click.echo(f"demo: {summary.done} outcomes in {elapsed:.1f}s ({summary.done / max(elapsed, 1e-9):.0f} jobs/s); "
                f"done={counts.get('done', 0)} failed={counts.get('failed', 0)} queued={counts.get('queued', 0)} "
-               f"running={counts.get('running', 0)}; outbox pending={summary.pending_outcomes}")
+               f"running={counts.get('running', 0)}; {retried} planned flaky failures retried; "
+               f"outbox pending={summary.pending_outcomes}")
 
 
 

@@ -24,9 +24,9 @@ def hash_payload(job: Job) -> dict[str, object]:
 
 @app.handler("demo.flaky", max_attempts=3, retry_delay=lambda attempt: 0.2 * attempt)
 def flaky(job: Job) -> dict[str, object]:
-    """Fail about a third of first attempts; retries succeed."""
+    """Fail about a third of first attempts, on purpose; retries succeed."""
     if job.attempt == 1 and random.random() < 0.33:
-        raise RuntimeError("simulated flaky dependency")
+        raise RuntimeError("simulated flaky dependency (planned: the retry succeeds)")
     time.sleep(0.001)
     return {"attempt": job.attempt}
 

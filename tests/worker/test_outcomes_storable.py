@@ -87,11 +87,16 @@ def test_a_result_with_a_nul_fails_for_good_with_the_reason(pg_dsn: str, dirs: t
 
 
 def test_failed_attempts_are_logged_with_kind_id_and_error(pg_dsn: str, dirs: tuple[Path, Path]) -> None:
-    """Each failed attempt logs one line (kind, id, attempt, the error's first line); the last one at ERROR."""
+    """Each failed attempt logs one line (kind, id, attempt, the error's first line); the last one at
+    ERROR, followed by its traceback: a retry's traceback goes only to the job's error history (and
+    to the log at DEBUG), so a log of planned retries reads as one line each (issue 42, 8)."""
     [bad] = enqueue(pg_dsn, "fail", 1)
     run_until_idle(pg_dsn, dirs)
     lines = [line for line in worker_log(dirs[1]).splitlines() if f"job {bad} (fail)" in line]
     assert len(lines) == 3, worker_log(dirs[1])
+    assert worker_log(dirs[1]).count("Traceback (most recent call last)") == 1, worker_log(dirs[1])
+    history = query(pg_dsn, "SELECT errors FROM shardworker.jobs WHERE id = %s", bad)[0][0]
+    assert len(history) == 3 and all("Traceback" in (entry.get("traceback") or "") for entry in history), history
     assert "WARNING" in lines[0] and "attempt 1/3 failed, retrying" in lines[0]
     assert "ValueError: boom on attempt 1" in lines[0]
     assert "ERROR" in lines[2] and "attempt 3/3 failed for good: ValueError: boom on attempt 3" in lines[2]
