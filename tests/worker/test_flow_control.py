@@ -56,20 +56,22 @@ def latencies(dsn: str, kind: str) -> list[float]:
 
 
 def test_fast_jobs_of_another_queue_never_wait_behind_a_capped_slow_kind(pg_dsn: str, tmp_path: Path) -> None:
-    """300 half-second API calls capped at 20, then 300 one-millisecond jobs of another queue:
-    the fast jobs finish within a second of their enqueue (they used to wait for the capped
-    backlog to be claimed first: seconds), and never more than 20 calls ran at once."""
+    """300 half-second API calls capped at 20 (7.5 s of them at least), then 300 one-millisecond
+    jobs of another queue: every fast job has finished while most of the capped backlog has
+    yet to start (they used to wait for it to be claimed first), and never more than 20 calls
+    ran at once. Told by the order of the runs, not by a clock, so a busy machine cannot fail it
+    (bench/fairness.py measures the latency)."""
     enqueue(pg_dsn, "api", 300, {"sleep": 0.5})
     worker = flow_worker(pg_dsn, tmp_path, "w1", "--concurrency", "20", "--exit-when-idle")
     wait_for(lambda: query(pg_dsn, "SELECT count(*) FROM shardworker.jobs WHERE kind = 'api' "
                                    "AND status = 'done'")[0][0] >= 20, 60, "the first API calls to finish")
     enqueue(pg_dsn, "thumb", 300, queue="uploads")
     assert exit_code(worker, 120, tmp_path / "counts") == 0
-    fast = latencies(pg_dsn, "thumb")
-    assert len(fast) == 300
-    p99 = fast[int(len(fast) * 0.99) - 1]
-    assert p99 < 1.0, f"fast jobs waited {p99:.2f}s (p99) behind the capped kind"
+    assert len(latencies(pg_dsn, "thumb")) == 300
     runs = ledger(tmp_path / "counts")
+    last_fast_end = max(r[4] for r in runs if r[0] == "thumb")
+    calls_after = sum(1 for r in runs if r[0] == "api" and r[3] > last_fast_end)
+    assert calls_after >= 100, f"only {calls_after} of 300 capped calls started after the last fast job ended"
     assert most_at_once([r for r in runs if r[0] == "api"]) <= 20
     assert len(runs) == 600 and len({(r[1], r[2]) for r in runs}) == 600
 
