@@ -110,12 +110,14 @@ def test_three_failed_attempts_show_three_errors_with_tracebacks(project: Path, 
     text = sw(project, pg_dsn, "jobs", "show", str(job_id)).stdout
     assert "errors: 3" in text and text.count("Traceback (most recent call last):") >= 3
     assert "attempt 2" in text and "ValueError: upstream down on attempt 2" in text
-    # The log line of each failed attempt carries its traceback, on the lines that follow it.
+    # A retried attempt is one log line; the last one carries its traceback, on the lines that follow it.
     lines = log.splitlines()
-    for n in (1, 2, 3):
-        [at] = [i for i, line in enumerate(lines) if f"job {job_id} (flaky) attempt {n}/3 failed" in line]
-        assert lines[at + 1] == "Traceback (most recent call last):" and "in flaky" in lines[at + 2]
-        assert "in fetch_upstream" in lines[at + 4]  # from the handler's frame on: none of the worker's own
+    for n in (1, 2):
+        [at] = [i for i, line in enumerate(lines) if f"job {job_id} (flaky) attempt {n}/3 failed, retrying" in line]
+        assert lines[at + 1] != "Traceback (most recent call last):"
+    [at] = [i for i, line in enumerate(lines) if f"job {job_id} (flaky) attempt 3/3 failed for good" in line]
+    assert lines[at + 1] == "Traceback (most recent call last):" and "in flaky" in lines[at + 2]
+    assert "in fetch_upstream" in lines[at + 4]  # from the handler's frame on: none of the worker's own
 
 
 def test_a_job_of_25_attempts_keeps_its_last_20_errors(project: Path, pg_dsn: str) -> None:
@@ -133,7 +135,8 @@ def test_json_logs_carry_the_traceback_as_exc_info(project: Path, pg_dsn: str) -
     lines = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
     failed = [line for line in lines if line.get("job_id") == job_id and "failed" in line["message"]]
     assert len(failed) == 3
-    assert all(line["exc_info"].startswith("Traceback (most recent call last):") for line in failed)
+    assert [("exc_info" in line) for line in failed] == [False, False, True]  # retries: one line each
+    assert failed[-1]["exc_info"].startswith("Traceback (most recent call last):")
     assert "Traceback" not in "".join(line["message"] for line in failed)
 
 
