@@ -5,16 +5,28 @@ for it without ever blocking, reads what it reports, tracks which sent jobs it s
 (one progress slot per job in flight, in the outbox directory's ``progress-<shard>.bin``:
 ``shardworker.child.progress``) and, after a death, hands over what it held, for
 ``shardworker.worker.deaths`` to sort by those slots and its shard.
-While it lives, the pool may ``recall`` the jobs it was sent and has not started (they come
-back to its ``held`` queue, for any child with room); one whose startup hook raised is
-never restarted (``start_failed``). ``Pace`` keeps its recent rate of
-finished jobs. The pool of children (``shardworker.worker.pool``) drives these handles.
+Its life is one state (``Life``), changed only here (``_become``)::
+
+    STARTING --(its app loaded: progress says up)--> UP --(request_stop)--> DRAINING
+    DRAINING --(it says Stopped)--> STOPPED
+    any started state --(its process ended, or was killed, and its jobs were settled: died)--> DEAD
+    DEAD --(restart time: start)--> STARTING        DEAD --(retire)--> RETIRED, never restarted
+
+A DEAD child restarts at ``restart_at`` (at once after a death a job caused, later after a
+crash; never when the worker is stopping); RETIRED is one whose startup hook raised, or
+whose crashes make a loop. While it lives, the pool may ``recall`` the jobs it was sent and
+has not started (they come back to its ``held`` queue, for any child with room), and may
+isolate a suspect: a job that was running at an unexplained death runs alone
+(``send_suspect``). ``Pace`` keeps its recent rate of finished jobs. The pool of children
+(``shardworker.worker.pool``) and its sender (``shardworker.worker.sending``) drive these
+handles through their methods and read their state; they write none of their fields.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import enum
 import fcntl
 import logging
 from collections import deque
@@ -39,6 +51,17 @@ ASYNC_TIMEOUT_GRACE_S = 10.0  # an async handler is cancelled in the child; this
 
 
 PACE_WINDOW_S = 0.25
+
+
+class Life(enum.Enum):
+    """Where a child is in its life (the module's docstring draws the transitions)."""
+
+    STARTING = "starting"  # its process runs; its app is loading: jobs sent wait in its pipe
+    UP = "up"  # it reads jobs
+    DRAINING = "draining"  # asked to stop: it finishes the jobs in hand and starts no other
+    STOPPED = "stopped"  # it said so, naming the jobs it never started; its process exits
+    DEAD = "dead"  # its process ended and its jobs were settled; restarts at restart_at, if set
+    RETIRED = "retired"  # dead for good: a startup hook raised, or its crashes make a loop
 
 
 @dataclass
@@ -86,8 +109,8 @@ class ChildHandle:
     held: deque[ClaimedJob] = field(default_factory=deque)
     sent_bytes: int = 0
     pace: Pace = field(default_factory=Pace)
-    stopped: bool = False
-    unstarted: tuple[wire.JobKey, ...] = ()  # what a stopping child never started
+    life: Life = Life.DEAD  # never started yet: the pool starts it (changed only by _become)
+    unstarted: tuple[wire.JobKey, ...] = ()  # what a STOPPED child never started
     recalling: bool = False  # a Recall is on its way: send nothing until its Returned
     saturated: bool = False  # recalled, and has finished nothing since: worth no more jobs
     returned: list[Sent] = field(default_factory=list)  # taken back (now held), for the pool's caps
@@ -96,7 +119,7 @@ class ChildHandle:
     fatal: str = ""
     job_counts: JobCounts = field(default_factory=JobCounts)  # the pool's, for the metrics
     alive_until: Any = None  # the pool's shared gate (shardworker.child.gate.StartGate)
-    restart_at: float | None = None
+    restart_at: float | None = None  # a DEAD child's restart (the pool's clock); None: not scheduled
     # Claimed jobs that were running in an earlier death whose cause is unknown: each runs alone, in turn.
     suspects: deque[ClaimedJob] = field(default_factory=deque)
     suspect: wire.JobKey | None = None  # the suspect sent last
@@ -111,24 +134,81 @@ class ChildHandle:
     def index(self) -> int:
         return self.config.shard
 
+    def _become(self, life: Life, restart_at: float | None = None) -> None:
+        """The one place a child's life changes."""
+        self.life, self.restart_at = life, restart_at
+
+    @property
+    def started(self) -> bool:
+        """Its current process was started and has not been settled dead."""
+        if self.life is Life.STARTING and self.progress is not None and self.progress.up:
+            self._become(Life.UP)
+        return self.life in (Life.STARTING, Life.UP, Life.DRAINING, Life.STOPPED)
+
     @property
     def alive(self) -> bool:
         return self.process is not None and self.process.is_alive()
 
     @property
     def ready(self) -> bool:
-        """Alive, not waiting for a restart and not running suspects: jobs may be sent."""
-        return self.restart_at is None and self.alive and not self.isolating
+        """Started, alive, and not running suspects: jobs may be sent."""
+        return self.started and self.alive and not self.isolating
 
     @property
     def up(self) -> bool:
         """Its app is loaded and it reads jobs: what it is sent can start at once."""
-        return self.progress is not None and self.progress.up and self.ready
+        return self.ready and self.life is Life.UP
 
     @property
-    def isolating(self) -> bool:
-        """Suspects wait, or one runs alone: nothing else may be sent."""
-        return bool(self.suspects) or self.suspect in self.sent
+    def loading(self) -> bool:
+        """Alive, and its app still loading."""
+        return self.started and self.life is Life.STARTING and self.alive
+
+    @property
+    def stopped(self) -> bool:
+        return self.life is Life.STOPPED
+
+    def due_for_restart(self, now: float) -> bool:
+        return self.life is Life.DEAD and self.restart_at is not None and now >= self.restart_at
+
+    def died(self, restart_at: float | None) -> None:
+        """Its process ended (or was killed) and its jobs were settled; it restarts at
+        ``restart_at`` (None: not now, the worker is stopping)."""
+        self._become(Life.DEAD, restart_at)
+
+    def retire(self) -> None:
+        """Never restart it."""
+        self._become(Life.RETIRED)
+
+    def stopped_without_report(self) -> None:
+        """Killed while stopping (its cancelled handler was past its grace): it reported no
+        unstarted job; its jobs were settled as a death's."""
+        self.unstarted = ()
+        self._become(Life.STOPPED)
+
+    def reported(self, count: int, now: float) -> None:
+        """It reported ``count`` finished jobs at ``now``."""
+        self.pace.finished(count, now)
+        self.reported_at = now
+
+    def take_returned(self) -> list[Sent]:
+        """The recalled jobs it gave back since the last call (held again here)."""
+        taken, self.returned = self.returned, []
+        return taken
+
+    def send_suspect(self, job: ClaimedJob) -> None:
+        """Send ``job``, a suspect, to run alone."""
+        self.suspect = (job.id, job.attempt)
+        self.send_now([job], [job.size + 64])
+
+    def keep_suspects_turn(self, unstarted: list[ClaimedJob]) -> list[ClaimedJob]:
+        """After its death: the suspect it was sent and never started waits for its turn
+        again; returns the other unstarted jobs."""
+        if self.suspect is None:
+            return unstarted
+        suspect, self.suspect = self.suspect, None
+        self.suspects.extendleft([j for j in unstarted if (j.id, j.attempt) == suspect])
+        return [j for j in unstarted if (j.id, j.attempt) != suspect]
 
     def start(self, now: float, fork: bool = False) -> None:
         """Start the child process: spawned, or (``fork``, at the worker's start only) forked."""
@@ -150,8 +230,9 @@ class ChildHandle:
         self._pipes = [to_child_w, from_child_r]
         self.out, self.inp = wire.OutFrames(to_child_w.fileno()), wire.InFrames(from_child_r.fileno())
         self.progress, self._free = progress, list(range(self.config.slots - 1, -1, -1))
-        self.stopped, self.fatal, self.restart_at, self.finished_here = False, "", None, 0
+        self.fatal, self.finished_here, self.unstarted = "", 0, ()
         self.recalling = self.saturated = False
+        self._become(Life.STARTING)
         self.crashes.started(now)
 
     def _close_pipes(self) -> None:
@@ -204,6 +285,8 @@ class ChildHandle:
     def request_stop(self) -> None:
         if self.out is not None:
             self.put(wire.Stop())
+            if self.started and self.life is not Life.STOPPED:
+                self._become(Life.DRAINING)
 
     def receive(self) -> list[Sent]:
         """Read what the child reported; returns the jobs it finished."""
@@ -232,7 +315,8 @@ class ChildHandle:
                 # left, nothing would, and it is free.
                 self.recalling, self.saturated = False, bool(self.sent)
             elif isinstance(msg, wire.Stopped):
-                self.stopped, self.unstarted = True, msg.unstarted
+                self.unstarted = msg.unstarted
+                self._become(Life.STOPPED)
             elif isinstance(msg, wire.Fatal):
                 self.fatal = msg.message
                 # A start that failed is said once, by the worker as it stops (the pool's StartupFailed).
@@ -244,7 +328,7 @@ class ChildHandle:
         restarted, and this is the ``StartupFailed`` that stops the worker; else None."""
         if self.process is None or self.process.exitcode != EXIT_START_FAILED:
             return None
-        self.restart_at = float("inf")
+        self.retire()
         return StartupFailed(f"child {self.index} could not start: {self.fatal or 'an on_startup hook raised'}")
 
     def _release(self, key: wire.JobKey) -> Sent:

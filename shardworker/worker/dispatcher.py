@@ -51,6 +51,52 @@ LOOK_S = 0.05  # how often a pass that will not wait looks for notifications kep
 SETTLE_MARGIN_S = 2.0
 
 
+class ClaimHealth:
+    """Whether the database takes this worker's claims: the claims' outage (its backoff, and
+    its lines for -v), when the next claim may go, and the failures counted; what the
+    dispatcher reports to the watch of the database (``shardworker.worker.dbwatch``)."""
+
+    def __init__(self, backoff: Backoff, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        # One line per outage comes from the watch; the claim's own lines are for -v.
+        self.outage = Outage("claim", log, backoff, started="claim failed ({error}); retrying in {delay:.2f}s",
+                             ended=None, clock=clock)
+        self.next_claim_at = 0.0  # while failing: not before then
+        self.failed_at = 0.0  # when the last claim failed
+        self.errors = 0  # claims (and looks) the database failed, in all
+
+    @property
+    def ok(self) -> bool:
+        """Whether the last claim (or look for notifications) worked."""
+        return self.outage.since is None
+
+    @property
+    def waiting(self) -> bool:
+        return self.clock() < self.next_claim_at
+
+    def failed(self, exc: StoreError) -> None:
+        """A claim or a look failed: back off (raises what is not retryable, and SchemaMissing)."""
+        if isinstance(exc, SchemaMissing):
+            raise exc
+        self.next_claim_at = self.clock() + self.outage.failed(exc)
+        self.errors += 1
+        self.failed_at = self.clock()
+
+    def worked(self) -> None:
+        self.outage.recovered()
+        self.next_claim_at = 0.0
+
+    def failure(self, flusher: FlusherHandle) -> str | None:
+        """Why the database was unreachable for this worker's last claim or flush; None when
+        both worked. A claim failure counts until a claim works, or the flusher applies a batch
+        begun since (claims may stay paused after an outage: a backlog, no room)."""
+        if flusher.failing:
+            return flusher.failing
+        if self.outage.unreachable and flusher.batch_started_at <= self.failed_at:
+            return self.outage.unreachable
+        return None
+
+
 class Dispatcher:
     """Claim and route; one instance per worker run."""
 
@@ -61,10 +107,8 @@ class Dispatcher:
         self.config, self.worker_id, self.kinds, self.store = config, worker_id, kinds, store
         self.pool, self.flusher, self.parent_outcomes = pool, flusher, parent_outcomes
         self.stopping, self.clock = stopping, clock
-        # One line per outage comes from the watch (self.watch); the claim's own lines are for -v.
-        self.outage = Outage("claim", log, Backoff(config.backoff_base_s, config.backoff_cap_s),
-                             started="claim failed ({error}); retrying in {delay:.2f}s", ended=None, clock=clock)
-        self.next_claim_at, self.pause_reason, self.look_at = 0.0, "", 0.0
+        self.health = ClaimHealth(Backoff(config.backoff_base_s, config.backoff_cap_s), clock)
+        self.pause_reason, self.look_at = "", 0.0
         # While claims take jobs of a rate-limited kind or queue: come back every pace_s.
         self.paced_until, self.pace_s = 0.0, 0.0
         self.backlog = Backlog(config.outbox_dir, lambda: flusher.flushed_total, clock)
@@ -74,8 +118,6 @@ class Dispatcher:
         self.backlog_seen, self.woken = False, True
         self.next_log_at, self.next_idle_check_at = clock() + config.log_interval_s, 0.0
         self.wake_fds: list[int] = []  # readable when the wait should end at once (a stop signal)
-        self._failed_at = 0.0  # when the last claim failed
-        self.db_errors = 0  # claims the database failed, in all
         self.watch = DatabaseWatch(self.backlog, clock)
         self.giving_back = GiveBack(store, worker_id, config.outbox_dir, clock=clock,
                                     backoff=lambda: Backoff(config.backoff_base_s, min(1.0, config.backoff_cap_s)))
@@ -135,21 +177,19 @@ class Dispatcher:
             self.backlog.reset(pending)
 
     def db_failure(self) -> str | None:
-        """Why the database was unreachable for this worker's last claim or flush; None when
-        both worked. A claim failure counts until a claim works, or the flusher applies a batch
-        begun since (claims may stay paused after an outage: a backlog, no room)."""
-        if self.flusher.failing:
-            return self.flusher.failing
-        if self.outage.unreachable and self.flusher.batch_started_at <= self._failed_at:
-            return self.outage.unreachable
-        return None
+        """Why the database was unreachable for this worker's last claim or flush (``ClaimHealth.failure``)."""
+        return self.health.failure(self.flusher)
+
+    @property
+    def db_errors(self) -> int:
+        return self.health.errors
 
     def _claim_blocker(self) -> str:
         if self.stopping():
             return "stopping"
         if not self.parent_outcomes.flush():
             return "the outbox cannot take the outcomes of a dead child yet"
-        if self.clock() < self.next_claim_at:
+        if self.health.waiting:
             return "database unavailable"
         if self.backlog() > self.config.max_backlog:
             return f"the flusher is {self.backlog()} outcomes behind (max_backlog {self.config.max_backlog})"
@@ -198,7 +238,7 @@ class Dispatcher:
                 self.lost_claims.append(token)  # the server may have committed it before the connection broke
             self._claim_failed(exc)
             return 0
-        self._claim_ok()
+        self.health.worked()
         jobs = claim.jobs
         if claim.pace_s is not None:  # a rate-limited backlog: come back as its bucket refills
             self.paced_until, self.pace_s = self.clock() + 1.0, max(0.005, claim.pace_s)
@@ -218,18 +258,10 @@ class Dispatcher:
     @property
     def db_ok(self) -> bool:
         """Whether the last claim (or wait for notifications) worked."""
-        return self.outage.since is None
+        return self.health.ok
 
     def _claim_failed(self, exc: StoreError) -> None:
-        if isinstance(exc, SchemaMissing):
-            raise exc
-        self.next_claim_at = self.clock() + self.outage.failed(exc)  # raises what is not retryable
-        self.db_errors += 1
-        self._failed_at = self.clock()
-
-    def _claim_ok(self) -> None:
-        self.outage.recovered()
-        self.next_claim_at = 0.0
+        self.health.failed(exc)
 
     def _note_pause(self, blocker: str) -> None:
         if blocker != self.pause_reason and blocker not in ("", "stopping", "database unavailable"):
@@ -244,8 +276,8 @@ class Dispatcher:
         timeout = self.config.poll_interval_s
         if self.clock() < self.paced_until:
             timeout = min(timeout, self.pace_s)
-        if self.next_claim_at:
-            timeout = max(0.0, min(timeout, self.next_claim_at - self.clock()))
+        if self.health.next_claim_at:
+            timeout = max(0.0, min(timeout, self.health.next_claim_at - self.clock()))
         if self.pool.starting or (self.config.exit_when_idle and not self.pool.in_flight and not self.flusher.failing
                                   and (self.backlog() > 0 or not self.flusher.idle)):
             timeout = 0.005  # a child coming up, or the last outcomes landing: neither wakes the wait

@@ -142,8 +142,7 @@ class ChildPool:
     @property
     def starting(self) -> bool:
         """Whether some child is still coming up (alive, its app not yet loaded)."""
-        return any(h.alive and h.restart_at is None and not (h.progress is not None and h.progress.up)
-                   for h in self.handles)
+        return any(h.loading for h in self.handles)
 
     def held_bytes(self) -> int:
         """Payload bytes claimed and waiting here, not yet sent to a child."""
@@ -176,12 +175,10 @@ class ChildPool:
             handle.flush()
             reported = handle.receive()
             if reported:
-                handle.pace.finished(len(reported), now)
-                handle.reported_at = now
+                handle.reported(len(reported), now)
             self._forget(reported)
-            if handle.returned:  # recalled jobs, held again: their kinds' caps free up
-                self._forget(handle.returned, finished=False)
-                handle.returned = []
+            if returned := handle.take_returned():  # recalled jobs, held again: their kinds' caps free up
+                self._forget(returned, finished=False)
                 self._drop_cancelled()  # a cancelled one taken back is not sent again
 
     def _forget(self, taken: list[Sent], *, finished: bool = True) -> None:
@@ -211,8 +208,8 @@ class ChildPool:
             self.cancelling.keep_only({(j.id, j.attempt) for j in self.held_jobs()})
             self.cancelling.tell(self.handles, now)
         for handle in self.handles:
-            if handle.restart_at is not None:
-                if now >= handle.restart_at:
+            if not handle.started:
+                if handle.due_for_restart(now):
                     handle.start(now)
                     self.sender.send_suspect(handle)
                     self.sender.pump(handle)
@@ -243,27 +240,21 @@ class ChildPool:
         others_ran = handle.finished_here > 0 or left.durable > 0 or bool(left.unsaved)
         alone = len(left.unfinished) == 1 and (left.unfinished[0].id, left.unfinished[0].attempt) == handle.suspect
         verdict = blame.judge(cause, left.unfinished, left.unsaved, others_ran=others_ran, alone=alone)
-        unstarted = left.unstarted
-        if handle.suspect is not None:  # a suspect it never started keeps its turn
-            back = [j for j in unstarted if (j.id, j.attempt) == handle.suspect]
-            unstarted = [j for j in unstarted if (j.id, j.attempt) != handle.suspect]
-            handle.suspects.extendleft(back)
-            handle.suspect = None
+        unstarted = handle.keep_suspects_turn(left.unstarted)
         self.suspect_ids.add(verdict.suspects)
         handle.held.extendleft(reversed(unstarted))  # first, in their order
         log_death(handle.index, verdict, len(left.unstarted))
-        if now is not None:
-            handle.restart_at = now
-            if verdict.crash:
-                self._count_crash(handle, now, verdict.reason)
+        handle.died(restart_at=now)  # None: the worker is stopping
+        if now is not None and verdict.crash:
+            self._count_crash(handle, now, verdict.reason)
         return Death(handle.index, verdict.reason, left.durable, tuple(j for j, _ in verdict.charged),
                      tuple(left.unstarted), tuple(e for _, e in verdict.charged), verdict.snooze, tuple(left.steps))
 
     def _count_crash(self, handle: ChildHandle, now: float, reason: str) -> None:
         try:
-            handle.restart_at = now + handle.crashes.died(now, reason)
+            handle.died(restart_at=now + handle.crashes.died(now, reason))
         except CrashLoop as exc:
-            handle.restart_at = float("inf")
+            handle.retire()
             self._crash_loop = exc
 
     def request_stop(self) -> None:
@@ -308,7 +299,7 @@ class ChildPool:
             if late:
                 procs.kill_quietly(handle.process.pid)
                 deaths.append(self._settle(handle, blame.Cause(killed=True, timed_out=late, cancelled=set(late))))
-                handle.stopped, handle.unstarted = True, ()
+                handle.stopped_without_report()
         return deaths
 
     def _collect_only(self) -> int:

@@ -124,12 +124,11 @@ class Sender:
 
     def send_suspect(self, handle: ChildHandle) -> None:
         """Send the next suspect when the child holds nothing else (and its kind is under its cap)."""
-        if not handle.suspects or handle.sent or handle.restart_at is not None or not handle.alive:
+        if not handle.suspects or handle.sent or not handle.started or not handle.alive:
             return
         job = handle.suspects[0]
         if self.caps.full(job.kind):
             return
         handle.suspects.popleft()
         self.caps.sent(job.kind)
-        handle.suspect = (job.id, job.attempt)
-        handle.send_now([job], [job.size + 64])
+        handle.send_suspect(job)
