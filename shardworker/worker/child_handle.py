@@ -165,6 +165,11 @@ class ChildHandle:
         return self.started and self.life is Life.STARTING and self.alive
 
     @property
+    def isolating(self) -> bool:
+        """Suspects wait, or one runs alone: nothing else may be sent."""
+        return bool(self.suspects) or self.suspect in self.sent
+
+    @property
     def stopped(self) -> bool:
         return self.life is Life.STOPPED
 
@@ -223,12 +228,20 @@ class ChildHandle:
         progress = slots.open()
         progress.mark_starting()
         args = (self.config, to_child_r, from_child_w, slots, logs.current(), self.alive_until)
-        self.process = ctx.Process(target=child_main, args=args, name=f"shardworker-shard-{self.index}", daemon=True)
-        procs.start_process(self.process, fork)
+        process = ctx.Process(target=child_main, args=args, name=f"shardworker-shard-{self.index}", daemon=True)
+        self.process = process
+        procs.start_process(process, fork)
         to_child_r.close()
         from_child_w.close()
         self._pipes = [to_child_w, from_child_r]
-        self.out, self.inp = wire.OutFrames(to_child_w.fileno()), wire.InFrames(from_child_r.fileno())
+        self.attach(process, wire.OutFrames(to_child_w.fileno()), wire.InFrames(from_child_r.fileno()), progress, now)
+
+    def attach(self, process: Any, out: wire.OutFrames, inp: wire.InFrames, progress: Progress,
+               now: float = 0.0) -> None:
+        """Take ``process`` (started: anything with ``is_alive``, ``pid`` and ``exitcode``) as this
+        child, talking through ``out`` and ``inp``, its progress slots all free: it is STARTING.
+        ``start`` attaches the process it starts; a test may attach a thread running a child."""
+        self.process, self.out, self.inp = process, out, inp
         self.progress, self._free = progress, list(range(self.config.slots - 1, -1, -1))
         self.fatal, self.finished_here, self.unstarted = "", 0, ()
         self.recalling = self.saturated = False

@@ -73,10 +73,9 @@ class Pool:
             writer = open_writer(handle.config)
             self.writers.append(writer)
             runner = ShardRunner(handle.config, app, writer, to_child_r, from_child_w, Progress(array, SLOTS))
-            handle.process = threading.Thread(target=runner.run, daemon=True)
-            handle.process.start()
-            handle.out, handle.inp = wire.OutFrames(to_child_w), wire.InFrames(from_child_r)
-            handle.progress, handle._free = Progress(array, SLOTS), list(range(SLOTS - 1, -1, -1))
+            thread = threading.Thread(target=runner.run, daemon=True)
+            thread.start()
+            handle.attach(thread, wire.OutFrames(to_child_w), wire.InFrames(from_child_r), Progress(array, SLOTS))
         self.finished = 0
 
     def collect_until(self, finished: int, timeout_s: float = 10.0) -> None:
