@@ -242,6 +242,14 @@ def private_pg(_private_pg_golden: Path) -> Iterator[EmbeddedPostgres]:
             server.stop("immediate")  # its data is thrown away next
 
 
+@pytest.fixture
+def dirs(tmp_path: Path) -> tuple[Path, Path]:
+    """A worker's outbox directory (not made: the worker makes it 0700) and the directory its
+    handlers count their runs in (``tests/apps/run_ledger.py``), where its log goes too."""
+    (tmp_path / "counts").mkdir()
+    return tmp_path / "outbox", tmp_path / "counts"
+
+
 @pytest.fixture(autouse=True)
 def _no_leftover_workers() -> Iterator[None]:
     """Kill every worker a test started (its whole process group), even when the test failed."""

@@ -134,6 +134,15 @@ def exit_code(proc: subprocess.Popen[bytes], timeout_s: float, count_dir: Path) 
         raise AssertionError(f"worker still running after {timeout_s}s; its log ends:\n{tail}") from None
 
 
+def run_until_idle(dsn: str, dirs: tuple[Path, Path], *args: str, procs: int = 1, app: str = "counting_app",
+                   timeout_s: float = 60.0) -> int:
+    """Run ``shardworker run --exit-when-idle`` on ``dirs`` (outbox, counts: the ``dirs``
+    fixture) until it exits; its exit code (a worker still running at ``timeout_s`` fails
+    the test with its log)."""
+    proc = start_worker(dsn, dirs[0], dirs[1], "--exit-when-idle", *args, procs=procs, app=app)
+    return exit_code(proc, timeout_s, dirs[1])
+
+
 @contextlib.contextmanager
 def mounted_tmpfs(mount: Path, size: str) -> Iterator[Path]:
     """A tmpfs of ``size`` (``2m``, ``80m``) at ``mount`` (created), unmounted on the way out;

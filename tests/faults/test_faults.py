@@ -16,7 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 from click.testing import CliRunner
 
 from shardworker.cli.main import main as cli
@@ -56,10 +55,6 @@ def assert_promise(dsn: str, count_dir: Path, total: int, acked: set[tuple[int, 
     assert len(reran) <= max_reruns, f"{len(reran)} jobs ran again: {sorted(reran)[:10]}"
 
 
-@pytest.fixture
-def dirs(tmp_path: Path) -> tuple[Path, Path]:
-    (tmp_path / "counts").mkdir()
-    return tmp_path / "outbox", tmp_path / "counts"
 
 
 def test_repeated_short_outages_rerun_nothing(private_pg: EmbeddedPostgres, dirs: tuple[Path, Path]) -> None:

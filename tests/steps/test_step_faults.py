@@ -39,10 +39,6 @@ def steps_landed(dsn: str, ids: list[int], name: str) -> bool:
                  name, ids)[0][0] == len(ids)
 
 
-@pytest.fixture
-def dirs(tmp_path: Path) -> tuple[Path, Path]:
-    (tmp_path / "counts").mkdir()
-    return tmp_path / "outbox", tmp_path / "counts"
 
 
 @pytest.mark.parametrize("kind", ["extract", "agent"])

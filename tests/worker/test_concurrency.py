@@ -9,8 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.faults.test_faults import _worker_processes
 from tests.helpers import (
     REPO,
@@ -25,13 +23,6 @@ from tests.helpers import (
     worker_log,
 )
 from tests.worker.test_mission import acknowledged
-
-
-@pytest.fixture
-def dirs(tmp_path: Path) -> tuple[Path, Path]:
-    outbox_dir, count_dir = tmp_path / "outbox", tmp_path / "counts"
-    count_dir.mkdir()
-    return outbox_dir, count_dir
 
 
 def start(dsn: str, dirs: tuple[Path, Path], *args: str, procs: int = 2) -> subprocess.Popen[bytes]:

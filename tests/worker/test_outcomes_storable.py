@@ -5,25 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
-from tests.helpers import enqueue, query, runs, start_worker, worker_log
-
-
-@pytest.fixture
-def dirs(tmp_path: Path) -> tuple[Path, Path]:
-    outbox_dir, count_dir = tmp_path / "outbox", tmp_path / "counts"
-    count_dir.mkdir()
-    return outbox_dir, count_dir
-
-
-def run_until_idle(dsn: str, dirs: tuple[Path, Path], *args: str, procs: int = 1, timeout_s: float = 60) -> None:
-    proc = start_worker(dsn, dirs[0], dirs[1], "--exit-when-idle", *args, procs=procs)
-    try:
-        assert proc.wait(timeout_s) == 0, worker_log(dirs[1])
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+from tests.helpers import enqueue, query, run_until_idle, runs, worker_log
 
 
 def job_state(dsn: str, job_id: int) -> tuple[str, int, str | None]:
@@ -37,7 +19,7 @@ def test_an_error_with_a_lone_surrogate_is_stored_escaped(pg_dsn: str, dirs: tup
     other jobs in the same child are unaffected."""
     others = enqueue(pg_dsn, "count", 20)
     [bad] = enqueue(pg_dsn, "surrogate", 1)
-    run_until_idle(pg_dsn, dirs)
+    assert run_until_idle(pg_dsn, dirs) == 0, worker_log(dirs[1])
     status, attempt, error = job_state(pg_dsn, bad)
     assert (status, attempt) == ("failed", 2)
     assert error is not None and "report-\\udcff.pdf" in error
@@ -49,7 +31,7 @@ def test_an_error_with_a_lone_surrogate_is_stored_escaped(pg_dsn: str, dirs: tup
 def test_an_error_with_a_nul_byte_is_stored_escaped_and_retried(pg_dsn: str, dirs: tuple[Path, Path]) -> None:
     """A NUL in an error message is escaped, so the attempt is retried instead of failing for good."""
     [bad] = enqueue(pg_dsn, "nul_error", 1)
-    run_until_idle(pg_dsn, dirs)
+    assert run_until_idle(pg_dsn, dirs) == 0, worker_log(dirs[1])
     status, attempt, error = job_state(pg_dsn, bad)
     assert (status, attempt) == ("failed", 2)
     assert error is not None and "bad byte \\x00 in input" in error
@@ -59,7 +41,7 @@ def test_an_infinite_retry_delay_means_do_not_retry(pg_dsn: str, dirs: tuple[Pat
     """retry_delay returning inf fails the job for good on its first attempt instead of a record
     the flusher cannot decode."""
     [bad] = enqueue(pg_dsn, "inf_delay", 1)
-    run_until_idle(pg_dsn, dirs)
+    assert run_until_idle(pg_dsn, dirs) == 0, worker_log(dirs[1])
     status, attempt, error = job_state(pg_dsn, bad)
     assert (status, attempt) == ("failed", 1)
     assert error is not None and "never retry me" in error
@@ -70,7 +52,7 @@ def test_a_nan_retry_delay_falls_back_to_the_default_backoff(pg_dsn: str, dirs: 
     The shutdown timeout is shorter than that backoff, so ``--exit-when-idle`` leaves the retry queued
     instead of waiting for it (a retry due within the shutdown timeout would be waited for)."""
     [bad] = enqueue(pg_dsn, "nan_delay", 1)
-    run_until_idle(pg_dsn, dirs, "--shutdown-timeout", "0.5")
+    assert run_until_idle(pg_dsn, dirs, "--shutdown-timeout", "0.5") == 0, worker_log(dirs[1])
     sql = "SELECT status, attempt, extract(epoch FROM run_at - updated_at)::float8 FROM shardworker.jobs WHERE id = %s"
     [(status, attempt, delay)] = query(pg_dsn, sql, bad)
     assert (status, attempt) == ("queued", 1)
@@ -80,7 +62,7 @@ def test_a_nan_retry_delay_falls_back_to_the_default_backoff(pg_dsn: str, dirs: 
 def test_a_result_with_a_nul_fails_for_good_with_the_reason(pg_dsn: str, dirs: tuple[Path, Path]) -> None:
     """A result jsonb cannot hold fails its job once, with the reason, rather than dead-lettering retries."""
     [bad] = enqueue(pg_dsn, "nul_result", 1)
-    run_until_idle(pg_dsn, dirs)
+    assert run_until_idle(pg_dsn, dirs) == 0, worker_log(dirs[1])
     status, attempt, error = job_state(pg_dsn, bad)
     assert (status, attempt) == ("failed", 1)
     assert error is not None and "NUL" in error
@@ -91,7 +73,7 @@ def test_failed_attempts_are_logged_with_kind_id_and_error(pg_dsn: str, dirs: tu
     ERROR, followed by its traceback: a retry's traceback goes only to the job's error history (and
     to the log at DEBUG), so a log of planned retries reads as one line each (issue 42, 8)."""
     [bad] = enqueue(pg_dsn, "fail", 1)
-    run_until_idle(pg_dsn, dirs)
+    assert run_until_idle(pg_dsn, dirs) == 0, worker_log(dirs[1])
     lines = [line for line in worker_log(dirs[1]).splitlines() if f"job {bad} (fail)" in line]
     assert len(lines) == 3, worker_log(dirs[1])
     assert worker_log(dirs[1]).count("Traceback (most recent call last)") == 1, worker_log(dirs[1])

@@ -6,21 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
-from tests.helpers import enqueue, exit_code, query, runs, start_worker, worker_log
+from tests.helpers import enqueue, query, run_until_idle, runs, worker_log
 
 
-@pytest.fixture
-def dirs(tmp_path: Path) -> tuple[Path, Path]:
-    outbox_dir, count_dir = tmp_path / "outbox", tmp_path / "counts"
-    count_dir.mkdir()
-    return outbox_dir, count_dir
-
-
-def run_idle(dsn: str, dirs: tuple[Path, Path], *args: str, procs: int, timeout_s: float = 55) -> int:
-    proc = start_worker(dsn, dirs[0], dirs[1], "--exit-when-idle", *args, procs=procs, app="poison_app")
-    return exit_code(proc, timeout_s, dirs[1])
+def run_idle(dsn: str, dirs: tuple[Path, Path], *args: str, procs: int) -> int:
+    return run_until_idle(dsn, dirs, *args, procs=procs, app="poison_app", timeout_s=55)
 
 
 def row(dsn: str, job_id: int) -> tuple[str, int, str | None]:

@@ -5,12 +5,11 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-import pytest
-
 from tests.helpers import (
     enqueue,
     exit_code,
     query,
+    run_until_idle,
     runs,
     runs_per_job,
     start_worker,
@@ -20,26 +19,10 @@ from tests.helpers import (
 )
 
 
-@pytest.fixture
-def dirs(tmp_path: Path) -> tuple[Path, Path]:
-    outbox_dir, count_dir = tmp_path / "outbox", tmp_path / "counts"
-    count_dir.mkdir()
-    return outbox_dir, count_dir
-
-
-def run_until_idle(dsn: str, dirs: tuple[Path, Path], *args: str, procs: int = 3, timeout_s: float = 60) -> int:
-    proc = start_worker(dsn, dirs[0], dirs[1], "--exit-when-idle", *args, procs=procs)
-    try:
-        return proc.wait(timeout_s)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-
-
 def test_jobs_run_once_each_and_store_results(pg_dsn: str, dirs: tuple[Path, Path]) -> None:
     """Every job of a batch runs once through several children and lands done with its result."""
     ids = enqueue(pg_dsn, "count", 500, {"k": "v"})
-    assert run_until_idle(pg_dsn, dirs) == 0, worker_log(dirs[1])
+    assert run_until_idle(pg_dsn, dirs, procs=3) == 0, worker_log(dirs[1])
     rows = query(pg_dsn, "SELECT id, status, result, attempt, locked_by FROM shardworker.jobs ORDER BY id")
     assert [r[0] for r in rows] == ids
     assert all(r[1] == "done" and r[2] == {"id": r[0], "echo": {"k": "v"}} and r[3] == 1 and r[4] is None
@@ -53,7 +36,7 @@ def test_exit_when_idle_waits_for_a_retry_due_within_the_shutdown_timeout(pg_dsn
     """A batch run finishes its retries: a failed attempt whose retry falls due within
     --shutdown-timeout (2 s here, of 30) keeps the worker until the job ends."""
     [job_id] = enqueue(pg_dsn, "fail_retry_in_2s", 1)
-    assert run_until_idle(pg_dsn, dirs, "--shutdown-timeout", "30") == 0, worker_log(dirs[1])
+    assert run_until_idle(pg_dsn, dirs, "--shutdown-timeout", "30", procs=3) == 0, worker_log(dirs[1])
     assert query(pg_dsn, "SELECT status, attempt FROM shardworker.jobs") == [("failed", 2)]
     assert runs(dirs[1]) == {(job_id, 1): 1, (job_id, 2): 1}
 
@@ -62,7 +45,7 @@ def test_exit_when_idle_leaves_a_retry_due_after_the_shutdown_timeout_queued(pg_
                                                                              dirs: tuple[Path, Path]) -> None:
     """A retry an hour away is the next run's: the worker exits, the job stays queued."""
     [job_id] = enqueue(pg_dsn, "fail_retry_in_1h", 1)
-    assert run_until_idle(pg_dsn, dirs, "--shutdown-timeout", "5") == 0, worker_log(dirs[1])
+    assert run_until_idle(pg_dsn, dirs, "--shutdown-timeout", "5", procs=3) == 0, worker_log(dirs[1])
     assert query(pg_dsn, "SELECT status, attempt FROM shardworker.jobs") == [("queued", 1)]
     assert runs(dirs[1]) == {(job_id, 1): 1}
 
@@ -70,7 +53,7 @@ def test_exit_when_idle_leaves_a_retry_due_after_the_shutdown_timeout_queued(pg_
 def test_failing_handler_is_retried_then_failed(pg_dsn: str, dirs: tuple[Path, Path]) -> None:
     """A raising handler is retried with backoff until max_attempts, then failed with last_error."""
     [job_id] = enqueue(pg_dsn, "fail", 1)
-    assert run_until_idle(pg_dsn, dirs) == 0, worker_log(dirs[1])
+    assert run_until_idle(pg_dsn, dirs, procs=3) == 0, worker_log(dirs[1])
     [(status, attempt, error)] = query(pg_dsn, "SELECT status, attempt, last_error FROM shardworker.jobs")
     assert (status, attempt) == ("failed", 3)
     assert "ValueError: boom on attempt 3" in error and "Traceback" in error
@@ -81,7 +64,7 @@ def test_unknown_kinds_are_not_claimed(pg_dsn: str, dirs: tuple[Path, Path]) -> 
     """A worker claims only kinds its App has handlers for."""
     enqueue(pg_dsn, "somebody_elses_kind", 5)
     enqueue(pg_dsn, "count", 5)
-    assert run_until_idle(pg_dsn, dirs) == 0, worker_log(dirs[1])
+    assert run_until_idle(pg_dsn, dirs, procs=3) == 0, worker_log(dirs[1])
     rows = query(pg_dsn, "SELECT kind, status, attempt, count(*) FROM shardworker.jobs GROUP BY 1, 2, 3 ORDER BY 1")
     assert rows == [("count", "done", 1, 5), ("somebody_elses_kind", "queued", 0, 5)]
 

@@ -71,10 +71,6 @@ def applied_after(dsn: str, job_id: int, at: float) -> bool:
     return float(finished) > at
 
 
-@pytest.fixture
-def dirs(tmp_path: Path) -> tuple[Path, Path]:
-    (tmp_path / "counts").mkdir()
-    return tmp_path / "outbox", tmp_path / "counts"
 
 
 def test_an_outage_and_a_restart_during_it_run_every_workflow_job_once(
