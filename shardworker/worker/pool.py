@@ -11,6 +11,9 @@ After a death, ``shardworker.worker.deaths`` sorts and judges what the child hel
 whose cause is unknown becomes a *suspect*, run alone when claimed again). A death a job
 caused restarts the child at once; only one with no job running, or a ``Fatal`` report,
 counts toward the crash-loop verdict. The per-kind caps live in ``shardworker.worker.kindcaps``.
+A child's life (starting, up, draining, stopped, dead, retired) is its handle's
+(``shardworker.worker.child_handle.Life``): the pool asks it, and moves it only through the
+handle's methods (``died``, ``retire``, ``start``).
 """
 
 from __future__ import annotations
