@@ -69,6 +69,8 @@ def translate(exc: psycopg.Error) -> StoreError:
         return DataRejected(f"database refused: {first_line(exc)}")
     if isinstance(exc, pgerr.UndefinedTable | pgerr.InvalidSchemaName | pgerr.UndefinedColumn):
         return SchemaMissing()
+    if isinstance(exc, pgerr.UndefinedFunction) and "shardworker." in (exc.diag.message_primary or ""):
+        return SchemaMissing()  # a function of a newer migration: the library was upgraded first
     if isinstance(exc, pgerr.QueryCanceled) and "statement timeout" in str(exc):
         return StatementTimeout(f"statement timeout: {first_line(exc)}")
     if isinstance(exc, pgerr.SerializationFailure | pgerr.DeadlockDetected | pgerr.QueryCanceled):

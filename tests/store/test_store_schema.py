@@ -65,3 +65,17 @@ def test_check_schema_raises_when_ledger_is_behind(store: PgStore, pg_dsn: str) 
         store.check_schema()
     assert f"version {before}" in str(info.value)
     assert f"needs {latest}" in str(info.value)
+
+
+def test_a_library_call_on_a_schema_without_a_newer_function_says_to_migrate(pg_dsn: str) -> None:
+    """An app that upgrades the library before anyone runs `shardworker migrate` (its calls do
+    not check the schema, as a worker's start does): a statement calling a function of a newer
+    migration raises SchemaMissing, "run shardworker migrate", not a bare database error."""
+    from shardworker import jobs
+    from shardworker.client import enqueue
+
+    job_id = enqueue(pg_dsn, "k")
+    with connect(pg_dsn) as conn:
+        conn.execute("DROP FUNCTION shardworker.notify_finished(bigint[])")
+    with pytest.raises(SchemaMissing, match="shardworker migrate"):
+        jobs.cancel(pg_dsn, [job_id])
