@@ -139,7 +139,10 @@ def _echo_job(job: jobs_api.JobInfo, as_json: bool) -> None:
     for key, value in job.to_json().items():
         if key in ("payload", "result"):
             value = jobs_api.dumps_json(value)
-        click.echo(f"{key:>13}: {value}")
+        first, *rest = str(value).splitlines() or [""]
+        click.echo(f"{key:>13}: {first}")
+        for line in rest:  # a last_error with its traceback stays under its key
+            click.echo(f"{'':>15}{line}")
 
 
 def _echo_links(title: str, links: list[jobs_api.LinkInfo]) -> None:

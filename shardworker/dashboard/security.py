@@ -11,7 +11,11 @@
   ``Origin`` (or, lacking one, a ``Referer``) of this very host, so another site's page
   cannot press our buttons with the browser's cached credentials, and must be allowed to
   act (a 401 with a basic-auth challenge otherwise: the browser asks for the token and sends
-  the form again). Responses also forbid framing and any script or style from elsewhere.
+  the form again). A script (curl, a deploy job) may instead send the token as
+  ``Authorization: Bearer <token>``, with no Origin: a browser never attaches a Bearer
+  header on its own, and another site's script could send one only through a CORS
+  preflight that this app never grants. Responses also forbid framing and any script or
+  style from elsewhere.
 * On a loopback bind the app accepts only loopback ``Host`` names (``LOOPBACK_HOSTS``):
   a DNS-rebinding page, whose Origin and Host would both be its own name, is refused.
 """
@@ -103,6 +107,15 @@ def unauthorized(_conn: HTTPConnection, exc: Exception) -> Response:
     return PlainTextResponse(f"401: {exc}", status_code=401, headers={"WWW-Authenticate": REALM, **HEADERS})
 
 
+def bearer(request: Request) -> bool:
+    """Whether the request presents a Bearer token (set by a script, never by a browser on its own)."""
+    return request.headers.get("authorization", "").partition(" ")[0].lower() == "bearer"
+
+
+CROSS_SITE = ("403: cross-site request refused: a button's POST must carry an Origin (or Referer) of this "
+              "dashboard, as its page's forms do; a script sends the token as 'Authorization: Bearer TOKEN' instead")
+
+
 def same_origin(request: Request) -> bool:
     """Whether the request's Origin (or Referer) names this host and port, as the browser
     addressed it. The scheme is not compared: behind a TLS proxy the page is https while
@@ -123,10 +136,10 @@ class GuardedPosts(BaseHTTPMiddleware):
 
     async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
         response: Response
-        if request.method in SAFE_METHODS:
+        if request.method in SAFE_METHODS or (bearer(request) and "act" in request.auth.scopes):
             response = await call_next(request)
         elif not same_origin(request):
-            response = PlainTextResponse("403: cross-site request refused", status_code=403)
+            response = PlainTextResponse(CROSS_SITE, status_code=403)
         elif "act" not in request.auth.scopes:
             response = unauthorized(request, AuthenticationError(
                 f"the dashboard's buttons need its token ({self.token_hint}): give it as the password, "

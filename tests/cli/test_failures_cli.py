@@ -110,6 +110,9 @@ def test_three_failed_attempts_show_three_errors_with_tracebacks(project: Path, 
     text = sw(project, pg_dsn, "jobs", "show", str(job_id)).stdout
     assert "errors: 3" in text and text.count("Traceback (most recent call last):") >= 3
     assert "attempt 2" in text and "ValueError: upstream down on attempt 2" in text
+    shown = text.splitlines()
+    [at] = [i for i, line in enumerate(shown) if line.lstrip().startswith("last_error:")]
+    assert shown[at + 1].startswith(" " * 15), shown[at:at + 3]  # its traceback stays under its key
     # A retried attempt is one log line; the last one carries its traceback, on the lines that follow it.
     lines = log.splitlines()
     for n in (1, 2):

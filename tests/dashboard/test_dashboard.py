@@ -91,6 +91,19 @@ def test_cross_site_posts_are_refused(pg_dsn: str, dashboard: Dashboard) -> None
     assert referer.status_code == 303 and status(pg_dsn, job_id) == "cancelled"
 
 
+def test_a_script_presses_a_button_with_a_bearer_token_and_no_origin(pg_dsn: str, dashboard: Dashboard) -> None:
+    """curl with the token as a Bearer header acts without an Origin (a browser never sends one
+    by itself); basic auth without an Origin, or a wrong Bearer, gets a 403 that says how."""
+    [job_id] = enqueue(pg_dsn, "count", 1)
+    url = f"{dashboard.url}/jobs/{job_id}/cancel"
+    basic = httpx.post(url, auth=dashboard.acting)
+    assert basic.status_code == 403 and "Authorization: Bearer" in basic.text and "Origin" in basic.text
+    wrong = httpx.post(url, headers={"Authorization": "Bearer not-the-token"})
+    assert wrong.status_code == 403 and status(pg_dsn, job_id) == "queued"
+    done = httpx.post(url, headers={"Authorization": f"Bearer {dashboard.action_token}"}, follow_redirects=False)
+    assert done.status_code == 303 and status(pg_dsn, job_id) == "cancelled"
+
+
 def test_a_foreign_host_name_is_refused_on_loopback(dashboard: Dashboard) -> None:
     """DNS rebinding: a page served as evil.example but resolving to 127.0.0.1 gets 400."""
     assert httpx.get(dashboard.url, headers={"Host": "evil.example:80"}).status_code == 400
