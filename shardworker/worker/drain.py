@@ -66,20 +66,18 @@ def drain(outbox_dir: str, dsn: str, *, timeout_s: float, backoff_cap_s: float =
         def sleep(seconds: float) -> None:
             time.sleep(max(0.0, min(seconds, deadline - time.monotonic())))
 
+        def retry(call: Callable[[], T], what: str) -> T:  # through an outage, until the deadline
+            return retry_call(call, what, backoff=backoff, log=log, deadline=deadline, sleep=sleep)
+
         heartbeat: Heartbeat | None = None
         try:
-            retry_call(lambda: binding.bind(outbox_dir, store), "checking which database the outbox belongs to",
-                       backoff=backoff, log=log, deadline=deadline, sleep=sleep)
-            heartbeat = _heartbeat_for_owner(outbox_dir, dsn, store, backoff, deadline, sleep)
+            retry(lambda: binding.bind(outbox_dir, store), "checking which database the outbox belongs to")
+            heartbeat = _heartbeat_for_owner(outbox_dir, dsn, store, backoff, retry, sleep)
             flusher = Flusher(reader, store, config.flusher_config(), sleep=sleep,
                               marks=marks_for(reader, store, config.flusher_config()))
             if reapply:
-                _rewind(flusher, from_start, backoff, deadline, sleep)
+                _rewind(flusher, from_start, retry)
             stats = _drain_loop(flusher, outbox_dir, deadline, progress, heartbeat)
-
-            def retry(call: Callable[[], T], what: str) -> T:
-                return retry_call(call, what, backoff=backoff, log=log, deadline=deadline, sleep=sleep)
-
             _give_back(outbox_dir, store, retry)
             if heartbeat is not None:
                 _requeue_orphans(outbox_dir, store, heartbeat, retry)
@@ -94,13 +92,11 @@ def drain(outbox_dir: str, dsn: str, *, timeout_s: float, backoff_cap_s: float =
         os.close(lock_fd)
 
 
-def _rewind(flusher: Flusher, from_start: bool, backoff: Backoff, deadline: float,
-            sleep: Callable[[float], None]) -> None:
+def _rewind(flusher: Flusher, from_start: bool, retry: recovery.Retry) -> None:
     """``outbox reapply``: read again, and apply, the kept records the database's mark does not hold."""
     marks = flusher.marks
     assert marks is not None
-    retry_call(lambda: marks.went_back(by_hand=True, from_start=from_start), "reading the outbox's mark",
-               backoff=backoff, log=log, deadline=deadline, sleep=sleep)
+    retry(lambda: marks.went_back(by_hand=True, from_start=from_start), "reading the outbox's mark")
     flusher.check_wanted = False
 
 
@@ -142,16 +138,15 @@ def _release(store: PgStore, heartbeat: Heartbeat) -> None:
         log.debug("could not release the heartbeat row of worker %s: %s", heartbeat.worker_id, exc)
 
 
-def _heartbeat_for_owner(outbox_dir: str, dsn: str, store: PgStore, backoff: Backoff, deadline: float,
+def _heartbeat_for_owner(outbox_dir: str, dsn: str, store: PgStore, backoff: Backoff, retry: recovery.Retry,
                          sleep: Callable[[float], None]) -> Heartbeat | None:
     """Beat for the worker id stored in the outbox (none before its first run); no rescuing.
     Refused (``WorkerIdInUse``) while another live worker uses that id (``shardworker.worker.identity``)."""
     worker_id = layout.read_worker_id(outbox_dir)
     if not worker_id:
         return None
-    retry_call(lambda: identity.check_worker_id(store, worker_id, HEARTBEAT_INTERVAL_S, sleep=sleep),
-               "checking that no live worker uses this worker id", backoff=backoff, log=log, deadline=deadline,
-               sleep=sleep)
+    retry(lambda: identity.check_worker_id(store, worker_id, HEARTBEAT_INTERVAL_S, sleep=sleep),
+          "checking that no live worker uses this worker id")
     heartbeat = Heartbeat(PgStore(StoreConfig(dsn=dsn)), worker_id, HEARTBEAT_INTERVAL_S, None, backoff)
     heartbeat.start()
     return heartbeat
