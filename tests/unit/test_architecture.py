@@ -50,17 +50,22 @@ def imports(tree: ast.Module) -> list[tuple[str, list[str]]]:
     return out
 
 
-def internal_graph(package: str) -> dict[str, set[str]]:
-    mods = modules(package)
+def import_graph(mods: dict[str, ast.Module]) -> dict[str, set[str]]:
+    """Each of ``mods`` and the modules of ``mods`` it imports (``from shardworker.core import
+    wire`` imports the module shardworker.core.wire)."""
     graph: dict[str, set[str]] = {name: set() for name in mods}
     for name, tree in mods.items():
         for target, names in imports(tree):
             if target in mods and target != name:
                 graph[name].add(target)
-            for sub in names:  # `from shardworker import wire` imports the module shardworker.core.wire
-                if f"{target}.{sub}" in mods:
-                    graph[name].add(f"{target}.{sub}")
-        graph[name].discard(package)  # the package __init__ only re-exports
+            graph[name].update(f"{target}.{sub}" for sub in names if f"{target}.{sub}" in mods)
+    return graph
+
+
+def internal_graph(package: str) -> dict[str, set[str]]:
+    graph = import_graph(modules(package))
+    for targets in graph.values():
+        targets.discard(package)  # the package __init__ only re-exports
     return graph
 
 
@@ -91,16 +96,7 @@ def floor_offences(graph: dict[str, set[str]]) -> list[str]:
 
 def whole_graph() -> dict[str, set[str]]:
     """Every module of both packages and the modules it imports from either."""
-    mods = {name: tree for package in PACKAGES for name, tree in modules(package).items()}
-    graph: dict[str, set[str]] = {name: set() for name in mods}
-    for name, tree in mods.items():
-        for target, names in imports(tree):
-            if target in mods and target != name:
-                graph[name].add(target)
-            for sub in names:
-                if f"{target}.{sub}" in mods:
-                    graph[name].add(f"{target}.{sub}")
-    return graph
+    return import_graph({name: tree for package in PACKAGES for name, tree in modules(package).items()})
 
 
 def folder_of(module: str, packages: set[str]) -> str:
