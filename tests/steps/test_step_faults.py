@@ -24,14 +24,22 @@ from tests.helpers import (
     wait_for,
     worker_env,
 )
-from tests.steps.step_ledger import assert_steps_once, step_runs
+from tests.steps.step_ledger import assert_steps_once, ledger, step_runs
 
 FAST = ("--backoff-cap", "1", "--network-timeout", "3")
 
 
 def ledger_shows(count_dir: Path, ids: list[int], name: str) -> bool:
+    """Step ``name`` of every job started."""
     ran = step_runs(count_dir)
     return all(ran[(job_id, name)] >= 1 for job_id in ids)
+
+
+def ledger_returned(count_dir: Path, ids: list[int], name: str) -> bool:
+    """Step ``name`` of every job returned: its record is durable, so no kill from now on may
+    run it again (a step merely started may run again: a kill can cut it short)."""
+    returned = {(job_id, step) for _, job_id, step, event in ledger(count_dir) if event == "returned"}
+    return all((job_id, name) in returned for job_id in ids)
 
 
 def steps_landed(dsn: str, ids: list[int], name: str) -> bool:
@@ -102,7 +110,7 @@ def test_a_worker_killed_between_steps_and_restarted_runs_no_step_again(
     dsn, (outbox_dir, count_dir) = private_pg.dsn, dirs
     ids = enqueue(dsn, "extract_threads", 6, {"wait_after": "ocr"})
     proc = start_worker(dsn, outbox_dir, count_dir, *FAST, app="steps_app", procs=2)
-    wait_for(lambda: ledger_shows(count_dir, ids, "ocr"), 30, "every job past its second step")
+    wait_for(lambda: ledger_returned(count_dir, ids, "ocr"), 30, "every job past its second step")
     if database == "down":
         private_pg.stop("immediate")
     kill_worker_group(proc)
@@ -136,7 +144,7 @@ def test_a_manual_drain_then_another_procs_runs_no_step_again(
     dsn, (outbox_dir, count_dir) = private_pg.dsn, dirs
     ids = enqueue(dsn, "extract_threads", 6, {"wait_after": "ocr"})
     proc = start_worker(dsn, outbox_dir, count_dir, *FAST, app="steps_app", procs=2)
-    wait_for(lambda: ledger_shows(count_dir, ids, "ocr"), 30, "every job past its second step")
+    wait_for(lambda: ledger_returned(count_dir, ids, "ocr"), 30, "every job past its second step")
     private_pg.stop("immediate")
     kill_worker_group(proc)
     private_pg.start()
