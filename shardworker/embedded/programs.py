@@ -5,11 +5,15 @@ and running one as that user. Also the errors of the embedded server."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import os
 import pwd
 import re
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -86,28 +90,48 @@ def _version(bins: Path) -> tuple[int, ...]:
     return tuple(int(part) for part in match.groups() if part) if match else (0,)
 
 
-def server_user() -> pwd.struct_passwd | None:
-    """The user the server runs as: None means this process's own user (it is not root)."""
+def server_user(name: str = PG_SYSTEM_USER) -> pwd.struct_passwd | None:
+    """The user the server runs as: None means this process's own user (it is not root).
+    Created on first use; processes that start servers at once (a test run's workers on a
+    fresh machine) take turns under a lock, since two concurrent ``useradd`` calls can each
+    write ``/etc/passwd`` and one user's entry then vanishes under the other's server."""
     if os.geteuid() != 0:
         return None
     try:
-        return pwd.getpwnam(PG_SYSTEM_USER)
+        return pwd.getpwnam(name)
     except KeyError:
         pass
-    shell = ["--shell", "/usr/sbin/nologin"] if os.path.exists("/usr/sbin/nologin") else []
-    result = subprocess.run(
-        ["useradd", "--system", "--no-create-home", *shell, PG_SYSTEM_USER],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    with _user_creation_lock():
+        try:
+            return pwd.getpwnam(name)  # another process created it while this one waited
+        except KeyError:
+            pass
+        shell = ["--shell", "/usr/sbin/nologin"] if os.path.exists("/usr/sbin/nologin") else []
+        result = subprocess.run(
+            ["useradd", "--system", "--no-create-home", *shell, name],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        try:
+            return pwd.getpwnam(name)
+        except KeyError:
+            raise EmbeddedPostgresError(
+                f"running as root, and cannot create the system user {name} that PostgreSQL "
+                f"must run as: {result.stderr.strip()}"
+            ) from None
+
+
+@contextlib.contextmanager
+def _user_creation_lock() -> Iterator[None]:
+    """An exclusive lock between processes of this machine (root's: /run/lock is root's)."""
+    folder = "/run/lock" if os.path.isdir("/run/lock") else tempfile.gettempdir()
+    fd = os.open(os.path.join(folder, "shardworker-useradd.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
-        return pwd.getpwnam(PG_SYSTEM_USER)  # also succeeds when a concurrent process won the race
-    except KeyError:
-        raise EmbeddedPostgresError(
-            f"running as root, and cannot create the system user {PG_SYSTEM_USER} that PostgreSQL "
-            f"must run as: {result.stderr.strip()}"
-        ) from None
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def run_program(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import stat
 import subprocess
 import sys
@@ -235,3 +236,22 @@ def test_a_stop_reaches_the_server_after_a_chmod_of_a_parent_directory(tmp_path:
     finally:
         private.chmod(0o711)  # whatever happened above, the cleanup can reach the server
         server.stop("immediate")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="creating the server's system user needs root")
+def test_processes_that_start_servers_at_once_as_root_agree_on_one_system_user() -> None:
+    """On a fresh machine as root (CI), the first servers start at once (one per test process)
+    and each creates the system user the server runs as; all of them end with one user whose
+    entry lasts, not one each where a concurrent useradd overwrote another's (its initdb then
+    fails: 'could not look up effective user ID')."""
+    name = f"sw-test-{os.getpid()}"
+    code = ("import sys; from shardworker.embedded.programs import server_user;"
+            f" print(server_user({name!r}).pw_uid)")
+    try:
+        procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+                 for _ in range(8)]
+        uids = {int(proc.communicate(timeout=120)[0]) for proc in procs}
+        assert all(proc.returncode == 0 for proc in procs)
+        assert uids == {pwd.getpwnam(name).pw_uid}
+    finally:
+        subprocess.run(["userdel", name], capture_output=True)
