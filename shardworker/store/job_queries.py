@@ -129,7 +129,7 @@ def change_jobs(conn_or_dsn: Any, action: str, job_ids: Sequence[int],
         changed = cur.rowcount
         if action in ("cancel", "delete"):  # the jobs waiting on them can never run now
             why = "was cancelled" if action == "cancel" else "was deleted"
-            cur.execute(query("job_dependents_cancel"), {"ids": list(job_ids), "why": why})
+            cur.execute(query("job_dependents_cancel"), {"ids": list(job_ids), "whys": [why] * len(job_ids)})
         return changed
 
 

@@ -110,7 +110,7 @@ class WorkerQueries(ClaimQueries):
         queues it again. A batch is one round trip: BEGIN, the steps, the outcomes and COMMIT
         sent at once (a pipeline, as the full claim). The outcomes of jobs that others wait on
         are left out of it, and applied next in a transaction of their own that settles the
-        jobs waiting on them (``job_dependents_settle``); so is a batch that carries follow-up
+        jobs waiting on them (``job_dependents_cancel`` and ``job_dependents_release``); so is a batch that carries follow-up
         jobs, inserted with it. Zero-row outcomes are replays or stale. ``mark`` (the outbox's
         mark after this batch) is written in the transaction that applies the batch's last part.
         ``timeout_s``: a statement timeout of its own for the batch (one outcome that takes
@@ -165,9 +165,11 @@ class WorkerQueries(ClaimQueries):
                 ended = [(job_id, status) for job_id, _, status, dependents in rows
                          if dependents and status in ("done", "failed", "cancelled")]
                 has_followups = any(o.followups_json for o in outcomes)
-                if ended:
-                    cur.execute(query("job_dependents_settle"), {"ids": [i for i, _ in ended],
-                                                                 "statuses": [s for _, s in ended]})
+                if badly := [(i, s) for i, s in ended if s != "done"]:  # first: a job also behind a done one stays cancelled
+                    cur.execute(query("job_dependents_cancel"), {"ids": [i for i, _ in badly],
+                                                                 "whys": [f"ended {s}" for _, s in badly]})
+                if done := [i for i, s in ended if s == "done"]:
+                    cur.execute(query("job_dependents_release"), {"ids": done})
                 made = insert_followups(cur, outcomes, rows) if has_followups else ()
                 if made and note_followups is not None:
                     note_followups(made)  # before the commit: its reply may be lost, and the ids with it

@@ -290,7 +290,7 @@ WHERE (k.global_concurrency, k.rate_limit, k.rate_period_s)
 -- attempt is used: attempts used are attempt - snoozes); 'cancelled'. Jobs that reach an end (done, failed, cancelled) are
 -- announced on the channel shardworker_finished (shardworker.jobs.wait_for listens), their
 -- ids comma-separated, up to 300 a notification (within the 8,000-byte payload limit).
--- RETURNING has_dependents: whether job_dependents_settle must look for jobs waiting on it.
+-- RETURNING has_dependents: whether job_dependents_cancel or job_dependents_release must look for jobs waiting on it.
 -- Without `settles` a job with dependents is left alone (as if the outcome were stale): the
 -- batch then commits in the same round trip, and the caller applies those outcomes again
 -- with `settles`, in a transaction that settles their dependents.
@@ -1137,27 +1137,9 @@ WHERE w.id = c.id
 RETURNING w.id, w.status;
 
 -- job_dependents_cancel --
--- Cancel the jobs waiting on these (an operator cancelled or deleted them), transitively,
--- each naming the job it waited on. Returns the ids cancelled.
-WITH RECURSIVE doomed AS (
-    SELECT d.job_id AS id, d.depends_on AS cause, %(why)s::text AS why
-    FROM shardworker.job_dependencies d JOIN shardworker.jobs w ON w.id = d.job_id AND w.status = 'waiting'
-    WHERE d.depends_on = ANY(%(ids)s::bigint[])
-    UNION
-    SELECT d.job_id, d.depends_on, 'ended cancelled'
-    FROM doomed x JOIN shardworker.job_dependencies d ON d.depends_on = x.id
-    JOIN shardworker.jobs w ON w.id = d.job_id AND w.status = 'waiting'
-), cancelled AS (
-    UPDATE shardworker.jobs w
-    SET status = 'cancelled', finished_at = now(), updated_at = now(),
-        last_error = 'waited on job ' || c.cause || ', which ' || c.why
-    FROM (SELECT DISTINCT ON (id) id, cause, why FROM doomed ORDER BY id, cause) c
-    WHERE w.id = c.id AND w.status = 'waiting'
-    RETURNING w.id
-), announced AS (
-    SELECT shardworker.notify_finished(array_agg(id)) AS sent FROM cancelled
-)
-SELECT id FROM cancelled WHERE (SELECT count(*) FROM announced) >= 0;
+-- Cancel the jobs waiting on these (whys, pairwise: how each ended, e.g. 'ended failed' or
+-- 'was deleted'), transitively (shardworker.cancel_dependents). Returns the ids cancelled.
+SELECT shardworker.cancel_dependents(%(ids)s::bigint[], %(whys)s::text[]);
 
 -- job_dependency_links --
 -- What `jobs show` lists: the jobs this one waits on and those waiting on it, with their
@@ -1172,53 +1154,31 @@ WHERE d.depends_on = %(id)s
 ORDER BY side, id;
 
 
--- job_dependents_settle --
+-- job_dependents_release --
 -- In the transaction that applied them, after job_apply_outcomes (a statement of its own, so
--- it sees the edges of every enqueue whose lock the apply waited for): the jobs waiting on
--- those applied with dependents. One whose last dependency is now done becomes queued
--- (workers are woken); one behind a dependency that ended failed or cancelled is cancelled,
--- and so, transitively, is every job waiting behind it, each naming the job it waited on.
-WITH RECURSIVE ended AS (
-    SELECT e.id, e.status, CASE WHEN e.status = 'done' THEN octet_length(j.result::text) END AS result_bytes
-    FROM unnest(%(ids)s::bigint[], %(statuses)s::text[]) AS e(id, status)
-    JOIN shardworker.jobs j ON j.id = e.id
-), released AS (
+-- it sees the edges of every enqueue whose lock the apply waited for) and after
+-- job_dependents_cancel for the jobs that ended failed or cancelled (so a job also behind one
+-- of those stays cancelled): the jobs waiting on those applied done. One whose last
+-- dependency is now done becomes queued (workers are woken).
+WITH released AS (
     -- Waiting jobs with dependencies done here: how many, and their results' size.
-    SELECT d.job_id AS id, count(*) AS n, sum(coalesce(e.result_bytes, 0)) AS bytes
-    FROM ended e JOIN shardworker.job_dependencies d ON d.depends_on = e.id
-    WHERE e.status = 'done'
+    SELECT d.job_id AS id, count(*) AS n, sum(octet_length(j.result::text)) AS bytes
+    FROM unnest(%(ids)s::bigint[]) AS e(id)
+    JOIN shardworker.jobs j ON j.id = e.id
+    JOIN shardworker.job_dependencies d ON d.depends_on = e.id
     GROUP BY d.job_id
-), doomed AS (
-    -- Waiting jobs behind a dependency that ended failed or cancelled, transitively.
-    SELECT d.job_id AS id, d.depends_on AS cause, e.status AS cause_status
-    FROM ended e JOIN shardworker.job_dependencies d ON d.depends_on = e.id
-    JOIN shardworker.jobs w ON w.id = d.job_id AND w.status = 'waiting'
-    WHERE e.status IN ('failed', 'cancelled')
-    UNION
-    SELECT d.job_id, d.depends_on, 'cancelled'
-    FROM doomed x JOIN shardworker.job_dependencies d ON d.depends_on = x.id
-    JOIN shardworker.jobs w ON w.id = d.job_id AND w.status = 'waiting'
 ), settled AS (
     UPDATE shardworker.jobs w
-    SET status = CASE WHEN c.id IS NOT NULL THEN 'cancelled'
-                      WHEN w.deps_pending - coalesce(r.n, 0) <= 0 THEN 'queued' ELSE 'waiting' END,
-        deps_pending = w.deps_pending - coalesce(r.n, 0),
-        deps_bytes = w.deps_bytes + coalesce(r.bytes, 0),
-        last_error = CASE WHEN c.id IS NOT NULL THEN 'waited on job ' || c.cause || ', which ended ' || c.cause_status
-                          ELSE w.last_error END,
-        finished_at = CASE WHEN c.id IS NOT NULL THEN now() ELSE w.finished_at END,
+    SET status = CASE WHEN w.deps_pending - r.n <= 0 THEN 'queued' ELSE 'waiting' END,
+        deps_pending = w.deps_pending - r.n, deps_bytes = w.deps_bytes + coalesce(r.bytes, 0),
         updated_at = now()
-    FROM (SELECT id FROM released UNION SELECT id FROM doomed) t
-         LEFT JOIN released r ON r.id = t.id
-         LEFT JOIN (SELECT DISTINCT ON (id) id, cause, cause_status FROM doomed ORDER BY id, cause) c ON c.id = t.id
-    WHERE w.id = t.id AND w.status = 'waiting'
+    FROM released r
+    WHERE w.id = r.id AND w.status = 'waiting'
     RETURNING w.id, w.status
-), announced AS (
-    SELECT shardworker.notify_finished(array_agg(id)) AS sent FROM settled WHERE status = 'cancelled'
 ), woken AS (
     SELECT pg_notify('shardworker_jobs', '') AS sent FROM settled WHERE status = 'queued' LIMIT 1
 )
-SELECT id, status FROM settled WHERE (SELECT count(*) FROM announced) >= 0 AND (SELECT count(*) FROM woken) >= 0;
+SELECT id, status FROM settled WHERE (SELECT count(*) FROM woken) >= 0;
 
 -- doctor_oldest_transactions --
 -- Sessions holding the xmin horizon back (vacuum cannot remove rows dead since their
