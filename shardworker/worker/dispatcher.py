@@ -97,6 +97,52 @@ class ClaimHealth:
         return None
 
 
+class ClaimDemand:
+    """Whether jobs may be waiting beyond what the last claim took, and how soon to look again:
+    ``woken`` (a notification, or the poll, since the last claim: jobs may have arrived),
+    ``backlog_seen`` (the last claim took all it asked for: more wait), and the pace of a
+    rate-limited backlog (come back every ``pace_s`` while it lasts)."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self.woken, self.backlog_seen = True, False
+        self.paced_until, self.pace_s = 0.0, 0.0
+
+    def arrivals(self, low: bool) -> bool:
+        """Whether to claim: some child runs ``low``, or jobs arrived while no backlog waits (a
+        claim is a transaction, dearer than a step, so not one per job finished)."""
+        return low or (self.woken and not self.backlog_seen)
+
+    def claimed(self, took_all: bool, pace_s: float | None) -> None:
+        self.backlog_seen, self.woken = took_all, False
+        if pace_s is not None:  # a rate-limited backlog: come back as its bucket refills
+            self.paced_until, self.pace_s = self.clock() + 1.0, max(0.005, pace_s)
+
+    def wake(self, woken: bool = True) -> None:
+        self.woken = self.woken or woken
+
+    def timeout(self, poll_s: float) -> float:
+        """How long a wait may last: the poll, or less while a rate-limited backlog is paced."""
+        return min(poll_s, self.pace_s) if self.clock() < self.paced_until else poll_s
+
+
+class Progress:
+    """What the worker reports of its work: jobs claimed and jobs done in all, and the periodic
+    progress line (every ``interval_s``)."""
+
+    def __init__(self, interval_s: float, clock: Callable[[], float]) -> None:
+        self.interval_s, self.clock = interval_s, clock
+        self.claimed_total = self.done_total = 0
+        self.next_log_at = clock() + interval_s
+
+    def log_if_due(self, in_flight: int, backlog: int) -> None:
+        now = self.clock()
+        if now >= self.next_log_at:
+            self.next_log_at = now + self.interval_s
+            log.info("claimed %d, done %d, in flight %d, outbox backlog %d", self.claimed_total, self.done_total,
+                     in_flight, backlog)
+
+
 class Dispatcher:
     """Claim and route; one instance per worker run."""
 
@@ -108,15 +154,10 @@ class Dispatcher:
         self.pool, self.flusher, self.parent_outcomes = pool, flusher, parent_outcomes
         self.stopping, self.clock = stopping, clock
         self.health = ClaimHealth(Backoff(config.backoff_base_s, config.backoff_cap_s), clock)
-        self.pause_reason, self.look_at = "", 0.0
-        # While claims take jobs of a rate-limited kind or queue: come back every pace_s.
-        self.paced_until, self.pace_s = 0.0, 0.0
+        self.demand = ClaimDemand(clock)
+        self.progress = Progress(config.log_interval_s, clock)
+        self.pause_reason, self.look_at, self.next_idle_check_at = "", 0.0, 0.0
         self.backlog = Backlog(config.outbox_dir, lambda: flusher.flushed_total, clock)
-        self.done_total = self.claimed_total = 0
-        # backlog_seen: the last claim took all it asked for (more jobs wait); woken: a notification
-        # or the poll since the last claim (jobs may have arrived).
-        self.backlog_seen, self.woken = False, True
-        self.next_log_at, self.next_idle_check_at = clock() + config.log_interval_s, 0.0
         self.wake_fds: list[int] = []  # readable when the wait should end at once (a stop signal)
         self.watch = DatabaseWatch(self.backlog, clock)
         self.giving_back = GiveBack(store, worker_id, config.outbox_dir, clock=clock,
@@ -146,7 +187,7 @@ class Dispatcher:
         self.cancels.run_once(self.db_ok)
         claimed = self._maybe_claim()
         self.watch.update(self.db_failure())
-        self._log_progress()
+        self.progress.log_if_due(self.pool.in_flight, self.backlog())
         if self.config.exit_when_idle and self._idle():
             return True
         if not claimed:
@@ -156,7 +197,7 @@ class Dispatcher:
     def count_finished(self, jobs: int) -> None:
         """Jobs whose outcome is durable now (reported by a child, or settled after its death)."""
         self.backlog.add(jobs)
-        self.done_total += jobs
+        self.progress.done_total += jobs
 
     def settle(self, deaths: list[Death]) -> None:
         """Count a dead child's durable outcomes and fail the started jobs charged for its death
@@ -208,12 +249,10 @@ class Dispatcher:
         # A child over its share (stuck, or saturated: target 0) has no room; it takes none from the others.
         room = [max(0, t - self.pool.outstanding(i)) for i, t in enumerate(targets)]
         limit = min(self.config.claim_batch, sum(room))
-        # Claim when some child runs low (a quarter of its prefetch or less held beyond its run
-        # slots); else only for jobs that arrived (a notification, or the poll) while no backlog
-        # waits: a claim is a transaction, dearer than a step, so not one per job finished.
+        # Some child runs low: a quarter of its prefetch or less held beyond its run slots.
         prefetch = [max(0, t - self.pool.at_once) for t in targets]
         low = any(r > 0 and r >= p - p // 4 for r, p in zip(room, prefetch, strict=True))
-        if limit < 1 or not (low or (self.woken and not self.backlog_seen)):
+        if limit < 1 or not self.demand.arrivals(low):
             return 0
         if self.pool.held_bytes() >= self.config.claim_bytes:
             return 0  # big payloads wait here for children to take them: claim no more bytes yet
@@ -240,11 +279,9 @@ class Dispatcher:
             return 0
         self.health.worked()
         jobs = claim.jobs
-        if claim.pace_s is not None:  # a rate-limited backlog: come back as its bucket refills
-            self.paced_until, self.pace_s = self.clock() + 1.0, max(0.005, claim.pace_s)
-        self.backlog_seen = len(jobs) == limit or sum(j.size for j in jobs) * 2 >= self.config.claim_bytes
-        self.woken = False
-        self.claimed_total += len(jobs)
+        self.demand.claimed(len(jobs) == limit or sum(j.size for j in jobs) * 2 >= self.config.claim_bytes,
+                            claim.pace_s)
+        self.progress.claimed_total += len(jobs)
         self._route(jobs)
         return len(jobs)
 
@@ -273,9 +310,7 @@ class Dispatcher:
     # waiting and idleness ------------------------------------------------------------
 
     def _wait(self) -> None:
-        timeout = self.config.poll_interval_s
-        if self.clock() < self.paced_until:
-            timeout = min(timeout, self.pace_s)
+        timeout = self.demand.timeout(self.config.poll_interval_s)
         if self.health.next_claim_at:
             timeout = max(0.0, min(timeout, self.health.next_claim_at - self.clock()))
         if self.pool.starting or (self.config.exit_when_idle and not self.pool.in_flight and not self.flusher.failing
@@ -291,11 +326,11 @@ class Dispatcher:
                                  writes, min(timeout, 0.2))
         if notify_fd is not None and notify_fd in ready:
             try:
-                self.woken = self.store.wait_notify(0) or self.woken
+                self.demand.wake(self.store.wait_notify(0))
             except StoreError as exc:
                 self._claim_failed(exc)
         elif not ready:
-            self.woken = True  # the poll: jobs may have fallen due (run_at) meanwhile
+            self.demand.wake()  # the poll: jobs may have fallen due (run_at) meanwhile
 
     def _notified(self) -> bool:
         """Whether notifications came during the last queries (an enqueue, a cancel): they
@@ -305,7 +340,7 @@ class Dispatcher:
         except StoreError as exc:
             self._claim_failed(exc)
             return False
-        self.woken = self.woken or notified
+        self.demand.wake(notified)
         return notified
 
     def _notify_fd(self) -> int | None:
@@ -334,12 +369,13 @@ class Dispatcher:
             return False
         return active == 0 and outbox.status(self.config.outbox_dir).pending == 0
 
-    def _log_progress(self) -> None:
-        now = self.clock()
-        if now >= self.next_log_at:
-            self.next_log_at = now + self.config.log_interval_s
-            log.info("claimed %d, done %d, in flight %d, outbox backlog %d", self.claimed_total, self.done_total,
-                     self.pool.in_flight, self.backlog())
+    @property
+    def claimed_total(self) -> int:
+        return self.progress.claimed_total
+
+    @property
+    def done_total(self) -> int:
+        return self.progress.done_total
 
     @property
     def lost_claims(self) -> list[str]:

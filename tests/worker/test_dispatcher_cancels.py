@@ -64,7 +64,7 @@ def test_a_cancel_that_arrives_during_a_claim_reaches_the_children_though_every_
 
     cancel_during_a_query(pg_dsn, store, job_id)
     enqueue(pg_dsn, "k", 1)
-    dispatcher.woken = True  # more work: this pass claims, and does not wait
+    dispatcher.demand.wake()  # more work: this pass claims, and does not wait
     clock.now += LOOK_S
     assert dispatcher.run_once() is False and dispatcher.claimed_total == 2
     dispatcher.run_once()
@@ -80,7 +80,7 @@ def test_a_cancel_stops_the_attempt_it_cancelled_not_the_retry_claimed_before_it
     with psycopg.connect(pg_dsn) as conn:  # one commit: the cancel and the retry's wake-up together
         assert jobs.cancel(conn, [job_id]) == 1
         assert jobs.retry(conn, [job_id]) == 1
-    dispatcher.woken = True  # (as after any notification) this pass claims before it reads the others
+    dispatcher.demand.wake()  # (as after any notification) this pass claims before it reads the others
     dispatcher.run_once()
     assert sorted(children.job_keys()) == [(job_id, 1), (job_id, 2)]
     for _ in range(3):
