@@ -69,15 +69,26 @@ def _ago(seconds: float) -> str:
     return f"{seconds / 3600:.1f}h ago"
 
 
-@click.command()
+def _slots(row: Any) -> str:
+    """The slots a worker's running jobs hold, as `kind send_email 2, queue mail 1`."""
+    held = ", ".join(f"{slot.replace(':', ' ', 1)} {n}" for slot, n in sorted(row.slots.items()))
+    return held + (" (released)" if held and row.slots_released else "")
+
+
+@click.group(invoke_without_command=True)
 @click.option("--all", "show_all", is_flag=True, help="Also workers silent for longer than --silent-after.")
 @click.option("--silent-after", type=Duration(), default=f"{SILENT_AFTER_S:.0f}s", show_default=True,
               help="A worker whose last heartbeat is older than this is not live.")
 @json_option
 @dsn_option
 @one_line_errors
-def workers(show_all: bool, silent_after: float, as_json: bool, dsn: str | None) -> None:
-    """Live workers: host, pid, started, last heartbeat, jobs running, outcomes pending."""
+@click.pass_context
+def workers(ctx: click.Context, show_all: bool, silent_after: float, as_json: bool, dsn: str | None) -> None:
+    """Live workers: host, pid, started, last heartbeat, jobs running, outcomes pending, and
+    the slots of limits across workers their running jobs hold (released once a worker is
+    silent past its --release-slots-after). `workers forget ID` gives a dead worker's jobs back."""
+    if ctx.invoked_subcommand is not None:
+        return
     store = _store(resolve_dsn(dsn, start=False))
     try:
         rows = store.workers()
@@ -93,13 +104,45 @@ def workers(show_all: bool, silent_after: float, as_json: bool, dsn: str | None)
         click.echo("no live workers" + (f" ({silent} silent: --all shows them)" if silent else ""))
         return
     click.echo(f"{'worker':<28} {'host':<20} {'pid':>7}  {'started (UTC)':<19}  {'heartbeat':<10} {'running':>7} "
-               f"{'pending':>8}")
+               f"{'pending':>8}  slots")
     for r in shown:
         running = "?" if r.jobs_running is None else r.jobs_running
         pending = "?" if r.outbox_pending is None else r.outbox_pending
         state = "" if live[r.worker_id] else "  SILENT"
         click.echo(f"{r.worker_id:<28} {r.hostname:<20} {r.pid:>7}  {in_utc(r.started_at):%Y-%m-%d %H:%M:%S}  "
-                   f"{_ago(r.silent_s):<10} {running:>7} {pending:>8}{state}")
+                   f"{_ago(r.silent_s):<10} {running:>7} {pending:>8}  {_slots(r) or '-'}{state}")
+
+
+@workers.command("forget")
+@click.argument("worker_id")
+@click.option("--silent-after", type=Duration(), default=f"{SILENT_AFTER_S:.0f}s", show_default=True,
+              help="Refused unless the worker's last heartbeat is older than this.")
+@json_option
+@dsn_option
+@one_line_errors
+def workers_forget(worker_id: str, silent_after: float, as_json: bool, dsn: str | None) -> None:
+    """Give a dead worker's jobs back now, as a peer's rescue would after --rescue-after: its
+    running jobs are queued again (or failed, at their last attempt), their slots free, and its
+    row goes. Refused for a live worker. A late outcome of those attempts still lands if it
+    comes before the job runs again; run it only for a worker you know is gone."""
+    store = _store(resolve_dsn(dsn, start=False))
+    try:
+        row = next((r for r in store.workers() if r.worker_id == worker_id), None)
+        if row is None:
+            raise click.ClickException(f"no worker {worker_id!r} (shardworker workers --all lists them)")
+        if row.silent_s < silent_after:
+            raise click.ClickException(
+                f"worker {worker_id!r} beat {row.silent_s:.0f}s ago: it is live (refused until it is silent for "
+                f"{silent_after:g}s; its slots are released after {row.slots_after_s or 0:g}s of silence)")
+        rescued = store.rescue_workers([(worker_id, row.heartbeat_at)])
+    finally:
+        store.close()
+    if not rescued.workers:
+        raise click.ClickException(f"worker {worker_id!r} beat again, or a peer rescued it first: nothing done")
+    if as_json:
+        click.echo(orjson.dumps({"worker_id": worker_id, "jobs": rescued.jobs}).decode())
+        return
+    click.echo(f"forgot worker {worker_id}: {len(rescued.jobs)} jobs given back")
 
 
 @click.command()

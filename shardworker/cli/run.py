@@ -52,6 +52,10 @@ D = WorkerConfig.default
 @click.option("--rescue-after", type=Seconds(1), default=D("rescue_after_s"), show_default=True,
               help="Seconds of watched heartbeat silence before a peer rescues a worker's jobs "
                    "(must exceed --shutdown-timeout).")
+@click.option("--release-slots-after", type=Seconds(1), default=D("release_slots_after_s"), show_default=True,
+              help="Seconds of watched heartbeat silence after which a worker's running jobs stop counting "
+                   "toward limits across workers (global_concurrency, a queue's concurrency); the jobs stay "
+                   "its own until --rescue-after.")
 @click.option("--rescue-grace", type=Seconds(0), default=D("rescue_grace_s"), show_default=True,
               help="Seconds a rescued job waits before it may run again; a late outcome of the rescued "
                    "attempt lands meanwhile instead.")
@@ -147,7 +151,8 @@ def queue_names(value: str) -> tuple[str, ...]:
 def worker_config(app_ref: str, dsn: str | None, *, procs: int, outbox_dir: str, queues: str | None,
                   worker_id: str | None, exit_when_idle: bool, shutdown_timeout: float, default_timeout: float,
                   cancel_grace: float,
-                  rescue_after: float, rescue_grace: float, backoff_cap: float, network_timeout: int,
+                  rescue_after: float, release_slots_after: float, rescue_grace: float, backoff_cap: float,
+                  network_timeout: int,
                   statement_timeout: float, min_free_mb: int, concurrency: int, prefetch: int, retention: float,
                   retention_failed: float | None, segment_bytes: int, metrics_port: int | None, metrics_host: str,
                   metrics_token: str | None, listen_dsn: str | None, reapply_window: float,
@@ -157,7 +162,8 @@ def worker_config(app_ref: str, dsn: str | None, *, procs: int, outbox_dir: str,
         dsn=resolve_dsn(dsn), embedded_db=dsn is None, app_ref=app_ref, procs=procs, outbox_dir=outbox_dir,
         queues=None if queues is None else queue_names(queues), worker_id=worker_id,
         exit_when_idle=exit_when_idle, shutdown_timeout_s=shutdown_timeout, default_timeout_s=default_timeout,
-        cancel_grace_s=cancel_grace, rescue_after_s=rescue_after, rescue_grace_s=rescue_grace,
+        cancel_grace_s=cancel_grace, rescue_after_s=rescue_after, release_slots_after_s=release_slots_after,
+        rescue_grace_s=rescue_grace,
         backoff_cap_s=backoff_cap, backoff_base_s=min(D("backoff_base_s"), backoff_cap),
         min_free_bytes=min_free_mb * MiB, network_timeout_s=network_timeout, statement_timeout_s=statement_timeout,
         connect_timeout_s=min(D("connect_timeout_s"), network_timeout), concurrency=concurrency,

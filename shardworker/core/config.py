@@ -171,6 +171,11 @@ class WorkerConfig:
     # Watched silence before a peer rescues this worker's jobs: an hour, as peers use (1-4 h),
     # so a restart, a blip or a failover never triggers it; only a host gone for longer.
     rescue_after_s: float = 3600.0
+    # Watched silence after which this worker's running jobs stop counting toward limits across
+    # workers (its peers' claims start others in their slots): five missed heartbeats. The jobs
+    # stay its own until the rescue, so a worker merely cut off for a while and back runs
+    # them on, over the limit until they end.
+    release_slots_after_s: float = 10.0
     # A rescued job waits this long before it may be claimed again: the silent worker's late
     # outcomes of the rescued attempts still land meanwhile instead of the jobs running again.
     rescue_grace_s: float = 300.0
@@ -219,6 +224,8 @@ class WorkerConfig:
             ("heartbeat_interval_s", self.heartbeat_interval_s > 0, "must be > 0"),
             ("rescue_after_s", self.rescue_after_s > 2 * self.heartbeat_interval_s,
              "must be more than twice heartbeat_interval_s"),
+            ("release_slots_after_s", self.release_slots_after_s >= 2 * self.heartbeat_interval_s,
+             "must be at least twice heartbeat_interval_s"),
             ("rescue_after_s", self.rescue_after_s > self.shutdown_timeout_s,
              "must be longer than shutdown_timeout_s (a stopping worker must never look dead)"),
             ("retention_s", self.retention_s >= 0, "must be >= 0 (0 keeps every finished job)"),

@@ -10,7 +10,7 @@ serves, ``UnservedKind`` queued jobs of a kind no live worker serves (``doctor``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
@@ -89,9 +89,20 @@ class WorkerInfo:
     jobs_running: int | None
     outbox_pending: int | None
     silent_s: float
+    # After how much silence its peers stop counting its running jobs toward limits across
+    # workers (None: never, a drain's row or an older release's), and the slots those jobs
+    # hold: {"kind:NAME": n, "queue:NAME": n} for kinds and queues limited across workers.
+    slots_after_s: float | None = None
+    slots: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def slots_released(self) -> bool:
+        """Whether its slots count no more: silent past its --release-slots-after (peers release
+        them once they watched that much silence; a row can say so a little before)."""
+        return self.slots_after_s is not None and self.silent_s >= self.slots_after_s
 
     def to_json(self) -> dict[str, Any]:
-        return {k: json_value(v) for k, v in self.__dict__.items()}
+        return {**{k: json_value(v) for k, v in self.__dict__.items()}, "slots_released": self.slots_released}
 
 
 class FlowCount(NamedTuple):
@@ -201,11 +212,23 @@ class LinkInfo:
 
 class Serving(NamedTuple):
     """What a worker's heartbeat row says it serves: its handlers' kinds in its queues (None:
-    every queue), while its heartbeat is within ``rescue_after_s``."""
+    every queue), while its heartbeat is within ``rescue_after_s``; and after how much silence
+    its running jobs stop counting toward limits across workers (``slots_after_s``)."""
 
     kinds: tuple[str, ...]
     queues: tuple[str, ...] | None
     rescue_after_s: float
+    slots_after_s: float | None = None
+
+
+class Watched(NamedTuple):
+    """A worker's heartbeat as its peers watch it: the last beat, and the silences its row
+    asks them to watch before they rescue its jobs and before they release its slots (None:
+    not given)."""
+
+    heartbeat_at: datetime
+    rescue_after_s: float | None
+    slots_after_s: float | None
 
 
 class UnservedKind(NamedTuple):

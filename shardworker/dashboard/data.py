@@ -123,7 +123,8 @@ def overview(dsn: str) -> Overview:
         minutes = [Minute(*m) for m in job_queries.dashboard_finished_per_minute(conn)]
         failed = jobs.list_jobs(conn, status="failed", limit=FAILED_SHOWN)
         recent = jobs.list_jobs(conn, limit=RECENT_SHOWN)
-        workers = [w for w in store.workers() if w.silent_s <= LIVE_AFTER_S]
+        # The live, and the silent whose running jobs still hold slots (until a rescue or `workers forget`).
+        workers = [w for w in store.workers() if w.silent_s <= LIVE_AFTER_S or w.slots]
         unserved = store.unserved_kinds()
     split = counts.split_by_queue(rows, backlog)
     infos = {info.name: info for info in queue_queries.summarize(states, backlog)}

@@ -44,13 +44,16 @@ class ClaimQueries(Session):
                      claim_token: str | None = None, max_bytes: int = 1 << 62, *,
                      caps: Mapping[str, int] | None = None, run_room: int | None = None,
                      attempts: Mapping[str, int] | None = None, generation: int | None = None,
-                     server: str | None = None, max_input_bytes: int = MAX_JOB_INPUT_BYTES) -> Claim:
+                     server: str | None = None, max_input_bytes: int = MAX_JOB_INPUT_BYTES,
+                     released: Sequence[str] = ()) -> Claim:
         """Claim up to ``limit`` due jobs and ``max_bytes`` of payload (at least one job when
         any is due): status running, attempt + 1, locked_by worker_id; at a job's first claim,
         ``attempts`` (kind: its handler's max_attempts) lowers its max_attempts. Within every limit:
         ``caps`` (kind: jobs this worker may still take of it), and for kinds and queues
         limited across workers, ``run_room`` (jobs it can start now; ``limit`` when None),
-        their global concurrency and their rates; paused queues are skipped.
+        their global concurrency and their rates; paused queues are skipped. The running jobs
+        of the ``released`` workers (watched silent past their --release-slots-after) hold no
+        slot of those limits.
 
         ``claim_token`` tags the claimed rows; if the reply is lost, ``release_claim`` with
         the same token gives back whatever the server did commit. With ``generation``, only on
@@ -68,7 +71,7 @@ class ClaimQueries(Session):
                   "cap_kinds": list(caps or ()), "cap_rooms": [max(0, n) for n in (caps or {}).values()],
                   "run_room": limit if run_room is None else max(0, run_room),
                   "attempt_kinds": list(attempts or ()), "attempt_limits": list((attempts or {}).values()),
-                  "server": server, "max_input_bytes": max_input_bytes}
+                  "server": server, "max_input_bytes": max_input_bytes, "released": list(released)}
         floor = self.claim_floor()
         while True:
             bounds = floor.params()

@@ -10,7 +10,7 @@ from typing import NamedTuple
 import orjson
 
 from shardworker.core.limits import ERRORS_KEPT
-from shardworker.core.views import Beat, FlowCount, Rescued, Serving, WorkerInfo
+from shardworker.core.views import Beat, FlowCount, Rescued, Serving, Watched, WorkerInfo
 from shardworker.store.connection import Session
 from shardworker.store.sql import query
 
@@ -41,13 +41,14 @@ class WorkerRows(Session):
         or lost by the database going back in time; and the row's ``started_at`` and the server
         reached (``Beat.server``)."""
         report = None if flow is None else orjson.dumps([list(f) for f in flow]).decode()
-        kinds, queues, rescue_after_s = serves or (None, None, None)
+        kinds, queues, rescue_after_s, slots_after_s = serves or (None, None, None, None)
         with self.cursor() as cur:
             cur.execute(query("worker_heartbeat"), {"worker_id": worker_id, "hostname": hostname, "pid": pid,
                                                     "running": running, "pending": pending, "flow": report,
                                                     "take_over": take_over, "kinds": kinds and list(kinds),
                                                     "queues": queues and list(queues),
-                                                    "rescue_after_s": rescue_after_s, "started_at": started_at})
+                                                    "rescue_after_s": rescue_after_s, "slots_after_s": slots_after_s,
+                                                    "started_at": started_at})
             row = cur.fetchone()
         if row is None:
             return Beat(None, False)
@@ -67,8 +68,9 @@ class WorkerRows(Session):
         """Every worker's row: id, host, pid, started, last heartbeat, load, seconds silent."""
         with self.cursor() as cur:
             cur.execute(query("worker_list"))
-            return [WorkerInfo(str(w), str(h), int(p), started, beat, running, pending, float(silent))
-                    for w, h, p, started, beat, running, pending, silent in cur.fetchall()]
+            return [WorkerInfo(str(w), str(h), int(p), started, beat, running, pending, float(silent), slots_after,
+                               {str(k): int(n) for k, n in slots.items()})
+                    for w, h, p, started, beat, running, pending, silent, slots_after, slots in cur.fetchall()]
 
     def forget_worker(self, worker_id: str, hostname: str, pid: int) -> None:
         """Remove the heartbeat row this (hostname, pid) wrote, unless jobs still run under the id."""
@@ -83,13 +85,14 @@ class WorkerRows(Session):
 
     def heartbeats(self) -> dict[str, datetime]:
         """Each worker id's last heartbeat."""
-        return {w: beat for w, (beat, _) in self.rescue_watch().items()}
+        return {w: watched.heartbeat_at for w, watched in self.rescue_watch().items()}
 
-    def rescue_watch(self) -> dict[str, tuple[datetime, float | None]]:
-        """Each worker id's last heartbeat and its own rescue window (None: not given)."""
+    def rescue_watch(self) -> dict[str, Watched]:
+        """Each worker id's last heartbeat, its own rescue window and the silence after which
+        its slots are released (None: not given)."""
         with self.cursor() as cur:
             cur.execute(query("worker_heartbeats"))
-            return {w: (t, window) for w, t, window in cur.fetchall()}
+            return {w: Watched(t, window, slots) for w, t, window, slots in cur.fetchall()}
 
     def rescue_workers(self, observed: Sequence[tuple[str, datetime]], grace_s: float = 0.0) -> Rescued:
         """Requeue the running jobs of workers whose heartbeat is still the one observed (and

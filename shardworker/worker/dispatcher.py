@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import outbox
 from shardworker.core import procs
@@ -149,10 +149,14 @@ class Dispatcher:
     def __init__(self, config: WorkerConfig, worker_id: str, kinds: list[str], store: DispatchStore,
                  pool: ChildPool, flusher: FlusherHandle, parent_outcomes: ParentOutcomes, *,
                  stopping: Callable[[], bool], clock: Callable[[], float] = time.monotonic,
-                 heard: Callable[[], str] = lambda: "") -> None:
+                 heard: Callable[[], str] = lambda: "",
+                 released: Callable[[], Sequence[str]] = tuple) -> None:
         self.config, self.worker_id, self.kinds, self.store = config, worker_id, kinds, store
         self.pool, self.flusher, self.parent_outcomes = pool, flusher, parent_outcomes
         self.stopping, self.clock = stopping, clock
+        # The workers whose slots claims no longer count: watched silent past their
+        # --release-slots-after by the heartbeat (shardworker.worker.rescuer).
+        self.released = released
         self.health = ClaimHealth(Backoff(config.backoff_base_s, config.backoff_cap_s), clock)
         self.demand = ClaimDemand(clock)
         self.progress = Progress(config.log_interval_s, clock)
@@ -269,7 +273,8 @@ class Dispatcher:
             claim = self.store.claim_within(self.kinds, self.config.queues, self.worker_id, limit, token,
                                             max_bytes=self.config.claim_bytes, caps=self.pool.cap_rooms(),
                                             run_room=self.pool.run_room(), attempts=self.pool.attempts,
-                                            generation=self.reapply.generation, server=self.reapply.server)
+                                            generation=self.reapply.generation, server=self.reapply.server,
+                                            released=self.released())
         except Reconnected:
             return 0  # nothing was sent: the next pass looks at the new connection first
         except StoreError as exc:

@@ -60,7 +60,8 @@ class Heartbeat:
                  load: Callable[[], Load] = lambda: (None, None, None),
                  on_conflict: Callable[[ShardworkerError], None] = lambda exc: None,
                  serves: Serving | None = None,
-                 on_alive: Callable[[float, float], None] = lambda boot, wall: None) -> None:
+                 on_alive: Callable[[float, float], None] = lambda boot, wall: None,
+                 release_slots_after_s: float | None = None) -> None:
         self.store, self.worker_id, self.interval_s = store, worker_id, interval_s
         self.rescue_after_s, self.on_alive = rescue_after_s, on_alive
         # What the row says this worker serves (None: nothing), for those who ask whether a
@@ -78,7 +79,7 @@ class Heartbeat:
         # paused with it beats within an interval of the resume, before the window is out.
         self.rescuer = None if rescue_after_s is None else Rescuer(
             store, worker_id, rescue_after_s, rescue_grace_s,
-            max_gap_s=max(3 * interval_s, rescue_after_s - 2 * interval_s))
+            max_gap_s=max(3 * interval_s, rescue_after_s - 2 * interval_s), release_after_s=release_slots_after_s)
         self.last_ok: float | None = None
         self._last_ok_boot = 0.0  # the boot-time clock at the last good beat's start
         self._alive_until = math.inf  # the children's gate, as the last good beat set it (boot-time clock)
@@ -89,6 +90,11 @@ class Heartbeat:
         self._started_at: object = None  # our row's started_at, as the last beat read it
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    @property
+    def released(self) -> tuple[str, ...]:
+        """The workers whose slots this worker's claims no longer count (``Rescuer.released``)."""
+        return self.rescuer.released if self.rescuer is not None else ()
 
     def run_once(self, now: float) -> float:
         """Beat, then rescue; returns the seconds until the next beat."""

@@ -17,6 +17,11 @@ those attempts still apply meanwhile.
 So a database outage, which silences every worker at once (the rescuer included),
 rescues nobody when it ends; only a worker that stayed silent while this one kept
 beating is rescued. Losing the connection forgets every observation.
+
+The same watch releases slots sooner: a worker watched silent for ``release_after_s`` (or
+its own ``--release-slots-after`` when longer) is in ``released``, and this worker's claims
+stop counting its running jobs toward limits across workers (global_concurrency, a queue's
+concurrency). Its jobs stay its own until the rescue: nothing runs them again meanwhile.
 A rescue the database refuses for good (``DataRejected``: retrying would fail the same
 way) is told at ERROR and set aside: those workers are not tried again until they beat
 again or this worker restarts; a lost connection is raised, for the heartbeat to retry.
@@ -30,7 +35,7 @@ from datetime import datetime
 from typing import Protocol
 
 from shardworker.core.retry import is_retryable
-from shardworker.core.views import Rescued
+from shardworker.core.views import Rescued, Watched
 from shardworker.errors import StoreError
 
 log = logging.getLogger(__name__)
@@ -39,7 +44,7 @@ log = logging.getLogger(__name__)
 class RescueStore(Protocol):
     generation: int  # changes whenever the store opened a new database session
 
-    def rescue_watch(self) -> dict[str, tuple[datetime, float | None]]: ...
+    def rescue_watch(self) -> dict[str, Watched]: ...
     def rescue_workers(self, observed: list[tuple[str, datetime]], grace_s: float = 0.0) -> Rescued: ...
 
 
@@ -47,9 +52,13 @@ class Rescuer:
     """Call ``run_once(now)`` after each successful heartbeat; ``now`` is monotonic seconds."""
 
     def __init__(self, store: RescueStore, worker_id: str, rescue_after_s: float, grace_s: float = 0.0,
-                 max_gap_s: float | None = None) -> None:
+                 max_gap_s: float | None = None, release_after_s: float | None = None) -> None:
         self.store, self.worker_id, self.rescue_after_s, self.grace_s = store, worker_id, rescue_after_s, grace_s
         self.max_gap_s = max_gap_s  # a longer gap between two looks (this host paused): watch afresh
+        self.release_after_s = release_after_s  # None: release no slots before the rescue
+        # Workers watched silent past their slots' release, as of the last look (replaced whole:
+        # the dispatcher reads it from another thread).
+        self.released: tuple[str, ...] = ()
         self._seen: dict[str, tuple[datetime, float]] = {}  # worker -> (heartbeat, first seen at)
         self._refused: dict[str, datetime] = {}  # worker -> the heartbeat whose rescue was refused
         self._generation = -1
@@ -58,6 +67,7 @@ class Rescuer:
     def connection_lost(self) -> None:
         """Forget all observations: silence during our own outage proves nothing."""
         self._seen.clear()
+        self.released = ()
 
     def run_once(self, now: float) -> list[int]:
         """Observe heartbeats; rescue workers watched silent long enough. Returns job ids."""
@@ -82,14 +92,20 @@ class Rescuer:
             self._generation = self.store.generation
             return []
         silent: list[tuple[str, datetime]] = []
-        for worker, (beat, theirs) in watch.items():
-            if worker == self.worker_id or self._refused.get(worker) == beat:
+        released: list[str] = []
+        for worker, (beat, theirs, their_slots) in watch.items():
+            if worker == self.worker_id:
                 continue
             seen = self._seen.get(worker)
             if seen is None or seen[0] != beat:
                 self._seen[worker] = (beat, seen_at)
-            elif now - seen[1] >= max(self.rescue_after_s, theirs or 0.0):  # the longer window counts
-                silent.append((worker, beat))
+                continue
+            if self.release_after_s is not None and their_slots is not None \
+                    and now - seen[1] >= max(self.release_after_s, their_slots):
+                released.append(worker)
+            if self._refused.get(worker) != beat and now - seen[1] >= max(self.rescue_after_s, theirs or 0.0):
+                silent.append((worker, beat))  # the longer window counts
+        self.released = tuple(sorted(released))
         for gone in set(self._seen) - set(watch):
             del self._seen[gone]
         for gone in set(self._refused) - set(watch):

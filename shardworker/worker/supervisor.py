@@ -174,7 +174,8 @@ class Supervisor:
                      ", ".join(self.config.queues or ["every queue"]), self.config.procs)
             dispatcher = Dispatcher(self.config, self.worker_id, self.app.kinds, self.store, self.pool,
                                     self.flusher, self.parent_outcomes, stopping=lambda: self.stopping,
-                                    heard=lambda: self.heartbeat.server if self.heartbeat is not None else "")
+                                    heard=lambda: self.heartbeat.server if self.heartbeat is not None else "",
+                                    released=lambda: self.heartbeat.released if self.heartbeat is not None else ())
             dispatcher.wake_fds.append(self._signalled)
             self.dispatcher = dispatcher
             if self.housekeeper.needed:
@@ -247,7 +248,9 @@ class Supervisor:
         self.heartbeat = Heartbeat(self.new_store(), self.worker_id, cfg.heartbeat_interval_s, cfg.rescue_after_s,
                                    self._backoff(), rescue_grace_s=cfg.rescue_grace_s, load=self._load,
                                    on_alive=self.pool.alive_until, on_conflict=self._id_lost,
-                                   serves=Serving(tuple(self.app.kinds), cfg.queues, cfg.rescue_after_s))
+                                   serves=Serving(tuple(self.app.kinds), cfg.queues, cfg.rescue_after_s,
+                                                  cfg.release_slots_after_s),
+                                   release_slots_after_s=cfg.release_slots_after_s)
         self.heartbeat.start()
 
     def _id_lost(self, exc: ShardworkerError) -> None:

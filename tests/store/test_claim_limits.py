@@ -10,6 +10,7 @@ import time
 
 from shardworker.app import App
 from shardworker.store.pg_store import PgStore, StoreConfig
+from tests.helpers import query
 from tests.store.support import add_id, connect
 
 
@@ -47,6 +48,25 @@ def test_global_concurrency_counts_running_jobs_of_every_worker(store: PgStore, 
     got = other.claim(["api", "other"], None, "b", 10)
     assert sorted(j.kind for j in got) == ["api", "other"]
     assert store.claim(["api"], None, "a", 10) == []
+
+
+def test_a_released_workers_running_jobs_hold_no_slot_of_a_kind_or_a_queue(
+        store: PgStore, other: PgStore, pg_dsn: str) -> None:
+    """global_concurrency=4 and a queue's concurrency 4: worker a runs 3 of each; b may take 1
+    of each, and 3 more of each once a is released (watched silent past its --release-slots-after).
+    The released worker's jobs stay its own, running."""
+    register(store, "api", global_concurrency=4)
+    set_queue(pg_dsn, "mail", concurrency=4)
+    for _ in range(20):
+        add_id(store, "api")
+        add_id(store, "send", queue="mail")
+    held = [j.id for j in store.claim(["api", "send"], None, "a", 6)]
+    assert len(held) == 6
+    got = other.claim_within(["api", "send"], None, "b", 10, released=["c"]).jobs
+    assert sorted(j.kind for j in got) == ["api", "send"]
+    got = other.claim_within(["api", "send"], None, "b", 10, released=["a"]).jobs
+    assert sorted(j.kind for j in got) == ["api"] * 3 + ["send"] * 3  # b's own 1 of each still counts
+    assert {r[0] for r in query(pg_dsn, "SELECT status FROM shardworker.jobs WHERE id = ANY(%s)", held)} == {"running"}
 
 
 def test_run_room_bounds_a_limited_kind_but_not_the_others(store: PgStore) -> None:

@@ -208,3 +208,24 @@ def test_rescuer_rescues_nobody_right_after_its_store_reconnected(private_pg: Em
 def waiting_on_locks(dsn: str) -> int:
     return int(query(dsn, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                           "AND wait_event_type = 'Lock'")[0][0])
+
+
+def test_a_worker_watched_silent_past_its_slots_window_is_released_long_before_its_rescue(
+        store: PgStore, other: PgStore, pg_dsn: str) -> None:
+    """--release-slots-after: a worker watched silent for the longer of this worker's window and
+    its own is in ``released`` (its jobs untouched), one beating is not, one whose row names no
+    window (an older release) never is; a lost session forgets the watch, released included."""
+    job_id = add_id(store)
+    other.claim(["k"], None, "w-dead", 10)
+    other.heartbeat("w-dead", "host", 1, serves=Serving(("k",), None, 3600.0, 15.0))
+    other.heartbeat("w-old", "host", 2, serves=Serving(("k",), None, 3600.0))
+    rescuer = Rescuer(store, "w-me", rescue_after_s=3600.0, release_after_s=10.0)
+    assert rescuer.run_once(0.0) == [] and rescuer.released == ()
+    other.heartbeat("w-live", "host", 3, serves=Serving(("k",), None, 3600.0, 10.0))
+    assert rescuer.run_once(14.0) == [] and rescuer.released == ()  # its own 15 s is the longer
+    other.heartbeat("w-live", "host", 3, serves=Serving(("k",), None, 3600.0, 10.0))
+    assert rescuer.run_once(15.1) == [] and rescuer.released == ("w-dead",)
+    assert row(pg_dsn, job_id)["status"] == "running"
+    rescuer.connection_lost()
+    assert rescuer.released == ()
+    assert rescuer.run_once(16.0) == [] and rescuer.released == ()

@@ -167,6 +167,32 @@ def test_a_killed_worker_gives_its_global_slots_back_through_the_rescue(pg_dsn: 
         kill_worker_group(peer)
 
 
+def test_a_dead_workers_global_slots_come_back_in_seconds_and_its_jobs_stay_its_own(
+        pg_dsn: str, tmp_path: Path) -> None:
+    """Worker A killed -9 while it runs 2 calls of a kind capped at 5 across workers, and not
+    restarted: seconds after its silence (--release-slots-after, 10 s by default), worker B
+    (rescue an hour away) runs 5 at once, not 3; A's two jobs are not rescued meanwhile (no
+    re-run before the rescue)."""
+    stuck = enqueue(pg_dsn, "limited", 2, {"sleep": 600})
+    first = flow_worker(pg_dsn, tmp_path, "w1")
+    wait_for(lambda: len(query(pg_dsn, "SELECT 1 FROM shardworker.jobs WHERE status = 'running'")) == 2,
+             60, "A's two calls running")
+    kill_worker_group(first)
+    killed_at = time.time()
+    later = sorted(set(enqueue(pg_dsn, "limited", 20, {"sleep": 3})) - set(stuck))
+    peer = flow_worker(pg_dsn, tmp_path, "w2")
+    try:
+        wait_for(lambda: query(pg_dsn, "SELECT count(*) FROM shardworker.jobs WHERE id = ANY(%s) AND "
+                                       "status = 'done'", later)[0][0] == 20, 90, "B to run the twenty")
+        runs = [r for r in ledger(tmp_path / "counts") if r[1] in later]
+        assert most_at_once(runs) == 5, f"B ran {most_at_once(runs)} at once, A's dead slots counted"
+        assert min(r[3] for r in runs) - killed_at < 30  # seconds, not the hour of --rescue-after
+        rows = query(pg_dsn, "SELECT status, attempt, locked_by FROM shardworker.jobs WHERE id = ANY(%s)", stuck)
+        assert rows == [("running", 1, "w1")] * 2, rows
+    finally:
+        kill_worker_group(peer)
+
+
 def test_exit_when_idle_leaves_a_paused_queue_for_later(pg_dsn: str, tmp_path: Path) -> None:
     """A paused queue's jobs wait for an operator: --exit-when-idle runs the rest and exits,
     leaving them queued."""

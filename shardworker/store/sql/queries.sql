@@ -41,7 +41,8 @@ FOR UPDATE;
 -- queues limited across workers (shardworker.kinds, shardworker.queues, their rows locked
 -- by flow_lock_kinds and flow_lock_queues earlier in this transaction), no more than
 -- `run_room` (what this worker can start now), what their global concurrency leaves of
--- their running jobs, and the whole tokens of their rate bucket (refilled at rate_limit
+-- their running jobs (those of a worker silent past its --release-slots-after count no
+-- more), and the whole tokens of their rate bucket (refilled at rate_limit
 -- per rate_period_s, holding at most a twentieth of rate_limit, at least one, and half a
 -- token more: a claim that comes a little after a token fell due loses no time, and the
 -- whole tokens stay the burst; see shardworker.core.flow). Paused queues are skipped. A limited kind or queue is
@@ -79,17 +80,23 @@ WITH hold AS (
           FROM shardworker.queues
           WHERE (paused OR concurrency IS NOT NULL OR rate_limit IS NOT NULL)
             AND (%(queues)s::text[] IS NULL OR name = ANY(%(queues)s::text[]))) l
+), released AS (
+    -- Workers this one watched stay silent past their --release-slots-after (``released``):
+    -- their running jobs hold no slot.
+    SELECT unnest(%(released)s::text[]) AS worker_id
 ), limited_room AS (
-    -- What each may start now: no more than run_room, its concurrency less its running jobs,
-    -- and its bucket's whole tokens; none while paused.
+    -- What each may start now: no more than run_room, its concurrency less its running jobs
+    -- (but those of released workers), and its bucket's whole tokens; none while paused.
     SELECT l.scope, l.name, l.pace_s,
            CASE WHEN l.paused THEN 0 ELSE
                least(%(run_room)s,
                      coalesce(l.concurrency - CASE l.scope
                          WHEN 'kind' THEN (SELECT count(*) FROM shardworker.jobs r WHERE r.status = 'running'
-                                           AND left(r.kind, 255) = left(l.name, 255) AND r.kind = l.name)
+                                           AND left(r.kind, 255) = left(l.name, 255) AND r.kind = l.name
+                                           AND NOT EXISTS (SELECT FROM released x WHERE x.worker_id = r.locked_by))
                          ELSE (SELECT count(*) FROM shardworker.jobs r WHERE r.status = 'running'
-                               AND left(r.queue, 255) = left(l.name, 255) AND r.queue = l.name) END, %(limit)s),
+                               AND left(r.queue, 255) = left(l.name, 255) AND r.queue = l.name
+                               AND NOT EXISTS (SELECT FROM released x WHERE x.worker_id = r.locked_by)) END, %(limit)s),
                      coalesce(floor(l.tokens)::int, %(limit)s)) END AS room
     FROM limited l
 ), kind_room AS (
@@ -560,8 +567,8 @@ SELECT
 -- worker_heartbeat --
 -- Record that this worker is alive, with its load (NULL: not known): jobs it holds, outcomes
 -- not yet applied, and its flow report ([[queue, kind, prefetched, running], ...], JSON text);
--- and what it serves: its kinds, its queues (NULL: every queue) and its rescue window (NULL
--- kinds: nothing, as for a drain). They ride in the row version every beat writes anyway, so
+-- and what it serves: its kinds, its queues (NULL: every queue), its rescue window and the
+-- silence after which its slots are released (NULL kinds: nothing, as for a drain). They ride in the row version every beat writes anyway, so
 -- a row a rescue removed and a beat inserted again says them at once.
 -- A new process under the same worker id starts a new started_at. Unless take_over (a
 -- process's first beat), a row another (hostname, pid) wrote meanwhile is left alone: that is
@@ -572,15 +579,17 @@ SELECT
 -- server it reached (as server_identity).
 WITH beat AS (
     INSERT INTO shardworker.workers AS w (worker_id, hostname, pid, heartbeat_at, jobs_running, outbox_pending, flow,
-                                          kinds, queues, rescue_after_s, server)
+                                          kinds, queues, rescue_after_s, slots_after_s, server)
     VALUES (%(worker_id)s, %(hostname)s, %(pid)s, now(), %(running)s, %(pending)s, %(flow)s::text::jsonb,
-            %(kinds)s::text[], %(queues)s::text[], %(rescue_after_s)s::float8, shardworker.server_identity())
+            %(kinds)s::text[], %(queues)s::text[], %(rescue_after_s)s::float8, %(slots_after_s)s::float8,
+            shardworker.server_identity())
     ON CONFLICT (worker_id) DO UPDATE
     SET hostname = excluded.hostname, pid = excluded.pid, heartbeat_at = now(), server = excluded.server,
         started_at = CASE WHEN (w.hostname, w.pid) IS DISTINCT FROM (excluded.hostname, excluded.pid)
                           THEN now() ELSE w.started_at END,
         jobs_running = excluded.jobs_running, outbox_pending = excluded.outbox_pending, flow = excluded.flow,
-        kinds = excluded.kinds, queues = excluded.queues, rescue_after_s = excluded.rescue_after_s
+        kinds = excluded.kinds, queues = excluded.queues, rescue_after_s = excluded.rescue_after_s,
+        slots_after_s = excluded.slots_after_s
     WHERE %(take_over)s OR (w.hostname, w.pid) = (excluded.hostname, excluded.pid)
     RETURNING xmax = 0 AS inserted, started_at
 )
@@ -595,10 +604,20 @@ FROM (SELECT 1) AS one LEFT JOIN shardworker.workers w ON w.worker_id = %(worker
 SELECT hostname, pid, heartbeat_at FROM shardworker.workers WHERE worker_id = %(worker_id)s;
 
 -- worker_list --
--- Every worker row, with its silence as the database's clock measures it.
-SELECT worker_id, hostname, pid, started_at, heartbeat_at, jobs_running, outbox_pending,
-       extract(epoch FROM now() - heartbeat_at)::float8 AS silent_s
-FROM shardworker.workers ORDER BY hostname, worker_id;
+-- Every worker row, with its silence as the database's clock measures it, the silence after
+-- which its slots are released, and the slots its running jobs hold: of each kind and queue
+-- limited across workers, how many ({"kind:NAME": n, "queue:NAME": n}).
+SELECT w.worker_id, w.hostname, w.pid, w.started_at, w.heartbeat_at, w.jobs_running, w.outbox_pending,
+       extract(epoch FROM now() - w.heartbeat_at)::float8 AS silent_s, w.slots_after_s,
+       (SELECT coalesce(jsonb_object_agg(h.slot, h.n), '{}') FROM (
+            SELECT 'kind:' || j.kind AS slot, count(*) AS n FROM shardworker.jobs j
+            JOIN shardworker.kinds k ON k.name = j.kind AND k.global_concurrency IS NOT NULL
+            WHERE j.status = 'running' AND j.locked_by = w.worker_id GROUP BY j.kind
+            UNION ALL
+            SELECT 'queue:' || j.queue, count(*) FROM shardworker.jobs j
+            JOIN shardworker.queues q ON q.name = j.queue AND q.concurrency IS NOT NULL
+            WHERE j.status = 'running' AND j.locked_by = w.worker_id GROUP BY j.queue) h) AS slots
+FROM shardworker.workers w ORDER BY w.hostname, w.worker_id;
 
 -- worker_forget --
 -- Remove this worker's heartbeat row at clean shutdown, unless jobs still run under its
@@ -623,8 +642,9 @@ WHERE worker_id = %(worker_id)s AND hostname = %(hostname)s AND pid = %(pid)s AN
 
 -- worker_heartbeats --
 -- Every worker's last heartbeat, and the silence it says its peers must watch before they
--- rescue it (its --rescue-after; NULL for a drain's row).
-SELECT worker_id, heartbeat_at, rescue_after_s FROM shardworker.workers;
+-- rescue it (its --rescue-after; NULL for a drain's row) and before its running jobs stop
+-- counting toward limits across workers (its --release-slots-after; NULL: never released).
+SELECT worker_id, heartbeat_at, rescue_after_s, slots_after_s FROM shardworker.workers;
 
 -- rescue_workers --
 -- Requeue the running jobs of workers the rescuer watched stay silent, each only if its
