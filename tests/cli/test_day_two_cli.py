@@ -91,3 +91,26 @@ def test_times_print_in_utc_whatever_the_sessions_zone(pg_dsn: str) -> None:
     assert "2030-01-02 03:04:05" in workers and re.search(r"started \(UTC\)", workers)
     assert json.loads(sw(pg_dsn, "workers", "--json", tz="Asia/Kolkata").stdout)[0]["started_at"] == \
         "2030-01-02T03:04:05+00:00"
+
+
+def test_workers_show_the_slots_a_dead_worker_holds_and_forget_gives_them_back(pg_dsn: str) -> None:
+    """A worker killed while it held 2 slots of a kind capped across workers: `workers --all`
+    shows them, released once it is silent past its --release-slots-after; `workers forget`
+    refuses a live worker with one line, and gives the dead one's jobs back."""
+    execute(pg_dsn, "INSERT INTO shardworker.kinds (name, global_concurrency) VALUES ('api', 5)")
+    execute(pg_dsn, "INSERT INTO shardworker.workers (worker_id, hostname, pid, heartbeat_at, slots_after_s) "
+                    "VALUES ('w-dead', 'host', 1, now() - interval '90 seconds', 10), "
+                    "('w-live', 'host', 2, now(), 10)")
+    execute(pg_dsn, "INSERT INTO shardworker.jobs (kind, status, attempt, locked_by) "
+                    "SELECT 'api', 'running', 1, 'w-dead' FROM generate_series(1, 2)")
+    listed = sw(pg_dsn, "workers", "--all").stdout
+    assert re.search(r"w-dead .* kind api 2 \(released\)  SILENT", listed), listed
+    assert re.search(r"w-live .* -$", listed, re.MULTILINE), listed
+    [dead] = [w for w in json.loads(sw(pg_dsn, "workers", "--all", "--json").stdout) if w["worker_id"] == "w-dead"]
+    assert dead["slots"] == {"kind:api": 2} and dead["slots_released"] is True
+    refused = sw(pg_dsn, "workers", "forget", "w-live", code=1)
+    assert refused.stderr.count("\n") == 1 and "it is live" in refused.stderr
+    assert "no worker 'w-gone'" in sw(pg_dsn, "workers", "forget", "w-gone", code=1).stderr
+    assert sw(pg_dsn, "workers", "forget", "w-dead").stdout == "forgot worker w-dead: 2 jobs given back\n"
+    assert query(pg_dsn, "SELECT DISTINCT status, locked_by FROM shardworker.jobs") == [("queued", None)]
+    assert [w["worker_id"] for w in json.loads(sw(pg_dsn, "workers", "--all", "--json").stdout)] == ["w-live"]

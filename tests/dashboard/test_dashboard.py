@@ -49,6 +49,20 @@ def test_overview_shows_counts_failed_jobs_and_workers(pg_dsn: str, dashboard: D
     assert 'data-count="default/available">2<' in fragment and "<html" not in fragment
 
 
+def test_overview_shows_the_slots_a_silent_worker_still_holds(pg_dsn: str, dashboard: Dashboard) -> None:
+    """A worker silent for minutes is no longer live, but while its running jobs hold slots of a
+    kind capped across workers it is listed with them, released once past its window."""
+    execute(pg_dsn, "INSERT INTO shardworker.kinds (name, global_concurrency) VALUES ('api', 5)")
+    execute(pg_dsn, "INSERT INTO shardworker.workers (worker_id, hostname, pid, heartbeat_at, slots_after_s) "
+                    "VALUES ('w-dead', 'host', 1, now() - interval '5 minutes', 10), "
+                    "('w-gone', 'host', 2, now() - interval '5 minutes', 10)")
+    execute(pg_dsn, "INSERT INTO shardworker.jobs (kind, status, attempt, locked_by) "
+                    "SELECT 'api', 'running', 1, 'w-dead' FROM generate_series(1, 2)")
+    html = httpx.get(dashboard.url).text
+    assert '<td data-slots="w-dead">kind api 2 (released: silent)</td>' in html
+    assert 'data-worker="w-gone"' not in html  # silent and holding nothing: not shown
+
+
 def test_retry_button_queues_a_failed_job_again(pg_dsn: str, dashboard: Dashboard) -> None:
     """POST /jobs/N/retry from the page: the job is queued again and the page says so."""
     [job_id] = enqueue(pg_dsn, "count", 1)
