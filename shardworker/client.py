@@ -23,6 +23,7 @@ from shardworker.core.followups import DependentRow, check_after
 from shardworker.core.limits import (
     DEFAULT_MAX_ATTEMPTS,
     MAX_DEDUPE_KEY_BYTES,
+    MAX_JOB_KEY_BYTES,
     MAX_DELAY_S,
     MAX_KIND_BYTES,
     MAX_PAYLOAD_BYTES,
@@ -57,6 +58,9 @@ class JobSpec:
     run_at: datetime | None = None
     dedupe_key: str | None = None
     after: tuple[int, ...] = ()  # ids of jobs it waits on (shardworker.core.followups)
+    # Whose job it is (a tenant, an account): claims take a queue's keys in turn, and
+    # key_concurrency caps how many of one key run at once (docs/scheduling.md).
+    key: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "after", check_after(self.after))
@@ -74,8 +78,11 @@ class JobSpec:
             raise EnqueueError("dedupe_key must be a string")
         if self.dedupe_key is not None and not self.dedupe_key.strip():  # unset variables in a script, most likely
             raise EnqueueError("dedupe_key must not be empty or white space only (leave it out for a job without one)")
+        if self.key is not None and (not isinstance(self.key, str) or not self.key.strip()):
+            raise EnqueueError("key must be a non-empty string (leave it out for a job of no one's in particular)")
         for name, value, limit in (("kind", self.kind, MAX_KIND_BYTES), ("queue", self.queue, MAX_QUEUE_BYTES),
-                                   ("dedupe_key", self.dedupe_key, MAX_DEDUPE_KEY_BYTES)):
+                                   ("dedupe_key", self.dedupe_key, MAX_DEDUPE_KEY_BYTES),
+                                   ("key", self.key, MAX_JOB_KEY_BYTES)):
             why = None if value is None else too_long(name, value, limit) or not_storable_text(name, value)
             if why:
                 raise EnqueueError(why)
@@ -105,10 +112,11 @@ class JobSpec:
     @classmethod
     def from_mapping(cls, obj: Mapping[str, Any]) -> JobSpec:
         """From a bulk-file object: kind, payload, optional queue, priority, max_attempts,
-        run_at (ISO 8601), dedupe_key, after (job ids)."""
+        run_at (ISO 8601), dedupe_key, after (job ids), key."""
         if not isinstance(obj, Mapping):
             raise EnqueueError("expected a JSON object")
-        unknown = set(obj) - {"kind", "payload", "queue", "priority", "max_attempts", "run_at", "dedupe_key", "after"}
+        unknown = set(obj) - {"kind", "payload", "queue", "priority", "max_attempts", "run_at", "dedupe_key", "after",
+                              "key"}
         if unknown:
             raise EnqueueError(f"unknown field(s) {', '.join(sorted(unknown))}")
         if "kind" not in obj:
@@ -123,7 +131,7 @@ class JobSpec:
             except ValueError as exc:
                 raise EnqueueError(f"run_at is not an ISO 8601 time: {run_at!r}") from exc
         return cls(obj["kind"], obj.get("payload"), obj.get("queue", "default"), obj.get("priority", 0),
-                   obj.get("max_attempts", DEFAULT_MAX_ATTEMPTS), run_at, obj.get("dedupe_key"), after)
+                   obj.get("max_attempts", DEFAULT_MAX_ATTEMPTS), run_at, obj.get("dedupe_key"), after, obj.get("key"))
 
 
 def loads_json(text: str | bytes) -> Any:
@@ -151,18 +159,21 @@ def _utc(run_at: datetime | None) -> datetime | None:
 
 def enqueue(conn_or_dsn: Any, kind: str, payload: Any = None, *, queue: str = "default", priority: int = 0,
             max_attempts: int = DEFAULT_MAX_ATTEMPTS, run_at: datetime | None = None, delay_s: float = 0.0,
-            dedupe_key: str | None = None, after: Iterable[int] = (), strict: bool = False) -> int | None:
+            dedupe_key: str | None = None, after: Iterable[int] = (), strict: bool = False,
+            key: str | None = None) -> int | None:
     """Enqueue one job and wake idle workers; returns its id, or None if ``dedupe_key`` is live.
     With ``after=[ids]`` it waits (status ``waiting``) until those jobs are done; an id that
     does not exist refuses the call (``EnqueueError``), enqueueing nothing. With ``strict``, a
-    kind no live worker serves in ``queue`` is refused (``KindNotServed``).
+    kind no live worker serves in ``queue`` is refused (``KindNotServed``). ``key`` says whose
+    job it is (a tenant): claims take a queue's keys in turn, and ``key_concurrency`` caps
+    how many jobs of one key run at once.
 
     ``conn_or_dsn`` is an open ``psycopg.Connection`` (the caller's: inside its open
     transaction the job commits or rolls back with it, and workers wake at its commit) or a
     DSN string, which opens and closes a connection per call (milliseconds): pass a
     connection, or one from ``psycopg_pool.ConnectionPool.connection()``, for anything frequent.
     """
-    spec, fields = _one_job(kind, payload, queue, priority, max_attempts, run_at, delay_s, dedupe_key, after)
+    spec, fields = _one_job(kind, payload, queue, priority, max_attempts, run_at, delay_s, dedupe_key, after, key)
     if strict:
         from shardworker.store.serving import refuse_unserved
 
@@ -179,14 +190,14 @@ def enqueue(conn_or_dsn: Any, kind: str, payload: Any = None, *, queue: str = "d
 async def enqueue_async(aconn_or_dsn: Any, kind: str, payload: Any = None, *, queue: str = "default",
                         priority: int = 0, max_attempts: int = DEFAULT_MAX_ATTEMPTS, run_at: datetime | None = None,
                         delay_s: float = 0.0, dedupe_key: str | None = None, after: Iterable[int] = (),
-                        strict: bool = False) -> int | None:
+                        strict: bool = False, key: str | None = None) -> int | None:
     """``enqueue`` for asyncio code: ``await enqueue_async(aconn, "email", {...})``.
 
     ``aconn_or_dsn`` is an open ``psycopg.AsyncConnection`` (inside the caller's open
     transaction the job commits or rolls back with it) or a DSN string, which opens and
     closes an async connection per call. Nothing here blocks the event loop.
     """
-    spec, fields = _one_job(kind, payload, queue, priority, max_attempts, run_at, delay_s, dedupe_key, after)
+    spec, fields = _one_job(kind, payload, queue, priority, max_attempts, run_at, delay_s, dedupe_key, after, key)
     if strict:
         from shardworker.store.serving import refuse_unserved_async
 
@@ -201,11 +212,13 @@ async def enqueue_async(aconn_or_dsn: Any, kind: str, payload: Any = None, *, qu
 
 
 def _one_job(kind: str, payload: Any, queue: str, priority: int, max_attempts: int, run_at: datetime | None,
-             delay_s: float, dedupe_key: str | None, after: Iterable[int]) -> tuple[JobSpec, dict[str, Any]]:
+             delay_s: float, dedupe_key: str | None, after: Iterable[int],
+             key: str | None) -> tuple[JobSpec, dict[str, Any]]:
     """The validated spec and the insert's other fields, before anything is sent."""
-    spec = JobSpec(kind, payload, queue, priority, max_attempts, run_at, dedupe_key, after)  # type: ignore[arg-type]
+    spec = JobSpec(kind, payload, queue, priority, max_attempts, run_at, dedupe_key, after, key)  # type: ignore[arg-type]
     return spec, {"queue": spec.queue, "priority": spec.priority, "max_attempts": spec.max_attempts,
-                  "run_at": _utc(spec.run_at), "delay_s": check_delay(delay_s), "dedupe_key": spec.dedupe_key}
+                  "run_at": _utc(spec.run_at), "delay_s": check_delay(delay_s), "dedupe_key": spec.dedupe_key,
+                  "key": spec.key}
 
 
 def check_delay(delay_s: Any) -> float:
@@ -217,7 +230,7 @@ def check_delay(delay_s: Any) -> float:
 
 def _dependent_row(spec: JobSpec, delay_s: float = 0.0) -> DependentRow:
     return DependentRow(spec.kind, spec.queue, spec.payload_json(), spec.priority, spec.max_attempts,
-                        _utc(spec.run_at), delay_s, spec.dedupe_key, spec.after)
+                        _utc(spec.run_at), delay_s, spec.dedupe_key, spec.after, key=spec.key)
 
 
 def enqueue_many(conn_or_dsn: Any, jobs: Iterable[JobSpec], *, strict: bool = False) -> list[int | None]:
@@ -262,7 +275,7 @@ async def enqueue_many_async(aconn_or_dsn: Any, jobs: Iterable[JobSpec], *, stri
 
 
 def _copy_rows(jobs: Iterable[JobSpec]) -> list[tuple[Any, ...]]:
-    return [(j.kind, j.queue, j.payload_json(), j.priority, j.max_attempts, _utc(j.run_at), j.dedupe_key)
+    return [(j.kind, j.queue, j.payload_json(), j.priority, j.max_attempts, _utc(j.run_at), j.dedupe_key, j.key)
             for j in jobs]
 
 

@@ -52,8 +52,9 @@ def dumps_json(value: Any, *, indent: bool = False) -> str:
 
 
 def list_jobs(conn_or_dsn: Any, *, status: Sequence[str] | str | None = None, kind: str | None = None,
-              queue: str | None = None, since: datetime | None = None, limit: int = 50) -> list[JobInfo]:
-    """Jobs newest first, filtered by status (one or several), kind, queue and creation time."""
+              queue: str | None = None, since: datetime | None = None, limit: int = 50,
+              key: str | None = None) -> list[JobInfo]:
+    """Jobs newest first, filtered by status (one or several), kind, queue, key and creation time."""
     statuses = [status] if isinstance(status, str) else list(status or [])
     unknown = [s for s in statuses if s not in STATUSES]
     if unknown:
@@ -63,7 +64,7 @@ def list_jobs(conn_or_dsn: Any, *, status: Sequence[str] | str | None = None, ki
     from shardworker.store import job_queries
 
     return job_queries.list_jobs(conn_or_dsn, statuses=statuses or None, kind=kind, queue=queue, since=since,
-                                 limit=limit)
+                                 limit=limit, key=key)
 
 
 def get_job(conn_or_dsn: Any, job_id: int) -> JobInfo | None:

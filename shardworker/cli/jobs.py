@@ -54,12 +54,16 @@ def _echo_jobs(found: list[jobs_api.JobInfo], as_json: bool) -> None:
         click.echo("no jobs match", err=True)
         return
     width = max(len("attempts"), *(len(j.attempts_text) for j in found))
-    click.echo(f"{'id':>10}  {'status':<9}  {'kind':<20}  {'queue':<10}  {'attempts':<{width}}  "
+    # A key column only when some job shown has a key (a tenant's): most queues have none.
+    keys = max((len(j.key) for j in found if j.key is not None), default=0)
+    key_head = f"  {'key':<{max(keys, 3)}}" if keys else ""
+    click.echo(f"{'id':>10}  {'status':<9}  {'kind':<20}  {'queue':<10}{key_head}  {'attempts':<{width}}  "
                f"{'created (UTC)':<19}  last error")
     for j in found:
         # A done job's last error is an earlier attempt's: beside `done` it reads as a failure.
         error = (j.last_error or "").splitlines()[0][:60] if j.last_error and j.status != "done" else ""
-        click.echo(f"{j.id:>10}  {j.status:<9}  {j.kind:<20}  {j.queue:<10}  {j.attempts_text:<{width}}"
+        key = f"  {j.key or '-':<{max(keys, 3)}}" if keys else ""
+        click.echo(f"{j.id:>10}  {j.status:<9}  {j.kind:<20}  {j.queue:<10}{key}  {j.attempts_text:<{width}}"
                    f"  {in_utc(j.created_at):%Y-%m-%d %H:%M:%S}  {error}".rstrip())
 
 
@@ -72,16 +76,17 @@ def jobs() -> None:
 @click.option("--status", type=click.Choice(jobs_api.STATUSES), multiple=True, help="Only these statuses.")
 @click.option("--kind", type=UTF8, default=None, help="Only this kind.")
 @click.option("--queue", type=UTF8, default=None, help="Only this queue.")
+@click.option("--key", type=UTF8, default=None, help="Only jobs with this key (a tenant's).")
 @click.option("--since", default=None, help="Created since: 30m, 2h, 7d, or an ISO 8601 time.")
 @click.option("--limit", type=JOB_ID, default=50, show_default=True)
 @json_option
 @dsn_option
 @one_line_errors
-def list_command(status: tuple[str, ...], kind: str | None, queue: str | None, since: str | None, limit: int,
-                 as_json: bool, dsn: str | None) -> None:
+def list_command(status: tuple[str, ...], kind: str | None, queue: str | None, key: str | None, since: str | None,
+                 limit: int, as_json: bool, dsn: str | None) -> None:
     """Jobs, newest first."""
     found = jobs_api.list_jobs(resolve_dsn(dsn, start=False), status=status or None, kind=kind, queue=queue,
-                               since=parse_since(since), limit=limit)
+                               since=parse_since(since), limit=limit, key=key)
     _echo_jobs(found, as_json)
 
 

@@ -100,13 +100,15 @@ def migrate(print_sql: bool, after: int, bare: bool, dsn: str | None) -> None:
 @click.option("--count", type=click.IntRange(min=1), default=1, show_default=True, help="Enqueue N copies.")
 @click.option("--file", "file_", type=click.File("rb"), default=None,
               help="Bulk JSONL file (or -): one object a line with kind, payload and optional fields; "
-                   "--queue, --priority, --max-attempts and --delay fill fields a line leaves out.")
+                   "--queue, --priority, --max-attempts, --delay and --key fill fields a line leaves out.")
 @click.option("--queue", type=UTF8, default="default", show_default=True, help="Queue name.")
 @click.option("--priority", type=int, default=0, show_default=True, help="Smaller runs first.")
 @click.option("--max-attempts", type=click.IntRange(min=1), default=DEFAULT_MAX_ATTEMPTS, show_default=True, help="Attempts allowed.")
 @click.option("--delay", type=click.FloatRange(min=0, max=MAX_DELAY_S), default=0.0, show_default=True,
               callback=lambda _ctx, _param, value: _finite(value, "--delay"), help="Seconds before the job may run.")
 @click.option("--dedupe-key", type=UTF8, default=None, help="Skip when a live job holds this key.")
+@click.option("--key", type=UTF8, default=None,
+              help="Whose job it is (a tenant): claims take a queue's keys in turn, key_concurrency caps each.")
 @click.option("--after", default=None, callback=lambda _ctx, _param, value: _ids(value),
               help="Comma-separated job ids: the job waits until they are all done.")
 @click.option("--strict", is_flag=True,
@@ -115,8 +117,8 @@ def migrate(print_sql: bool, after: int, bare: bool, dsn: str | None) -> None:
 @dsn_option
 @one_line_errors
 def enqueue(kind: str | None, payload_json: str | None, count: int, file_: Any, queue: str, priority: int,
-            max_attempts: int, delay: float, dedupe_key: str | None, after: tuple[int, ...], strict: bool,
-            as_json: bool, dsn: str | None) -> None:
+            max_attempts: int, delay: float, dedupe_key: str | None, key: str | None, after: tuple[int, ...],
+            strict: bool, as_json: bool, dsn: str | None) -> None:
     """Enqueue KIND with PAYLOAD_JSON, or a bulk --file; prints how many jobs it enqueued and
     their ids (--json: {"enqueued": N, "ids": [...]})."""
     from datetime import UTC, datetime, timedelta
@@ -131,7 +133,7 @@ def enqueue(kind: str | None, payload_json: str | None, count: int, file_: Any, 
         if dedupe_key is not None:
             raise click.UsageError("--dedupe-key applies to one job; put dedupe_key in the file's lines")
         defaults: dict[str, Any] = {"queue": queue, "priority": priority, "max_attempts": max_attempts,
-                                    **({"after": list(after)} if after else {})}
+                                    **({"after": list(after)} if after else {}), **({"key": key} if key else {})}
         if delay:
             defaults["run_at"] = (datetime.now(UTC) + timedelta(seconds=delay)).isoformat()
         specs = parse_jsonl(file_, defaults)
@@ -145,13 +147,13 @@ def enqueue(kind: str | None, payload_json: str | None, count: int, file_: Any, 
         run_at = datetime.now(UTC) + timedelta(seconds=delay) if delay else None
         if count > 1 and dedupe_key:
             raise click.UsageError("--dedupe-key with --count > 1 would enqueue one job")
-        specs = [JobSpec(kind, payload, queue, priority, max_attempts, run_at, dedupe_key, after)] * count
+        specs = [JobSpec(kind, payload, queue, priority, max_attempts, run_at, dedupe_key, after, key)] * count
     dsn = resolve_dsn(dsn)
     if len(specs) == 1 and file_ is None:
         spec = specs[0]
         job_id = enqueue_one(dsn, spec.kind, spec.payload, queue=spec.queue, priority=spec.priority,
                              max_attempts=spec.max_attempts, run_at=spec.run_at, dedupe_key=spec.dedupe_key,
-                             after=spec.after, strict=strict)
+                             after=spec.after, strict=strict, key=spec.key)
         ids = [job_id]
     else:
         ids = enqueue_many(dsn, specs, strict=strict)

@@ -57,6 +57,7 @@ class DependentRow(NamedTuple):
     id: int | None = None
     uid: int | None = None
     reinserted: bool = False  # inserted again after the database went back in time: findable by uid
+    key: str | None = None  # whose job it is (a tenant's): JobSpec.key
 
 
 def followup_uid(parent_uid: int, attempt: int, index: int) -> int:
@@ -85,5 +86,7 @@ def check_after(after: Iterable[Any] | None) -> tuple[int, ...]:
 
 def decode(blob: bytes) -> list[DependentRow]:
     """The follow-ups an outcome record carries (``FollowUps.encode``)."""
-    return [DependentRow(kind, queue, payload, priority, max_attempts, None, float(delay), dedupe_key, tuple(refs))
-            for kind, payload, queue, priority, max_attempts, delay, dedupe_key, refs in orjson.loads(blob)]
+    # A key is the ninth field, when there is one (records of releases before keys have eight).
+    return [DependentRow(kind, queue, payload, priority, max_attempts, None, float(delay), dedupe_key, tuple(refs),
+                         key=key[0] if key else None)
+            for kind, payload, queue, priority, max_attempts, delay, dedupe_key, refs, *key in orjson.loads(blob)]

@@ -34,6 +34,8 @@ third of an 8 KiB page less its headers, and a value that does not fit is refuse
   name is a name ``run --queues`` can give (``unservable_queue_name``): no comma, control
   character, or white space at either end.
 * ``MAX_DEDUPE_KEY_BYTES`` (1,024): ``jobs_dedupe_idx`` holds the whole key.
+* ``MAX_JOB_KEY_BYTES`` (255): a job's key (a tenant's), held whole by the key indexes of
+  migration 0022 beside a queue's and a kind's name.
 * ``MAX_WORKER_ID_BYTES`` (255): ``jobs_running_idx`` holds ``locked_by`` and the workers
   table's primary key the id. ``MAX_PERIODIC_NAME_BYTES`` (255): the periodic table's key.
 
@@ -81,6 +83,7 @@ ERRORS_KEPT = 20
 MAX_KIND_BYTES = 255
 MAX_QUEUE_BYTES = 255
 MAX_DEDUPE_KEY_BYTES = 1024
+MAX_JOB_KEY_BYTES = 255
 MAX_WORKER_ID_BYTES = 255
 MAX_PERIODIC_NAME_BYTES = 255
 

@@ -85,6 +85,7 @@ class Job:
     # Runs of this job that used no attempt (snoozed): attempts used are attempt - snoozes.
     snoozes: int = 0
     _cancel: Any = field(default=None, repr=False, compare=False)  # a cancels.Flag an operator's cancel sets
+    key: str | None = None  # whose job it is (enqueue's key=): a tenant's, an account's; None: no one's
 
     @property
     def cancelled(self) -> bool:
@@ -102,14 +103,14 @@ class Job:
 
     def enqueue(self, kind: str, payload: Any = None, *, queue: str = "default", priority: int = 0,
                 delay_s: float = 0.0, max_attempts: int = DEFAULT_MAX_ATTEMPTS, dedupe_key: str | None = None,
-                after: Any = ()) -> Any:
+                after: Any = (), key: str | None = None) -> Any:
         """Enqueue a follow-up job, inserted only if this job's outcome is applied as done, in
         the same transaction, exactly once (``shardworker.core.followups``); returns its handle, which
-        ``after=`` of a later ``job.enqueue`` takes, as it takes job ids."""
+        ``after=`` of a later ``job.enqueue`` takes, as it takes job ids. ``key`` as ``enqueue``'s."""
         if self._followups is None:
             raise RuntimeError("job.enqueue works inside a worker's handler only (this Job was made by hand)")
         return self._followups.add(kind, payload, queue=queue, priority=priority, delay_s=delay_s,
-                                   max_attempts=max_attempts, dedupe_key=dedupe_key, after=after)
+                                   max_attempts=max_attempts, dedupe_key=dedupe_key, after=after, key=key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +138,7 @@ class ClaimedJob:
     # dependencies' results the claim did not bring (steps_json and dependencies_json are
     # None); the child fails the job for good, naming them. None: nothing was left behind.
     withheld: tuple[int, int] | None = None
+    key: str | None = None  # the job's key (enqueue's key=)
 
     @property
     def attempts_used(self) -> int:
@@ -155,7 +157,7 @@ class ClaimedJob:
         dependencies = {} if self.dependencies_json is None else {
             int(key): value for key, value in loads_exact(self.dependencies_json).items()}
         return Job(self.id, self.kind, self.queue, loads_exact(self.payload_json), self.attempt,
-                   self.max_attempts, steps, dependencies, followups, self.snoozes, cancel)
+                   self.max_attempts, steps, dependencies, followups, self.snoozes, cancel, self.key)
 
 
 class Claim(NamedTuple):

@@ -116,7 +116,8 @@ class Schedule:
             ticks = ticks[-self.catch_up:]
         jobs = [{"kind": self.kind, "payload_json": self.payload_json, "queue": self.queue,
                  "priority": self.priority, "max_attempts": self.max_attempts, "run_at": tick, "delay_s": 0.0,
-                 "dedupe_key": f"periodic:{self.name}:{tick.astimezone(self.zone).isoformat()}"} for tick in ticks]
+                 "dedupe_key": f"periodic:{self.name}:{tick.astimezone(self.zone).isoformat()}", "key": None}
+                for tick in ticks]
         return jobs, ticks[-1]
 
 

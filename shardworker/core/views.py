@@ -66,6 +66,7 @@ class JobInfo:
     finished_at: datetime | None
     locked_by: str | None
     snoozes: int = 0  # runs that used no attempt (Snooze): ``attempt`` counts every run
+    key: str | None = None  # whose job it is (enqueue's key=)
 
     @property
     def attempts_text(self) -> str:

@@ -21,21 +21,24 @@ from shardworker.store.sql import query
 # Bulk loads may take minutes: a connection of our own for COPY has no 30 s statement timeout.
 BULK_STATEMENT_TIMEOUT_S = 3600.0
 REFUSED = (psycopg.DataError, psycopg.IntegrityError, pgerr.ProgramLimitExceeded)
+# A staged row's fields (job_stage_copy): kind, queue, payload, priority, max_attempts, run_at,
+# dedupe_key, key; a row without the last (no key) is padded.
+ROW_FIELDS = 8
 
 
 class EnqueueQueries(Session):
     """Enqueue on the store's own connection."""
 
     def enqueue(self, kind: str, payload_json: str, *, queue: str, priority: int, max_attempts: int,
-                run_at: datetime | None, delay_s: float, dedupe_key: str | None) -> int | None:
+                run_at: datetime | None, delay_s: float, dedupe_key: str | None, key: str | None = None) -> int | None:
         """Insert one job and notify; its id, or None when the dedupe key is live."""
         with self.cursor() as cur:
             return insert_job(cur, kind, payload_json, queue=queue, priority=priority, max_attempts=max_attempts,
-                              run_at=run_at, delay_s=delay_s, dedupe_key=dedupe_key)
+                              run_at=run_at, delay_s=delay_s, dedupe_key=dedupe_key, key=key)
 
     def enqueue_many(self, rows: Iterable[Sequence[Any]]) -> list[int | None]:
-        """COPY rows (kind, queue, payload_json, priority, max_attempts, run_at, dedupe_key)
-        in one transaction; their ids in order, None for a row a live dedupe key skipped."""
+        """COPY rows (kind, queue, payload_json, priority, max_attempts, run_at, dedupe_key,
+        key) in one transaction; their ids in order, None for a row a live dedupe key skipped."""
         with self.cursor(transaction=True) as cur:
             return copy_jobs(cur, rows)
 
@@ -94,7 +97,7 @@ def copy_jobs(cur: psycopg.Cursor[Any], rows: Iterable[Sequence[Any]]) -> list[i
     try:
         with cur.copy(query("job_stage_copy")) as copy:
             for values in rows:
-                copy.write_row((*values, len(keys)))
+                copy.write_row((*values, *(None,) * (ROW_FIELDS - len(values)), len(keys)))
                 keys.append(values[6])
         cur.execute(query("job_stage_insert"))
     except REFUSED as exc:

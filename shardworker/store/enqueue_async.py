@@ -13,7 +13,13 @@ import psycopg
 from shardworker.core.config import StoreConfig
 from shardworker.errors import EnqueueError
 from shardworker.store.connection import AsyncUnpreparedCursor, connect_async, first_line, translate_errors
-from shardworker.store.enqueue import BULK_STATEMENT_TIMEOUT_S, REFUSED, inserted_ids, needs_own_transaction
+from shardworker.store.enqueue import (
+    BULK_STATEMENT_TIMEOUT_S,
+    REFUSED,
+    ROW_FIELDS,
+    inserted_ids,
+    needs_own_transaction,
+)
 from shardworker.store.sql import query
 
 
@@ -42,7 +48,7 @@ async def enqueue_rows_async(conn_or_dsn: Any, rows: Iterable[Sequence[Any]]) ->
         try:
             async with cur.copy(query("job_stage_copy")) as copy:
                 for values in rows:
-                    await copy.write_row((*values, len(keys)))
+                    await copy.write_row((*values, *(None,) * (ROW_FIELDS - len(values)), len(keys)))
                     keys.append(values[6])
             await cur.execute(query("job_stage_insert"))
         except REFUSED as exc:

@@ -57,11 +57,11 @@ def cursor_for(conn_or_dsn: Any, *, transaction: bool) -> Iterator[psycopg.Curso
 
 
 def list_jobs(conn_or_dsn: Any, *, statuses: Sequence[str] | None, kind: str | None, queue: str | None,
-              since: datetime | None, limit: int) -> list[JobInfo]:
+              since: datetime | None, limit: int, key: str | None = None) -> list[JobInfo]:
     """Jobs newest first, filtered."""
     with cursor_for(conn_or_dsn, transaction=False) as cur:
         cur.execute(query("job_list"), {"statuses": list(statuses) if statuses else None, "kind": kind,
-                                        "queue": queue, "since": since, "limit": limit})
+                                        "queue": queue, "key": key, "since": since, "limit": limit})
         return [JobInfo(*row) for row in cur.fetchall()]
 
 

@@ -50,6 +50,7 @@ class FollowUpJob(NamedTuple):
     dedupe_key: str | None
     after: tuple[int, ...]
     after_followups: tuple[int, ...]
+    key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,7 @@ class _Run:
 
     def __init__(self, app: App, kind: str, payload: Any, *, steps: Mapping[str, Any] | None, job_id: int,
                  queue: str, attempt: int, max_attempts: int | None, snoozes: int,
-                 dependencies: Mapping[int, Any] | None) -> None:
+                 dependencies: Mapping[int, Any] | None, key: str | None = None) -> None:
         spec = app.handlers.get(kind)
         if spec is None:
             raise KeyError(f"no handler for kind {kind!r} in this App (it has {', '.join(app.kinds) or 'none'})")
@@ -124,7 +125,7 @@ class _Run:
         self.job = ClaimedJob(job_id, kind, queue, dumps_exact(payload).decode(), attempt, limit,
                               None if not steps else dumps_exact(dict(steps)).decode(),
                               None if not dependencies else dumps_exact({str(k): v for k, v in dependencies.items()})
-                              .decode(), snoozes)
+                              .decode(), snoozes, key=key)
         self.recorded: list[StepRecord] = []
         self.log = StepLog(self.job, self._sink, self._commit)
 
@@ -157,19 +158,19 @@ def _followups(blob: bytes | None) -> list[FollowUpJob]:
         return []
     return [FollowUpJob(row.kind, orjson.loads(row.payload_json), row.queue, row.priority, row.max_attempts,
                         row.delay_s, row.dedupe_key, tuple(ref for ref in row.after if ref > 0),
-                        tuple(-ref - 1 for ref in row.after if ref < 0))
+                        tuple(-ref - 1 for ref in row.after if ref < 0), row.key)
             for row in followups.decode(blob)]
 
 
 def run_handler(app: App, kind: str, payload: Any = None, *, steps: Mapping[str, Any] | None = None,
                 raises: bool = True, job_id: int = 1, queue: str = "default", attempt: int = 1,
                 max_attempts: int | None = None, snoozes: int = 0,
-                dependencies: Mapping[int, Any] | None = None) -> HandlerRun:
+                dependencies: Mapping[int, Any] | None = None, key: str | None = None) -> HandlerRun:
     """Run ``app``'s handler of ``kind`` on a job with ``payload`` (and the job's other fields),
     as a worker's child would; ``steps``: {name: result} recorded by earlier attempts. Call
     ``run_handler_async`` instead from a running event loop for an ``async def`` handler."""
     run = _Run(app, kind, payload, steps=steps, job_id=job_id, queue=queue, attempt=attempt,
-               max_attempts=max_attempts, snoozes=snoozes, dependencies=dependencies)
+               max_attempts=max_attempts, snoozes=snoozes, dependencies=dependencies, key=key)
     lane = run.trap.spec.lane
     if lane == "async":
         try:
@@ -187,11 +188,11 @@ def run_handler(app: App, kind: str, payload: Any = None, *, steps: Mapping[str,
 async def run_handler_async(app: App, kind: str, payload: Any = None, *, steps: Mapping[str, Any] | None = None,
                             raises: bool = True, job_id: int = 1, queue: str = "default", attempt: int = 1,
                             max_attempts: int | None = None, snoozes: int = 0,
-                            dependencies: Mapping[int, Any] | None = None) -> HandlerRun:
+                            dependencies: Mapping[int, Any] | None = None, key: str | None = None) -> HandlerRun:
     """``run_handler`` from asyncio code: an ``async def`` handler runs on this event loop; a
     sync or threaded one on a thread, so the loop never blocks."""
     run = _Run(app, kind, payload, steps=steps, job_id=job_id, queue=queue, attempt=attempt,
-               max_attempts=max_attempts, snoozes=snoozes, dependencies=dependencies)
+               max_attempts=max_attempts, snoozes=snoozes, dependencies=dependencies, key=key)
     if run.trap.spec.lane == "async":
         return run.finish(await run_async(run.app, run.job, run.log), raises)
     return run.finish(await asyncio.to_thread(run_sync, run.app, run.job, run.log), raises)

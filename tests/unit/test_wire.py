@@ -100,3 +100,14 @@ def test_a_record_of_a_newer_format_is_told_apart_from_damage() -> None:
     with pytest.raises(ValueError, match="not an outcome record") as caught:
         decode_record(bytes(record))
     assert not isinstance(caught.value, NewerRecord)
+
+
+def test_claimed_jobs_reach_a_child_with_their_key() -> None:
+    """The pipe message that hands a child its jobs carries each job's key (a tenant's)."""
+    from shardworker.core.model import ClaimedJob
+    from shardworker.core.wire import Jobs, decode, encode
+
+    jobs = (ClaimedJob(1, "k", "default", "{}", 1, 25, key="tenant-1"), ClaimedJob(2, "k", "default", "{}", 1, 25))
+    message = decode(encode(Jobs(jobs, (0, 0))))
+    assert isinstance(message, Jobs) and [j.key for j in message.jobs] == ["tenant-1", None]
+    assert message.jobs[0].to_job().key == "tenant-1"

@@ -178,7 +178,7 @@ WITH hold AS (
               j.priority, j.run_at,
               CASE WHEN j.attempt > 1 OR j.steps_ahead THEN shardworker.steps_bytes(j.id) END AS steps_bytes,
               CASE WHEN j.deps_total > 0 THEN j.deps_bytes END AS deps_bytes,
-              j.uid
+              j.uid, j.key
 ), spent_kind AS (
     UPDATE shardworker.kinds k
     SET rate_tokens = l.tokens - (SELECT count(*) FROM claimed c WHERE c.kind = l.name),
@@ -198,7 +198,7 @@ SELECT c.id, c.kind, c.queue, c.payload, c.attempt, c.max_attempts, c.snoozes,
        CASE WHEN c.steps_bytes IS NOT NULL AND NOT c.over THEN shardworker.steps_json(c.id) END AS steps,
        CASE WHEN c.deps_bytes IS NOT NULL AND NOT c.over THEN shardworker.dependencies_json(c.id) END AS dependencies,
        c.priority, c.run_at, c.uid,
-       CASE WHEN c.over THEN coalesce(c.steps_bytes, 0) END, CASE WHEN c.over THEN coalesce(c.deps_bytes, 0) END
+       CASE WHEN c.over THEN coalesce(c.steps_bytes, 0) END, CASE WHEN c.over THEN coalesce(c.deps_bytes, 0) END, c.key
 FROM (SELECT *, coalesce(steps_bytes, 0) + coalesce(deps_bytes, 0) > %(max_input_bytes)s AS over FROM claimed) c;
 
 -- job_claim_plain --
@@ -248,16 +248,16 @@ WITH flow AS (
               NULL::numeric AS pace_s,
               CASE WHEN j.attempt > 1 OR j.steps_ahead THEN shardworker.steps_bytes(j.id) END AS steps_bytes,
               CASE WHEN j.deps_total > 0 THEN j.deps_bytes END AS deps_bytes,
-              j.priority, j.run_at, j.uid
+              j.priority, j.run_at, j.uid, j.key
 )
 SELECT c.id, c.kind, c.queue, c.payload, c.attempt, c.max_attempts, c.snoozes, c.pace_s,
        CASE WHEN c.steps_bytes IS NOT NULL AND NOT c.over THEN shardworker.steps_json(c.id) END AS steps,
        CASE WHEN c.deps_bytes IS NOT NULL AND NOT c.over THEN shardworker.dependencies_json(c.id) END AS dependencies,
        c.priority, c.run_at, c.uid,
-       CASE WHEN c.over THEN coalesce(c.steps_bytes, 0) END, CASE WHEN c.over THEN coalesce(c.deps_bytes, 0) END
+       CASE WHEN c.over THEN coalesce(c.steps_bytes, 0) END, CASE WHEN c.over THEN coalesce(c.deps_bytes, 0) END, c.key
 FROM (SELECT *, coalesce(steps_bytes, 0) + coalesce(deps_bytes, 0) > %(max_input_bytes)s AS over FROM claimed) c
 UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 WHERE (SELECT limited FROM flow);
 
 -- flow_register_kinds --
@@ -461,10 +461,10 @@ RETURNING id;
 -- Enqueue one job; no row when a live job already holds the dedupe key. The payload is
 -- typed text first, so payload_bytes is the size of the JSON text as sent. No NOTIFY here:
 -- the caller sends notify_queue next, in its own statement (see shardworker.store.enqueue).
-INSERT INTO shardworker.jobs (kind, queue, payload, payload_bytes, priority, max_attempts, run_at, dedupe_key)
+INSERT INTO shardworker.jobs (kind, queue, payload, payload_bytes, priority, max_attempts, run_at, dedupe_key, key)
 VALUES (%(kind)s, %(queue)s, %(payload)s::text::jsonb, octet_length(%(payload)s::text), %(priority)s,
         %(max_attempts)s, coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay_s)s),
-        %(dedupe_key)s)
+        %(dedupe_key)s, %(key)s)
 ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('waiting', 'queued', 'running') DO NOTHING
 RETURNING id;
 
@@ -472,21 +472,22 @@ RETURNING id;
 -- A session-local staging table for bulk enqueue through COPY; ord is each row's position.
 CREATE TEMP TABLE shardworker_stage (
     kind text, queue text, payload text, priority int, max_attempts int,
-    run_at timestamptz, dedupe_key text, ord int
+    run_at timestamptz, dedupe_key text, key text, ord int
 ) ON COMMIT DROP;
 
 -- job_stage_copy --
 -- COPY rows into the staging table.
-COPY shardworker_stage (kind, queue, payload, priority, max_attempts, run_at, dedupe_key, ord) FROM STDIN;
+COPY shardworker_stage (kind, queue, payload, priority, max_attempts, run_at, dedupe_key, key, ord) FROM STDIN;
 
 -- job_stage_insert --
 -- Move staged rows into the jobs table in their order (ord), skipping live dedupe-key
 -- duplicates. Returns (id, dedupe_key) of the rows inserted, by id: the ids were drawn in
 -- the rows' order, so shardworker.store.enqueue.inserted_ids gives each row its id, or None.
 WITH ins AS (
-    INSERT INTO shardworker.jobs (kind, queue, payload, payload_bytes, priority, max_attempts, run_at, dedupe_key)
+    INSERT INTO shardworker.jobs (kind, queue, payload, payload_bytes, priority, max_attempts, run_at, dedupe_key,
+                                  key)
     SELECT kind, queue, payload::jsonb, octet_length(payload), priority, max_attempts, coalesce(run_at, now()),
-           dedupe_key
+           dedupe_key, key
     FROM shardworker_stage ORDER BY ord
     ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('waiting', 'queued', 'running') DO NOTHING
     RETURNING id, dedupe_key
@@ -702,11 +703,12 @@ RETURNING id;
 -- job_list --
 -- Jobs for `shardworker jobs list`, newest first, with optional filters.
 SELECT id, kind, queue, status, attempt, max_attempts, priority, payload, result, last_error,
-       created_at, run_at, attempted_at, finished_at, locked_by, snoozes
+       created_at, run_at, attempted_at, finished_at, locked_by, snoozes, key
 FROM shardworker.jobs
 WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
   AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(key)s::text IS NULL OR key = %(key)s::text)
   AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s::timestamptz)
 ORDER BY id DESC
 LIMIT %(limit)s;
@@ -719,13 +721,13 @@ SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('shardworker.jobs'
 -- job_list_after --
 -- Jobs with an id above `after`, in id order: those enqueued since job_id_mark said it.
 SELECT id, kind, queue, status, attempt, max_attempts, priority, payload, result, last_error,
-       created_at, run_at, attempted_at, finished_at, locked_by, snoozes
+       created_at, run_at, attempted_at, finished_at, locked_by, snoozes, key
 FROM shardworker.jobs WHERE id > %(after)s ORDER BY id;
 
 -- job_get --
 -- One job, whole.
 SELECT id, kind, queue, status, attempt, max_attempts, priority, payload, result, last_error,
-       created_at, run_at, attempted_at, finished_at, locked_by, snoozes
+       created_at, run_at, attempted_at, finished_at, locked_by, snoozes, key
 FROM shardworker.jobs WHERE id = %(id)s;
 
 -- job_errors --
@@ -1073,16 +1075,16 @@ WITH f AS (
     FROM unnest(%(kinds)s::text[], %(queues)s::text[], %(payloads)s::text[], %(priorities)s::int[],
                 %(max_attempts)s::int[], %(run_ats)s::timestamptz[], %(delays)s::float8[],
                 %(dedupe_keys)s::text[], %(deps_total)s::int[], %(given_ids)s::bigint[], %(given_uids)s::bigint[],
-                %(reinserted)s::boolean[])
+                %(reinserted)s::boolean[], %(keys)s::text[])
          WITH ORDINALITY AS f(kind, queue, payload, priority, max_attempts, run_at, delay_s, dedupe_key, deps_total,
-                              given_id, given_uid, reinserted, ord)
+                              given_id, given_uid, reinserted, key, ord)
 ), ins AS (
     INSERT INTO shardworker.jobs (id, uid, reinserted, kind, queue, payload, payload_bytes, priority, max_attempts,
-                                  run_at, dedupe_key, status, deps_total, deps_pending)
+                                  run_at, dedupe_key, status, deps_total, deps_pending, key)
     SELECT id, coalesce(given_uid, (random() * 9.2e18)::bigint), coalesce(reinserted, false), kind, queue,
            payload::jsonb, octet_length(payload), priority, max_attempts,
            coalesce(run_at, now()) + make_interval(secs => delay_s), dedupe_key,
-           CASE WHEN deps_total > 0 THEN 'waiting' ELSE 'queued' END, deps_total, deps_total
+           CASE WHEN deps_total > 0 THEN 'waiting' ELSE 'queued' END, deps_total, deps_total, key
     FROM f ORDER BY ord
     ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('waiting', 'queued', 'running') DO NOTHING
     RETURNING id, dedupe_key
