@@ -20,3 +20,11 @@ CREATE INDEX jobs_key_idx ON shardworker.jobs (key, id) WHERE key IS NOT NULL;
 
 ALTER TABLE shardworker.kinds ADD COLUMN key_concurrency int CHECK (key_concurrency >= 1);
 ALTER TABLE shardworker.queues ADD COLUMN key_concurrency int CHECK (key_concurrency >= 1);
+
+-- Where each worker's claims are in the turn of keys: the (queue, key) its last claim walked
+-- to; the next walks on from there (and from the first when it reached the last).
+CREATE TABLE shardworker.key_turns (
+    worker_id  text PRIMARY KEY,
+    queue      text NOT NULL,
+    key        text NOT NULL
+);

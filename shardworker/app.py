@@ -92,6 +92,7 @@ class HandlerSpec:
     concurrency: int | None = None  # at most this many in flight per worker
     global_concurrency: int | None = None  # at most this many running across every worker
     rate: Rate | None = None  # at most rate.n starting per rate.period_s across every worker
+    key_concurrency: int | None = None  # at most this many of one key (enqueue's key=) running across every worker
 
     @property
     def is_async(self) -> bool:
@@ -164,12 +165,13 @@ class App:
     def handler(self, kind: str, *, max_attempts: int | None = None, timeout_s: float | None = None,
                 retry_delay: Callable[[int], float] | None = None, threads: bool = False,
                 concurrency: int | None = None, global_concurrency: int | None = None,
-                rate: str | None = None) -> Callable[[Handler], Handler]:
+                rate: str | None = None, key_concurrency: int | None = None) -> Callable[[Handler], Handler]:
         """Register the decorated function (sync or ``async def``) as the handler of ``kind``.
 
         ``concurrency`` caps the kind within one worker; ``global_concurrency`` and ``rate``
         (``"N/s"``, ``"N/m"``, ``"N/h"``) across every worker on the database
-        (``shardworker.core.flow``)."""
+        (``shardworker.core.flow``); ``key_concurrency`` the jobs of one key (a tenant's:
+        ``enqueue(..., key=)``) running at once across every worker, while other keys' run."""
         if not isinstance(kind, str) or not kind:
             raise ConfigError("a handler's kind must be a non-empty string")
         _check_sizes("a handler's", (("kind", kind, MAX_KIND_BYTES),))
@@ -181,6 +183,9 @@ class App:
             raise ConfigError(f"handler {kind!r}: concurrency must be an integer >= 1")
         if global_concurrency is not None and (not isinstance(global_concurrency, int) or global_concurrency < 1):
             raise ConfigError(f"handler {kind!r}: global_concurrency must be an integer >= 1")
+        if key_concurrency is not None and (not isinstance(key_concurrency, int) or isinstance(key_concurrency, bool)
+                                            or key_concurrency < 1):
+            raise ConfigError(f"handler {kind!r}: key_concurrency must be an integer >= 1")
         try:
             parsed_rate = parse_rate(rate) if rate is not None else None
         except ConfigError as exc:
@@ -193,7 +198,7 @@ class App:
                 raise ConfigError(f"handler {kind!r}: threads=True is for sync functions; an async def "
                                   "already runs concurrently on the event loop")
             self.handlers[kind] = HandlerSpec(kind, fn, max_attempts, timeout_s, retry_delay or job_retry_delay,
-                                              threads, concurrency, global_concurrency, parsed_rate)
+                                              threads, concurrency, global_concurrency, parsed_rate, key_concurrency)
             return fn
 
         return register

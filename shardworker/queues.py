@@ -52,20 +52,23 @@ def resume(conn_or_dsn: Any, name: str) -> QueueState:
 
 
 def limit(conn_or_dsn: Any, name: str, *, concurrency: int | None = None, rate: str | Rate | None = None,
-          clear: bool = False) -> QueueState:
-    """Set queue ``name``'s limits across workers (the ones not given stay), or ``clear`` both;
-    its state after."""
+          clear: bool = False, key_concurrency: int | None = None) -> QueueState:
+    """Set queue ``name``'s limits across workers (the ones not given stay), or ``clear`` them
+    all; its state after. ``key_concurrency``: at most this many jobs of one key (a tenant's)
+    running at once in the queue, while other keys' jobs run."""
     name = check_name(name)
-    if clear and (concurrency is not None or rate is not None):
-        raise ConfigError("clear removes both limits: give it alone, or give the limits to set")
-    if not clear and concurrency is None and rate is None:
-        raise ConfigError("give a concurrency, a rate, or clear")
+    if clear and (concurrency is not None or rate is not None or key_concurrency is not None):
+        raise ConfigError("clear removes every limit: give it alone, or give the limits to set")
+    if not clear and concurrency is None and rate is None and key_concurrency is None:
+        raise ConfigError("give a concurrency, a key concurrency, a rate, or clear")
     if concurrency is not None:
         concurrency = check_concurrency(concurrency)
+    if key_concurrency is not None:
+        key_concurrency = check_concurrency(key_concurrency)
     parsed = rate if rate is None or isinstance(rate, Rate) else parse_rate(rate)
     from shardworker.store import queue_queries
 
-    return queue_queries.set_limits(conn_or_dsn, name, concurrency, parsed, clear)
+    return queue_queries.set_limits(conn_or_dsn, name, concurrency, parsed, clear, key_concurrency)
 
 
 def check_name(name: Any) -> str:

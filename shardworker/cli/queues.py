@@ -21,7 +21,8 @@ from shardworker.core.flow import Rate, parse_rate
 from shardworker.core.views import QueueInfo, QueueState
 from shardworker.errors import ConfigError
 
-COLUMNS = ("queue", "paused", "concurrency", "rate", "available", "scheduled", "prefetched", "running", "oldest")
+COLUMNS = ("queue", "paused", "concurrency", "rate", "per key", "available", "scheduled", "prefetched", "running",
+           "oldest")
 
 
 class QueueName(click.ParamType):
@@ -86,7 +87,8 @@ def queues(ctx: click.Context, as_json: bool, dsn: str | None) -> None:
 
 
 def _row(q: QueueInfo) -> tuple[str, ...]:
-    return (q.name, "yes" if q.paused else "no", _or_dash(q.concurrency), _or_dash(q.rate), str(q.available),
+    return (q.name, "yes" if q.paused else "no", _or_dash(q.concurrency), _or_dash(q.rate),
+            _or_dash(q.key_concurrency), str(q.available),
             str(q.scheduled), str(q.prefetched), str(q.running),
             "-" if q.oldest_available_s is None else counts.age_text(q.oldest_available_s))
 
@@ -104,11 +106,12 @@ def _echo_state(state: QueueState, as_json: bool, done: str | None = None) -> No
     if as_json:
         rate = None if state.rate is None else str(state.rate)
         click.echo(orjson.dumps({"queue": state.name, "paused": state.paused, "concurrency": state.concurrency,
-                                 "rate": rate}).decode())
+                                 "rate": rate, "key_concurrency": state.key_concurrency}).decode())
     elif done is not None:
         click.echo(f"queue {state.name} {done}")
     else:
-        limits = [f"{label} {value}" for label, value in (("concurrency", state.concurrency), ("rate", state.rate))
+        limits = [f"{label} {value}" for label, value in (("concurrency", state.concurrency), ("rate", state.rate),
+                                                          ("key concurrency", state.key_concurrency))
                   if value is not None]
         click.echo(f"queue {state.name}: {', '.join(limits) or 'no limits'}{' (paused)' if state.paused else ''}")
 
@@ -143,17 +146,21 @@ def resume_command(ctx: click.Context, name: str, as_json: bool, dsn: str | None
               help="At most K of NAME's jobs running at once, across every worker.")
 @click.option("--rate", type=RateType(), default=None,
               help="At most N of NAME's jobs starting per second, minute or hour (10/s, 600/m, 1000/h).")
-@click.option("--clear", is_flag=True, help="Remove both limits.")
+@click.option("--key-concurrency", type=click.IntRange(1, queues_api.MAX_CONCURRENCY), default=None,
+              help="At most K of NAME's jobs of one key (a tenant's) running at once, across every worker; "
+                   "other keys' jobs run meanwhile.")
+@click.option("--clear", is_flag=True, help="Remove every limit.")
 @json_option
 @dsn_option
 @click.pass_context
 @one_line_errors
-def limit_command(ctx: click.Context, name: str, concurrency: int | None, rate: Rate | None, clear: bool,
-                  as_json: bool, dsn: str | None) -> None:
+def limit_command(ctx: click.Context, name: str, concurrency: int | None, rate: Rate | None,
+                  key_concurrency: int | None, clear: bool, as_json: bool, dsn: str | None) -> None:
     """Set NAME's limits across workers (a limit not given stays), or --clear them."""
-    if clear and (concurrency is not None or rate is not None):
-        raise click.UsageError("--clear removes both limits: give it alone, or give the limits to set")
-    if not clear and concurrency is None and rate is None:
-        raise click.UsageError("give --concurrency, --rate or --clear")
+    if clear and (concurrency is not None or rate is not None or key_concurrency is not None):
+        raise click.UsageError("--clear removes every limit: give it alone, or give the limits to set")
+    if not clear and concurrency is None and rate is None and key_concurrency is None:
+        raise click.UsageError("give --concurrency, --key-concurrency, --rate or --clear")
     dsn, as_json = _from_group(ctx, dsn, as_json)
-    _echo_state(queues_api.limit(dsn, name, concurrency=concurrency, rate=rate, clear=clear), as_json)
+    _echo_state(queues_api.limit(dsn, name, concurrency=concurrency, rate=rate, clear=clear,
+                                 key_concurrency=key_concurrency), as_json)

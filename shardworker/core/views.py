@@ -136,12 +136,13 @@ class BacklogRow(NamedTuple):
 
 class QueueState(NamedTuple):
     """A queue's operator settings (``shardworker.queues``): paused, and limits across every
-    worker (None: no limit). A queue without a row is unpaused and unlimited."""
+    worker (None: no limit), the last per key. A queue without a row is unpaused and unlimited."""
 
     name: str
     paused: bool
     concurrency: int | None
     rate: Rate | None
+    key_concurrency: int | None = None  # at most this many of one key's jobs running at once
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,7 @@ class QueueInfo:
     prefetched: int
     running: int
     oldest_available_s: float | None
+    key_concurrency: int | None = None  # at most this many of one key's jobs running at once
 
     def to_json(self) -> dict[str, Any]:
         return {**self.__dict__, "rate": None if self.rate is None else str(self.rate)}

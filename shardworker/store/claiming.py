@@ -76,6 +76,9 @@ class ClaimQueries(Session):
         while True:
             bounds = floor.params()
             rows = self._claim_rows({**params, **bounds}, generation)
+            if any(row[15] is not None for row in rows):
+                floor.forget()  # keys took turns: a later job of one may have gone before an earlier one
+                break
             if not floor.claimed([(row[10], row[11], row[0]) for row in rows], bounds["floor_id"] is not None):
                 break
         paces = [row[7] for row in rows if row[7] is not None]

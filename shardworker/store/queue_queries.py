@@ -71,10 +71,10 @@ class QueueQueries(Session):
             return write_paused(cur, name, False)
 
     def limit_queue(self, name: str, *, concurrency: int | None = None, rate: Rate | None = None,
-                    clear: bool = False) -> QueueState:
-        """Set the limits given (the others stay), or ``clear`` both."""
+                    clear: bool = False, key_concurrency: int | None = None) -> QueueState:
+        """Set the limits given (the others stay), or ``clear`` them all."""
         with self.cursor() as cur:
-            return write_limits(cur, name, concurrency, rate, clear)
+            return write_limits(cur, name, concurrency, rate, clear, key_concurrency)
 
 
 def list_queues(conn_or_dsn: Any) -> list[QueueInfo]:
@@ -89,10 +89,11 @@ def set_paused(conn_or_dsn: Any, name: str, paused: bool) -> QueueState:
         return write_paused(cur, name, paused)
 
 
-def set_limits(conn_or_dsn: Any, name: str, concurrency: int | None, rate: Rate | None, clear: bool) -> QueueState:
+def set_limits(conn_or_dsn: Any, name: str, concurrency: int | None, rate: Rate | None, clear: bool,
+               key_concurrency: int | None = None) -> QueueState:
     """Set or clear ``name``'s limits; its state after."""
     with cursor_for(conn_or_dsn, transaction=False) as cur:
-        return write_limits(cur, name, concurrency, rate, clear)
+        return write_limits(cur, name, concurrency, rate, clear, key_concurrency)
 
 
 def read_backlog(cur: psycopg.Cursor[Any], live_within_s: float) -> list[BacklogRow]:
@@ -113,8 +114,9 @@ def write_paused(cur: psycopg.Cursor[Any], name: str, paused: bool) -> QueueStat
 
 
 def write_limits(cur: psycopg.Cursor[Any], name: str, concurrency: int | None, rate: Rate | None,
-                 clear: bool) -> QueueState:
+                 clear: bool, key_concurrency: int | None = None) -> QueueState:
     cur.execute(query("queue_set_limits"), {"name": name, "concurrency": concurrency, "clear": clear,
+                                            "key_concurrency": key_concurrency,
                                             "rate_limit": None if rate is None else rate.n,
                                             "rate_period_s": None if rate is None else rate.period_s})
     return _state(cur.fetchone())
@@ -122,9 +124,10 @@ def write_limits(cur: psycopg.Cursor[Any], name: str, concurrency: int | None, r
 
 def _state(row: tuple[Any, ...] | None) -> QueueState:
     assert row is not None  # an upsert returns its row
-    name, paused, concurrency, rate_limit, period_s = row
+    name, paused, concurrency, rate_limit, period_s, key_concurrency = row
     rate = None if rate_limit is None else Rate(int(rate_limit), float(period_s))
-    return QueueState(str(name), bool(paused), None if concurrency is None else int(concurrency), rate)
+    return QueueState(str(name), bool(paused), None if concurrency is None else int(concurrency), rate,
+                      None if key_concurrency is None else int(key_concurrency))
 
 
 def summarize(states: Iterable[QueueState], backlog: Iterable[BacklogRow]) -> list[QueueInfo]:
@@ -143,5 +146,5 @@ def summarize(states: Iterable[QueueState], backlog: Iterable[BacklogRow]) -> li
         state = by_name.get(name, QueueState(name, False, None, None))
         available, scheduled, prefetched, running = totals.get(name, [0, 0, 0, 0])
         infos.append(QueueInfo(name, state.paused, state.concurrency, state.rate, available, scheduled, prefetched,
-                               running, oldest.get(name)))
+                               running, oldest.get(name), state.key_concurrency))
     return infos

@@ -32,6 +32,8 @@ class KindLimits(Protocol):
     @property
     def global_concurrency(self) -> int | None: ...
     @property
+    def key_concurrency(self) -> int | None: ...
+    @property
     def rate(self) -> Rate | None: ...
 
 
@@ -53,6 +55,7 @@ class WorkerQueries(ClaimQueries):
             cur.execute(query("flow_register_kinds"), {
                 "names": [spec.kind for spec in ordered],
                 "global_concurrency": [spec.global_concurrency for spec in ordered],
+                "key_concurrency": [spec.key_concurrency for spec in ordered],
                 "rate_limit": [spec.rate.n if spec.rate else None for spec in ordered],
                 "rate_period_s": [spec.rate.period_s if spec.rate else None for spec in ordered]})
 

@@ -48,23 +48,23 @@ def test_the_table_and_json_show_each_queue_its_state_and_backlog(pg_dsn: str) -
                     "WHERE queue = 'mail' AND run_at <= now()")
     ok("queues", "limit", "mail", "--concurrency", "5", "--rate", "10/s", dsn=pg_dsn)
     lines = ok("queues", dsn=pg_dsn).splitlines()
-    assert lines[0].split() == ["queue", "paused", "concurrency", "rate", "available", "scheduled", "prefetched",
-                                "running", "oldest"]
-    assert lines[1].split() == ["images", "no", "-", "-", "0", "0", "0", "1", "-"]
-    assert lines[2].split() == ["mail", "no", "5", "10/s", "3", "2", "0", "0", "3m"]
+    assert lines[0].split() == ["queue", "paused", "concurrency", "rate", "per", "key", "available", "scheduled",
+                                "prefetched", "running", "oldest"]
+    assert lines[1].split() == ["images", "no", "-", "-", "-", "0", "0", "0", "1", "-"]
+    assert lines[2].split() == ["mail", "no", "5", "10/s", "-", "3", "2", "0", "0", "3m"]
     listed = {q["queue"]: q for q in json.loads(ok("queues", "--json", dsn=pg_dsn))}
     assert listed["mail"]["rate"] == "10/s" and listed["mail"]["available"] == 3
     assert 180 <= listed["mail"]["oldest_available_s"] < 240
     assert listed["images"] == {"queue": "images", "paused": False, "concurrency": None, "rate": None,
                                 "available": 0, "scheduled": 0, "prefetched": 0, "running": 1,
-                                "oldest_available_s": None}
+                                "oldest_available_s": None, "key_concurrency": None}
 
 
 def test_pause_limit_clear_and_resume_change_only_what_they_name(pg_dsn: str) -> None:
     assert ok("queues", "pause", "mail", dsn=pg_dsn).strip() == "queue mail paused"
     assert states(pg_dsn) == [("mail", True, None, None, None)]
     shown = json.loads(ok("queues", "limit", "mail", "--rate", "600/m", "--json", dsn=pg_dsn))
-    assert shown == {"queue": "mail", "paused": True, "concurrency": None, "rate": "600/m"}
+    assert shown == {"queue": "mail", "paused": True, "concurrency": None, "rate": "600/m", "key_concurrency": None}
     ok("queues", "limit", "mail", "--concurrency", "3", dsn=pg_dsn)
     assert states(pg_dsn) == [("mail", True, 3, 600, 60.0)]
     assert "paused" in ok("queues", dsn=pg_dsn).splitlines()[0] and " yes " in ok("queues", dsn=pg_dsn)
@@ -85,8 +85,8 @@ def test_the_groups_own_dsn_option_reaches_its_commands(pg_dsn: str) -> None:
 
 
 @pytest.mark.parametrize(("args", "fragment"), [
-    (("limit", "mail"), "give --concurrency, --rate or --clear"),
-    (("limit", "mail", "--clear", "--rate", "1/s"), "--clear removes both limits"),
+    (("limit", "mail"), "give --concurrency, --key-concurrency, --rate or --clear"),
+    (("limit", "mail", "--clear", "--rate", "1/s"), "--clear removes every limit"),
     (("limit", "mail", "--rate", "10/day"), "rate must look like 10/s"),
     (("limit", "mail", "--concurrency", "0"), "--concurrency"),
     (("pause", ""), "queue name is empty"),

@@ -58,8 +58,8 @@ def test_on_the_callers_connection_changes_join_its_transaction(pg_dsn: str) -> 
     (lambda dsn: queues.limit(dsn, "mail", concurrency=0), "concurrency must be a whole number from 1"),
     (lambda dsn: queues.limit(dsn, "mail", concurrency=True), "concurrency must be a whole number from 1"),
     (lambda dsn: queues.limit(dsn, "mail", concurrency=2**31), "concurrency must be a whole number from 1"),
-    (lambda dsn: queues.limit(dsn, "mail", clear=True, concurrency=3), "clear removes both limits"),
-    (lambda dsn: queues.limit(dsn, "mail"), "give a concurrency, a rate, or clear"),
+    (lambda dsn: queues.limit(dsn, "mail", clear=True, concurrency=3), "clear removes every limit"),
+    (lambda dsn: queues.limit(dsn, "mail"), "give a concurrency, a key concurrency, a rate, or clear"),
 ])
 def test_bad_input_is_one_config_error_and_writes_nothing(pg_dsn: str, call: object, message: str) -> None:
     with pytest.raises(ConfigError, match=message) as caught:

@@ -22,14 +22,15 @@ INSERT INTO shardworker.migrations (version, name) VALUES (%(version)s, %(name)s
 -- counts what runs and spends tokens alone. Then flow_lock_queues, then job_claim: every
 -- claimer takes the locks in the same order.
 SELECT name FROM shardworker.kinds
-WHERE name = ANY(%(kinds)s::text[]) AND (global_concurrency IS NOT NULL OR rate_limit IS NOT NULL)
+WHERE name = ANY(%(kinds)s::text[])
+  AND (global_concurrency IS NOT NULL OR rate_limit IS NOT NULL OR key_concurrency IS NOT NULL)
 ORDER BY name
 FOR UPDATE;
 
 -- flow_lock_queues --
 -- The second statement of a claim's transaction: lock the rows of limited queues.
 SELECT name FROM shardworker.queues
-WHERE (concurrency IS NOT NULL OR rate_limit IS NOT NULL)
+WHERE (concurrency IS NOT NULL OR rate_limit IS NOT NULL OR key_concurrency IS NOT NULL)
   AND (%(queues)s::text[] IS NULL OR name = ANY(%(queues)s::text[]))
 ORDER BY name
 FOR UPDATE;
@@ -72,13 +73,14 @@ WITH hold AS (
                      l.rate_tokens + extract(epoch FROM statement_timestamp() - l.rate_at)
                                      * l.rate_limit / l.rate_period_s) END AS tokens
     FROM (SELECT 'kind' AS scope, name, false AS paused, global_concurrency AS concurrency,
-                 rate_limit, rate_period_s, rate_tokens, rate_at
+                 rate_limit, rate_period_s, rate_tokens, rate_at, key_concurrency
           FROM shardworker.kinds
-          WHERE name = ANY(%(kinds)s::text[]) AND (global_concurrency IS NOT NULL OR rate_limit IS NOT NULL)
+          WHERE name = ANY(%(kinds)s::text[])
+            AND (global_concurrency IS NOT NULL OR rate_limit IS NOT NULL OR key_concurrency IS NOT NULL)
           UNION ALL
-          SELECT 'queue', name, paused, concurrency, rate_limit, rate_period_s, rate_tokens, rate_at
+          SELECT 'queue', name, paused, concurrency, rate_limit, rate_period_s, rate_tokens, rate_at, key_concurrency
           FROM shardworker.queues
-          WHERE (paused OR concurrency IS NOT NULL OR rate_limit IS NOT NULL)
+          WHERE (paused OR concurrency IS NOT NULL OR rate_limit IS NOT NULL OR key_concurrency IS NOT NULL)
             AND (%(queues)s::text[] IS NULL OR name = ANY(%(queues)s::text[]))) l
 ), released AS (
     -- Workers this one watched stay silent past their --release-slots-after (``released``):
@@ -87,7 +89,7 @@ WITH hold AS (
 ), limited_room AS (
     -- What each may start now: no more than run_room, its concurrency less its running jobs
     -- (but those of released workers), and its bucket's whole tokens; none while paused.
-    SELECT l.scope, l.name, l.pace_s,
+    SELECT l.scope, l.name, l.pace_s, l.key_concurrency,
            CASE WHEN l.paused THEN 0 ELSE
                least(%(run_room)s,
                      coalesce(l.concurrency - CASE l.scope
@@ -101,15 +103,15 @@ WITH hold AS (
     FROM limited l
 ), kind_room AS (
     -- Limited kinds, and the kinds this worker caps: what each may start now.
-    SELECT coalesce(l.name, c.kind) AS kind, l.pace_s,
+    SELECT coalesce(l.name, c.kind) AS kind, l.pace_s, l.key_concurrency,
            least(coalesce(c.room, %(limit)s), coalesce(l.room, %(limit)s)) AS room
     FROM (SELECT * FROM limited_room WHERE scope = 'kind') l
     FULL JOIN unnest(%(cap_kinds)s::text[], %(cap_rooms)s::int[]) AS c(kind, room) ON c.kind = l.name
 ), queue_room AS (
-    SELECT name AS queue, pace_s, room FROM limited_room WHERE scope = 'queue'
+    SELECT name AS queue, pace_s, room, key_concurrency FROM limited_room WHERE scope = 'queue'
 ), plain AS (
     -- Jobs of kinds and queues without limits (none to look for when every kind has one).
-    SELECT id, kind, queue, priority, run_at, coalesce(payload_bytes, pg_column_size(payload)) + deps_bytes
+    SELECT id, kind, queue, priority, run_at, key, coalesce(payload_bytes, pg_column_size(payload)) + deps_bytes
            + CASE WHEN attempt > 0 OR steps_ahead THEN shardworker.steps_bytes(id) ELSE 0 END AS bytes
     FROM shardworker.jobs
     WHERE (SELECT count(*) FROM kind_room) < cardinality(%(kinds)s::text[]) AND NOT (SELECT held FROM hold)
@@ -126,7 +128,7 @@ WITH hold AS (
 ), by_kind AS (
     -- Each limited kind, in queues without limits: no more than its room.
     SELECT j.* FROM kind_room k CROSS JOIN LATERAL (
-        SELECT id, kind, queue, priority, run_at, coalesce(payload_bytes, pg_column_size(payload)) + deps_bytes
+        SELECT id, kind, queue, priority, run_at, key, coalesce(payload_bytes, pg_column_size(payload)) + deps_bytes
            + CASE WHEN attempt > 0 OR steps_ahead THEN shardworker.steps_bytes(id) ELSE 0 END AS bytes
         FROM shardworker.jobs
         WHERE status = 'queued' AND run_at <= now() AND left(kind, 255) = left(k.kind, 255) AND kind = k.kind
@@ -139,7 +141,7 @@ WITH hold AS (
 ), by_queue AS (
     -- Each limited queue: no more than its room, of kinds with room (ranked again below).
     SELECT j.* FROM queue_room q CROSS JOIN LATERAL (
-        SELECT id, kind, queue, priority, run_at, coalesce(payload_bytes, pg_column_size(payload)) + deps_bytes
+        SELECT id, kind, queue, priority, run_at, key, coalesce(payload_bytes, pg_column_size(payload)) + deps_bytes
            + CASE WHEN attempt > 0 OR steps_ahead THEN shardworker.steps_bytes(id) ELSE 0 END AS bytes
         FROM shardworker.jobs
         WHERE status = 'queued' AND run_at <= now() AND left(queue, 255) = left(q.queue, 255) AND queue = q.queue
@@ -148,16 +150,88 @@ WITH hold AS (
         LIMIT q.room
         FOR UPDATE SKIP LOCKED) j
     WHERE q.room > 0 AND NOT (SELECT held FROM hold)
+), turn AS (
+    -- The keys this claim serves in turn (a tenant's jobs carry one): from where this
+    -- worker's last claim left off (shardworker.key_turns; from the first key after the last),
+    -- the next `limit` keys of queued jobs, one index probe each (jobs_queued_keys_idx), never
+    -- a scan of their backlogs. Each key then offers its best due jobs, its share of the claim.
+    WITH RECURSIVE walk(n, q, k) AS (
+        (SELECT 1, left(queue, 255), key FROM shardworker.jobs
+         WHERE status = 'queued' AND key IS NOT NULL
+           AND (left(queue, 255), key) > ((SELECT c.queue FROM shardworker.key_turns c WHERE c.worker_id = %(worker_id)s),
+                                          (SELECT c.key FROM shardworker.key_turns c WHERE c.worker_id = %(worker_id)s))
+         ORDER BY left(queue, 255), key LIMIT 1)
+        UNION ALL
+        (SELECT 1, left(queue, 255), key FROM shardworker.jobs
+         WHERE status = 'queued' AND key IS NOT NULL
+         ORDER BY left(queue, 255), key LIMIT 1)
+    ), walked(n, q, k) AS (
+        SELECT * FROM (SELECT * FROM walk LIMIT 1) first
+        UNION ALL
+        SELECT w.n + 1, p.q, p.k FROM walked w CROSS JOIN LATERAL (
+            SELECT left(queue, 255) AS q, key AS k FROM shardworker.jobs
+            WHERE status = 'queued' AND key IS NOT NULL AND (left(queue, 255), key) > (w.q, w.k)
+            ORDER BY left(queue, 255), key LIMIT 1) p
+        WHERE w.n < %(limit)s
+    )
+    SELECT n, q, k FROM walked WHERE NOT (SELECT held FROM hold)
+), turned AS (
+    INSERT INTO shardworker.key_turns AS c (worker_id, queue, key)
+    SELECT %(worker_id)s, q, k FROM turn ORDER BY n DESC LIMIT 1
+    ON CONFLICT (worker_id) DO UPDATE SET queue = excluded.queue, key = excluded.key
+), keyed AS (
+    SELECT t.n AS walk, j.* FROM turn t CROSS JOIN LATERAL (
+        SELECT id, kind, queue, priority, run_at, key, coalesce(payload_bytes, pg_column_size(payload)) + deps_bytes
+           + CASE WHEN attempt > 0 OR steps_ahead THEN shardworker.steps_bytes(id) ELSE 0 END AS bytes
+        FROM shardworker.jobs
+        -- (the key's jobs as a range of jobs_queued_keys_idx, in its order: an equality would let
+        -- the planner sort the key's backlog from another index instead)
+        WHERE status = 'queued' AND key IS NOT NULL
+          AND (left(queue, 255), key) >= (t.q, t.k) AND (left(queue, 255), key) <= (t.q, t.k)
+          AND run_at <= now() AND kind = ANY(%(kinds)s::text[])
+          AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+        ORDER BY left(queue, 255), key, priority, run_at, id
+        LIMIT greatest(1, %(limit)s / (SELECT count(*) FROM turn))
+        FOR UPDATE SKIP LOCKED) j
 ), candidate AS (
-    SELECT * FROM plain UNION ALL SELECT * FROM by_kind UNION ALL SELECT * FROM by_queue
+    SELECT DISTINCT ON (id) * FROM (
+        SELECT NULL::int AS walk, u.* FROM (SELECT * FROM plain UNION ALL SELECT * FROM by_kind
+                                            UNION ALL SELECT * FROM by_queue) u
+        UNION ALL SELECT * FROM keyed) c
+    ORDER BY id, walk NULLS LAST
+), key_room AS (
+    -- What key_concurrency leaves each key of the candidates, for their kind and their queue:
+    -- its limit less the key's running jobs (but those of released workers).
+    SELECT c.kind, c.queue, c.key,
+           k.key_concurrency - (SELECT count(*) FROM shardworker.jobs r WHERE r.status = 'running'
+                                AND r.key = c.key AND r.kind = c.kind
+                                AND NOT EXISTS (SELECT FROM released x WHERE x.worker_id = r.locked_by)) AS kind_room,
+           q.key_concurrency - (SELECT count(*) FROM shardworker.jobs r WHERE r.status = 'running'
+                                AND r.key = c.key AND r.queue = c.queue
+                                AND NOT EXISTS (SELECT FROM released x WHERE x.worker_id = r.locked_by)) AS queue_room
+    FROM (SELECT DISTINCT kind, queue, key FROM candidate WHERE key IS NOT NULL) c
+    LEFT JOIN kind_room k ON k.kind = c.kind LEFT JOIN queue_room q ON q.queue = c.queue
+), within_key AS (
+    -- Within key_concurrency; then each key's first job before any key's second (the jobs
+    -- without a key count as one key), the keys in turn before the others.
+    SELECT c.*, row_number() OVER (PARTITION BY c.key ORDER BY c.priority, c.run_at, c.id) AS nth
+    FROM (SELECT c.*, row_number() OVER (PARTITION BY c.kind, c.key ORDER BY c.priority, c.run_at, c.id) AS nth_kind,
+                 row_number() OVER (PARTITION BY c.queue, c.key ORDER BY c.priority, c.run_at, c.id) AS nth_queue,
+                 r.kind_room, r.queue_room
+          FROM candidate c LEFT JOIN key_room r ON (r.kind, r.queue, r.key) = (c.kind, c.queue, c.key)) c
+    WHERE (c.kind_room IS NULL OR c.nth_kind <= c.kind_room) AND (c.queue_room IS NULL OR c.nth_queue <= c.queue_room)
 ), within_kind AS (
-    SELECT c.*, row_number() OVER (PARTITION BY c.kind ORDER BY c.priority, c.run_at, c.id) AS nth, k.room
-    FROM candidate c LEFT JOIN kind_room k ON k.kind = c.kind
+    -- Within the kinds' and the queues' rooms, taken in that order.
+    SELECT c.* FROM (
+        SELECT c.*, row_number() OVER (PARTITION BY c.kind ORDER BY c.priority, c.nth, c.walk, c.run_at, c.id) AS nth_k,
+               row_number() OVER (PARTITION BY c.queue ORDER BY c.priority, c.nth, c.walk, c.run_at, c.id) AS nth_q,
+               k.room AS k_room, q.room AS q_room
+        FROM within_key c LEFT JOIN kind_room k ON k.kind = c.kind LEFT JOIN queue_room q ON q.queue = c.queue) c
+    WHERE (c.k_room IS NULL OR c.nth_k <= c.k_room) AND (c.q_room IS NULL OR c.nth_q <= c.q_room)
 ), running_total AS (
     SELECT id, row_number() OVER w AS n, sum(bytes) OVER w AS upto
     FROM within_kind
-    WHERE room IS NULL OR nth <= room
-    WINDOW w AS (ORDER BY priority, run_at, id)
+    WINDOW w AS (ORDER BY priority, nth, walk, run_at, id)
 ), claimed AS (
     UPDATE shardworker.jobs j
     SET status = 'running', attempt = j.attempt + 1, locked_by = %(worker_id)s, rescued_attempt = NULL,
@@ -205,37 +279,86 @@ FROM (SELECT *, coalesce(steps_bytes, 0) + coalesce(deps_bytes, 0) > %(max_input
 -- job_claim for the common case, one statement in a transaction of its own: a worker with no
 -- caps of its own (the caller knows) whose kinds are not limited across workers and whose
 -- queues are neither limited nor paused (checked here, in this statement's snapshot). Then
--- nothing needs locking or counting: the claim is job_claim's `plain` part, and half of
--- job_claim's cost to the server and to the worker. Where some limit is in the way it claims
--- nothing and returns one row whose id is NULL: the caller runs job_claim instead. Its
--- columns, the update and what it returns are job_claim's (keep the two in step:
+-- nothing needs locking or counting: the claim is job_claim's `plain` part with its keys'
+-- turns, and half of job_claim's cost to the server and to the worker. Where some limit is in
+-- the way it claims nothing and returns one row whose id is NULL: the caller runs job_claim
+-- instead. Its columns, the update and what it returns are job_claim's (keep the two in step:
 -- tests/store/test_claim_paths.py compares them), pace_s always NULL.
 WITH flow AS (
     SELECT EXISTS (SELECT FROM shardworker.kinds
                    WHERE name = ANY(%(kinds)s::text[])
-                     AND (global_concurrency IS NOT NULL OR rate_limit IS NOT NULL))
+                     AND (global_concurrency IS NOT NULL OR rate_limit IS NOT NULL OR key_concurrency IS NOT NULL))
         OR EXISTS (SELECT FROM shardworker.queues
-                   WHERE (paused OR concurrency IS NOT NULL OR rate_limit IS NOT NULL)
+                   WHERE (paused OR concurrency IS NOT NULL OR rate_limit IS NOT NULL OR key_concurrency IS NOT NULL)
                      AND (%(queues)s::text[] IS NULL OR name = ANY(%(queues)s::text[]))) AS limited
+), hold AS (
+    SELECT (SELECT limited FROM flow)
+           OR EXISTS (SELECT FROM shardworker.claim_holds WHERE until > now())  -- as job_claim's hold
+           OR coalesce(%(server)s::text <> shardworker.server_identity(), false) AS held
+), turn AS (
+    -- As job_claim's turn: the keys this claim serves in turn.
+    WITH RECURSIVE walk(n, q, k) AS (
+        (SELECT 1, left(queue, 255), key FROM shardworker.jobs
+         WHERE status = 'queued' AND key IS NOT NULL
+           AND (left(queue, 255), key) > ((SELECT c.queue FROM shardworker.key_turns c WHERE c.worker_id = %(worker_id)s),
+                                          (SELECT c.key FROM shardworker.key_turns c WHERE c.worker_id = %(worker_id)s))
+         ORDER BY left(queue, 255), key LIMIT 1)
+        UNION ALL
+        (SELECT 1, left(queue, 255), key FROM shardworker.jobs
+         WHERE status = 'queued' AND key IS NOT NULL
+         ORDER BY left(queue, 255), key LIMIT 1)
+    ), walked(n, q, k) AS (
+        SELECT * FROM (SELECT * FROM walk LIMIT 1) first
+        UNION ALL
+        SELECT w.n + 1, p.q, p.k FROM walked w CROSS JOIN LATERAL (
+            SELECT left(queue, 255) AS q, key AS k FROM shardworker.jobs
+            WHERE status = 'queued' AND key IS NOT NULL AND (left(queue, 255), key) > (w.q, w.k)
+            ORDER BY left(queue, 255), key LIMIT 1) p
+        WHERE w.n < %(limit)s
+    )
+    SELECT n, q, k FROM walked WHERE NOT (SELECT held FROM hold)
+), turned AS (
+    INSERT INTO shardworker.key_turns AS c (worker_id, queue, key)
+    SELECT %(worker_id)s, q, k FROM turn ORDER BY n DESC LIMIT 1
+    ON CONFLICT (worker_id) DO UPDATE SET queue = excluded.queue, key = excluded.key
 ), candidate AS (
-    SELECT id, priority, run_at, coalesce(payload_bytes, pg_column_size(payload)) + deps_bytes
-           + CASE WHEN attempt > 0 OR steps_ahead THEN shardworker.steps_bytes(id) ELSE 0 END AS bytes
-    FROM shardworker.jobs
-    WHERE NOT (SELECT limited FROM flow)
-      AND NOT EXISTS (SELECT FROM shardworker.claim_holds WHERE until > now())  -- as job_claim's hold
-      AND NOT coalesce(%(server)s::text <> shardworker.server_identity(), false)
-      AND status = 'queued' AND run_at <= now() AND kind = ANY(%(kinds)s::text[])
-      AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
-      AND (priority, run_at, id) >= (coalesce(%(floor_priority)s::int, -2147483648),
-                                     coalesce(%(floor_run_at)s::timestamptz, '-infinity'),
-                                     coalesce(%(floor_id)s::bigint, -9223372036854775808))
-    ORDER BY priority, run_at, id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    -- The best jobs, and each key's in turn its share of the claim: the keys take turns.
+    SELECT DISTINCT ON (id) * FROM (
+        SELECT NULL::int AS walk, * FROM (
+            SELECT id, priority, run_at, key, coalesce(payload_bytes, pg_column_size(payload)) + deps_bytes
+                   + CASE WHEN attempt > 0 OR steps_ahead THEN shardworker.steps_bytes(id) ELSE 0 END AS bytes
+            FROM shardworker.jobs
+            WHERE NOT (SELECT held FROM hold)
+              AND status = 'queued' AND run_at <= now() AND kind = ANY(%(kinds)s::text[])
+              AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+              AND (priority, run_at, id) >= (coalesce(%(floor_priority)s::int, -2147483648),
+                                             coalesce(%(floor_run_at)s::timestamptz, '-infinity'),
+                                             coalesce(%(floor_id)s::bigint, -9223372036854775808))
+            ORDER BY priority, run_at, id
+            LIMIT %(limit)s
+            FOR UPDATE SKIP LOCKED) best
+        UNION ALL
+        SELECT t.n, j.* FROM turn t CROSS JOIN LATERAL (
+            SELECT id, priority, run_at, key, coalesce(payload_bytes, pg_column_size(payload)) + deps_bytes
+                   + CASE WHEN attempt > 0 OR steps_ahead THEN shardworker.steps_bytes(id) ELSE 0 END AS bytes
+            FROM shardworker.jobs
+            -- (the key's jobs as a range of jobs_queued_keys_idx, in its order: an equality would let
+        -- the planner sort the key's backlog from another index instead)
+        WHERE status = 'queued' AND key IS NOT NULL
+          AND (left(queue, 255), key) >= (t.q, t.k) AND (left(queue, 255), key) <= (t.q, t.k)
+              AND run_at <= now() AND kind = ANY(%(kinds)s::text[])
+              AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+            ORDER BY left(queue, 255), key, priority, run_at, id
+            LIMIT greatest(1, %(limit)s / (SELECT count(*) FROM turn))
+            FOR UPDATE SKIP LOCKED) j
+    ) c
+    ORDER BY id, walk NULLS LAST
 ), running_total AS (
+    -- Priority first; then each key's first job before any key's second (the jobs without a
+    -- key count as one key), the keys in turn before the others.
     SELECT id, row_number() OVER w AS n, sum(bytes) OVER w AS upto
-    FROM candidate
-    WINDOW w AS (ORDER BY priority, run_at, id)
+    FROM (SELECT *, row_number() OVER (PARTITION BY key ORDER BY priority, run_at, id) AS nth FROM candidate) c
+    WINDOW w AS (ORDER BY priority, nth, walk NULLS LAST, run_at, id)
 ), claimed AS (
     UPDATE shardworker.jobs j
     SET status = 'running', attempt = j.attempt + 1, locked_by = %(worker_id)s, rescued_attempt = NULL,
@@ -243,7 +366,7 @@ WITH flow AS (
         max_attempts = CASE WHEN j.attempt = 0 THEN least(j.max_attempts, (
                            SELECT a.n FROM unnest(%(attempt_kinds)s::text[], %(attempt_limits)s::int[]) AS a(kind, n)
                            WHERE a.kind = j.kind)) ELSE j.max_attempts END
-    WHERE j.id = ANY(ARRAY(SELECT id FROM running_total WHERE n = 1 OR upto <= %(max_bytes)s))
+    WHERE j.id = ANY(ARRAY(SELECT id FROM running_total WHERE n <= %(limit)s AND (n = 1 OR upto <= %(max_bytes)s)))
     RETURNING j.id, j.kind, j.queue, j.payload::text AS payload, j.attempt, j.max_attempts, j.snoozes,
               NULL::numeric AS pace_s,
               CASE WHEN j.attempt > 1 OR j.steps_ahead THEN shardworker.steps_bytes(j.id) END AS steps_bytes,
@@ -263,19 +386,21 @@ WHERE (SELECT limited FROM flow);
 -- flow_register_kinds --
 -- At a worker's start: its handlers' limits across workers become the kinds' rows (the
 -- last worker to start sets them); kinds it handles without such limits lose theirs.
-INSERT INTO shardworker.kinds AS k (name, global_concurrency, rate_limit, rate_period_s)
-SELECT name, gc, rl, rp
-FROM unnest(%(names)s::text[], %(global_concurrency)s::int[], %(rate_limit)s::int[], %(rate_period_s)s::float8[])
-     AS r(name, gc, rl, rp)
+INSERT INTO shardworker.kinds AS k (name, global_concurrency, rate_limit, rate_period_s, key_concurrency)
+SELECT name, gc, rl, rp, kc
+FROM unnest(%(names)s::text[], %(global_concurrency)s::int[], %(rate_limit)s::int[], %(rate_period_s)s::float8[],
+            %(key_concurrency)s::int[])
+     AS r(name, gc, rl, rp, kc)
 ORDER BY name
 ON CONFLICT (name) DO UPDATE
 SET global_concurrency = EXCLUDED.global_concurrency, rate_limit = EXCLUDED.rate_limit,
-    rate_period_s = EXCLUDED.rate_period_s, updated_at = now(),
+    rate_period_s = EXCLUDED.rate_period_s, key_concurrency = EXCLUDED.key_concurrency, updated_at = now(),
     rate_tokens = CASE WHEN k.rate_limit IS NOT DISTINCT FROM EXCLUDED.rate_limit
                         AND k.rate_period_s IS NOT DISTINCT FROM EXCLUDED.rate_period_s
                        THEN k.rate_tokens ELSE 0 END
-WHERE (k.global_concurrency, k.rate_limit, k.rate_period_s)
-      IS DISTINCT FROM (EXCLUDED.global_concurrency, EXCLUDED.rate_limit, EXCLUDED.rate_period_s);
+WHERE (k.global_concurrency, k.rate_limit, k.rate_period_s, k.key_concurrency)
+      IS DISTINCT FROM (EXCLUDED.global_concurrency, EXCLUDED.rate_limit, EXCLUDED.rate_period_s,
+                        EXCLUDED.key_concurrency);
 
 -- job_apply_outcomes --
 -- Apply a batch of outcomes, fenced: only the claim that produced an outcome (its attempt,
@@ -986,22 +1111,24 @@ SELECT extract(epoch FROM now() - computed_at)::float8, rows FROM shardworker.ba
 
 -- queue_states --
 -- Every queue's operator state: paused, and its limits across workers (NULL: none).
-SELECT name, paused, concurrency, rate_limit, rate_period_s FROM shardworker.queues ORDER BY name;
+SELECT name, paused, concurrency, rate_limit, rate_period_s, key_concurrency FROM shardworker.queues ORDER BY name;
 
 -- queue_set_paused --
 -- Pause or resume a queue (its row created on first use); its limits stay. Returns its state.
 INSERT INTO shardworker.queues AS q (name, paused) VALUES (%(name)s, %(paused)s)
 ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = now()
-RETURNING name, paused, concurrency, rate_limit, rate_period_s;
+RETURNING name, paused, concurrency, rate_limit, rate_period_s, key_concurrency;
 
 -- queue_set_limits --
--- Set a queue's limits (its row created on first use): a concurrency or a rate given is set,
--- one not given (NULL) is kept, and clear removes both. A rate that changes starts an empty
--- bucket now; the same rate again keeps its tokens. Returns its state.
-INSERT INTO shardworker.queues AS q (name, concurrency, rate_limit, rate_period_s)
-VALUES (%(name)s, %(concurrency)s, %(rate_limit)s, %(rate_period_s)s)
+-- Set a queue's limits (its row created on first use): a concurrency, a key concurrency or a
+-- rate given is set, one not given (NULL) is kept, and clear removes them all. A rate that
+-- changes starts an empty bucket now; the same rate again keeps its tokens. Returns its state.
+INSERT INTO shardworker.queues AS q (name, concurrency, rate_limit, rate_period_s, key_concurrency)
+VALUES (%(name)s, %(concurrency)s, %(rate_limit)s, %(rate_period_s)s, %(key_concurrency)s)
 ON CONFLICT (name) DO UPDATE
 SET concurrency = CASE WHEN %(clear)s::boolean THEN NULL ELSE coalesce(excluded.concurrency, q.concurrency) END,
+    key_concurrency = CASE WHEN %(clear)s::boolean THEN NULL
+                           ELSE coalesce(excluded.key_concurrency, q.key_concurrency) END,
     rate_limit = CASE WHEN %(clear)s::boolean THEN NULL ELSE coalesce(excluded.rate_limit, q.rate_limit) END,
     rate_period_s = CASE WHEN %(clear)s::boolean THEN NULL ELSE coalesce(excluded.rate_period_s, q.rate_period_s) END,
     rate_tokens = CASE WHEN excluded.rate_limit IS NOT NULL
@@ -1011,7 +1138,7 @@ SET concurrency = CASE WHEN %(clear)s::boolean THEN NULL ELSE coalesce(excluded.
                         AND (excluded.rate_limit, excluded.rate_period_s) IS DISTINCT FROM (q.rate_limit, q.rate_period_s)
                    THEN now() ELSE q.rate_at END,
     updated_at = now()
-RETURNING name, paused, concurrency, rate_limit, rate_period_s;
+RETURNING name, paused, concurrency, rate_limit, rate_period_s, key_concurrency;
 
 -- doctor_server_state --
 -- The server's clock as the statement runs, and whether it accepts writes (a standby, or

@@ -1,0 +1,114 @@
+"""Claims with keys (a tenant's, ``enqueue(..., key=)``) on a real PostgreSQL: keys take
+turns, so a key with a big backlog does not delay another's jobs; priority still comes
+first; ``key_concurrency`` (a kind's, a queue's) caps one key's running jobs across workers
+while other keys' jobs are claimed; a released worker's jobs hold no key slot; and with
+10,000 keys queued the claim walks indexes, never the backlog."""
+
+from __future__ import annotations
+
+import re
+
+from shardworker import JobSpec, enqueue_many
+from shardworker.store.pg_store import PgStore
+from shardworker.store.sql import query as named_query
+from shardworker.store.sql import to_native
+from tests.helpers import execute, query
+from tests.store.support import connect
+from tests.store.test_claim_limits import register, set_queue
+
+
+def flood(dsn: str, key: str | None, count: int, kind: str = "k", **options: object) -> list[int]:
+    ids = enqueue_many(dsn, [JobSpec(kind, key=key, **options) for _ in range(count)])  # type: ignore[arg-type]
+    return [i for i in ids if i is not None]
+
+
+def test_a_key_with_a_big_backlog_does_not_delay_another_keys_jobs(store: PgStore, pg_dsn: str) -> None:
+    """Key a has 300 jobs queued, key b enqueues 6 after them: claims of 4 take the two keys in
+    turn, so b's six are all claimed within the first three claims (by priority, then id, b's
+    would come after the 300)."""
+    flood(pg_dsn, "a", 300)
+    b = flood(pg_dsn, "b", 6)
+    claims = [[j.key for j in store.claim(["k"], None, "w1", 4)] for _ in range(3)]
+    assert all(sorted(keys) == ["a", "a", "b", "b"] for keys in claims), claims
+    assert query(pg_dsn, "SELECT count(*) FROM shardworker.jobs WHERE id = ANY(%s) AND status = 'running'",
+                 b) == [(6,)]
+
+
+def test_jobs_without_a_key_take_turns_as_one_key(store: PgStore, pg_dsn: str) -> None:
+    flood(pg_dsn, None, 50)
+    flood(pg_dsn, "b", 50)
+    assert sorted(str(j.key) for j in store.claim(["k"], None, "w1", 10)) == ["None"] * 5 + ["b"] * 5
+
+
+def test_many_keys_are_each_served_once_before_any_twice(store: PgStore, pg_dsn: str) -> None:
+    """Ten keys of 20 jobs each, claims of 5: every key gets its turn in the first two claims."""
+    for n in range(10):
+        flood(pg_dsn, f"t{n}", 20)
+    served = [j.key for _ in range(2) for j in store.claim(["k"], None, "w1", 5)]
+    assert sorted(served) == [f"t{n}" for n in range(10)], served
+
+
+def test_priority_comes_before_the_turns(store: PgStore, pg_dsn: str) -> None:
+    flood(pg_dsn, "a", 20)
+    flood(pg_dsn, "b", 20)
+    urgent = flood(pg_dsn, "a", 3, priority=-5)
+    assert [j.id for j in store.claim(["k"], None, "w1", 3)] == urgent
+
+
+def test_key_concurrency_of_a_kind_caps_one_key_across_workers_and_others_run(
+        store: PgStore, other: PgStore, pg_dsn: str) -> None:
+    """key_concurrency=2: worker 1 takes 2 of key a's 100 and 2 of b's 3; worker 2 then takes
+    none of theirs (their slots are held) but 2 of c's, enqueued behind a's backlog; and once
+    worker 1 is released (watched silent), its jobs hold no slot."""
+    register(store, "k", key_concurrency=2)
+    flood(pg_dsn, "a", 100)
+    flood(pg_dsn, "b", 3)
+    first = store.claim(["k"], None, "w1", 10)
+    assert sorted(str(j.key) for j in first) == ["a", "a", "b", "b"]
+    flood(pg_dsn, "c", 4)
+    second = other.claim(["k"], None, "w2", 10)
+    assert sorted(str(j.key) for j in second) == ["c", "c"]
+    assert other.claim(["k"], None, "w2", 10) == []
+    released = other.claim_within(["k"], None, "w2", 10, released=["w1"]).jobs
+    assert sorted(str(j.key) for j in released) == ["a", "a", "b"]
+
+
+def test_key_concurrency_of_a_queue_caps_one_key_of_every_kind_in_it(store: PgStore, pg_dsn: str) -> None:
+    set_queue(pg_dsn, "mail", key_concurrency=1)
+    flood(pg_dsn, "a", 5, kind="send", queue="mail")
+    flood(pg_dsn, "a", 5, kind="digest", queue="mail")
+    flood(pg_dsn, "a", 5, kind="send")  # another queue: not capped
+    got = store.claim(["send", "digest"], None, "w1", 20)
+    assert sorted((j.queue, j.key) for j in got) == [("default", "a")] * 5 + [("mail", "a")]
+
+
+def test_a_queue_without_keys_writes_no_turn(store: PgStore, pg_dsn: str) -> None:
+    flood(pg_dsn, None, 10)
+    assert len(store.claim(["k"], None, "w1", 5)) == 5
+    assert query(pg_dsn, "SELECT count(*) FROM shardworker.key_turns") == [(0,)]
+
+
+def test_with_ten_thousand_keys_queued_a_claim_walks_indexes_not_the_backlog(pg_dsn: str) -> None:
+    """EXPLAIN of both claims' generic plans (as a worker's prepared statements run them) with
+    10,000 keys queued, 20,000 jobs of one of them, and jobs without keys: every read of the
+    jobs table is an index scan; the turn's probes and each key's jobs use the keys' index."""
+    execute(pg_dsn, "INSERT INTO shardworker.jobs (kind, payload, key) SELECT 'k', '{}', 'big' "
+                    "FROM generate_series(1, 20000)")
+    execute(pg_dsn, "INSERT INTO shardworker.jobs (kind, payload, key) SELECT 'k', '{}', 'tenant-' || g "
+                    "FROM generate_series(1, 10000) g")
+    execute(pg_dsn, "INSERT INTO shardworker.jobs (kind, payload) SELECT 'k', '{}' FROM generate_series(1, 5000)")
+    execute(pg_dsn, "INSERT INTO shardworker.kinds (name, key_concurrency) VALUES ('capped', 2)")
+    execute(pg_dsn, "ANALYZE shardworker.jobs")
+    for name in ("job_claim_plain", "job_claim"):
+        sql, names = to_native(named_query(name))
+        with connect(pg_dsn) as conn:
+            conn.execute("SET plan_cache_mode = force_generic_plan")
+            conn.execute(f"PREPARE claim AS {sql}")
+            nulls = ", ".join(["NULL"] * len(names))
+            plan = "\n".join(r[0] for r in conn.execute(f"EXPLAIN (COSTS OFF) EXECUTE claim({nulls})"))
+        assert not re.search(r"Seq Scan on jobs", plan), plan
+        probes = re.findall(r"Index Scan using jobs_queued_keys_idx on jobs(?: \w+)?\s+Index Cond: \(ROW\(\"left\"\(queue, "
+                            r"255\), key\) >", plan)
+        assert len(probes) >= 2, plan  # the turn's first probe and its next ones
+        assert re.search(r"Index Scan using jobs_queued_keys_idx on jobs(?: \w+)?\s+Index Cond: \(\(ROW\(\"left\"\(queue, "
+                         r"255\), key\) >= ROW\(t\.q, t\.k\)\)", plan), plan  # a key's own jobs
