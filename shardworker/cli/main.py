@@ -180,15 +180,22 @@ def _enqueued_line(made: list[int], skipped: int, dedupe_key: str | None) -> str
 
 @main.command()
 @click.option("--exact", is_flag=True, help="Count every row, however big the table.")
+@click.option("--by", "by", type=click.Choice(["queue", "key"]), default="queue", show_default=True,
+              help="key: the keys (tenants) with the most unfinished jobs instead, most first.")
+@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True, help="With --by key: how many keys.")
 @json_option
 @dsn_option
 @one_line_errors
-def stats(exact: bool, as_json: bool, dsn: str | None) -> None:
+def stats(exact: bool, by: str, limit: int, as_json: bool, dsn: str | None) -> None:
     """Job counts, in total and by queue: waiting (on dependencies), available (queued, due),
     scheduled (queued for later), prefetched (claimed, not started), running (started), done,
-    failed, cancelled. Above a million rows, done is estimated (~)."""
+    failed, cancelled. Above a million rows, done is estimated (~). --by key: the top keys by
+    backlog (available, scheduled, claimed, the oldest available job's wait)."""
     from shardworker.core import counts
 
+    if by == "key":
+        _stats_by_key(resolve_dsn(dsn, start=False), limit, as_json)
+        return
     store = _store(resolve_dsn(dsn, start=False))
     try:
         store.check_schema()
@@ -211,6 +218,29 @@ def stats(exact: bool, as_json: bool, dsn: str | None) -> None:
         click.echo(f"  {queue}: " + "  ".join(show(name, n) for name, n in by_name.items() if n))
     if estimated:
         click.echo("(~ estimated from the planner's statistics; --exact counts every row)", err=True)
+
+
+def _stats_by_key(dsn: str, limit: int, as_json: bool) -> None:
+    from shardworker.core import counts
+    from shardworker.store.queue_queries import key_backlog
+
+    store = _store(dsn)
+    try:
+        store.check_schema()  # a database without keys' migration says to migrate, in one line
+    finally:
+        store.close()
+    rows = key_backlog(dsn, limit)
+    if as_json:
+        click.echo(orjson.dumps([row._asdict() for row in rows]).decode())
+        return
+    if not rows:
+        click.echo("no unfinished jobs with a key")
+        return
+    width = max(len("key"), *(len(row.key) for row in rows))
+    click.echo(f"{'key':<{width}}  {'available':>9}  {'scheduled':>9}  {'claimed':>7}  oldest")
+    for row in rows:
+        age = "-" if row.oldest_available_s is None else counts.age_text(row.oldest_available_s)
+        click.echo(f"{row.key:<{width}}  {row.available:>9}  {row.scheduled:>9}  {row.claimed:>7}  {age}")
 
 
 def _stats_json(split: dict[str, int]) -> dict[str, int]:

@@ -145,6 +145,17 @@ class QueueState(NamedTuple):
     key_concurrency: int | None = None  # at most this many of one key's jobs running at once
 
 
+class KeyBacklog(NamedTuple):
+    """One key's (a tenant's) unfinished jobs, as ``stats --by key`` shows them: queued and due,
+    queued for later, claimed (prefetched or started), and the oldest due one's wait."""
+
+    key: str
+    available: int
+    scheduled: int
+    claimed: int
+    oldest_available_s: float | None
+
+
 @dataclass(frozen=True)
 class QueueInfo:
     """One queue as ``shardworker queues`` shows it: its state and its backlog summed over kinds

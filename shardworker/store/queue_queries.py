@@ -18,7 +18,7 @@ import psycopg
 
 from shardworker.core.flow import Rate
 from shardworker.core.limits import SILENT_AFTER_S
-from shardworker.core.views import BacklogRow, QueueInfo, QueueState
+from shardworker.core.views import BacklogRow, KeyBacklog, QueueInfo, QueueState
 from shardworker.store.connection import Session
 from shardworker.store.job_queries import cursor_for
 from shardworker.store.sql import query
@@ -94,6 +94,14 @@ def set_limits(conn_or_dsn: Any, name: str, concurrency: int | None, rate: Rate 
     """Set or clear ``name``'s limits; its state after."""
     with cursor_for(conn_or_dsn, transaction=False) as cur:
         return write_limits(cur, name, concurrency, rate, clear, key_concurrency)
+
+
+def key_backlog(conn_or_dsn: Any, limit: int) -> list[KeyBacklog]:
+    """The ``limit`` keys with the most unfinished jobs, most first (``key_backlog``)."""
+    with cursor_for(conn_or_dsn, transaction=False) as cur:
+        cur.execute(query("key_backlog"), {"limit": limit})
+        return [KeyBacklog(str(k), int(a), int(s), int(c), None if age is None else float(age))
+                for k, a, s, c, age in cur.fetchall()]
 
 
 def read_backlog(cur: psycopg.Cursor[Any], live_within_s: float) -> list[BacklogRow]:

@@ -85,3 +85,15 @@ def test_the_cli_enqueues_lists_and_shows_keys(pg_dsn: str) -> None:
     assert "key" in plain  # some listed job has one
     refused = sw(pg_dsn, "enqueue", "report", "--key", "", code=1)
     assert "key must be a non-empty string" in refused.stderr and refused.stderr.count("\n") == 1
+
+
+def test_stats_by_key_lists_the_tenants_with_the_biggest_backlog(pg_dsn: str) -> None:
+    enqueue_many(pg_dsn, [JobSpec("k", key="big") for _ in range(5)] + [JobSpec("k", key="small")]
+                 + [JobSpec("k") for _ in range(9)])
+    later = enqueue(pg_dsn, "k", key="small", delay_s=3600)
+    assert later is not None
+    lines = sw(pg_dsn, "stats", "--by", "key").stdout.splitlines()
+    assert lines[0].split() == ["key", "available", "scheduled", "claimed", "oldest"]
+    assert [line.split()[:4] for line in lines[1:]] == [["big", "5", "0", "0"], ["small", "1", "1", "0"]]
+    rows = json.loads(sw(pg_dsn, "stats", "--by", "key", "--limit", "1", "--json").stdout)
+    assert [(r["key"], r["available"]) for r in rows] == [("big", 5)]

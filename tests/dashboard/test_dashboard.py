@@ -306,3 +306,12 @@ def test_a_fan_in_page_lists_50_of_its_dependencies_and_counts_them_all_by_statu
     assert "Waits on: 52 (50 queued, 2 done)" in html and html.count("<tr data-dependency=") == 50
     assert f'data-dependency="{parts[49]}"' in html and f'data-dependency="{parts[50]}"' not in html
     assert "and 2 more (<code>shardworker jobs show" in html
+
+
+def test_a_jobs_key_shows_on_its_page_and_in_the_lists(pg_dsn: str, dashboard: Dashboard) -> None:
+    from shardworker import enqueue as enqueue_one
+
+    job_id = enqueue_one(pg_dsn, "render", key="tenant-<42>")
+    page = httpx.get(f"{dashboard.url}/jobs/{job_id}").text
+    assert "<dd data-job-key>tenant-&lt;42&gt;</dd>" in page  # escaped, never markup
+    assert '<span class="key" title="key">tenant-&lt;42&gt;</span>' in httpx.get(dashboard.url).text

@@ -133,7 +133,7 @@ def test_the_limits_form_sets_and_clears_limits(pg_dsn: str, dashboard: Dashboar
     ("limit", {"queue": "mail", "concurrency": "abc"}, "concurrency must be a whole number"),
     ("limit", {"queue": "mail", "concurrency": "0"}, "concurrency must be a whole number"),
     ("limit", {"queue": "mail", "concurrency": "9" * 40}, "concurrency must be a whole number"),
-    ("limit", {"queue": "mail", "concurrency": "", "rate": ""}, "give a concurrency, a rate, or clear"),
+    ("limit", {"queue": "mail", "concurrency": "", "rate": ""}, "give a concurrency, a key concurrency, a rate, or clear"),
     ("limit", {"queue": "mail", "concurrency": "5", "clear": "1"}, None),  # clear is its own button
     ("pause", {}, "queue name is empty"),
     ("pause", {"queue": "q" * 256}, "256 bytes"),

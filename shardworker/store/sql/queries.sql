@@ -1109,6 +1109,20 @@ UPDATE shardworker.backlog_report SET computed_at = now(), rows = %(rows)s::json
 -- The last report and its age in seconds.
 SELECT extract(epoch FROM now() - computed_at)::float8, rows FROM shardworker.backlog_report WHERE id = 1;
 
+-- key_backlog --
+-- `stats --by key`: the keys (tenants) with the most unfinished jobs, most first: queued and
+-- due, queued for later, claimed (prefetched or started), and how long the oldest due one has
+-- waited. Reads the keys' partial indexes' rows only: jobs without a key cost nothing.
+SELECT key, count(*) FILTER (WHERE status = 'queued' AND run_at <= now()),
+       count(*) FILTER (WHERE status = 'queued' AND run_at > now()),
+       count(*) FILTER (WHERE status = 'running'),
+       extract(epoch FROM now() - min(run_at) FILTER (WHERE status = 'queued' AND run_at <= now()))::float8
+FROM shardworker.jobs
+WHERE key IS NOT NULL AND status IN ('queued', 'running')
+GROUP BY key
+ORDER BY count(*) DESC, key
+LIMIT %(limit)s;
+
 -- queue_states --
 -- Every queue's operator state: paused, and its limits across workers (NULL: none).
 SELECT name, paused, concurrency, rate_limit, rate_period_s, key_concurrency FROM shardworker.queues ORDER BY name;
