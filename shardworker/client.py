@@ -61,6 +61,11 @@ class JobSpec:
     # Whose job it is (a tenant, an account): claims take a queue's keys in turn, and
     # key_concurrency caps how many of one key run at once (docs/scheduling.md).
     key: str | None = None
+    # With dedupe_key: a job with the key enqueued or ended within this many seconds (done and
+    # failed ones too) makes this one a duplicate; or, debounce, run it this many seconds after
+    # the last enqueue, replacing the payload of the one still queued (docs/enqueue-and-results.md).
+    dedupe_window: float | None = None
+    debounce: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "after", check_after(self.after))
@@ -78,6 +83,17 @@ class JobSpec:
             raise EnqueueError("dedupe_key must be a string")
         if self.dedupe_key is not None and not self.dedupe_key.strip():  # unset variables in a script, most likely
             raise EnqueueError("dedupe_key must not be empty or white space only (leave it out for a job without one)")
+        for name in ("dedupe_window", "debounce"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if self.dedupe_key is None:
+                raise EnqueueError(f"{name} needs a dedupe_key: the key it applies to")
+            if self.after:
+                raise EnqueueError(f"{name} does not go with after= (a job that waits on others)")
+            object.__setattr__(self, name, check_delay(value, name))
+        if self.dedupe_window is not None and self.debounce is not None:
+            raise EnqueueError("give dedupe_window or debounce, not both")
         if self.key is not None and (not isinstance(self.key, str) or not self.key.strip()):
             raise EnqueueError("key must be a non-empty string (leave it out for a job of no one's in particular)")
         for name, value, limit in (("kind", self.kind, MAX_KIND_BYTES), ("queue", self.queue, MAX_QUEUE_BYTES),
@@ -112,11 +128,11 @@ class JobSpec:
     @classmethod
     def from_mapping(cls, obj: Mapping[str, Any]) -> JobSpec:
         """From a bulk-file object: kind, payload, optional queue, priority, max_attempts,
-        run_at (ISO 8601), dedupe_key, after (job ids), key."""
+        run_at (ISO 8601), dedupe_key, after (job ids), key, dedupe_window, debounce."""
         if not isinstance(obj, Mapping):
             raise EnqueueError("expected a JSON object")
         unknown = set(obj) - {"kind", "payload", "queue", "priority", "max_attempts", "run_at", "dedupe_key", "after",
-                              "key"}
+                              "key", "dedupe_window", "debounce"}
         if unknown:
             raise EnqueueError(f"unknown field(s) {', '.join(sorted(unknown))}")
         if "kind" not in obj:
@@ -131,7 +147,8 @@ class JobSpec:
             except ValueError as exc:
                 raise EnqueueError(f"run_at is not an ISO 8601 time: {run_at!r}") from exc
         return cls(obj["kind"], obj.get("payload"), obj.get("queue", "default"), obj.get("priority", 0),
-                   obj.get("max_attempts", DEFAULT_MAX_ATTEMPTS), run_at, obj.get("dedupe_key"), after, obj.get("key"))
+                   obj.get("max_attempts", DEFAULT_MAX_ATTEMPTS), run_at, obj.get("dedupe_key"), after, obj.get("key"),
+                   obj.get("dedupe_window"), obj.get("debounce"))
 
 
 def loads_json(text: str | bytes) -> Any:
@@ -160,20 +177,25 @@ def _utc(run_at: datetime | None) -> datetime | None:
 def enqueue(conn_or_dsn: Any, kind: str, payload: Any = None, *, queue: str = "default", priority: int = 0,
             max_attempts: int = DEFAULT_MAX_ATTEMPTS, run_at: datetime | None = None, delay_s: float = 0.0,
             dedupe_key: str | None = None, after: Iterable[int] = (), strict: bool = False,
-            key: str | None = None) -> int | None:
+            key: str | None = None, dedupe_window: float | None = None, debounce: float | None = None) -> int | None:
     """Enqueue one job and wake idle workers; returns its id, or None if ``dedupe_key`` is live.
     With ``after=[ids]`` it waits (status ``waiting``) until those jobs are done; an id that
     does not exist refuses the call (``EnqueueError``), enqueueing nothing. With ``strict``, a
     kind no live worker serves in ``queue`` is refused (``KindNotServed``). ``key`` says whose
     job it is (a tenant): claims take a queue's keys in turn, and ``key_concurrency`` caps
-    how many jobs of one key run at once.
+    how many jobs of one key run at once. With ``dedupe_key``, ``dedupe_window`` (seconds)
+    makes a job with the key enqueued or ended within the window a duplicate too (done and
+    failed ones included), and ``debounce`` (seconds) runs the job that long after the last
+    enqueue: one still queued with the key gets this payload and that run_at, and its id
+    comes back.
 
     ``conn_or_dsn`` is an open ``psycopg.Connection`` (the caller's: inside its open
     transaction the job commits or rolls back with it, and workers wake at its commit) or a
     DSN string, which opens and closes a connection per call (milliseconds): pass a
     connection, or one from ``psycopg_pool.ConnectionPool.connection()``, for anything frequent.
     """
-    spec, fields = _one_job(kind, payload, queue, priority, max_attempts, run_at, delay_s, dedupe_key, after, key)
+    spec, fields = _one_job(kind, payload, queue, priority, max_attempts, run_at, delay_s, dedupe_key, after, key,
+                            dedupe_window, debounce)
     if strict:
         from shardworker.store.serving import refuse_unserved
 
@@ -190,14 +212,16 @@ def enqueue(conn_or_dsn: Any, kind: str, payload: Any = None, *, queue: str = "d
 async def enqueue_async(aconn_or_dsn: Any, kind: str, payload: Any = None, *, queue: str = "default",
                         priority: int = 0, max_attempts: int = DEFAULT_MAX_ATTEMPTS, run_at: datetime | None = None,
                         delay_s: float = 0.0, dedupe_key: str | None = None, after: Iterable[int] = (),
-                        strict: bool = False, key: str | None = None) -> int | None:
+                        strict: bool = False, key: str | None = None, dedupe_window: float | None = None,
+                        debounce: float | None = None) -> int | None:
     """``enqueue`` for asyncio code: ``await enqueue_async(aconn, "email", {...})``.
 
     ``aconn_or_dsn`` is an open ``psycopg.AsyncConnection`` (inside the caller's open
     transaction the job commits or rolls back with it) or a DSN string, which opens and
     closes an async connection per call. Nothing here blocks the event loop.
     """
-    spec, fields = _one_job(kind, payload, queue, priority, max_attempts, run_at, delay_s, dedupe_key, after, key)
+    spec, fields = _one_job(kind, payload, queue, priority, max_attempts, run_at, delay_s, dedupe_key, after, key,
+                            dedupe_window, debounce)
     if strict:
         from shardworker.store.serving import refuse_unserved_async
 
@@ -212,19 +236,25 @@ async def enqueue_async(aconn_or_dsn: Any, kind: str, payload: Any = None, *, qu
 
 
 def _one_job(kind: str, payload: Any, queue: str, priority: int, max_attempts: int, run_at: datetime | None,
-             delay_s: float, dedupe_key: str | None, after: Iterable[int],
-             key: str | None) -> tuple[JobSpec, dict[str, Any]]:
+             delay_s: float, dedupe_key: str | None, after: Iterable[int], key: str | None,
+             dedupe_window: float | None = None, debounce: float | None = None) -> tuple[JobSpec, dict[str, Any]]:
     """The validated spec and the insert's other fields, before anything is sent."""
-    spec = JobSpec(kind, payload, queue, priority, max_attempts, run_at, dedupe_key, after, key)  # type: ignore[arg-type]
-    return spec, {"queue": spec.queue, "priority": spec.priority, "max_attempts": spec.max_attempts,
-                  "run_at": _utc(spec.run_at), "delay_s": check_delay(delay_s), "dedupe_key": spec.dedupe_key,
-                  "key": spec.key}
+    spec = JobSpec(kind, payload, queue, priority, max_attempts, run_at, dedupe_key, after, key,  # type: ignore[arg-type]
+                   dedupe_window, debounce)
+    return spec, _fields(spec, check_delay(delay_s))
 
 
-def check_delay(delay_s: Any) -> float:
-    """A delay in seconds, checked."""
+def _fields(spec: JobSpec, delay_s: float = 0.0) -> dict[str, Any]:
+    """The insert's fields of ``spec`` but its kind and payload."""
+    return {"queue": spec.queue, "priority": spec.priority, "max_attempts": spec.max_attempts,
+            "run_at": _utc(spec.run_at), "delay_s": delay_s, "dedupe_key": spec.dedupe_key, "key": spec.key,
+            "dedupe_window_s": spec.dedupe_window, "debounce_s": spec.debounce}
+
+
+def check_delay(delay_s: Any, name: str = "delay") -> float:
+    """A delay (or a window) in seconds, checked."""
     if not isinstance(delay_s, int | float) or isinstance(delay_s, bool) or not 0 <= delay_s < MAX_DELAY_S:
-        raise EnqueueError(f"delay must be a number of seconds from 0 to {MAX_DELAY_S:.0f}, got {delay_s!r}")
+        raise EnqueueError(f"{name} must be a number of seconds from 0 to {MAX_DELAY_S:.0f}, got {delay_s!r}")
     return float(delay_s)
 
 
@@ -252,6 +282,10 @@ def enqueue_many(conn_or_dsn: Any, jobs: Iterable[JobSpec], *, strict: bool = Fa
         from shardworker.store.dependencies import enqueue_dependents
 
         return enqueue_dependents(conn_or_dsn, [_dependent_row(s) for s in specs])
+    if any(spec.dedupe_window is not None or spec.debounce is not None for spec in specs):
+        from shardworker.store.enqueue import enqueue_each
+
+        return enqueue_each(conn_or_dsn, [(s.kind, s.payload_json(), _fields(s)) for s in specs])
     from shardworker.store.enqueue import enqueue_rows
 
     return enqueue_rows(conn_or_dsn, _copy_rows(specs))
@@ -269,6 +303,10 @@ async def enqueue_many_async(aconn_or_dsn: Any, jobs: Iterable[JobSpec], *, stri
         from shardworker.store.dependencies import enqueue_dependents_async
 
         return await enqueue_dependents_async(aconn_or_dsn, [_dependent_row(s) for s in specs])
+    if any(spec.dedupe_window is not None or spec.debounce is not None for spec in specs):
+        from shardworker.store.enqueue_async import enqueue_each_async
+
+        return await enqueue_each_async(aconn_or_dsn, [(s.kind, s.payload_json(), _fields(s)) for s in specs])
     from shardworker.store.enqueue_async import enqueue_rows_async
 
     return await enqueue_rows_async(aconn_or_dsn, _copy_rows(specs))

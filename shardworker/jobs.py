@@ -1,6 +1,6 @@
 """Operating on jobs without SQL: list, show (with their recorded steps and their failed
 attempts' errors), wait for (and
-``wait_for_async``), retry, cancel, delete.
+``wait_for_async``), update, retry, cancel, delete.
 
 Each function takes an open psycopg connection (the caller's; used as ``enqueue`` uses it)
 or a DSN string. Changes are all or nothing: every id is checked, under a row lock that
@@ -17,19 +17,21 @@ in the wrong state refuses the whole call with ``JobsError`` naming it.
   ``job.cancelled``, and past ``--cancel-grace`` its child is stopped), and its late outcome
   is never applied.
 * ``delete``: any job that is not ``running`` (the jobs waiting on it are cancelled).
+* ``update``: a ``queued`` job's run_at (or a delay from now), priority or queue; refused
+  for a job that runs, waits on others or has ended.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 
 from shardworker.core.views import ErrorInfo, JobInfo, LinkInfo, StepInfo
-from shardworker.errors import JobsError, WaitTimeout
+from shardworker.errors import JobsError, ShardworkerError, WaitTimeout
 
 STATUSES = ("waiting", "queued", "running", "done", "failed", "cancelled")
 STEPS_SHOWN = 50  # steps listed on a job's page (`jobs show` without --json, the dashboard); a job may hold 10,000
@@ -176,6 +178,41 @@ def cancel(conn_or_dsn: Any, job_ids: Sequence[int]) -> int:
 def delete(conn_or_dsn: Any, job_ids: Sequence[int]) -> int:
     """Delete jobs that are not running (the jobs waiting on them are cancelled); how many."""
     return _change(conn_or_dsn, "delete", job_ids)
+
+
+def update(conn_or_dsn: Any, job_id: int, *, run_at: datetime | None = None, delay_s: float | None = None,
+           priority: int | None = None, queue: str | None = None) -> JobInfo:
+    """Change a queued job (due now or scheduled later): its ``run_at`` (or now + ``delay_s``),
+    ``priority`` or ``queue``, those given; the job as changed. Refused (``JobsError``, nothing
+    changed) for a job that is not queued: one that runs, waits on others or has ended."""
+    from shardworker.client import check_delay
+    from shardworker.queues import check_name
+    from shardworker.store import job_queries
+
+    job_id = _id(job_id)
+    if run_at is None and delay_s is None and priority is None and queue is None:
+        raise JobsError("update: give a run_at, a delay, a priority or a queue")
+    if run_at is not None and delay_s is not None:
+        raise JobsError("update: give a run_at or a delay, not both")
+    if run_at is not None and not isinstance(run_at, datetime):
+        raise JobsError(f"update: run_at must be a datetime, got {type(run_at).__name__}")
+    if priority is not None and (not isinstance(priority, int) or isinstance(priority, bool)
+                                 or not -2**31 <= priority < 2**31):
+        raise JobsError("update: priority must be a 32-bit integer")
+    try:
+        delay = None if delay_s is None else check_delay(delay_s)
+        name = None if queue is None else check_name(queue)
+    except ShardworkerError as exc:
+        raise JobsError(f"update: {exc}") from None
+    moment = None if run_at is None else run_at if run_at.tzinfo else run_at.replace(tzinfo=UTC)
+    job, status = job_queries.update_job(conn_or_dsn, job_id, {"run_at": moment, "delay_s": delay,
+                                                               "priority": priority, "queue": name})
+    if job is None:
+        if status is None:
+            raise JobsError(f"no job {job_id}")
+        raise JobsError(f"cannot update job {job_id}: it is {status}; only a queued job (due or scheduled) can be "
+                        "updated; nothing changed")
+    return job
 
 
 def _change(conn_or_dsn: Any, action: str, job_ids: Sequence[int], *, reset_steps: bool = False) -> int:

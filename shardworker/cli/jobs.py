@@ -19,6 +19,7 @@ from shardworker.cli.common import (
     MAX_DURATION_S,
     TOO_LONG,
     UTF8,
+    Duration,
     Seconds,
     dsn_option,
     duration_seconds,
@@ -195,6 +196,33 @@ def _echo_changed(action: str, changed: int, as_json: bool, *, steps_reset: bool
     forgotten = f", {'its' if changed == 1 else 'their'} steps forgotten" if steps_reset and changed else ""
     click.echo(orjson.dumps({action: changed}).decode() if as_json
                else f"{changed} job{'' if changed == 1 else 's'} {_DONE[action]}{forgotten}")
+
+
+@jobs.command("update")
+@click.argument("job_id", type=JOB_ID)
+@click.option("--run-at", default=None, help="When it may run: an ISO 8601 time (UTC when it names no zone).")
+@click.option("--delay", type=Duration(), default=None, help="Run it this long from now instead (30s, 10m, 2h).")
+@click.option("--priority", type=click.IntRange(-2**31, 2**31 - 1), default=None, help="Its new priority.")
+@click.option("--queue", type=UTF8, default=None, help="Its new queue.")
+@json_option
+@dsn_option
+@one_line_errors
+def update_command(job_id: int, run_at: str | None, delay: float | None, priority: int | None, queue: str | None,
+                   as_json: bool, dsn: str | None) -> None:
+    """Change a queued job (due or scheduled): its time, priority or queue; refused for a job
+    that runs, waits on others or has ended."""
+    moment = None
+    if run_at is not None:
+        try:
+            moment = datetime.fromisoformat(run_at)
+        except ValueError:
+            raise jobs_api.JobsError(f"--run-at {run_at!r}: expected an ISO 8601 time") from None
+    job = jobs_api.update(resolve_dsn(dsn), job_id, run_at=moment, delay_s=delay, priority=priority, queue=queue)
+    if as_json:
+        click.echo(jobs_api.dumps_json(job.to_json()))
+        return
+    click.echo(f"job {job.id} updated: run_at {in_utc(job.run_at).isoformat()}, priority {job.priority}, "
+               f"queue {job.queue}")
 
 
 @jobs.command("retry")

@@ -15,6 +15,7 @@ import orjson
 
 from shardworker.cli.common import (
     UTF8,
+    Duration,
     dsn_option,
     json_option,
     note,
@@ -109,6 +110,12 @@ def migrate(print_sql: bool, after: int, bare: bool, dsn: str | None) -> None:
 @click.option("--dedupe-key", type=UTF8, default=None, help="Skip when a live job holds this key.")
 @click.option("--key", type=UTF8, default=None,
               help="Whose job it is (a tenant): claims take a queue's keys in turn, key_concurrency caps each.")
+@click.option("--dedupe-window", type=Duration(), default=None,
+              help="With --dedupe-key: also skip when a job with the key was enqueued or ended within this "
+                   "(1h, 10m), done and failed ones too.")
+@click.option("--debounce", type=Duration(), default=None,
+              help="With --dedupe-key: run this long after the last enqueue; a job with the key still queued "
+                   "takes this payload and is pushed back instead (its id printed).")
 @click.option("--after", default=None, callback=lambda _ctx, _param, value: _ids(value),
               help="Comma-separated job ids: the job waits until they are all done.")
 @click.option("--strict", is_flag=True,
@@ -117,8 +124,8 @@ def migrate(print_sql: bool, after: int, bare: bool, dsn: str | None) -> None:
 @dsn_option
 @one_line_errors
 def enqueue(kind: str | None, payload_json: str | None, count: int, file_: Any, queue: str, priority: int,
-            max_attempts: int, delay: float, dedupe_key: str | None, key: str | None, after: tuple[int, ...],
-            strict: bool, as_json: bool, dsn: str | None) -> None:
+            max_attempts: int, delay: float, dedupe_key: str | None, key: str | None, dedupe_window: float | None,
+            debounce: float | None, after: tuple[int, ...], strict: bool, as_json: bool, dsn: str | None) -> None:
     """Enqueue KIND with PAYLOAD_JSON, or a bulk --file; prints how many jobs it enqueued and
     their ids (--json: {"enqueued": N, "ids": [...]})."""
     from datetime import UTC, datetime, timedelta
@@ -130,8 +137,9 @@ def enqueue(kind: str | None, payload_json: str | None, count: int, file_: Any, 
     if file_ is not None:
         if kind or payload_json:
             raise click.UsageError("give KIND/PAYLOAD_JSON or --file, not both")
-        if dedupe_key is not None:
-            raise click.UsageError("--dedupe-key applies to one job; put dedupe_key in the file's lines")
+        if dedupe_key is not None or dedupe_window is not None or debounce is not None:
+            raise click.UsageError("--dedupe-key, --dedupe-window and --debounce apply to one job; put dedupe_key, "
+                                   "dedupe_window and debounce in the file's lines")
         defaults: dict[str, Any] = {"queue": queue, "priority": priority, "max_attempts": max_attempts,
                                     **({"after": list(after)} if after else {}), **({"key": key} if key else {})}
         if delay:
@@ -147,26 +155,37 @@ def enqueue(kind: str | None, payload_json: str | None, count: int, file_: Any, 
         run_at = datetime.now(UTC) + timedelta(seconds=delay) if delay else None
         if count > 1 and dedupe_key:
             raise click.UsageError("--dedupe-key with --count > 1 would enqueue one job")
-        specs = [JobSpec(kind, payload, queue, priority, max_attempts, run_at, dedupe_key, after, key)] * count
+        specs = [JobSpec(kind, payload, queue, priority, max_attempts, run_at, dedupe_key, after, key,
+                         dedupe_window, debounce)] * count
     dsn = resolve_dsn(dsn)
     if len(specs) == 1 and file_ is None:
         spec = specs[0]
         job_id = enqueue_one(dsn, spec.kind, spec.payload, queue=spec.queue, priority=spec.priority,
                              max_attempts=spec.max_attempts, run_at=spec.run_at, dedupe_key=spec.dedupe_key,
-                             after=spec.after, strict=strict, key=spec.key)
+                             after=spec.after, strict=strict, key=spec.key, dedupe_window=spec.dedupe_window,
+                             debounce=spec.debounce)
         ids = [job_id]
     else:
         ids = enqueue_many(dsn, specs, strict=strict)
     made = [i for i in ids if i is not None]
     click.echo(orjson.dumps({"enqueued": len(made), "ids": made}).decode() if as_json
-               else _enqueued_line(made, len(ids) - len(made), dedupe_key))
+               else _enqueued_line(made, len(ids) - len(made), dedupe_key, dedupe_window, debounce))
 
 
-def _enqueued_line(made: list[int], skipped: int, dedupe_key: str | None) -> str:
+def _enqueued_line(made: list[int], skipped: int, dedupe_key: str | None, dedupe_window: float | None = None,
+                   debounce: float | None = None) -> str:
     """What ``enqueue`` prints: how many jobs it made, their ids (the first and the last past
     ten), and how many a live dedupe key skipped."""
+    if not made and dedupe_key is not None and debounce is not None:
+        return (f"enqueued 0 jobs: the job holding dedupe key {dedupe_key!r} has started (or waits on others), "
+                "so it is not debounced")
+    if not made and dedupe_key is not None and dedupe_window is not None:
+        return (f"enqueued 0 jobs: a job with dedupe key {dedupe_key!r} is live, or was enqueued or ended within "
+                f"the last {dedupe_window:g}s")
     if not made and dedupe_key is not None:
         return f"enqueued 0 jobs: a live job holds dedupe key {dedupe_key!r}"
+    if made and debounce is not None:
+        return f"enqueued 1 job: {made[0]} (debounced: it runs {debounce:g}s after the last enqueue with its key)"
     line = f"enqueued {len(made)} job{'' if len(made) == 1 else 's'}"
     if len(made) > 10:
         line += f": ids {made[0]} to {made[-1]} (--json lists each)"

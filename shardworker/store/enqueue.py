@@ -30,11 +30,13 @@ class EnqueueQueries(Session):
     """Enqueue on the store's own connection."""
 
     def enqueue(self, kind: str, payload_json: str, *, queue: str, priority: int, max_attempts: int,
-                run_at: datetime | None, delay_s: float, dedupe_key: str | None, key: str | None = None) -> int | None:
+                run_at: datetime | None, delay_s: float, dedupe_key: str | None, key: str | None = None,
+                dedupe_window_s: float | None = None, debounce_s: float | None = None) -> int | None:
         """Insert one job and notify; its id, or None when the dedupe key is live."""
         with self.cursor() as cur:
             return insert_job(cur, kind, payload_json, queue=queue, priority=priority, max_attempts=max_attempts,
-                              run_at=run_at, delay_s=delay_s, dedupe_key=dedupe_key, key=key)
+                              run_at=run_at, delay_s=delay_s, dedupe_key=dedupe_key, key=key,
+                              dedupe_window_s=dedupe_window_s, debounce_s=debounce_s)
 
     def enqueue_many(self, rows: Iterable[Sequence[Any]]) -> list[int | None]:
         """COPY rows (kind, queue, payload_json, priority, max_attempts, run_at, dedupe_key,
@@ -78,7 +80,7 @@ def insert_job(cur: psycopg.Cursor[Any], kind: str, payload_json: str, **fields:
     would hold it across the flush and make concurrent enqueues commit one at a time.
     """
     try:
-        cur.execute(query("job_insert"), {"kind": kind, "payload": payload_json, **fields})
+        cur.execute(query(insert_query(fields)), insert_params(kind, payload_json, fields))
     except REFUSED as exc:
         raise EnqueueError(f"job rejected: {first_line(exc)}") from exc
     row = cur.fetchone()
@@ -86,6 +88,36 @@ def insert_job(cur: psycopg.Cursor[Any], kind: str, payload_json: str, **fields:
         return None
     cur.execute(query("notify_queue"), {"queue": fields["queue"]})
     return int(row[0])
+
+
+def insert_query(fields: dict[str, Any]) -> str:
+    """``job_insert_debounced`` for an enqueue with ``debounce_s``, else ``job_insert``."""
+    return "job_insert_debounced" if fields.get("debounce_s") is not None else "job_insert"
+
+
+def insert_params(kind: str, payload_json: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """The insert's parameters: the fields, no key, window or debounce meaning none."""
+    return {"kind": kind, "payload": payload_json, "key": None, "dedupe_window_s": None, "debounce_s": None,
+            **fields}
+
+
+def insert_each(cur: psycopg.Cursor[Any], jobs: Iterable[tuple[str, str, dict[str, Any]]]) -> list[int | None]:
+    """Insert (kind, payload_json, fields) jobs one statement each, in the cursor's transaction
+    (``enqueue_many`` of jobs with a dedupe window or a debounce, which COPY cannot say)."""
+    return [insert_job(cur, kind, payload_json, **fields) for kind, payload_json, fields in jobs]
+
+
+def enqueue_each(conn_or_dsn: Any, jobs: Sequence[tuple[str, str, dict[str, Any]]]) -> list[int | None]:
+    """``insert_each`` in one transaction on the caller's connection, or on one of its own."""
+    if not isinstance(conn_or_dsn, str):
+        with borrowed_cursor(conn_or_dsn, transaction=True) as cur:
+            return insert_each(cur, jobs)
+    store = EnqueueQueries(StoreConfig(dsn=conn_or_dsn, statement_timeout_s=BULK_STATEMENT_TIMEOUT_S))
+    try:
+        with store.cursor(transaction=True) as cur:
+            return insert_each(cur, jobs)
+    finally:
+        store.close()
 
 
 def copy_jobs(cur: psycopg.Cursor[Any], rows: Iterable[Sequence[Any]]) -> list[int | None]:

@@ -17,6 +17,8 @@ from shardworker.store.enqueue import (
     BULK_STATEMENT_TIMEOUT_S,
     REFUSED,
     ROW_FIELDS,
+    insert_params,
+    insert_query,
     inserted_ids,
     needs_own_transaction,
 )
@@ -26,15 +28,29 @@ from shardworker.store.sql import query
 async def enqueue_one_async(conn_or_dsn: Any, kind: str, payload_json: str, **fields: Any) -> int | None:
     """Insert one job and notify workers (at commit); its id, or None when the dedupe key is live."""
     async with async_cursor_for(conn_or_dsn, transaction=False) as cur:
-        try:
-            await cur.execute(query("job_insert"), {"kind": kind, "payload": payload_json, **fields})
-        except REFUSED as exc:
-            raise EnqueueError(f"job rejected: {first_line(exc)}") from exc
-        row = await cur.fetchone()
-        if row is None:
-            return None
-        await cur.execute(query("notify_queue"), {"queue": fields["queue"]})  # its own statement: see insert_job
+        return await insert_job_async(cur, kind, payload_json, fields)
+
+
+async def insert_job_async(cur: psycopg.AsyncCursor[Any], kind: str, payload_json: str,
+                           fields: dict[str, Any]) -> int | None:
+    """``insert_job`` on an async cursor."""
+    try:
+        await cur.execute(query(insert_query(fields)), insert_params(kind, payload_json, fields))
+    except REFUSED as exc:
+        raise EnqueueError(f"job rejected: {first_line(exc)}") from exc
+    row = await cur.fetchone()
+    if row is None:
+        return None
+    await cur.execute(query("notify_queue"), {"queue": fields["queue"]})  # its own statement: see insert_job
     return int(row[0])
+
+
+async def enqueue_each_async(conn_or_dsn: Any, jobs: Sequence[tuple[str, str, dict[str, Any]]]) -> list[int | None]:
+    """``enqueue_each`` for asyncio code: one statement a job, in one transaction."""
+    config = StoreConfig(dsn=conn_or_dsn, statement_timeout_s=BULK_STATEMENT_TIMEOUT_S) \
+        if isinstance(conn_or_dsn, str) else None
+    async with async_cursor_for(conn_or_dsn, transaction=True, config=config) as cur:
+        return [await insert_job_async(cur, kind, payload_json, fields) for kind, payload_json, fields in jobs]
 
 
 async def enqueue_rows_async(conn_or_dsn: Any, rows: Iterable[Sequence[Any]]) -> list[int | None]:

@@ -133,6 +133,20 @@ def change_jobs(conn_or_dsn: Any, action: str, job_ids: Sequence[int],
         return changed
 
 
+def update_job(conn_or_dsn: Any, job_id: int, fields: dict[str, Any]) -> tuple[JobInfo | None, str | None]:
+    """``job_update`` in one transaction: the job as changed, or None and its status (None:
+    no such job) when it is not queued."""
+    with cursor_for(conn_or_dsn, transaction=True) as cur:
+        cur.execute(query("job_update"), {"id": job_id, **fields})
+        row = cur.fetchone()
+        if row is not None:
+            cur.execute(query("notify_queue"), {"queue": row[2]})
+            return JobInfo(*row), "queued"
+        cur.execute(query("job_get"), {"id": job_id})
+        found = cur.fetchone()
+        return None, None if found is None else str(found[3])
+
+
 def retry_failed(conn_or_dsn: Any, kind: str | None, queue: str | None, *, reset_steps: bool = False) -> int:
     """Queue every failed job (of ``kind``, in ``queue``) again, in one transaction, forgetting
     their steps when ``reset_steps``; how many."""

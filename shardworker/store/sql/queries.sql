@@ -583,14 +583,40 @@ WHERE status = 'running' AND locked_by = %(worker_id)s
 RETURNING id;
 
 -- job_insert --
--- Enqueue one job; no row when a live job already holds the dedupe key. The payload is
--- typed text first, so payload_bytes is the size of the JSON text as sent. No NOTIFY here:
--- the caller sends notify_queue next, in its own statement (see shardworker.store.enqueue).
+-- Enqueue one job; no row when a live job already holds the dedupe key, or, given a dedupe
+-- window, when a job with the key was enqueued or ended within it (done, failed or cancelled
+-- alike). The payload is typed text first, so payload_bytes is the size of the JSON text as
+-- sent. No NOTIFY here: the caller sends notify_queue next, in its own statement (see
+-- shardworker.store.enqueue).
 INSERT INTO shardworker.jobs (kind, queue, payload, payload_bytes, priority, max_attempts, run_at, dedupe_key, key)
-VALUES (%(kind)s, %(queue)s, %(payload)s::text::jsonb, octet_length(%(payload)s::text), %(priority)s,
-        %(max_attempts)s, coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay_s)s),
-        %(dedupe_key)s, %(key)s)
+SELECT %(kind)s, %(queue)s, %(payload)s::text::jsonb, octet_length(%(payload)s::text), %(priority)s,
+       %(max_attempts)s, coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay_s)s),
+       %(dedupe_key)s, %(key)s
+WHERE %(dedupe_window_s)s::float8 IS NULL OR NOT EXISTS (
+    SELECT FROM shardworker.jobs d
+    WHERE d.dedupe_key = %(dedupe_key)s
+      AND (d.status IN ('waiting', 'queued', 'running')
+           OR d.created_at >= now() - make_interval(secs => %(dedupe_window_s)s::float8)
+           OR d.finished_at >= now() - make_interval(secs => %(dedupe_window_s)s::float8)))
 ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('waiting', 'queued', 'running') DO NOTHING
+RETURNING id;
+
+-- job_insert_debounced --
+-- Enqueue one job to run `debounce_s` after the last of its enqueues: while a job holding the
+-- dedupe key is still queued, this replaces its payload and pushes its run_at to now +
+-- debounce_s (+ delay), and returns its id; with none live, inserts the job so. A holder
+-- that is running or waiting stays as it is, and no row comes back (a duplicate). The
+-- holder's kind, queue and priority stay.
+INSERT INTO shardworker.jobs AS j (kind, queue, payload, payload_bytes, priority, max_attempts, run_at, dedupe_key,
+                                   key)
+VALUES (%(kind)s, %(queue)s, %(payload)s::text::jsonb, octet_length(%(payload)s::text), %(priority)s,
+        %(max_attempts)s,
+        coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay_s)s + %(debounce_s)s::float8),
+        %(dedupe_key)s, %(key)s)
+ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('waiting', 'queued', 'running')
+DO UPDATE SET payload = excluded.payload, payload_bytes = excluded.payload_bytes, run_at = excluded.run_at,
+              updated_at = now()
+WHERE j.status = 'queued'
 RETURNING id;
 
 -- job_stage_create --
@@ -947,6 +973,18 @@ WITH target AS (
     GROUP BY chunk
 )
 SELECT id FROM cancelled WHERE (SELECT count(*) FROM announced) + (SELECT count(*) FROM stopped) >= 0;
+
+-- job_update --
+-- Change a queued job (due now or scheduled later): its run_at (or now + delay_s), priority or
+-- queue, those given (NULL: kept). Returns its row when changed, nothing when the job is not
+-- queued (job_get says why); workers are woken by notify_queue after it.
+UPDATE shardworker.jobs
+SET run_at = CASE WHEN %(delay_s)s::float8 IS NOT NULL THEN now() + make_interval(secs => %(delay_s)s::float8)
+                  ELSE coalesce(%(run_at)s::timestamptz, run_at) END,
+    priority = coalesce(%(priority)s::int, priority), queue = coalesce(%(queue)s::text, queue), updated_at = now()
+WHERE id = %(id)s AND status = 'queued'
+RETURNING id, kind, queue, status, attempt, max_attempts, priority, payload, result, last_error,
+          created_at, run_at, attempted_at, finished_at, locked_by, snoozes, key;
 
 -- job_cancelled_among --
 -- Which of the attempts a worker holds (ids and attempts, pairwise) an operator cancelled: the
