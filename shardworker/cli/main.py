@@ -220,13 +220,15 @@ def stats(exact: bool, by: str, limit: int, as_json: bool, dsn: str | None) -> N
         store.check_schema()
         rows, estimated = store.job_counts(exact_up_to=2**62 if exact else 1_000_000)
         queues = counts.split_by_queue(rows, store.backlog())
+        limits = store.limits()
     finally:
         store.close()
     totals = counts.totals(queues)
     if as_json:
         click.echo(orjson.dumps({"total": _stats_json(totals),
                                  "queues": {q: _stats_json(c) for q, c in queues.items()},
-                                 "estimated": ["done"] if estimated else []}).decode())
+                                 "estimated": ["done"] if estimated else [],
+                                 "limits": [{**limit._asdict(), "full": limit.full} for limit in limits]}).decode())
         return
 
     def show(name: str, n: int) -> str:
@@ -235,6 +237,8 @@ def stats(exact: bool, by: str, limit: int, as_json: bool, dsn: str | None) -> N
     click.echo("  ".join(show(name, n) for name, n in totals.items() if n or name != "waiting"))
     for queue, by_name in queues.items():
         click.echo(f"  {queue}: " + "  ".join(show(name, n) for name, n in by_name.items() if n))
+    for limit in limits:
+        click.echo(f"  limit {limit.text()}{'  FULL' if limit.full else ''}")
     if estimated:
         click.echo("(~ estimated from the planner's statistics; --exact counts every row)", err=True)
 

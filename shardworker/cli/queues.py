@@ -68,10 +68,12 @@ def _from_group(ctx: click.Context, dsn: str | None, as_json: bool) -> tuple[str
 @one_line_errors
 def queues(ctx: click.Context, as_json: bool, dsn: str | None) -> None:
     """Each queue: paused, limits, jobs available (due), scheduled (later), prefetched (claimed,
-    not started), running (started), and the oldest available job's age."""
+    not started), running (started), and the oldest available job's age; then every limit
+    across workers (kinds' and queues') with what uses it now."""
     if ctx.invoked_subcommand is not None:
         return
-    found = queues_api.list_queues(resolve_dsn(dsn, start=False))
+    dsn = resolve_dsn(dsn, start=False)
+    found = queues_api.list_queues(dsn)
     if as_json:
         click.echo(orjson.dumps([_info_json(q) for q in found]).decode())
         return
@@ -84,6 +86,19 @@ def queues(ctx: click.Context, as_json: bool, dsn: str | None) -> None:
         cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1]),
                  *(cell.rjust(width) for cell, width in zip(row[2:], widths[2:], strict=True))]
         click.echo("  ".join(cells).rstrip())
+    _echo_limits(dsn)
+
+
+def _echo_limits(dsn: str) -> None:
+    """Every limit across workers, a line each, after the queues (a kind's limits are in no
+    queue's row)."""
+    from shardworker.store.queue_queries import limits_in_use
+
+    limits = limits_in_use(dsn)
+    if limits:
+        click.echo("limits across workers (in use/limit):")
+        for limit in limits:
+            click.echo(f"  {limit.text()}{'  FULL' if limit.full else ''}")
 
 
 def _row(q: QueueInfo) -> tuple[str, ...]:

@@ -145,6 +145,38 @@ class QueueState(NamedTuple):
     key_concurrency: int | None = None  # at most this many of one key's jobs running at once
 
 
+class LimitUse(NamedTuple):
+    """A limit across workers and what uses it now (``limits_in_use``): ``scope`` ``kind`` or
+    ``queue``; ``limit`` ``global_concurrency``, ``concurrency``, ``key_concurrency``,
+    ``rate`` (``value`` in starts a second) or ``paused`` (a queue's, a limit of 0); ``in_use``
+    the running (claimed) jobs, for a key concurrency the busiest key's (``keys_at_limit``: how
+    many keys are at it), None for a rate or a pause."""
+
+    scope: str
+    name: str
+    limit: str
+    value: float
+    in_use: float | None
+    keys_at_limit: int | None = None
+
+    @property
+    def full(self) -> bool:
+        """At its limit: jobs it holds back wait on the limit, not on the workers' capacity."""
+        return self.in_use is not None and self.in_use >= self.value
+
+    def text(self) -> str:
+        """One line for people: ``kind api: global_concurrency 3/5``, ``queue mail: key_concurrency
+        busiest key 2/2 (4 keys at it)``, ``kind sms: rate 10/s``."""
+        if self.limit == "rate":
+            return f"{self.scope} {self.name}: rate {self.value:g}/s"
+        if self.limit == "paused":
+            return f"{self.scope} {self.name}: paused (no worker claims its jobs)"
+        if self.limit == "key_concurrency":
+            at = f" ({self.keys_at_limit} key{'' if self.keys_at_limit == 1 else 's'} at it)" if self.keys_at_limit else ""
+            return f"{self.scope} {self.name}: key_concurrency busiest key {self.in_use:g}/{self.value:g}{at}"
+        return f"{self.scope} {self.name}: {self.limit} {self.in_use:g}/{self.value:g}"
+
+
 class KeyBacklog(NamedTuple):
     """One key's (a tenant's) unfinished jobs, as ``stats --by key`` shows them: queued and due,
     queued for later, claimed (prefetched or started), and the oldest due one's wait."""

@@ -17,7 +17,16 @@ from typing import Any
 
 from shardworker import jobs, queues
 from shardworker.core import counts
-from shardworker.core.views import ErrorInfo, LinkInfo, QueueInfo, QueueState, StepInfo, UnservedKind, WorkerInfo
+from shardworker.core.views import (
+    ErrorInfo,
+    LimitUse,
+    LinkInfo,
+    QueueInfo,
+    QueueState,
+    StepInfo,
+    UnservedKind,
+    WorkerInfo,
+)
 from shardworker.errors import ConfigError, JobsError
 from shardworker.jobs import JobInfo
 from shardworker.store import job_queries, queue_queries
@@ -69,6 +78,7 @@ class Overview:
     recent: list[JobInfo]
     workers: list[WorkerInfo]
     unserved: list[UnservedKind]  # queued kinds no live worker serves in their queue
+    limits: list[LimitUse]  # every limit across workers, with what uses it now
 
 
 @dataclass(frozen=True)
@@ -126,6 +136,7 @@ def overview(dsn: str) -> Overview:
         # The live, and the silent whose running jobs still hold slots (until a rescue or `workers forget`).
         workers = [w for w in store.workers() if w.silent_s <= LIVE_AFTER_S or w.slots]
         unserved = store.unserved_kinds()
+        limits = store.limits()
     split = counts.split_by_queue(rows, backlog)
     infos = {info.name: info for info in queue_queries.summarize(states, backlog)}
     queue_rows = [QueueRow(infos.get(name) or QueueInfo(name, False, None, None, 0, 0, 0, 0, None),
@@ -135,7 +146,8 @@ def overview(dsn: str) -> Overview:
                     for name, n in zip(counts.UNFINISHED, (b.available, b.scheduled, b.prefetched, b.running),
                                        strict=True))
     kinds = _group([*kind_backlog, *kind_rows], KIND_COUNTS)
-    return Overview(queue_rows, counts.totals(split), estimated, kinds, minutes, failed, recent, workers, unserved)
+    return Overview(queue_rows, counts.totals(split), estimated, kinds, minutes, failed, recent, workers, unserved,
+                    limits)
 
 
 def job(dsn: str, job_id: int) -> JobPage | None:

@@ -18,7 +18,7 @@ import psycopg
 
 from shardworker.core.flow import Rate
 from shardworker.core.limits import SILENT_AFTER_S
-from shardworker.core.views import BacklogRow, KeyBacklog, QueueInfo, QueueState
+from shardworker.core.views import BacklogRow, KeyBacklog, LimitUse, QueueInfo, QueueState
 from shardworker.store.connection import Session
 from shardworker.store.job_queries import cursor_for
 from shardworker.store.sql import query
@@ -54,6 +54,11 @@ class QueueQueries(Session):
         if found is None:
             return float("inf"), []
         return float(found[0]), [BacklogRow(*row) for row in found[1]]
+
+    def limits(self) -> list[LimitUse]:
+        """Every limit across workers and what uses it now (``limits_in_use``)."""
+        with self.cursor() as cur:
+            return read_limits(cur)
 
     def queue_states(self) -> list[QueueState]:
         """Every queue with a state row, by name."""
@@ -94,6 +99,19 @@ def set_limits(conn_or_dsn: Any, name: str, concurrency: int | None, rate: Rate 
     """Set or clear ``name``'s limits; its state after."""
     with cursor_for(conn_or_dsn, transaction=False) as cur:
         return write_limits(cur, name, concurrency, rate, clear, key_concurrency)
+
+
+def limits_in_use(conn_or_dsn: Any) -> list[LimitUse]:
+    """Every limit across workers and what uses it now, on the caller's connection or a DSN."""
+    with cursor_for(conn_or_dsn, transaction=False) as cur:
+        return read_limits(cur)
+
+
+def read_limits(cur: psycopg.Cursor[Any]) -> list[LimitUse]:
+    cur.execute(query("limits_in_use"))
+    return [LimitUse(str(scope), str(name), str(limit), float(value), None if use is None else float(use),
+                     None if at is None else int(at))
+            for scope, name, limit, value, use, at in cur.fetchall()]
 
 
 def key_backlog(conn_or_dsn: Any, limit: int) -> list[KeyBacklog]:

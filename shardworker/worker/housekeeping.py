@@ -27,7 +27,7 @@ from typing import NamedTuple, Protocol
 from shardworker.core.config import WorkerConfig, duration_text
 from shardworker.core.retry import Backoff, Outage, is_retryable
 from shardworker.core.schedule import Schedule
-from shardworker.core.views import BacklogRow
+from shardworker.core.views import BacklogRow, LimitUse
 from shardworker.errors import StoreError
 from shardworker.worker.periodic import PeriodicStore, Scheduler
 from shardworker.worker.unserved import UnservedWatch
@@ -43,6 +43,7 @@ class HousekeepingStore(PeriodicStore, Protocol):
     def prune_batch(self, older_than_s: float, limit: int, statuses: Sequence[str]) -> int | None: ...
     def forget_schedules(self, older_than_s: float) -> list[str]: ...
     def backlog_report(self, interval_s: float) -> tuple[float, list[BacklogRow]]: ...
+    def limits(self) -> list[LimitUse]: ...
     def close(self) -> None: ...
 
 
@@ -85,10 +86,12 @@ def prune(store: HousekeepingStore, older_than_s: float, *, statuses: Sequence[s
 
 
 class Backlog(NamedTuple):
-    """A backlog report: its rows, and when it was computed (this process's monotonic clock)."""
+    """A backlog report: its rows, and when it was computed (this process's monotonic clock);
+    and the limits across workers with their use, read with it."""
 
     computed_at: float
     rows: list[BacklogRow]
+    limits: list[LimitUse] = []
 
 
 class Housekeeper:
@@ -170,7 +173,7 @@ class Housekeeper:
             return
         self._next_backlog = now + self.backlog_interval_s
         age_s, rows = self.store.backlog_report(self.backlog_interval_s)
-        self.backlog = Backlog(now - age_s, rows)
+        self.backlog = Backlog(now - age_s, rows, self.store.limits())
 
     def _prune_step(self) -> None:
         now = self.clock()

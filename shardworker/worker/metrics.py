@@ -106,19 +106,43 @@ class WorkerCollector(Collector):
         gauges = [GaugeMetricFamily(f"shardworker_jobs_{name}", doc, labels=["queue", "kind"])
                   for name, doc in BACKLOG_GAUGES]
         oldest = GaugeMetricFamily("shardworker_oldest_available_age_seconds",
-                                   "How long the oldest available job has waited since it fell due "
-                                   "(0 when none), by queue and kind.", labels=["queue", "kind"])
+                                   "How long the oldest available job has waited since it fell due (0 when none), "
+                                   "by queue and kind; waiting_on: paused (its queue), limit (its kind or queue at a "
+                                   "concurrency limit across workers) or capacity (the workers are busy).",
+                                   labels=["queue", "kind", "waiting_on"])
+        full = {(limit.scope, limit.name) for limit in backlog.limits
+                if limit.full and limit.limit in ("global_concurrency", "concurrency")}
+        paused = {limit.name for limit in backlog.limits if limit.limit == "paused"}
         for row in backlog.rows:
             if row.kind is None:
                 continue  # a queue with a state row and no jobs: nothing to count
             labels = [row.queue, row.kind]
             for gauge, value in zip(gauges, (row.available, row.scheduled, row.prefetched, row.running), strict=True):
                 gauge.add_metric(labels, value)
-            oldest.add_metric(labels, row.oldest_available_s or 0.0)
+            held = ("kind", row.kind) in full or ("queue", row.queue) in full
+            waiting_on = "paused" if row.queue in paused else "limit" if held else "capacity"
+            oldest.add_metric([*labels, waiting_on], row.oldest_available_s or 0.0)
         yield from gauges
         yield oldest
+        yield from self._limit_metrics(backlog)
         yield _gauge("shardworker_backlog_report_age_seconds",
                      "Age of the backlog report the gauges above show.", max(0.0, self.clock() - backlog.computed_at))
+
+    def _limit_metrics(self, backlog: Backlog) -> Iterator[Metric]:
+        """Each limit across workers and its use (the database's, as the backlog's rows)."""
+        labels = ["kind", "queue", "limit"]  # a kind's limit has queue "", a queue's kind ""
+        limit = GaugeMetricFamily("shardworker_limit", "A limit across workers: a kind's or a queue's concurrency "
+                                  "(global_concurrency, concurrency), key_concurrency (per key), or rate (starts "
+                                  "a second), or a queue's pause (0).", labels=labels)
+        in_use = GaugeMetricFamily("shardworker_limit_in_use", "What uses a limit now: running (claimed) jobs; for a "
+                                   "key_concurrency the busiest key's.", labels=labels)
+        for row in backlog.limits:
+            names = [row.name, ""] if row.scope == "kind" else ["", row.name]
+            limit.add_metric([*names, row.limit], row.value)
+            if row.in_use is not None:
+                in_use.add_metric([*names, row.limit], row.in_use)
+        yield limit
+        yield in_use
 
     def _job_metrics(self, by_kind: dict[str, list[float]]) -> Iterator[Metric]:
         outcomes = CounterMetricFamily("shardworker_jobs_finished",

@@ -5,6 +5,7 @@ the retry and cancel buttons, a 404 page, and a banner when the database is away
 from __future__ import annotations
 
 import base64
+import re
 import socket
 import subprocess
 from datetime import UTC, datetime, timedelta
@@ -315,3 +316,16 @@ def test_a_jobs_key_shows_on_its_page_and_in_the_lists(pg_dsn: str, dashboard: D
     page = httpx.get(f"{dashboard.url}/jobs/{job_id}").text
     assert "<dd data-job-key>tenant-&lt;42&gt;</dd>" in page  # escaped, never markup
     assert '<span class="key" title="key">tenant-&lt;42&gt;</span>' in httpx.get(dashboard.url).text
+
+
+def test_overview_shows_every_limit_across_workers_with_its_use(pg_dsn: str, dashboard: Dashboard) -> None:
+    execute(pg_dsn, "INSERT INTO shardworker.kinds (name, global_concurrency, key_concurrency) VALUES ('api', 2, 1)")
+    execute(pg_dsn, "INSERT INTO shardworker.queues (name, paused) VALUES ('mail', true)")
+    execute(pg_dsn, "INSERT INTO shardworker.jobs (kind, status, attempt, key) "
+                    "SELECT 'api', 'running', 1, 'acme' FROM generate_series(1, 2)")
+    html = httpx.get(dashboard.url).text
+    row = re.search(r'<tr data-limit="kind/api/global_concurrency">(.*?)</tr>', html, re.DOTALL)
+    assert row and '<td class="num">2</td>' in row[1] and "full" in row[1]
+    keys = re.search(r'<tr data-limit="kind/api/key_concurrency">(.*?)</tr>', html, re.DOTALL)
+    assert keys and "(busiest key)" in keys[1] and "1 key at it" in keys[1]
+    assert 'data-limit="queue/mail/paused"' in html

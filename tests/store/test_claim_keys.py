@@ -112,3 +112,21 @@ def test_with_ten_thousand_keys_queued_a_claim_walks_indexes_not_the_backlog(pg_
         assert len(probes) >= 2, plan  # the turn's first probe and its next ones
         assert re.search(r"Index Scan using jobs_queued_keys_idx on jobs(?: \w+)?\s+Index Cond: \(\(ROW\(\"left\"\(queue, "
                          r"255\), key\) >= ROW\(t\.q, t\.k\)\)", plan), plan  # a key's own jobs
+
+
+def test_every_limit_across_workers_is_listed_with_its_use(store: PgStore, pg_dsn: str) -> None:
+    register(store, "api", global_concurrency=3, key_concurrency=2)
+    register(store, "sms", rate="10/s")
+    set_queue(pg_dsn, "mail", concurrency=4)
+    execute(pg_dsn, "INSERT INTO shardworker.queues (name, paused) VALUES ('bulk', true)")
+    flood(pg_dsn, "a", 5, kind="api")
+    flood(pg_dsn, "b", 1, kind="api")
+    store.claim(["api"], None, "w1", 10)
+    limits = {(x.scope, x.name, x.limit): x for x in store.limits()}
+    assert (limits["kind", "api", "global_concurrency"].in_use, limits["kind", "api", "global_concurrency"].full) \
+        == (3, True)
+    keys = limits["kind", "api", "key_concurrency"]
+    assert (keys.value, keys.in_use, keys.keys_at_limit) == (2, 2, 1)
+    assert limits["kind", "sms", "rate"].value == 10 and limits["kind", "sms", "rate"].in_use is None
+    assert limits["queue", "mail", "concurrency"].text() == "queue mail: concurrency 0/4"
+    assert limits["queue", "bulk", "paused"].text() == "queue bulk: paused (no worker claims its jobs)"

@@ -61,7 +61,13 @@ def test_two_workers_show_the_same_backlog_computed_once_per_interval(pg_dsn: st
             assert value(samples, "shardworker_jobs_prefetched", queue="default", kind="limited") == 0
             assert value(samples, "shardworker_jobs_available", queue="uploads", kind="thumb") == 3
             assert value(samples, "shardworker_jobs_scheduled", queue="uploads", kind="thumb") == 7
-            assert value(samples, "shardworker_oldest_available_age_seconds", queue="uploads", kind="thumb") > 0
+            assert value(samples, "shardworker_oldest_available_age_seconds", queue="uploads", kind="thumb",
+                         waiting_on="paused") > 0
+            assert value(samples, "shardworker_oldest_available_age_seconds", queue="default", kind="limited",
+                         waiting_on="limit") > 0  # five wait on global_concurrency=5, not on the workers
+            assert value(samples, "shardworker_limit", kind="limited", queue="", limit="global_concurrency") == 5
+            assert value(samples, "shardworker_limit_in_use", kind="limited", queue="",
+                         limit="global_concurrency") == 5
             assert value(samples, "shardworker_backlog_report_age_seconds") < 30
         seen = set()
         for _ in range(24):
