@@ -1167,37 +1167,32 @@ LIMIT %(limit)s;
 -- (claimed) jobs; a key_concurrency with its busiest key's running jobs and how many keys
 -- are at it; a rate (N per period_s, as starts a second; NULL use); a paused queue (a limit
 -- of 0). Each count walks the running jobs' partial indexes.
-WITH k AS (SELECT * FROM shardworker.kinds WHERE global_concurrency IS NOT NULL OR rate_limit IS NOT NULL
-                                              OR key_concurrency IS NOT NULL),
-     q AS (SELECT * FROM shardworker.queues WHERE concurrency IS NOT NULL OR rate_limit IS NOT NULL
-                                               OR key_concurrency IS NOT NULL)
-SELECT 'kind', k.name, 'global_concurrency', k.global_concurrency::float8,
-       (SELECT count(*) FROM shardworker.jobs r WHERE r.status = 'running' AND left(r.kind, 255) = left(k.name, 255)
-          AND r.kind = k.name)::float8, NULL::bigint
-FROM k WHERE k.global_concurrency IS NOT NULL
+WITH l AS (
+    SELECT 'kind' AS scope, name, global_concurrency AS concurrency, key_concurrency, rate_limit, rate_period_s,
+           false AS paused
+    FROM shardworker.kinds
+    UNION ALL
+    SELECT 'queue', name, concurrency, key_concurrency, rate_limit, rate_period_s, paused FROM shardworker.queues
+)
+SELECT l.scope, l.name, CASE l.scope WHEN 'kind' THEN 'global_concurrency' ELSE 'concurrency' END,
+       l.concurrency::float8,
+       (SELECT count(*) FROM shardworker.jobs r WHERE r.status = 'running'
+          AND CASE l.scope WHEN 'kind' THEN left(r.kind, 255) = left(l.name, 255) AND r.kind = l.name
+                           ELSE left(r.queue, 255) = left(l.name, 255) AND r.queue = l.name END)::float8, NULL::bigint
+FROM l WHERE l.concurrency IS NOT NULL
 UNION ALL
-SELECT 'queue', q.name, 'concurrency', q.concurrency::float8,
-       (SELECT count(*) FROM shardworker.jobs r WHERE r.status = 'running' AND left(r.queue, 255) = left(q.name, 255)
-          AND r.queue = q.name)::float8, NULL
-FROM q WHERE q.concurrency IS NOT NULL
+SELECT l.scope, l.name, 'key_concurrency', l.key_concurrency::float8, coalesce(max(b.n), 0)::float8,
+       count(*) FILTER (WHERE b.n >= l.key_concurrency)
+FROM l LEFT JOIN LATERAL (
+    SELECT count(*) AS n FROM shardworker.jobs r
+    WHERE r.status = 'running' AND r.key IS NOT NULL
+      AND CASE l.scope WHEN 'kind' THEN r.kind = l.name ELSE r.queue = l.name END
+    GROUP BY r.key) b ON true
+WHERE l.key_concurrency IS NOT NULL GROUP BY l.scope, l.name, l.key_concurrency
 UNION ALL
-SELECT 'kind', k.name, 'key_concurrency', k.key_concurrency::float8, coalesce(max(b.n), 0)::float8,
-       count(*) FILTER (WHERE b.n >= k.key_concurrency)
-FROM k LEFT JOIN LATERAL (SELECT count(*) AS n FROM shardworker.jobs r
-                          WHERE r.status = 'running' AND r.key IS NOT NULL AND r.kind = k.name GROUP BY r.key) b ON true
-WHERE k.key_concurrency IS NOT NULL GROUP BY k.name, k.key_concurrency
+SELECT l.scope, l.name, 'rate', l.rate_limit / l.rate_period_s, NULL, NULL FROM l WHERE l.rate_limit IS NOT NULL
 UNION ALL
-SELECT 'queue', q.name, 'key_concurrency', q.key_concurrency::float8, coalesce(max(b.n), 0)::float8,
-       count(*) FILTER (WHERE b.n >= q.key_concurrency)
-FROM q LEFT JOIN LATERAL (SELECT count(*) AS n FROM shardworker.jobs r
-                          WHERE r.status = 'running' AND r.key IS NOT NULL AND r.queue = q.name GROUP BY r.key) b ON true
-WHERE q.key_concurrency IS NOT NULL GROUP BY q.name, q.key_concurrency
-UNION ALL
-SELECT 'kind', k.name, 'rate', k.rate_limit / k.rate_period_s, NULL, NULL FROM k WHERE k.rate_limit IS NOT NULL
-UNION ALL
-SELECT 'queue', q.name, 'rate', q.rate_limit / q.rate_period_s, NULL, NULL FROM q WHERE q.rate_limit IS NOT NULL
-UNION ALL
-SELECT 'queue', s.name, 'paused', 0, NULL, NULL FROM shardworker.queues s WHERE s.paused
+SELECT l.scope, l.name, 'paused', 0, NULL, NULL FROM l WHERE l.paused
 ORDER BY 1, 2, 3;
 
 -- queue_states --
