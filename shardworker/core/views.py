@@ -92,7 +92,8 @@ class WorkerInfo:
     silent_s: float
     # After how much silence its peers stop counting its running jobs toward limits across
     # workers (None: never, a drain's row or an older release's), and the slots those jobs
-    # hold: {"kind:NAME": n, "queue:NAME": n} for kinds and queues limited across workers.
+    # hold: {"kind:NAME": n, "queue:NAME": n} for kinds and queues limited across workers,
+    # "key:KEY" for a key under a key_concurrency.
     slots_after_s: float | None = None
     slots: dict[str, int] = field(default_factory=dict)
 

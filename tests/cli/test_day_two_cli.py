@@ -97,17 +97,17 @@ def test_workers_show_the_slots_a_dead_worker_holds_and_forget_gives_them_back(p
     """A worker killed while it held 2 slots of a kind capped across workers: `workers --all`
     shows them, released once it is silent past its --release-slots-after; `workers forget`
     refuses a live worker with one line, and gives the dead one's jobs back."""
-    execute(pg_dsn, "INSERT INTO shardworker.kinds (name, global_concurrency) VALUES ('api', 5)")
+    execute(pg_dsn, "INSERT INTO shardworker.kinds (name, global_concurrency, key_concurrency) VALUES ('api', 5, 3)")
     execute(pg_dsn, "INSERT INTO shardworker.workers (worker_id, hostname, pid, heartbeat_at, slots_after_s) "
                     "VALUES ('w-dead', 'host', 1, now() - interval '90 seconds', 10), "
                     "('w-live', 'host', 2, now(), 10)")
-    execute(pg_dsn, "INSERT INTO shardworker.jobs (kind, status, attempt, locked_by) "
-                    "SELECT 'api', 'running', 1, 'w-dead' FROM generate_series(1, 2)")
+    execute(pg_dsn, "INSERT INTO shardworker.jobs (kind, status, attempt, locked_by, key) "
+                    "SELECT 'api', 'running', 1, 'w-dead', 'acme' FROM generate_series(1, 2)")
     listed = sw(pg_dsn, "workers", "--all").stdout
-    assert re.search(r"w-dead .* kind api 2 \(released\)  SILENT", listed), listed
+    assert re.search(r"w-dead .* key acme 2, kind api 2 \(released\)  SILENT", listed), listed
     assert re.search(r"w-live .* -$", listed, re.MULTILINE), listed
     [dead] = [w for w in json.loads(sw(pg_dsn, "workers", "--all", "--json").stdout) if w["worker_id"] == "w-dead"]
-    assert dead["slots"] == {"kind:api": 2} and dead["slots_released"] is True
+    assert dead["slots"] == {"kind:api": 2, "key:acme": 2} and dead["slots_released"] is True
     refused = sw(pg_dsn, "workers", "forget", "w-live", code=1)
     assert refused.stderr.count("\n") == 1 and "it is live" in refused.stderr
     assert "no worker 'w-gone'" in sw(pg_dsn, "workers", "forget", "w-gone", code=1).stderr

@@ -758,7 +758,8 @@ SELECT hostname, pid, heartbeat_at FROM shardworker.workers WHERE worker_id = %(
 -- worker_list --
 -- Every worker row, with its silence as the database's clock measures it, the silence after
 -- which its slots are released, and the slots its running jobs hold: of each kind and queue
--- limited across workers, how many ({"kind:NAME": n, "queue:NAME": n}).
+-- limited across workers, and of each key under a key_concurrency, how many ({"kind:NAME": n,
+-- "queue:NAME": n, "key:KEY": n}).
 SELECT w.worker_id, w.hostname, w.pid, w.started_at, w.heartbeat_at, w.jobs_running, w.outbox_pending,
        extract(epoch FROM now() - w.heartbeat_at)::float8 AS silent_s, w.slots_after_s,
        (SELECT coalesce(jsonb_object_agg(h.slot, h.n), '{}') FROM (
@@ -768,7 +769,13 @@ SELECT w.worker_id, w.hostname, w.pid, w.started_at, w.heartbeat_at, w.jobs_runn
             UNION ALL
             SELECT 'queue:' || j.queue, count(*) FROM shardworker.jobs j
             JOIN shardworker.queues q ON q.name = j.queue AND q.concurrency IS NOT NULL
-            WHERE j.status = 'running' AND j.locked_by = w.worker_id GROUP BY j.queue) h) AS slots
+            WHERE j.status = 'running' AND j.locked_by = w.worker_id GROUP BY j.queue
+            UNION ALL
+            SELECT 'key:' || j.key, count(*) FROM shardworker.jobs j
+            WHERE j.status = 'running' AND j.locked_by = w.worker_id AND j.key IS NOT NULL
+              AND (EXISTS (SELECT FROM shardworker.kinds k WHERE k.name = j.kind AND k.key_concurrency IS NOT NULL)
+                   OR EXISTS (SELECT FROM shardworker.queues q WHERE q.name = j.queue AND q.key_concurrency IS NOT NULL))
+            GROUP BY j.key) h) AS slots
 FROM shardworker.workers w ORDER BY w.hostname, w.worker_id;
 
 -- worker_forget --
