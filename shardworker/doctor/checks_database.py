@@ -5,6 +5,9 @@ the production checks of ``checks_production``."""
 
 from __future__ import annotations
 
+import os
+import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -124,9 +127,21 @@ def check_clock(state: ServerState, warn_s: float = CLOCK_SKEW_WARN_S) -> Check:
     return Check("clock", Status.OK, f"database {text}", None, data)
 
 
-def check_workers(rows: list[WorkerInfo], silent_after_s: float = SILENT_AFTER_S) -> Check:
+def check_workers(rows: list[WorkerInfo], silent_after_s: float = SILENT_AFTER_S, *,
+                  host: str | None = None, alive: Callable[[int], bool] | None = None) -> Check:
+    """Workers silent for ``silent_after_s``, and, before that, those of this ``host`` whose
+    process is gone (killed: their row beat a moment ago, their jobs read running)."""
+    host = socket.gethostname() if host is None else host
+    alive = _process_alive if alive is None else alive
     silent = [r for r in rows if r.silent_s > silent_after_s]
-    data = {"workers": len(rows), "silent": [r.worker_id for r in silent]}
+    gone = [r for r in rows if r not in silent and r.hostname == host and r.pid > 0 and not alive(r.pid)]
+    data = {"workers": len(rows), "silent": [r.worker_id for r in silent], "gone": [r.worker_id for r in gone]}
+    if gone:
+        names = ", ".join(f"{r.worker_id} (pid {r.pid}) is gone, {r.jobs_running or 0} job(s) running under it"
+                          for r in gone[:5])
+        return Check("workers", Status.WARN, f"on this host {names}",
+                     "restart the worker on its outbox (its start recovers those jobs), or run `shardworker outbox "
+                     "drain` on its outbox; if neither, peers rescue them after --rescue-after", data)
     if not silent:
         return Check("workers", Status.OK, f"{len(rows)} registered, none silent", None, data)
     names = ", ".join(f"{r.worker_id} on {r.hostname} ({r.silent_s:.0f} s)" for r in silent[:5])
@@ -134,6 +149,16 @@ def check_workers(rows: list[WorkerInfo], silent_after_s: float = SILENT_AFTER_S
     return Check("workers", Status.WARN, f"{len(silent)} of {len(rows)} silent for over {silent_after_s:.0f} s: "
                  f"{names}{more}", "check those hosts; restart a stopped worker there (its outbox is drained at "
                  "start); a host gone for good has its running jobs rescued after --rescue-after", data)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's
+    return True
 
 
 def check_kinds(unserved: list[UnservedKind]) -> Check:

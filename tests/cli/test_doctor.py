@@ -121,6 +121,27 @@ def test_doctor_warns_about_a_silent_worker_but_exits_0(pg_dsn: str) -> None:
     assert "w-silent on host-a" in checks["workers"]["detail"] and "w-live" not in checks["workers"]["detail"]
 
 
+def test_doctor_names_a_worker_of_this_host_that_is_gone_before_it_falls_silent(pg_dsn: str) -> None:
+    """kill -9 of a worker: its row still beat a second ago, its jobs still read running; on
+    its own host doctor sees its process is gone and says what to do, at once (not after the
+    minute of silence the other hosts need)."""
+    import socket
+    import subprocess
+    import sys
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    execute(pg_dsn, "INSERT INTO shardworker.workers (worker_id, hostname, pid, heartbeat_at, jobs_running) VALUES "
+                    "('w-killed', %s, %s, now() - interval '1 second', 3), ('w-drain', %s, 0, now(), 0), "
+                    "('w-elsewhere', 'host-b', %s, now(), 1)", socket.gethostname(), gone.pid,
+            socket.gethostname(), gone.pid)
+    code, checks = report("--dsn", pg_dsn)
+    assert code == 0 and checks["workers"]["status"] == "warn", checks["workers"]
+    assert checks["workers"]["gone"] == ["w-killed"]
+    assert f"w-killed (pid {gone.pid}) is gone" in checks["workers"]["detail"]
+    assert "outbox drain" in checks["workers"]["action"] and "restart" in checks["workers"]["action"]
+
+
 def test_doctor_names_queued_kinds_no_live_worker_handles(pg_dsn: str, store: PgStore) -> None:
     """Queued jobs of a kind no live worker serves in their queue: kinds warns naming each with
     its count and how long its oldest has waited (exit 0: a worker may be on its way); a kind
