@@ -210,6 +210,9 @@ def update(conn_or_dsn: Any, job_id: int, *, run_at: datetime | None = None, del
     if job is None:
         if status is None:
             raise JobsError(f"no job {job_id}")
+        if status == "queued":  # refused only for a time: a rescued job waiting its grace
+            raise JobsError(f"cannot move job {job_id}'s time: it was rescued: it waits its grace (--rescue-grace) so "
+                            "its silent worker's late outcome can land first; nothing changed")
         raise JobsError(f"cannot update job {job_id}: it is {status}; only a queued job (due or scheduled) can be "
                         "updated; nothing changed")
     return job

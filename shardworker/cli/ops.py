@@ -11,8 +11,11 @@ import click
 import orjson
 
 from shardworker.cli.common import EMBEDDED_BASE, Duration, dsn_option, json_option, note, one_line_errors, resolve_dsn
+from shardworker.core.config import WorkerConfig
 from shardworker.core.limits import SILENT_AFTER_S
 from shardworker.core.views import in_utc, json_value
+
+RESCUE_GRACE_S = WorkerConfig.rescue_grace_s
 
 
 def _store(dsn: str) -> Any:
@@ -117,14 +120,16 @@ def workers(ctx: click.Context, show_all: bool, silent_after: float, as_json: bo
 @click.argument("worker_id")
 @click.option("--silent-after", type=Duration(), default=f"{SILENT_AFTER_S:.0f}s", show_default=True,
               help="Refused unless the worker's last heartbeat is older than this.")
+@click.option("--grace", type=Duration(), default=f"{RESCUE_GRACE_S:.0f}s", show_default=True,
+              help="How long its jobs wait before they may run again (as run --rescue-grace): a late outcome "
+                   "of the worker, if it was only cut off, lands meanwhile instead.")
 @json_option
 @dsn_option
 @one_line_errors
-def workers_forget(worker_id: str, silent_after: float, as_json: bool, dsn: str | None) -> None:
+def workers_forget(worker_id: str, silent_after: float, grace: float, as_json: bool, dsn: str | None) -> None:
     """Give a dead worker's jobs back now, as a peer's rescue would after --rescue-after: its
-    running jobs are queued again (or failed, at their last attempt), their slots free, and its
-    row goes. Refused for a live worker. A late outcome of those attempts still lands if it
-    comes before the job runs again; run it only for a worker you know is gone."""
+    running jobs are queued again (or failed, at their last attempt) to run after --grace,
+    their slots free at once, and its row goes. Refused for a live worker."""
     store = _store(resolve_dsn(dsn, start=False))
     try:
         row = next((r for r in store.workers() if r.worker_id == worker_id), None)
@@ -134,7 +139,7 @@ def workers_forget(worker_id: str, silent_after: float, as_json: bool, dsn: str 
             raise click.ClickException(
                 f"worker {worker_id!r} beat {row.silent_s:.0f}s ago: it is live (refused until it is silent for "
                 f"{silent_after:g}s; its slots are released after {row.slots_after_s or 0:g}s of silence)")
-        rescued = store.rescue_workers([(worker_id, row.heartbeat_at)])
+        rescued = store.rescue_workers([(worker_id, row.heartbeat_at)], grace)
     finally:
         store.close()
     if not rescued.workers:
@@ -142,7 +147,7 @@ def workers_forget(worker_id: str, silent_after: float, as_json: bool, dsn: str 
     if as_json:
         click.echo(orjson.dumps({"worker_id": worker_id, "jobs": rescued.jobs}).decode())
         return
-    click.echo(f"forgot worker {worker_id}: {len(rescued.jobs)} jobs given back")
+    click.echo(f"forgot worker {worker_id}: {len(rescued.jobs)} jobs given back (they may run again in {grace:g}s)")
 
 
 @click.command()

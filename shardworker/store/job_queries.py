@@ -144,7 +144,9 @@ def update_job(conn_or_dsn: Any, job_id: int, fields: dict[str, Any]) -> tuple[J
             return JobInfo(*row), "queued"
         cur.execute(query("job_get"), {"id": job_id})
         found = cur.fetchone()
-        return None, None if found is None else str(found[3])
+        if found is None:
+            return None, None
+        return None, str(found[3])
 
 
 def retry_failed(conn_or_dsn: Any, kind: str | None, queue: str | None, *, reset_steps: bool = False) -> int:

@@ -141,3 +141,25 @@ def test_the_cli_debounces_windows_and_updates(pg_dsn: str) -> None:
     assert shown["run_at"] == "2031-01-02T03:04:05+00:00"
     refused = sw(pg_dsn, "jobs", "update", str(job_id), code=1)
     assert refused.stderr.count("\n") == 1 and "give a run_at, a delay, a priority or a queue" in refused.stderr
+
+
+@pytest.mark.parametrize("past", ["retried", "rescued", "snoozed"])
+def test_a_debounced_job_that_ran_before_is_not_replaced(pg_dsn: str, past: str) -> None:
+    """A queued holder that already ran (a retry waiting its backoff, a job a peer rescued and
+    that waits its grace, a snooze) has recorded steps or a late outcome coming for the
+    payload it ran with: the enqueue leaves it alone (found by a review)."""
+    first = enqueue(pg_dsn, "charge", {"amount": 100}, dedupe_key="order-1", debounce=60)
+    extra = {"rescued": ", rescued_attempt = 1", "snoozed": ", snoozes = 1"}.get(past, "")
+    execute(pg_dsn, f"UPDATE shardworker.jobs SET attempt = 1{extra} WHERE id = %s", first)
+    assert enqueue(pg_dsn, "charge", {"amount": 250}, dedupe_key="order-1", debounce=60) is None
+    assert query(pg_dsn, "SELECT payload FROM shardworker.jobs") == [({"amount": 100},)]
+
+
+def test_update_keeps_a_rescued_jobs_grace(pg_dsn: str) -> None:
+    """A rescued job waits --rescue-grace so its dead worker's late outcome can land first:
+    its time cannot be moved earlier (found by a review); its priority can change."""
+    job_id = enqueue(pg_dsn, "r", delay_s=300)
+    execute(pg_dsn, "UPDATE shardworker.jobs SET attempt = 1, rescued_attempt = 1 WHERE id = %s", job_id)
+    with pytest.raises(JobsError, match="rescued: it waits its grace"):
+        jobs_api.update(pg_dsn, job_id, delay_s=0)  # type: ignore[arg-type]
+    assert jobs_api.update(pg_dsn, job_id, priority=-1).priority == -1  # type: ignore[arg-type]

@@ -130,3 +130,32 @@ def test_every_limit_across_workers_is_listed_with_its_use(store: PgStore, pg_ds
     assert limits["kind", "sms", "rate"].value == 10 and limits["kind", "sms", "rate"].in_use is None
     assert limits["queue", "mail", "concurrency"].text() == "queue mail: concurrency 0/4"
     assert limits["queue", "bulk", "paused"].text() == "queue bulk: paused (no worker claims its jobs)"
+
+
+def test_jobs_without_a_key_are_served_every_claim_however_many_keys_take_turns(store: PgStore, pg_dsn: str) -> None:
+    """20 old jobs without a key, then 10 keys of 20 jobs: claims of 5 take one job without a
+    key each time, not none until every key is drained (found by a review)."""
+    old = flood(pg_dsn, None, 20)
+    for n in range(10):
+        flood(pg_dsn, f"t{n}", 20)
+    for _ in range(20):
+        store.claim(["k"], None, "w1", 5)
+    assert query(pg_dsn, "SELECT count(*) FROM shardworker.jobs WHERE id = ANY(%s) AND status = 'running'",
+                 old) == [(20,)]
+
+
+def test_a_capped_key_never_keeps_a_limited_kinds_or_queues_other_jobs_waiting(store: PgStore, pg_dsn: str) -> None:
+    """Key x at its cap (1 running elsewhere) with 300 queued in front, then a job without a
+    key and one of key y: a claim takes both (found by a review: the limited kind's and queue's
+    candidates were x's, all filtered out)."""
+    register(store, "k", key_concurrency=1)
+    set_queue(pg_dsn, "q", key_concurrency=1)
+    for kind, queue in (("k", "default"), ("other", "q")):
+        execute(pg_dsn, "INSERT INTO shardworker.jobs (kind, queue, key, status, locked_by, attempt) "
+                        "VALUES (%s, %s, 'x', 'running', 'w-other', 1)", kind, queue)
+        flood(pg_dsn, "x", 300, kind=kind, queue=queue)
+        flood(pg_dsn, None, 1, kind=kind, queue=queue)
+        flood(pg_dsn, "y", 1, kind=kind, queue=queue)
+    got = store.claim(["k", "other"], None, "w1", 10)
+    assert sorted((j.kind, str(j.key)) for j in got) == [("k", "None"), ("k", "y"), ("other", "None"),
+                                                          ("other", "y")]

@@ -109,6 +109,20 @@ WITH hold AS (
     FULL JOIN unnest(%(cap_kinds)s::text[], %(cap_rooms)s::int[]) AS c(kind, room) ON c.kind = l.name
 ), queue_room AS (
     SELECT name AS queue, pace_s, room, key_concurrency FROM limited_room WHERE scope = 'queue'
+), capped AS (
+    -- Keys at their key_concurrency for a kind or queue of this claim (but released workers'
+    -- jobs): their jobs are left out of by_kind and by_queue below, so a capped key's backlog
+    -- never fills a limited kind's or queue's room while other jobs wait (the walk offers
+    -- its jobs again once it has room).
+    SELECT 'kind' AS scope, r.kind AS name, r.key
+    FROM shardworker.jobs r JOIN kind_room k ON k.kind = r.kind AND k.key_concurrency IS NOT NULL
+    WHERE r.status = 'running' AND r.key IS NOT NULL AND NOT EXISTS (SELECT FROM released x WHERE x.worker_id = r.locked_by)
+    GROUP BY r.kind, r.key, k.key_concurrency HAVING count(*) >= k.key_concurrency
+    UNION ALL
+    SELECT 'queue', r.queue, r.key
+    FROM shardworker.jobs r JOIN queue_room q ON q.queue = r.queue AND q.key_concurrency IS NOT NULL
+    WHERE r.status = 'running' AND r.key IS NOT NULL AND NOT EXISTS (SELECT FROM released x WHERE x.worker_id = r.locked_by)
+    GROUP BY r.queue, r.key, q.key_concurrency HAVING count(*) >= q.key_concurrency
 ), plain AS (
     -- Jobs of kinds and queues without limits (none to look for when every kind has one).
     SELECT id, kind, queue, priority, run_at, key, coalesce(payload_bytes, pg_column_size(payload)) + deps_bytes
@@ -134,6 +148,8 @@ WITH hold AS (
         WHERE status = 'queued' AND run_at <= now() AND left(kind, 255) = left(k.kind, 255) AND kind = k.kind
           AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
           AND queue NOT IN (SELECT queue FROM queue_room)
+          AND (jobs.key IS NULL OR NOT EXISTS (SELECT FROM capped c WHERE c.key = jobs.key
+               AND ((c.scope = 'kind' AND c.name = jobs.kind) OR (c.scope = 'queue' AND c.name = jobs.queue))))
         ORDER BY priority, run_at, id
         LIMIT k.room
         FOR UPDATE SKIP LOCKED) j
@@ -146,6 +162,8 @@ WITH hold AS (
         FROM shardworker.jobs
         WHERE status = 'queued' AND run_at <= now() AND left(queue, 255) = left(q.queue, 255) AND queue = q.queue
           AND kind = ANY(%(kinds)s::text[]) AND kind NOT IN (SELECT kind FROM kind_room WHERE room <= 0)
+          AND (jobs.key IS NULL OR NOT EXISTS (SELECT FROM capped c WHERE c.key = jobs.key
+               AND ((c.scope = 'kind' AND c.name = jobs.kind) OR (c.scope = 'queue' AND c.name = jobs.queue))))
         ORDER BY priority, run_at, id
         LIMIT q.room
         FOR UPDATE SKIP LOCKED) j
@@ -214,7 +232,8 @@ WITH hold AS (
 ), within_key AS (
     -- Within key_concurrency; then each key's first job before any key's second (the jobs
     -- without a key count as one key), the keys in turn before the others.
-    SELECT c.*, row_number() OVER (PARTITION BY c.key ORDER BY c.priority, c.run_at, c.id) AS nth
+    SELECT c.*, row_number() OVER (PARTITION BY c.key ORDER BY c.priority, c.run_at, c.id) AS nth,
+           CASE WHEN c.key IS NULL THEN 0 ELSE c.walk END AS turn  -- the jobs without a key: a turn every claim
     FROM (SELECT c.*, row_number() OVER (PARTITION BY c.kind, c.key ORDER BY c.priority, c.run_at, c.id) AS nth_kind,
                  row_number() OVER (PARTITION BY c.queue, c.key ORDER BY c.priority, c.run_at, c.id) AS nth_queue,
                  r.kind_room, r.queue_room
@@ -223,15 +242,15 @@ WITH hold AS (
 ), within_kind AS (
     -- Within the kinds' and the queues' rooms, taken in that order.
     SELECT c.* FROM (
-        SELECT c.*, row_number() OVER (PARTITION BY c.kind ORDER BY c.priority, c.nth, c.walk, c.run_at, c.id) AS nth_k,
-               row_number() OVER (PARTITION BY c.queue ORDER BY c.priority, c.nth, c.walk, c.run_at, c.id) AS nth_q,
+        SELECT c.*, row_number() OVER (PARTITION BY c.kind ORDER BY c.priority, c.nth, c.turn, c.run_at, c.id) AS nth_k,
+               row_number() OVER (PARTITION BY c.queue ORDER BY c.priority, c.nth, c.turn, c.run_at, c.id) AS nth_q,
                k.room AS k_room, q.room AS q_room
         FROM within_key c LEFT JOIN kind_room k ON k.kind = c.kind LEFT JOIN queue_room q ON q.queue = c.queue) c
     WHERE (c.k_room IS NULL OR c.nth_k <= c.k_room) AND (c.q_room IS NULL OR c.nth_q <= c.q_room)
 ), running_total AS (
     SELECT id, row_number() OVER w AS n, sum(bytes) OVER w AS upto
     FROM within_kind
-    WINDOW w AS (ORDER BY priority, nth, walk, run_at, id)
+    WINDOW w AS (ORDER BY priority, nth, turn, run_at, id)
 ), claimed AS (
     UPDATE shardworker.jobs j
     SET status = 'running', attempt = j.attempt + 1, locked_by = %(worker_id)s, rescued_attempt = NULL,
@@ -355,10 +374,11 @@ WITH flow AS (
     ORDER BY id, walk NULLS LAST
 ), running_total AS (
     -- Priority first; then each key's first job before any key's second (the jobs without a
-    -- key count as one key), the keys in turn before the others.
+    -- key count as one key, which has a turn in every claim), the keys in turn before the others.
     SELECT id, row_number() OVER w AS n, sum(bytes) OVER w AS upto
-    FROM (SELECT *, row_number() OVER (PARTITION BY key ORDER BY priority, run_at, id) AS nth FROM candidate) c
-    WINDOW w AS (ORDER BY priority, nth, walk NULLS LAST, run_at, id)
+    FROM (SELECT *, row_number() OVER (PARTITION BY key ORDER BY priority, run_at, id) AS nth,
+                 CASE WHEN key IS NULL THEN 0 ELSE walk END AS turn FROM candidate) c
+    WINDOW w AS (ORDER BY priority, nth, turn NULLS LAST, run_at, id)
 ), claimed AS (
     UPDATE shardworker.jobs j
     SET status = 'running', attempt = j.attempt + 1, locked_by = %(worker_id)s, rescued_attempt = NULL,
@@ -603,10 +623,11 @@ RETURNING id;
 
 -- job_insert_debounced --
 -- Enqueue one job to run `debounce_s` after the last of its enqueues: while a job holding the
--- dedupe key is still queued, this replaces its payload and pushes its run_at to now +
--- debounce_s (+ delay), and returns its id; with none live, inserts the job so. A holder
--- that is running or waiting stays as it is, and no row comes back (a duplicate). The
--- holder's kind, queue and priority stay.
+-- dedupe key is still queued and has never run, this replaces its payload and pushes its
+-- run_at to now + debounce_s (+ delay), and returns its id; with none live, inserts the job
+-- so. A holder that runs, waits, or ran before (a retry, a snooze, a rescued job waiting its
+-- grace: its steps or a late outcome belong to the payload it ran with) stays as it is, and
+-- no row comes back (a duplicate). The holder's kind, queue and priority stay.
 INSERT INTO shardworker.jobs AS j (kind, queue, payload, payload_bytes, priority, max_attempts, run_at, dedupe_key,
                                    key)
 VALUES (%(kind)s, %(queue)s, %(payload)s::text::jsonb, octet_length(%(payload)s::text), %(priority)s,
@@ -616,7 +637,7 @@ VALUES (%(kind)s, %(queue)s, %(payload)s::text::jsonb, octet_length(%(payload)s:
 ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('waiting', 'queued', 'running')
 DO UPDATE SET payload = excluded.payload, payload_bytes = excluded.payload_bytes, run_at = excluded.run_at,
               updated_at = now()
-WHERE j.status = 'queued'
+WHERE j.status = 'queued' AND j.attempt = 0
 RETURNING id;
 
 -- job_stage_create --
@@ -984,12 +1005,15 @@ SELECT id FROM cancelled WHERE (SELECT count(*) FROM announced) + (SELECT count(
 -- job_update --
 -- Change a queued job (due now or scheduled later): its run_at (or now + delay_s), priority or
 -- queue, those given (NULL: kept). Returns its row when changed, nothing when the job is not
--- queued (job_get says why); workers are woken by notify_queue after it.
+-- queued, or when a time is given for a rescued job still waiting its grace (its dead
+-- worker's late outcome may land meanwhile): job_get says why. Workers are woken by
+-- notify_queue after it.
 UPDATE shardworker.jobs
 SET run_at = CASE WHEN %(delay_s)s::float8 IS NOT NULL THEN now() + make_interval(secs => %(delay_s)s::float8)
                   ELSE coalesce(%(run_at)s::timestamptz, run_at) END,
     priority = coalesce(%(priority)s::int, priority), queue = coalesce(%(queue)s::text, queue), updated_at = now()
 WHERE id = %(id)s AND status = 'queued'
+  AND (rescued_attempt IS NULL OR (%(delay_s)s::float8 IS NULL AND %(run_at)s::timestamptz IS NULL))
 RETURNING id, kind, queue, status, attempt, max_attempts, priority, payload, result, last_error,
           created_at, run_at, attempted_at, finished_at, locked_by, snoozes, key;
 
