@@ -159,3 +159,30 @@ def test_a_capped_key_never_keeps_a_limited_kinds_or_queues_other_jobs_waiting(s
     got = store.claim(["k", "other"], None, "w1", 10)
     assert sorted((j.kind, str(j.key)) for j in got) == [("k", "None"), ("k", "y"), ("other", "None"),
                                                           ("other", "y")]
+
+
+def test_the_turn_passes_keys_this_worker_cannot_serve_without_spending_the_claim_on_them(
+        store: PgStore, pg_dsn: str) -> None:
+    """500 keys whose jobs are due tomorrow, 500 in a queue this worker does not claim from,
+    then tenant x's flood and tenant y's three: y's first job comes within three claims, not
+    after the walk has spent a hundred claims on keys it cannot serve (found by a review: the
+    walk passes the other queue in one probe, and a few hundred keys without a due job a claim)."""
+    execute(pg_dsn, "INSERT INTO shardworker.jobs (kind, key, run_at) SELECT 'k', 'later-' || lpad(g::text, 4, '0'), "
+                    "now() + interval '1 day' FROM generate_series(1, 500) g")
+    execute(pg_dsn, "INSERT INTO shardworker.jobs (kind, queue, key) SELECT 'k', 'bulk', 'bulk-' || g "
+                    "FROM generate_series(1, 500) g")
+    flood(pg_dsn, "x", 2000)
+    flood(pg_dsn, "y", 3)
+    assert "y" in [j.key for _ in range(3) for j in store.claim(["k"], ["default"], "w1", 4)]
+
+
+def test_keys_at_their_cap_do_not_hold_the_turn_from_a_key_with_room(store: PgStore, pg_dsn: str) -> None:
+    """300 tenants at key_concurrency=1 (one running elsewhere each, ten queued), then tenant
+    zz with room: its job comes in the first claim, not after 75 empty ones (found by a review)."""
+    register(store, "k", key_concurrency=1)
+    execute(pg_dsn, "INSERT INTO shardworker.jobs (kind, key, status, locked_by, attempt) "
+                    "SELECT 'k', 't' || lpad(g::text, 3, '0'), 'running', 'w-other', 1 FROM generate_series(1, 300) g")
+    execute(pg_dsn, "INSERT INTO shardworker.jobs (kind, key) SELECT 'k', 't' || lpad((g % 300 + 1)::text, 3, '0') "
+                    "FROM generate_series(1, 3000) g")
+    flood(pg_dsn, "zz", 5)
+    assert [j.key for j in store.claim(["k"], None, "w1", 4)] == ["zz"]

@@ -168,34 +168,63 @@ WITH hold AS (
         LIMIT q.room
         FOR UPDATE SKIP LOCKED) j
     WHERE q.room > 0 AND NOT (SELECT held FROM hold)
-), turn AS (
+), walked AS (
     -- The keys this claim serves in turn (a tenant's jobs carry one): from where this
     -- worker's last claim left off (shardworker.key_turns; from the first key after the last),
-    -- the next `limit` keys of queued jobs, one index probe each (jobs_queued_keys_idx), never
-    -- a scan of their backlogs. Each key then offers its best due jobs, its share of the claim.
-    WITH RECURSIVE walk(n, q, k) AS (
-        (SELECT 1, left(queue, 255), key FROM shardworker.jobs
-         WHERE status = 'queued' AND key IS NOT NULL
-           AND (left(queue, 255), key) > ((SELECT c.queue FROM shardworker.key_turns c WHERE c.worker_id = %(worker_id)s),
-                                          (SELECT c.key FROM shardworker.key_turns c WHERE c.worker_id = %(worker_id)s))
-         ORDER BY left(queue, 255), key LIMIT 1)
+    -- the next `limit` keys of queued jobs that it can serve (in its queues, its best job due,
+    -- room under their key_concurrency), one index probe or two a key (jobs_queued_keys_idx),
+    -- never a scan of their backlogs, passing the others (at most 4 x limit + 256 keys in all; a
+    -- queue it does not claim from in one probe).
+    -- Each key then offers its best due jobs (keyed, below), its share of the claim.
+    WITH RECURSIVE walk(step, served, q, k, ok) AS (
+        SELECT 1, e.ok::int, p.q, p.k, e.ok
+        FROM (SELECT * FROM (
+                 (SELECT left(queue, 255) AS q, key AS k FROM shardworker.jobs
+                  WHERE status = 'queued' AND key IS NOT NULL
+                    AND (left(queue, 255), key) > ((SELECT c.queue FROM shardworker.key_turns c WHERE c.worker_id = %(worker_id)s),
+                                                   (SELECT c.key FROM shardworker.key_turns c WHERE c.worker_id = %(worker_id)s))
+                  ORDER BY left(queue, 255), key LIMIT 1)
+                 UNION ALL
+                 (SELECT left(queue, 255), key FROM shardworker.jobs
+                  WHERE status = 'queued' AND key IS NOT NULL
+                  ORDER BY left(queue, 255), key LIMIT 1)) first LIMIT 1) p
+        CROSS JOIN LATERAL (SELECT coalesce((%(queues)s::text[] IS NULL OR p.q = ANY(%(queues)s::text[]))
+              AND NOT EXISTS (SELECT FROM capped c WHERE c.scope = 'queue' AND c.name = p.q AND c.key = p.k)
+              AND cardinality(%(kinds)s::text[]) > (SELECT count(*) FROM capped c WHERE c.scope = 'kind'
+                                                   AND c.key = p.k AND c.name = ANY(%(kinds)s::text[]))
+              AND (SELECT run_at FROM shardworker.jobs
+                   WHERE status = 'queued' AND key IS NOT NULL
+                     AND (left(queue, 255), key) >= (p.q, p.k) AND (left(queue, 255), key) <= (p.q, p.k)
+                   ORDER BY left(queue, 255), key, priority, run_at, id LIMIT 1) <= now(), false) AS ok) e
         UNION ALL
-        (SELECT 1, left(queue, 255), key FROM shardworker.jobs
-         WHERE status = 'queued' AND key IS NOT NULL
-         ORDER BY left(queue, 255), key LIMIT 1)
-    ), walked(n, q, k) AS (
-        SELECT * FROM (SELECT * FROM walk LIMIT 1) first
-        UNION ALL
-        SELECT w.n + 1, p.q, p.k FROM walked w CROSS JOIN LATERAL (
-            SELECT left(queue, 255) AS q, key AS k FROM shardworker.jobs
-            WHERE status = 'queued' AND key IS NOT NULL AND (left(queue, 255), key) > (w.q, w.k)
-            ORDER BY left(queue, 255), key LIMIT 1) p
-        WHERE w.n < %(limit)s
+        SELECT w.step + 1, w.served + e.ok::int, p.q, p.k, e.ok
+        FROM walk w CROSS JOIN LATERAL (
+            SELECT * FROM (
+                (SELECT left(queue, 255) AS q, key AS k FROM shardworker.jobs
+                 WHERE (%(queues)s::text[] IS NULL OR w.q = ANY(%(queues)s::text[]))
+                   AND status = 'queued' AND key IS NOT NULL AND (left(queue, 255), key) > (w.q, w.k)
+                 ORDER BY left(queue, 255), key LIMIT 1)
+                UNION ALL  -- a queue this worker does not claim from: on to the next queue at once
+                (SELECT left(queue, 255), key FROM shardworker.jobs
+                 WHERE NOT (%(queues)s::text[] IS NULL OR w.q = ANY(%(queues)s::text[]))
+                   AND status = 'queued' AND key IS NOT NULL AND left(queue, 255) > w.q
+                 ORDER BY left(queue, 255), key LIMIT 1)) next LIMIT 1) p
+        CROSS JOIN LATERAL (SELECT coalesce((%(queues)s::text[] IS NULL OR p.q = ANY(%(queues)s::text[]))
+              AND NOT EXISTS (SELECT FROM capped c WHERE c.scope = 'queue' AND c.name = p.q AND c.key = p.k)
+              AND cardinality(%(kinds)s::text[]) > (SELECT count(*) FROM capped c WHERE c.scope = 'kind'
+                                                   AND c.key = p.k AND c.name = ANY(%(kinds)s::text[]))
+              AND (SELECT run_at FROM shardworker.jobs
+                   WHERE status = 'queued' AND key IS NOT NULL
+                     AND (left(queue, 255), key) >= (p.q, p.k) AND (left(queue, 255), key) <= (p.q, p.k)
+                   ORDER BY left(queue, 255), key, priority, run_at, id LIMIT 1) <= now(), false) AS ok) e
+        WHERE w.served < %(limit)s AND w.step < 4 * %(limit)s + 256
     )
-    SELECT n, q, k FROM walked WHERE NOT (SELECT held FROM hold)
+    SELECT step, served, q, k, ok FROM walk WHERE NOT (SELECT held FROM hold)
+), turn AS (
+    SELECT served AS n, q, k FROM walked WHERE ok
 ), turned AS (
     INSERT INTO shardworker.key_turns AS c (worker_id, queue, key)
-    SELECT %(worker_id)s, q, k FROM turn ORDER BY n DESC LIMIT 1
+    SELECT %(worker_id)s, q, k FROM walked ORDER BY step DESC LIMIT 1
     ON CONFLICT (worker_id) DO UPDATE SET queue = excluded.queue, key = excluded.key
 ), keyed AS (
     SELECT t.n AS walk, j.* FROM turn t CROSS JOIN LATERAL (
@@ -314,31 +343,51 @@ WITH flow AS (
     SELECT (SELECT limited FROM flow)
            OR EXISTS (SELECT FROM shardworker.claim_holds WHERE until > now())  -- as job_claim's hold
            OR coalesce(%(server)s::text <> shardworker.server_identity(), false) AS held
-), turn AS (
-    -- As job_claim's turn: the keys this claim serves in turn.
-    WITH RECURSIVE walk(n, q, k) AS (
-        (SELECT 1, left(queue, 255), key FROM shardworker.jobs
-         WHERE status = 'queued' AND key IS NOT NULL
-           AND (left(queue, 255), key) > ((SELECT c.queue FROM shardworker.key_turns c WHERE c.worker_id = %(worker_id)s),
-                                          (SELECT c.key FROM shardworker.key_turns c WHERE c.worker_id = %(worker_id)s))
-         ORDER BY left(queue, 255), key LIMIT 1)
+), walked AS (
+    -- As job_claim's walk: the keys this claim serves in turn.
+    WITH RECURSIVE walk(step, served, q, k, ok) AS (
+        SELECT 1, e.ok::int, p.q, p.k, e.ok
+        FROM (SELECT * FROM (
+                 (SELECT left(queue, 255) AS q, key AS k FROM shardworker.jobs
+                  WHERE status = 'queued' AND key IS NOT NULL
+                    AND (left(queue, 255), key) > ((SELECT c.queue FROM shardworker.key_turns c WHERE c.worker_id = %(worker_id)s),
+                                                   (SELECT c.key FROM shardworker.key_turns c WHERE c.worker_id = %(worker_id)s))
+                  ORDER BY left(queue, 255), key LIMIT 1)
+                 UNION ALL
+                 (SELECT left(queue, 255), key FROM shardworker.jobs
+                  WHERE status = 'queued' AND key IS NOT NULL
+                  ORDER BY left(queue, 255), key LIMIT 1)) first LIMIT 1) p
+        CROSS JOIN LATERAL (SELECT coalesce((%(queues)s::text[] IS NULL OR p.q = ANY(%(queues)s::text[]))
+              AND (SELECT run_at FROM shardworker.jobs
+                   WHERE status = 'queued' AND key IS NOT NULL
+                     AND (left(queue, 255), key) >= (p.q, p.k) AND (left(queue, 255), key) <= (p.q, p.k)
+                   ORDER BY left(queue, 255), key, priority, run_at, id LIMIT 1) <= now(), false) AS ok) e
         UNION ALL
-        (SELECT 1, left(queue, 255), key FROM shardworker.jobs
-         WHERE status = 'queued' AND key IS NOT NULL
-         ORDER BY left(queue, 255), key LIMIT 1)
-    ), walked(n, q, k) AS (
-        SELECT * FROM (SELECT * FROM walk LIMIT 1) first
-        UNION ALL
-        SELECT w.n + 1, p.q, p.k FROM walked w CROSS JOIN LATERAL (
-            SELECT left(queue, 255) AS q, key AS k FROM shardworker.jobs
-            WHERE status = 'queued' AND key IS NOT NULL AND (left(queue, 255), key) > (w.q, w.k)
-            ORDER BY left(queue, 255), key LIMIT 1) p
-        WHERE w.n < %(limit)s
+        SELECT w.step + 1, w.served + e.ok::int, p.q, p.k, e.ok
+        FROM walk w CROSS JOIN LATERAL (
+            SELECT * FROM (
+                (SELECT left(queue, 255) AS q, key AS k FROM shardworker.jobs
+                 WHERE (%(queues)s::text[] IS NULL OR w.q = ANY(%(queues)s::text[]))
+                   AND status = 'queued' AND key IS NOT NULL AND (left(queue, 255), key) > (w.q, w.k)
+                 ORDER BY left(queue, 255), key LIMIT 1)
+                UNION ALL  -- a queue this worker does not claim from: on to the next queue at once
+                (SELECT left(queue, 255), key FROM shardworker.jobs
+                 WHERE NOT (%(queues)s::text[] IS NULL OR w.q = ANY(%(queues)s::text[]))
+                   AND status = 'queued' AND key IS NOT NULL AND left(queue, 255) > w.q
+                 ORDER BY left(queue, 255), key LIMIT 1)) next LIMIT 1) p
+        CROSS JOIN LATERAL (SELECT coalesce((%(queues)s::text[] IS NULL OR p.q = ANY(%(queues)s::text[]))
+              AND (SELECT run_at FROM shardworker.jobs
+                   WHERE status = 'queued' AND key IS NOT NULL
+                     AND (left(queue, 255), key) >= (p.q, p.k) AND (left(queue, 255), key) <= (p.q, p.k)
+                   ORDER BY left(queue, 255), key, priority, run_at, id LIMIT 1) <= now(), false) AS ok) e
+        WHERE w.served < %(limit)s AND w.step < 4 * %(limit)s + 256
     )
-    SELECT n, q, k FROM walked WHERE NOT (SELECT held FROM hold)
+    SELECT step, served, q, k, ok FROM walk WHERE NOT (SELECT held FROM hold)
+), turn AS (
+    SELECT served AS n, q, k FROM walked WHERE ok
 ), turned AS (
     INSERT INTO shardworker.key_turns AS c (worker_id, queue, key)
-    SELECT %(worker_id)s, q, k FROM turn ORDER BY n DESC LIMIT 1
+    SELECT %(worker_id)s, q, k FROM walked ORDER BY step DESC LIMIT 1
     ON CONFLICT (worker_id) DO UPDATE SET queue = excluded.queue, key = excluded.key
 ), candidate AS (
     -- The best jobs, and each key's in turn its share of the claim: the keys take turns.
