@@ -226,6 +226,7 @@ WITH hold AS (
     INSERT INTO shardworker.key_turns AS c (worker_id, queue, key)
     SELECT %(worker_id)s, q, k FROM walked ORDER BY step DESC LIMIT 1
     ON CONFLICT (worker_id) DO UPDATE SET queue = excluded.queue, key = excluded.key
+    WHERE (c.queue, c.key) IS DISTINCT FROM (excluded.queue, excluded.key)  -- (no write for the same place)
 ), keyed AS (
     SELECT t.n AS walk, j.* FROM turn t CROSS JOIN LATERAL (
         SELECT id, kind, queue, priority, run_at, key, coalesce(payload_bytes, pg_column_size(payload)) + deps_bytes
@@ -389,6 +390,7 @@ WITH flow AS (
     INSERT INTO shardworker.key_turns AS c (worker_id, queue, key)
     SELECT %(worker_id)s, q, k FROM walked ORDER BY step DESC LIMIT 1
     ON CONFLICT (worker_id) DO UPDATE SET queue = excluded.queue, key = excluded.key
+    WHERE (c.queue, c.key) IS DISTINCT FROM (excluded.queue, excluded.key)  -- (no write for the same place)
 ), candidate AS (
     -- The best jobs, and each key's in turn its share of the claim: the keys take turns.
     SELECT DISTINCT ON (id) * FROM (
