@@ -23,8 +23,8 @@ from shardworker.core.followups import DependentRow, check_after
 from shardworker.core.limits import (
     DEFAULT_MAX_ATTEMPTS,
     MAX_DEDUPE_KEY_BYTES,
-    MAX_JOB_KEY_BYTES,
     MAX_DELAY_S,
+    MAX_JOB_KEY_BYTES,
     MAX_KIND_BYTES,
     MAX_PAYLOAD_BYTES,
     MAX_QUEUE_BYTES,

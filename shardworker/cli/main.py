@@ -228,7 +228,7 @@ def stats(exact: bool, by: str, limit: int, as_json: bool, dsn: str | None) -> N
         click.echo(orjson.dumps({"total": _stats_json(totals),
                                  "queues": {q: _stats_json(c) for q, c in queues.items()},
                                  "estimated": ["done"] if estimated else [],
-                                 "limits": [{**limit._asdict(), "full": limit.full} for limit in limits]}).decode())
+                                 "limits": [{**use._asdict(), "full": use.full} for use in limits]}).decode())
         return
 
     def show(name: str, n: int) -> str:
@@ -237,8 +237,8 @@ def stats(exact: bool, by: str, limit: int, as_json: bool, dsn: str | None) -> N
     click.echo("  ".join(show(name, n) for name, n in totals.items() if n or name != "waiting"))
     for queue, by_name in queues.items():
         click.echo(f"  {queue}: " + "  ".join(show(name, n) for name, n in by_name.items() if n))
-    for limit in limits:
-        click.echo(f"  limit {limit.text()}{'  FULL' if limit.full else ''}")
+    for use in limits:
+        click.echo(f"  limit {use.text()}{'  FULL' if use.full else ''}")
     if estimated:
         click.echo("(~ estimated from the planner's statistics; --exact counts every row)", err=True)
 
