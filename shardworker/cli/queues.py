@@ -121,13 +121,16 @@ def _echo_state(state: QueueState, as_json: bool, done: str | None = None) -> No
     if as_json:
         rate = None if state.rate is None else str(state.rate)
         click.echo(orjson.dumps({"queue": state.name, "paused": state.paused, "concurrency": state.concurrency,
-                                 "rate": rate, "key_concurrency": state.key_concurrency}).decode())
+                                 "rate": rate, "key_concurrency": state.key_concurrency,
+                                 "key_weights": state.key_weights}).decode())
     elif done is not None:
         click.echo(f"queue {state.name} {done}")
     else:
         limits = [f"{label} {value}" for label, value in (("concurrency", state.concurrency), ("rate", state.rate),
                                                           ("key concurrency", state.key_concurrency))
                   if value is not None]
+        if state.key_weights:
+            limits.append("weights " + " ".join(f"{k}={w}" for k, w in sorted(state.key_weights.items())))
         click.echo(f"queue {state.name}: {', '.join(limits) or 'no limits'}{' (paused)' if state.paused else ''}")
 
 
@@ -164,18 +167,28 @@ def resume_command(ctx: click.Context, name: str, as_json: bool, dsn: str | None
 @click.option("--key-concurrency", type=click.IntRange(1, queues_api.MAX_CONCURRENCY), default=None,
               help="At most K of NAME's jobs of one key (a tenant's) running at once, across every worker; "
                    "other keys' jobs run meanwhile.")
-@click.option("--clear", is_flag=True, help="Remove every limit.")
+@click.option("--weight", "weights", multiple=True, metavar="KEY=W",
+              help="When keys take turns, W of KEY's jobs to each other key's one (repeatable; 1 by default).")
+@click.option("--clear", is_flag=True, help="Remove every limit (and the weights).")
 @json_option
 @dsn_option
 @click.pass_context
 @one_line_errors
 def limit_command(ctx: click.Context, name: str, concurrency: int | None, rate: Rate | None,
-                  key_concurrency: int | None, clear: bool, as_json: bool, dsn: str | None) -> None:
+                  key_concurrency: int | None, weights: tuple[str, ...], clear: bool, as_json: bool,
+                  dsn: str | None) -> None:
     """Set NAME's limits across workers (a limit not given stays), or --clear them."""
-    if clear and (concurrency is not None or rate is not None or key_concurrency is not None):
+    if clear and (concurrency is not None or rate is not None or key_concurrency is not None or weights):
         raise click.UsageError("--clear removes every limit: give it alone, or give the limits to set")
-    if not clear and concurrency is None and rate is None and key_concurrency is None:
-        raise click.UsageError("give --concurrency, --key-concurrency, --rate or --clear")
+    if not clear and concurrency is None and rate is None and key_concurrency is None and not weights:
+        raise click.UsageError("give --concurrency, --key-concurrency, --rate, --weight or --clear")
+    parsed: dict[str, int] = {}
+    for text in weights:
+        key, sep, value = text.rpartition("=")
+        if not sep or not key or not value.strip().isdigit():
+            raise click.BadParameter(f"{text!r}: expected KEY=W, a key and a whole number (acme=3)",
+                                     param_hint="--weight")
+        parsed[key] = int(value)
     dsn, as_json = _from_group(ctx, dsn, as_json)
     _echo_state(queues_api.limit(dsn, name, concurrency=concurrency, rate=rate, clear=clear,
-                                 key_concurrency=key_concurrency), as_json)
+                                 key_concurrency=key_concurrency, weights=parsed or None), as_json)

@@ -144,6 +144,7 @@ class QueueState(NamedTuple):
     concurrency: int | None
     rate: Rate | None
     key_concurrency: int | None = None  # at most this many of one key's jobs running at once
+    key_weights: dict[str, int] | None = None  # a key's share of the turns (1 when not named)
 
 
 class LimitUse(NamedTuple):

@@ -95,10 +95,10 @@ def set_paused(conn_or_dsn: Any, name: str, paused: bool) -> QueueState:
 
 
 def set_limits(conn_or_dsn: Any, name: str, concurrency: int | None, rate: Rate | None, clear: bool,
-               key_concurrency: int | None = None) -> QueueState:
-    """Set or clear ``name``'s limits; its state after."""
+               key_concurrency: int | None = None, weights: dict[str, int] | None = None) -> QueueState:
+    """Set or clear ``name``'s limits (and its keys' weights, merged into those set); its state after."""
     with cursor_for(conn_or_dsn, transaction=False) as cur:
-        return write_limits(cur, name, concurrency, rate, clear, key_concurrency)
+        return write_limits(cur, name, concurrency, rate, clear, key_concurrency, weights)
 
 
 def limits_in_use(conn_or_dsn: Any) -> list[LimitUse]:
@@ -140,9 +140,10 @@ def write_paused(cur: psycopg.Cursor[Any], name: str, paused: bool) -> QueueStat
 
 
 def write_limits(cur: psycopg.Cursor[Any], name: str, concurrency: int | None, rate: Rate | None,
-                 clear: bool, key_concurrency: int | None = None) -> QueueState:
+                 clear: bool, key_concurrency: int | None = None, weights: dict[str, int] | None = None) -> QueueState:
     cur.execute(query("queue_set_limits"), {"name": name, "concurrency": concurrency, "clear": clear,
                                             "key_concurrency": key_concurrency,
+                                            "key_weights": None if weights is None else orjson.dumps(weights).decode(),
                                             "rate_limit": None if rate is None else rate.n,
                                             "rate_period_s": None if rate is None else rate.period_s})
     return _state(cur.fetchone())
@@ -150,10 +151,11 @@ def write_limits(cur: psycopg.Cursor[Any], name: str, concurrency: int | None, r
 
 def _state(row: tuple[Any, ...] | None) -> QueueState:
     assert row is not None  # an upsert returns its row
-    name, paused, concurrency, rate_limit, period_s, key_concurrency = row
+    name, paused, concurrency, rate_limit, period_s, key_concurrency, weights = row
     rate = None if rate_limit is None else Rate(int(rate_limit), float(period_s))
     return QueueState(str(name), bool(paused), None if concurrency is None else int(concurrency), rate,
-                      None if key_concurrency is None else int(key_concurrency))
+                      None if key_concurrency is None else int(key_concurrency),
+                      None if weights is None else {str(k): int(w) for k, w in weights.items()})
 
 
 def summarize(states: Iterable[QueueState], backlog: Iterable[BacklogRow]) -> list[QueueInfo]:

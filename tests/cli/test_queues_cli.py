@@ -64,7 +64,8 @@ def test_pause_limit_clear_and_resume_change_only_what_they_name(pg_dsn: str) ->
     assert ok("queues", "pause", "mail", dsn=pg_dsn).strip() == "queue mail paused"
     assert states(pg_dsn) == [("mail", True, None, None, None)]
     shown = json.loads(ok("queues", "limit", "mail", "--rate", "600/m", "--json", dsn=pg_dsn))
-    assert shown == {"queue": "mail", "paused": True, "concurrency": None, "rate": "600/m", "key_concurrency": None}
+    assert shown == {"queue": "mail", "paused": True, "concurrency": None, "rate": "600/m", "key_concurrency": None,
+                     "key_weights": None}
     ok("queues", "limit", "mail", "--concurrency", "3", dsn=pg_dsn)
     assert states(pg_dsn) == [("mail", True, 3, 600, 60.0)]
     assert "paused" in ok("queues", dsn=pg_dsn).splitlines()[0] and " yes " in ok("queues", dsn=pg_dsn)
@@ -85,10 +86,11 @@ def test_the_groups_own_dsn_option_reaches_its_commands(pg_dsn: str) -> None:
 
 
 @pytest.mark.parametrize(("args", "fragment"), [
-    (("limit", "mail"), "give --concurrency, --key-concurrency, --rate or --clear"),
+    (("limit", "mail"), "give --concurrency, --key-concurrency, --rate, --weight or --clear"),
     (("limit", "mail", "--clear", "--rate", "1/s"), "--clear removes every limit"),
     (("limit", "mail", "--rate", "10/day"), "rate must look like 10/s"),
     (("limit", "mail", "--concurrency", "0"), "--concurrency"),
+    (("limit", "mail", "--weight", "acme"), "expected KEY=W"),
     (("pause", ""), "queue name is empty"),
     (("resume", "q" * 256), "the limit is 255"),
     (("pause",), "Missing argument 'NAME'"),
@@ -101,3 +103,14 @@ def test_bad_input_exits_2_with_one_error_line_and_writes_nothing(pg_dsn: str, a
     assert len(errors) == 1 and fragment in errors[0], done.stderr
     assert "Traceback" not in done.stderr and done.stdout == ""
     assert states(pg_dsn) == []
+
+
+def test_weights_are_set_merged_shown_and_cleared(pg_dsn: str) -> None:
+    assert ok("queues", "limit", "mail", "--weight", "acme=3", dsn=pg_dsn).strip() == "queue mail: weights acme=3"
+    shown = ok("queues", "limit", "mail", "--weight", "beta=2", "--key-concurrency", "4", dsn=pg_dsn).strip()
+    assert shown == "queue mail: key concurrency 4, weights acme=3 beta=2"
+    zero = shardworker("queues", "limit", "mail", "--weight", "acme=0", dsn=pg_dsn)
+    assert zero.returncode != 0 and zero.stderr.count("\n") == 1
+    assert "acme's weight must be a whole number from 1 to 1000" in zero.stderr
+    assert ok("queues", "limit", "mail", "--clear", dsn=pg_dsn).strip() == "queue mail: no limits"
+    assert query(pg_dsn, "SELECT key_weights FROM shardworker.queues") == [(None,)]

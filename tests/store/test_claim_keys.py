@@ -186,3 +186,16 @@ def test_keys_at_their_cap_do_not_hold_the_turn_from_a_key_with_room(store: PgSt
                     "FROM generate_series(1, 3000) g")
     flood(pg_dsn, "zz", 5)
     assert [j.key for j in store.claim(["k"], None, "w1", 4)] == ["zz"]
+
+
+def test_a_keys_weight_gives_it_that_many_jobs_a_round(store: PgStore, pg_dsn: str) -> None:
+    """queues limit default --weight acme=3: claims of 8 take six of acme's jobs and two of
+    beta's (three to one), in both claims (the plain and the full)."""
+    from shardworker import queues
+
+    assert queues.limit(pg_dsn, "default", weights={"acme": 3}).key_weights == {"acme": 3}
+    flood(pg_dsn, "acme", 100)
+    flood(pg_dsn, "beta", 100)
+    assert sorted(str(j.key) for j in store.claim(["k"], None, "w1", 8)) == ["acme"] * 6 + ["beta"] * 2
+    register(store, "k", key_concurrency=50)  # the full claim, under a limit
+    assert sorted(str(j.key) for j in store.claim(["k"], None, "w1", 8)) == ["acme"] * 6 + ["beta"] * 2

@@ -239,7 +239,7 @@ WITH hold AS (
           AND run_at <= now() AND kind = ANY(%(kinds)s::text[])
           AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
         ORDER BY left(queue, 255), key, priority, run_at, id
-        LIMIT greatest(1, %(limit)s / (SELECT count(*) FROM turn))
+        LIMIT greatest(1, %(limit)s / (SELECT count(*) FROM turn)) * shardworker.key_weight(t.q, t.k)
         FOR UPDATE SKIP LOCKED) j
 ), candidate AS (
     SELECT DISTINCT ON (id) * FROM (
@@ -262,7 +262,8 @@ WITH hold AS (
 ), within_key AS (
     -- Within key_concurrency; then each key's first job before any key's second (the jobs
     -- without a key count as one key), the keys in turn before the others.
-    SELECT c.*, row_number() OVER (PARTITION BY c.key ORDER BY c.priority, c.run_at, c.id) AS nth,
+    SELECT c.*, ceil(row_number() OVER (PARTITION BY c.key ORDER BY c.priority, c.run_at, c.id)::numeric
+                     / shardworker.key_weight(c.queue, c.key)) AS nth,  -- a key of weight 3: three jobs a round
            CASE WHEN c.key IS NULL THEN 0 ELSE c.walk END AS turn  -- the jobs without a key: a turn every claim
     FROM (SELECT c.*, row_number() OVER (PARTITION BY c.kind, c.key ORDER BY c.priority, c.run_at, c.id) AS nth_kind,
                  row_number() OVER (PARTITION BY c.queue, c.key ORDER BY c.priority, c.run_at, c.id) AS nth_queue,
@@ -395,7 +396,7 @@ WITH flow AS (
     -- The best jobs, and each key's in turn its share of the claim: the keys take turns.
     SELECT DISTINCT ON (id) * FROM (
         SELECT NULL::int AS walk, * FROM (
-            SELECT id, priority, run_at, key, coalesce(payload_bytes, pg_column_size(payload)) + deps_bytes
+            SELECT id, queue, priority, run_at, key, coalesce(payload_bytes, pg_column_size(payload)) + deps_bytes
                    + CASE WHEN attempt > 0 OR steps_ahead THEN shardworker.steps_bytes(id) ELSE 0 END AS bytes
             FROM shardworker.jobs
             WHERE NOT (SELECT held FROM hold)
@@ -409,7 +410,7 @@ WITH flow AS (
             FOR UPDATE SKIP LOCKED) best
         UNION ALL
         SELECT t.n, j.* FROM turn t CROSS JOIN LATERAL (
-            SELECT id, priority, run_at, key, coalesce(payload_bytes, pg_column_size(payload)) + deps_bytes
+            SELECT id, queue, priority, run_at, key, coalesce(payload_bytes, pg_column_size(payload)) + deps_bytes
                    + CASE WHEN attempt > 0 OR steps_ahead THEN shardworker.steps_bytes(id) ELSE 0 END AS bytes
             FROM shardworker.jobs
             -- (the key's jobs as a range of jobs_queued_keys_idx, in its order: an equality would let
@@ -419,7 +420,7 @@ WITH flow AS (
               AND run_at <= now() AND kind = ANY(%(kinds)s::text[])
               AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
             ORDER BY left(queue, 255), key, priority, run_at, id
-            LIMIT greatest(1, %(limit)s / (SELECT count(*) FROM turn))
+            LIMIT greatest(1, %(limit)s / (SELECT count(*) FROM turn)) * shardworker.key_weight(t.q, t.k)
             FOR UPDATE SKIP LOCKED) j
     ) c
     ORDER BY id, walk NULLS LAST
@@ -427,7 +428,8 @@ WITH flow AS (
     -- Priority first; then each key's first job before any key's second (the jobs without a
     -- key count as one key, which has a turn in every claim), the keys in turn before the others.
     SELECT id, row_number() OVER w AS n, sum(bytes) OVER w AS upto
-    FROM (SELECT *, row_number() OVER (PARTITION BY key ORDER BY priority, run_at, id) AS nth,
+    FROM (SELECT *, ceil(row_number() OVER (PARTITION BY key ORDER BY priority, run_at, id)::numeric
+                         / shardworker.key_weight(queue, key)) AS nth,
                  CASE WHEN key IS NULL THEN 0 ELSE walk END AS turn FROM candidate) c
     WINDOW w AS (ORDER BY priority, nth, turn NULLS LAST, run_at, id)
 ), claimed AS (
@@ -1279,24 +1281,26 @@ ORDER BY 1, 2, 3;
 
 -- queue_states --
 -- Every queue's operator state: paused, and its limits across workers (NULL: none).
-SELECT name, paused, concurrency, rate_limit, rate_period_s, key_concurrency FROM shardworker.queues ORDER BY name;
+SELECT name, paused, concurrency, rate_limit, rate_period_s, key_concurrency, key_weights FROM shardworker.queues ORDER BY name;
 
 -- queue_set_paused --
 -- Pause or resume a queue (its row created on first use); its limits stay. Returns its state.
 INSERT INTO shardworker.queues AS q (name, paused) VALUES (%(name)s, %(paused)s)
 ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = now()
-RETURNING name, paused, concurrency, rate_limit, rate_period_s, key_concurrency;
+RETURNING name, paused, concurrency, rate_limit, rate_period_s, key_concurrency, key_weights;
 
 -- queue_set_limits --
 -- Set a queue's limits (its row created on first use): a concurrency, a key concurrency or a
 -- rate given is set, one not given (NULL) is kept, and clear removes them all. A rate that
 -- changes starts an empty bucket now; the same rate again keeps its tokens. Returns its state.
-INSERT INTO shardworker.queues AS q (name, concurrency, rate_limit, rate_period_s, key_concurrency)
-VALUES (%(name)s, %(concurrency)s, %(rate_limit)s, %(rate_period_s)s, %(key_concurrency)s)
+INSERT INTO shardworker.queues AS q (name, concurrency, rate_limit, rate_period_s, key_concurrency, key_weights)
+VALUES (%(name)s, %(concurrency)s, %(rate_limit)s, %(rate_period_s)s, %(key_concurrency)s, %(key_weights)s::jsonb)
 ON CONFLICT (name) DO UPDATE
 SET concurrency = CASE WHEN %(clear)s::boolean THEN NULL ELSE coalesce(excluded.concurrency, q.concurrency) END,
     key_concurrency = CASE WHEN %(clear)s::boolean THEN NULL
                            ELSE coalesce(excluded.key_concurrency, q.key_concurrency) END,
+    key_weights = CASE WHEN %(clear)s::boolean THEN NULL WHEN excluded.key_weights IS NULL THEN q.key_weights
+                       ELSE coalesce(q.key_weights, '{}') || excluded.key_weights END,
     rate_limit = CASE WHEN %(clear)s::boolean THEN NULL ELSE coalesce(excluded.rate_limit, q.rate_limit) END,
     rate_period_s = CASE WHEN %(clear)s::boolean THEN NULL ELSE coalesce(excluded.rate_period_s, q.rate_period_s) END,
     rate_tokens = CASE WHEN excluded.rate_limit IS NOT NULL
@@ -1306,7 +1310,7 @@ SET concurrency = CASE WHEN %(clear)s::boolean THEN NULL ELSE coalesce(excluded.
                         AND (excluded.rate_limit, excluded.rate_period_s) IS DISTINCT FROM (q.rate_limit, q.rate_period_s)
                    THEN now() ELSE q.rate_at END,
     updated_at = now()
-RETURNING name, paused, concurrency, rate_limit, rate_period_s, key_concurrency;
+RETURNING name, paused, concurrency, rate_limit, rate_period_s, key_concurrency, key_weights;
 
 -- doctor_server_state --
 -- The server's clock as the statement runs, and whether it accepts writes (a standby, or
