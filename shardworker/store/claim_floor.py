@@ -44,11 +44,6 @@ class ClaimFloor:
         return {"floor_priority": key[0] if key else None, "floor_run_at": key[1] if key else None,
                 "floor_id": key[2] if key else None}
 
-    def forget(self) -> None:
-        """Start the next claim from the head: a claim that served keys in turn may have taken
-        later jobs of one key before earlier jobs of another, which a floor would pass."""
-        self.key = None
-
     def claimed(self, keys: Sequence[Key], floored: bool) -> bool:
         """Record what a claim took; whether to claim again from the head at once (a claim
         from the floor found nothing: a job may wait before it)."""

@@ -77,7 +77,10 @@ class ClaimQueries(Session):
             bounds = floor.params()
             rows = self._claim_rows({**params, **bounds}, generation)
             if any(row[15] is not None for row in rows):
-                floor.forget()  # keys took turns: a later job of one may have gone before an earlier one
+                # Keys took turns: a later job of one key may have gone before an earlier job of
+                # another, so the floor is the first candidate's key, not the first claimed.
+                firsts = [(row[16], row[17], row[18]) for row in rows if row[18] is not None]
+                floor.claimed(firsts[:1], bounds["floor_id"] is not None)
                 break
             if not floor.claimed([(row[10], row[11], row[0]) for row in rows], bounds["floor_id"] is not None):
                 break

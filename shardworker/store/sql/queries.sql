@@ -194,7 +194,11 @@ WITH hold AS (
                                                    AND c.key = p.k AND c.name = ANY(%(kinds)s::text[]))
               AND (SELECT run_at FROM shardworker.jobs
                    WHERE status = 'queued' AND key IS NOT NULL
-                     AND (left(queue, 255), key) >= (p.q, p.k) AND (left(queue, 255), key) <= (p.q, p.k)
+                     AND (left(queue, 255), key, priority, run_at, id)
+                         >= (p.q, p.k, coalesce(%(floor_priority)s::int, -2147483648),
+                             coalesce(%(floor_run_at)s::timestamptz, '-infinity'),
+                             coalesce(%(floor_id)s::bigint, -9223372036854775808))
+                     AND (left(queue, 255), key) <= (p.q, p.k)
                    ORDER BY left(queue, 255), key, priority, run_at, id LIMIT 1) <= now(), false) AS ok) e
         UNION ALL
         SELECT w.step + 1, w.served + e.ok::int, p.q, p.k, e.ok
@@ -215,7 +219,11 @@ WITH hold AS (
                                                    AND c.key = p.k AND c.name = ANY(%(kinds)s::text[]))
               AND (SELECT run_at FROM shardworker.jobs
                    WHERE status = 'queued' AND key IS NOT NULL
-                     AND (left(queue, 255), key) >= (p.q, p.k) AND (left(queue, 255), key) <= (p.q, p.k)
+                     AND (left(queue, 255), key, priority, run_at, id)
+                         >= (p.q, p.k, coalesce(%(floor_priority)s::int, -2147483648),
+                             coalesce(%(floor_run_at)s::timestamptz, '-infinity'),
+                             coalesce(%(floor_id)s::bigint, -9223372036854775808))
+                     AND (left(queue, 255), key) <= (p.q, p.k)
                    ORDER BY left(queue, 255), key, priority, run_at, id LIMIT 1) <= now(), false) AS ok) e
         WHERE w.served < %(limit)s AND w.step < 4 * %(limit)s + 256
     )
@@ -235,7 +243,10 @@ WITH hold AS (
         -- (the key's jobs as a range of jobs_queued_keys_idx, in its order: an equality would let
         -- the planner sort the key's backlog from another index instead)
         WHERE status = 'queued' AND key IS NOT NULL
-          AND (left(queue, 255), key) >= (t.q, t.k) AND (left(queue, 255), key) <= (t.q, t.k)
+          AND (left(queue, 255), key, priority, run_at, id) >= (t.q, t.k, coalesce(%(floor_priority)s::int, -2147483648),
+              coalesce(%(floor_run_at)s::timestamptz, '-infinity'),
+              coalesce(%(floor_id)s::bigint, -9223372036854775808))
+          AND (left(queue, 255), key) <= (t.q, t.k)
           AND run_at <= now() AND kind = ANY(%(kinds)s::text[])
           AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
         ORDER BY left(queue, 255), key, priority, run_at, id
@@ -322,8 +333,12 @@ SELECT c.id, c.kind, c.queue, c.payload, c.attempt, c.max_attempts, c.snoozes,
        CASE WHEN c.steps_bytes IS NOT NULL AND NOT c.over THEN shardworker.steps_json(c.id) END AS steps,
        CASE WHEN c.deps_bytes IS NOT NULL AND NOT c.over THEN shardworker.dependencies_json(c.id) END AS dependencies,
        c.priority, c.run_at, c.uid,
-       CASE WHEN c.over THEN coalesce(c.steps_bytes, 0) END, CASE WHEN c.over THEN coalesce(c.deps_bytes, 0) END, c.key
-FROM (SELECT *, coalesce(steps_bytes, 0) + coalesce(deps_bytes, 0) > %(max_input_bytes)s AS over FROM claimed) c;
+       CASE WHEN c.over THEN coalesce(c.steps_bytes, 0) END, CASE WHEN c.over THEN coalesce(c.deps_bytes, 0) END, c.key,
+       f.priority, f.run_at, f.id
+FROM (SELECT *, coalesce(steps_bytes, 0) + coalesce(deps_bytes, 0) > %(max_input_bytes)s AS over FROM claimed) c
+-- The first candidate's claim key: where the next claim may start when keys took turns (every
+-- job before it was claimed or locked by another claimer; shardworker.store.claim_floor).
+LEFT JOIN (SELECT priority, run_at, id FROM candidate ORDER BY priority, run_at, id LIMIT 1) f ON true;
 
 -- job_claim_plain --
 -- job_claim for the common case, one statement in a transaction of its own: a worker with no
@@ -362,7 +377,11 @@ WITH flow AS (
         CROSS JOIN LATERAL (SELECT coalesce((%(queues)s::text[] IS NULL OR p.q = ANY(%(queues)s::text[]))
               AND (SELECT run_at FROM shardworker.jobs
                    WHERE status = 'queued' AND key IS NOT NULL
-                     AND (left(queue, 255), key) >= (p.q, p.k) AND (left(queue, 255), key) <= (p.q, p.k)
+                     AND (left(queue, 255), key, priority, run_at, id)
+                         >= (p.q, p.k, coalesce(%(floor_priority)s::int, -2147483648),
+                             coalesce(%(floor_run_at)s::timestamptz, '-infinity'),
+                             coalesce(%(floor_id)s::bigint, -9223372036854775808))
+                     AND (left(queue, 255), key) <= (p.q, p.k)
                    ORDER BY left(queue, 255), key, priority, run_at, id LIMIT 1) <= now(), false) AS ok) e
         UNION ALL
         SELECT w.step + 1, w.served + e.ok::int, p.q, p.k, e.ok
@@ -380,7 +399,11 @@ WITH flow AS (
         CROSS JOIN LATERAL (SELECT coalesce((%(queues)s::text[] IS NULL OR p.q = ANY(%(queues)s::text[]))
               AND (SELECT run_at FROM shardworker.jobs
                    WHERE status = 'queued' AND key IS NOT NULL
-                     AND (left(queue, 255), key) >= (p.q, p.k) AND (left(queue, 255), key) <= (p.q, p.k)
+                     AND (left(queue, 255), key, priority, run_at, id)
+                         >= (p.q, p.k, coalesce(%(floor_priority)s::int, -2147483648),
+                             coalesce(%(floor_run_at)s::timestamptz, '-infinity'),
+                             coalesce(%(floor_id)s::bigint, -9223372036854775808))
+                     AND (left(queue, 255), key) <= (p.q, p.k)
                    ORDER BY left(queue, 255), key, priority, run_at, id LIMIT 1) <= now(), false) AS ok) e
         WHERE w.served < %(limit)s AND w.step < 4 * %(limit)s + 256
     )
@@ -416,7 +439,10 @@ WITH flow AS (
             -- (the key's jobs as a range of jobs_queued_keys_idx, in its order: an equality would let
         -- the planner sort the key's backlog from another index instead)
         WHERE status = 'queued' AND key IS NOT NULL
-          AND (left(queue, 255), key) >= (t.q, t.k) AND (left(queue, 255), key) <= (t.q, t.k)
+          AND (left(queue, 255), key, priority, run_at, id) >= (t.q, t.k, coalesce(%(floor_priority)s::int, -2147483648),
+              coalesce(%(floor_run_at)s::timestamptz, '-infinity'),
+              coalesce(%(floor_id)s::bigint, -9223372036854775808))
+          AND (left(queue, 255), key) <= (t.q, t.k)
               AND run_at <= now() AND kind = ANY(%(kinds)s::text[])
               AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
             ORDER BY left(queue, 255), key, priority, run_at, id
@@ -450,10 +476,14 @@ SELECT c.id, c.kind, c.queue, c.payload, c.attempt, c.max_attempts, c.snoozes, c
        CASE WHEN c.steps_bytes IS NOT NULL AND NOT c.over THEN shardworker.steps_json(c.id) END AS steps,
        CASE WHEN c.deps_bytes IS NOT NULL AND NOT c.over THEN shardworker.dependencies_json(c.id) END AS dependencies,
        c.priority, c.run_at, c.uid,
-       CASE WHEN c.over THEN coalesce(c.steps_bytes, 0) END, CASE WHEN c.over THEN coalesce(c.deps_bytes, 0) END, c.key
+       CASE WHEN c.over THEN coalesce(c.steps_bytes, 0) END, CASE WHEN c.over THEN coalesce(c.deps_bytes, 0) END, c.key,
+       f.priority, f.run_at, f.id
 FROM (SELECT *, coalesce(steps_bytes, 0) + coalesce(deps_bytes, 0) > %(max_input_bytes)s AS over FROM claimed) c
+-- The first candidate's claim key: where the next claim may start when keys took turns (every
+-- job before it was claimed or locked by another claimer; shardworker.store.claim_floor).
+LEFT JOIN (SELECT priority, run_at, id FROM candidate ORDER BY priority, run_at, id LIMIT 1) f ON true
 UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 WHERE (SELECT limited FROM flow);
 
 -- flow_register_kinds --
