@@ -168,7 +168,8 @@ class WorkerQueries(ClaimQueries):
                 ended = [(job_id, status) for job_id, _, status, dependents in rows
                          if dependents and status in ("done", "failed", "cancelled")]
                 has_followups = any(o.followups_json for o in outcomes)
-                if badly := [(i, s) for i, s in ended if s != "done"]:  # first: a job also behind a done one stays cancelled
+                # Cancel first: a job also behind a done one stays cancelled.
+                if badly := [(i, s) for i, s in ended if s != "done"]:
                     cur.execute(query("job_dependents_cancel"), {"ids": [i for i, _ in badly],
                                                                  "whys": [f"ended {s}" for _, s in badly]})
                 if done := [i for i, s in ended if s == "done"]:
