@@ -185,7 +185,8 @@ def _enqueued_line(made: list[int], skipped: int, dedupe_key: str | None, dedupe
     if not made and dedupe_key is not None:
         return f"enqueued 0 jobs: a live job holds dedupe key {dedupe_key!r}"
     if made and debounce is not None:
-        return f"enqueued 1 job: {made[0]} (debounced: it runs {debounce:g}s after the last enqueue with its key)"
+        return (f"debounced: job {made[0]} runs {debounce:g}s after the last enqueue with its key (a new job, or the "
+                "one still queued with this payload)")
     line = f"enqueued {len(made)} job{'' if len(made) == 1 else 's'}"
     if len(made) > 10:
         line += f": ids {made[0]} to {made[-1]} (--json lists each)"

@@ -147,7 +147,9 @@ def workers_forget(worker_id: str, silent_after: float, grace: float, as_json: b
     if as_json:
         click.echo(orjson.dumps({"worker_id": worker_id, "jobs": rescued.jobs}).decode())
         return
-    click.echo(f"forgot worker {worker_id}: {len(rescued.jobs)} jobs given back (they may run again in {grace:g}s)")
+    n = len(rescued.jobs)
+    click.echo(f"forgot worker {worker_id}: {n} job{'' if n == 1 else 's'} given back "
+               f"(they may run again in {grace:g}s)")
 
 
 @click.command()

@@ -86,6 +86,9 @@ def queues(ctx: click.Context, as_json: bool, dsn: str | None) -> None:
         cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1]),
                  *(cell.rjust(width) for cell, width in zip(row[2:], widths[2:], strict=True))]
         click.echo("  ".join(cells).rstrip())
+    for q in found:
+        if q.key_weights:
+            click.echo(f"queue {q.name}: keys' weights " + " ".join(f"{k}={w}" for k, w in sorted(q.key_weights.items())))
     _echo_limits(dsn)
 
 
@@ -185,9 +188,9 @@ def limit_command(ctx: click.Context, name: str, concurrency: int | None, rate: 
     parsed: dict[str, int] = {}
     for text in weights:
         key, sep, value = text.rpartition("=")
-        if not sep or not key or not value.strip().isdigit():
-            raise click.BadParameter(f"{text!r}: expected KEY=W, a key and a whole number (acme=3)",
-                                     param_hint="--weight")
+        if not sep or not key or not value.strip().isdigit() or not 1 <= int(value) <= queues_api.MAX_WEIGHT:
+            raise click.BadParameter(f"{text!r}: expected KEY=W, a key and a whole number from 1 to "
+                                     f"{queues_api.MAX_WEIGHT} (acme=3)", param_hint="--weight")
         parsed[key] = int(value)
     dsn, as_json = _from_group(ctx, dsn, as_json)
     _echo_state(queues_api.limit(dsn, name, concurrency=concurrency, rate=rate, clear=clear,

@@ -163,8 +163,10 @@ class LimitUse(NamedTuple):
 
     @property
     def full(self) -> bool:
-        """At its limit: jobs it holds back wait on the limit, not on the workers' capacity."""
-        return self.in_use is not None and self.in_use >= self.value
+        """A concurrency at its limit: the jobs it holds back wait on it, not on the workers'
+        capacity. (A key concurrency holds back only the keys at it: ``keys_at_limit``.)"""
+        return self.limit in ("global_concurrency", "concurrency") and self.in_use is not None \
+            and self.in_use >= self.value
 
     def text(self) -> str:
         """One line for people: ``kind api: global_concurrency 3/5``, ``queue mail: key_concurrency
@@ -205,6 +207,7 @@ class QueueInfo:
     running: int
     oldest_available_s: float | None
     key_concurrency: int | None = None  # at most this many of one key's jobs running at once
+    key_weights: dict[str, int] | None = None  # a key's share of the turns (1 when not named)
 
     def to_json(self) -> dict[str, Any]:
         return {**self.__dict__, "rate": None if self.rate is None else str(self.rate)}

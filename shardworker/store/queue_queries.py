@@ -174,5 +174,5 @@ def summarize(states: Iterable[QueueState], backlog: Iterable[BacklogRow]) -> li
         state = by_name.get(name, QueueState(name, False, None, None))
         available, scheduled, prefetched, running = totals.get(name, [0, 0, 0, 0])
         infos.append(QueueInfo(name, state.paused, state.concurrency, state.rate, available, scheduled, prefetched,
-                               running, oldest.get(name), state.key_concurrency))
+                               running, oldest.get(name), state.key_concurrency, state.key_weights))
     return infos

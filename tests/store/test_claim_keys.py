@@ -213,3 +213,16 @@ def test_keyed_claims_keep_a_claim_floor_that_passes_no_waiting_job(store: PgSto
             assert store.claim_floor().key is not None
         seen += [j.id for j in got]
     assert sorted(seen) == sorted(ids)
+
+
+def test_a_released_workers_jobs_do_not_fill_the_limits_shown(store: PgStore, pg_dsn: str) -> None:
+    """A worker silent past its --release-slots-after holds no slot in what queues and stats
+    show either (found by a new user's trial: `workers` said released while `queues` said FULL)."""
+    register(store, "api", global_concurrency=2, key_concurrency=1)
+    execute(pg_dsn, "INSERT INTO shardworker.workers (worker_id, hostname, pid, heartbeat_at, slots_after_s) "
+                    "VALUES ('w-dead', 'host', 1, now() - interval '30 seconds', 10)")
+    execute(pg_dsn, "INSERT INTO shardworker.jobs (kind, key, status, attempt, locked_by) "
+                    "SELECT 'api', 'acme', 'running', 1, 'w-dead' FROM generate_series(1, 2)")
+    limits = {(x.scope, x.name, x.limit): x for x in store.limits()}
+    assert limits["kind", "api", "global_concurrency"].in_use == 0
+    assert limits["kind", "api", "key_concurrency"].keys_at_limit == 0

@@ -707,7 +707,8 @@ RETURNING id;
 -- job_insert_debounced --
 -- Enqueue one job to run `debounce_s` after the last of its enqueues: while a job holding the
 -- dedupe key is still queued and has never run, this replaces its payload and pushes its
--- run_at to now + debounce_s (+ delay), and returns its id; with none live, inserts the job
+-- run_at to now + debounce_s (+ delay; never earlier than it was, as an operator may have
+-- set it later), and returns its id; with none live, inserts the job
 -- so. A holder that runs, waits, or ran before (a retry, a snooze, a rescued job waiting its
 -- grace: its steps or a late outcome belong to the payload it ran with) stays as it is, and
 -- no row comes back (a duplicate). The holder's kind, queue and priority stay.
@@ -718,8 +719,8 @@ VALUES (%(kind)s, %(queue)s, %(payload)s::text::jsonb, octet_length(%(payload)s:
         coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay_s)s + %(debounce_s)s::float8),
         %(dedupe_key)s, %(key)s)
 ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('waiting', 'queued', 'running')
-DO UPDATE SET payload = excluded.payload, payload_bytes = excluded.payload_bytes, run_at = excluded.run_at,
-              updated_at = now()
+DO UPDATE SET payload = excluded.payload, payload_bytes = excluded.payload_bytes,
+              run_at = greatest(j.run_at, excluded.run_at), updated_at = now()  -- never earlier than set
 WHERE j.status = 'queued' AND j.attempt = 0
 RETURNING id;
 
@@ -1278,10 +1279,15 @@ LIMIT %(limit)s;
 -- limits_in_use --
 -- Every limit across workers with what uses it now, for `queues`, `stats`, the dashboard and
 -- the metrics: a kind's global_concurrency and a queue's concurrency with their running
--- (claimed) jobs; a key_concurrency with its busiest key's running jobs and how many keys
+-- (claimed) jobs but a released worker's; a key_concurrency with its busiest key's running jobs and how many keys
 -- are at it; a rate (N per period_s, as starts a second; NULL use); a paused queue (a limit
 -- of 0). Each count walks the running jobs' partial indexes.
-WITH l AS (
+WITH released AS (
+    -- Workers whose rows are silent past their --release-slots-after: their jobs hold no slot
+    -- (as `workers` marks them; peers stop counting them once they watched that silence).
+    SELECT worker_id FROM shardworker.workers
+    WHERE slots_after_s IS NOT NULL AND heartbeat_at < now() - make_interval(secs => slots_after_s)
+), l AS (
     SELECT 'kind' AS scope, name, global_concurrency AS concurrency, key_concurrency, rate_limit, rate_period_s,
            false AS paused
     FROM shardworker.kinds
@@ -1292,7 +1298,8 @@ SELECT l.scope, l.name, CASE l.scope WHEN 'kind' THEN 'global_concurrency' ELSE 
        l.concurrency::float8,
        (SELECT count(*) FROM shardworker.jobs r WHERE r.status = 'running'
           AND CASE l.scope WHEN 'kind' THEN left(r.kind, 255) = left(l.name, 255) AND r.kind = l.name
-                           ELSE left(r.queue, 255) = left(l.name, 255) AND r.queue = l.name END)::float8, NULL::bigint
+                           ELSE left(r.queue, 255) = left(l.name, 255) AND r.queue = l.name END
+          AND NOT EXISTS (SELECT FROM released x WHERE x.worker_id = r.locked_by))::float8, NULL::bigint
 FROM l WHERE l.concurrency IS NOT NULL
 UNION ALL
 SELECT l.scope, l.name, 'key_concurrency', l.key_concurrency::float8, coalesce(max(b.n), 0)::float8,
@@ -1301,6 +1308,7 @@ FROM l LEFT JOIN LATERAL (
     SELECT count(*) AS n FROM shardworker.jobs r
     WHERE r.status = 'running' AND r.key IS NOT NULL
       AND CASE l.scope WHEN 'kind' THEN r.kind = l.name ELSE r.queue = l.name END
+      AND NOT EXISTS (SELECT FROM released x WHERE x.worker_id = r.locked_by)
     GROUP BY r.key) b ON true
 WHERE l.key_concurrency IS NOT NULL GROUP BY l.scope, l.name, l.key_concurrency
 UNION ALL
