@@ -86,6 +86,8 @@ def jobs() -> None:
 def list_command(status: tuple[str, ...], kind: str | None, queue: str | None, key: str | None, since: str | None,
                  limit: int, as_json: bool, dsn: str | None) -> None:
     """Jobs, newest first."""
+    if key is not None and not key.strip():
+        raise click.BadParameter("an empty key names no job (jobs without a key have none)", param_hint="--key")
     found = jobs_api.list_jobs(resolve_dsn(dsn, start=False), status=status or None, kind=kind, queue=queue,
                                since=parse_since(since), limit=limit, key=key)
     _echo_jobs(found, as_json)

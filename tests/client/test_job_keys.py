@@ -78,6 +78,7 @@ def test_the_cli_enqueues_lists_and_shows_keys(pg_dsn: str) -> None:
     listed = sw(pg_dsn, "jobs", "list", "--key", "globex").stdout.splitlines()
     assert len(listed) == 2 and listed[0].split()[4] == "key" and "globex" in listed[1]
     assert "no jobs match" in sw(pg_dsn, "jobs", "list", "--key", "nobody").stderr
+    assert "an empty key names no job" in sw(pg_dsn, "jobs", "list", "--key", "", code=2).stderr
     [(acme,)] = query(pg_dsn, "SELECT id FROM shardworker.jobs WHERE key = 'acme'")
     assert "          key: acme" in sw(pg_dsn, "jobs", "show", str(acme)).stdout
     assert json.loads(sw(pg_dsn, "jobs", "show", str(acme), "--json").stdout)["key"] == "acme"
