@@ -5,7 +5,6 @@ the production checks of ``checks_production``."""
 
 from __future__ import annotations
 
-import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from shardworker.doctor.checks_production import HORIZON_WARN_S, ProductionFacts
 from shardworker.doctor.report import Check, Status, attempt
 from shardworker.errors import ShardworkerError
 from shardworker.store.schema import available_migrations
+from shardworker.worker.identity import pid_alive
 
 if TYPE_CHECKING:
     from shardworker.store.schema_queries import ServerState
@@ -132,7 +132,7 @@ def check_workers(rows: list[WorkerInfo], silent_after_s: float = SILENT_AFTER_S
     """Workers silent for ``silent_after_s``, and, before that, those of this ``host`` whose
     process is gone (killed: their row beat a moment ago, their jobs read running)."""
     host = socket.gethostname() if host is None else host
-    alive = _process_alive if alive is None else alive
+    alive = pid_alive if alive is None else alive
     silent = [r for r in rows if r.silent_s > silent_after_s]
     gone = [r for r in rows if r not in silent and r.hostname == host and r.pid > 0 and not alive(r.pid)]
     data = {"workers": len(rows), "silent": [r.worker_id for r in silent], "gone": [r.worker_id for r in gone]}
@@ -149,16 +149,6 @@ def check_workers(rows: list[WorkerInfo], silent_after_s: float = SILENT_AFTER_S
     return Check("workers", Status.WARN, f"{len(silent)} of {len(rows)} silent for over {silent_after_s:.0f} s: "
                  f"{names}{more}", "check those hosts; restart a stopped worker there (its outbox is drained at "
                  "start); a host gone for good has its running jobs rescued after --rescue-after", data)
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's
-    return True
 
 
 def check_kinds(unserved: list[UnservedKind]) -> Check:

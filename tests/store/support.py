@@ -20,6 +20,19 @@ def connect(dsn: str) -> psycopg.Connection[Any]:
     return psycopg.connect(dsn, autocommit=True, connect_timeout=5)
 
 
+def generic_plan(dsn: str, name: str) -> str:
+    """EXPLAIN of the named query's generic plan, as a worker's prepared statement runs it
+    (every parameter NULL)."""
+    from shardworker.store.sql import query, to_native
+
+    sql, names = to_native(query(name))
+    with connect(dsn) as conn:
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        conn.execute(f"PREPARE plan_of AS {sql}")
+        nulls = ", ".join(["NULL"] * len(names))
+        return "\n".join(r[0] for r in conn.execute(f"EXPLAIN (COSTS OFF) EXECUTE plan_of({nulls})"))
+
+
 def row(dsn: str, job_id: int) -> dict[str, Any]:
     """The job's row, with ``due_in_s`` = run_at - now() in seconds."""
     with connect(dsn) as conn, conn.cursor(row_factory=dict_row) as cur:

@@ -10,10 +10,8 @@ import re
 
 from shardworker import JobSpec, enqueue_many
 from shardworker.store.pg_store import PgStore
-from shardworker.store.sql import query as named_query
-from shardworker.store.sql import to_native
 from tests.helpers import execute, query
-from tests.store.support import connect
+from tests.store.support import generic_plan
 from tests.store.test_claim_limits import register, set_queue
 
 
@@ -100,12 +98,7 @@ def test_with_ten_thousand_keys_queued_a_claim_walks_indexes_not_the_backlog(pg_
     execute(pg_dsn, "INSERT INTO shardworker.kinds (name, key_concurrency) VALUES ('capped', 2)")
     execute(pg_dsn, "ANALYZE shardworker.jobs")
     for name in ("job_claim_plain", "job_claim"):
-        sql, names = to_native(named_query(name))
-        with connect(pg_dsn) as conn:
-            conn.execute("SET plan_cache_mode = force_generic_plan")
-            conn.execute(f"PREPARE claim AS {sql}")
-            nulls = ", ".join(["NULL"] * len(names))
-            plan = "\n".join(r[0] for r in conn.execute(f"EXPLAIN (COSTS OFF) EXECUTE claim({nulls})"))
+        plan = generic_plan(pg_dsn, name)
         assert not re.search(r"Seq Scan on jobs", plan), plan
         keys_index = r"Index Scan using jobs_queued_keys_idx on jobs(?: \w+)?\s+Index Cond: "
         probes = re.findall(keys_index + r"\(ROW\(\"left\"\(queue, 255\), key\) >", plan)

@@ -15,7 +15,7 @@ from shardworker.store.claim_floor import FULL_SCAN_S, ClaimFloor
 from shardworker.store.pg_store import PgStore
 from shardworker.store.plans import PLAN_REFRESH_S
 from shardworker.store.sql import query, to_native
-from tests.store.support import add_id, claim_one, connect, done, row
+from tests.store.support import add_id, claim_one, connect, done, generic_plan, row
 
 
 def prepared(store: PgStore) -> list[tuple[str, int, int]]:
@@ -78,12 +78,7 @@ def test_on_its_generic_plan_a_claim_starts_at_the_floor_and_a_job_before_it_wai
 def test_the_generic_claim_plan_bounds_its_index_scan_by_the_floor(pg_dsn: str, name: str) -> None:
     """The point of the floor under a held xmin horizon: the scan starts there. An ``x IS
     NULL OR key >= x`` condition is no index bound on a generic plan; the floor's is."""
-    sql, names = to_native(query(name))
-    with connect(pg_dsn) as conn:
-        conn.execute("SET plan_cache_mode = force_generic_plan")
-        conn.execute(f"PREPARE claim AS {sql}")
-        nulls = ", ".join(["NULL"] * len(names))
-        plan = "\n".join(r[0] for r in conn.execute(f"EXPLAIN (COSTS OFF) EXECUTE claim({nulls})"))
+    plan = generic_plan(pg_dsn, name)
     bound = (r"Index Scan using jobs_claim_idx on jobs(?: \w+)?\s+"
              r"Index Cond: \(\(?ROW\(priority, run_at, id\) >= ROW\(COALESCE\(\$")
     assert re.search(bound, plan), plan
