@@ -361,7 +361,9 @@ WITH flow AS (
            OR EXISTS (SELECT FROM shardworker.claim_holds WHERE until > now())  -- as job_claim's hold
            OR coalesce(%(server)s::text <> shardworker.server_identity(), false) AS held
 ), walked AS (
-    -- As job_claim's walk: the keys this claim serves in turn.
+    -- As job_claim's walk: the keys this claim serves in turn. (Written here again rather than
+    -- left to job_claim: sending every claim with keys queued the full way cost a tenant's
+    -- backlog 31% of its throughput in bench/tenants.py, against 5% with the walk here.)
     WITH RECURSIVE walk(step, served, q, k, ok) AS (
         SELECT 1, e.ok::int, p.q, p.k, e.ok
         FROM (SELECT * FROM (
