@@ -274,7 +274,7 @@ WITH hold AS (
     -- Within key_concurrency; then each key's first job before any key's second (the jobs
     -- without a key count as one key), the keys in turn before the others.
     SELECT c.*, ceil(row_number() OVER (PARTITION BY c.key ORDER BY c.priority, c.run_at, c.id)::numeric
-                     / shardworker.key_weight(c.queue, c.key)) AS nth,  -- a key of weight 3: three jobs a round
+                     / CASE WHEN c.key IS NULL THEN 1 ELSE shardworker.key_weight(c.queue, c.key) END) AS nth,  -- weight 3: 3 a round
            CASE WHEN c.key IS NULL THEN 0 ELSE c.walk END AS turn  -- the jobs without a key: a turn every claim
     FROM (SELECT c.*, row_number() OVER (PARTITION BY c.kind, c.key ORDER BY c.priority, c.run_at, c.id) AS nth_kind,
                  row_number() OVER (PARTITION BY c.queue, c.key ORDER BY c.priority, c.run_at, c.id) AS nth_queue,
@@ -457,7 +457,7 @@ WITH flow AS (
     -- key count as one key, which has a turn in every claim), the keys in turn before the others.
     SELECT id, row_number() OVER w AS n, sum(bytes) OVER w AS upto
     FROM (SELECT *, ceil(row_number() OVER (PARTITION BY key ORDER BY priority, run_at, id)::numeric
-                         / shardworker.key_weight(queue, key)) AS nth,
+                         / CASE WHEN key IS NULL THEN 1 ELSE shardworker.key_weight(queue, key) END) AS nth,
                  CASE WHEN key IS NULL THEN 0 ELSE walk END AS turn FROM candidate) c
     WINDOW w AS (ORDER BY priority, nth, turn NULLS LAST, run_at, id)
 ), claimed AS (
