@@ -11,6 +11,8 @@ from shardworker.errors import (
     ConfigError,
     DatabaseUnavailable,
     EnqueueError,
+    EventError,
+    EventTimeout,
     JobsError,
     KindNotServed,
     ShardworkerError,
@@ -18,10 +20,11 @@ from shardworker.errors import (
     StoreError,
     WaitTimeout,
 )
+from shardworker.events import send_event, send_event_async
 from shardworker.jobs import JobInfo, get_job, wait_for, wait_for_async
 
-__all__ = ["App", "Cancel", "ConfigError", "DatabaseUnavailable", "EnqueueError", "Fail", "FollowUp", "Job", "JobInfo",
-           "JobSpec", "JobsError", "KindNotServed", "Retry", "ShardworkerError", "Snooze", "StepError", "StoreError",
-           "WaitTimeout", "enqueue", "enqueue_async", "enqueue_many", "enqueue_many_async", "get_job", "shard_for",
-           "wait_for", "wait_for_async"]
+__all__ = ["App", "Cancel", "ConfigError", "DatabaseUnavailable", "EnqueueError", "EventError", "EventTimeout", "Fail",
+           "FollowUp", "Job", "JobInfo", "JobSpec", "JobsError", "KindNotServed", "Retry", "ShardworkerError", "Snooze",
+           "StepError", "StoreError", "WaitTimeout", "enqueue", "enqueue_async", "enqueue_many", "enqueue_many_async",
+           "get_job", "send_event", "send_event_async", "shard_for", "wait_for", "wait_for_async"]
 __version__ = "0.1.0"

@@ -7,6 +7,7 @@ Hierarchy::
     ├── AppLoadError                  --app cannot be imported or holds no App
     ├── EnqueueError                  a job (or a line of a bulk file) is invalid
     │   └── KindNotServed             strict: no live worker handles that kind in that queue
+    ├── EventError                    an event's key or payload is invalid (send_event, job.wait_event)
     ├── JobsError                     an operator command refused (unknown id, wrong state, bad input)
     │   └── WaitTimeout               wait_for ran out of time before the job ended
     ├── OutboxBusy                    a worker or another drain holds the outbox directory
@@ -33,6 +34,8 @@ Hierarchy::
 
     StepError                         job.step misused: the attempt fails, even when the handler
                                       catches it, and nothing of the step is recorded
+    EventTimeout                      job.wait_event's timeout passed before its event came (also
+                                      a TimeoutError); every later run of the job gets it again
 
 Each class's docstring is its default message.
 """
@@ -61,6 +64,10 @@ class EnqueueError(ShardworkerError):
 
 class KindNotServed(EnqueueError):
     """No live worker handles this kind in this queue (``enqueue(..., strict=True)``)."""
+
+
+class EventError(ShardworkerError):
+    """An event's key or payload is invalid."""
 
 
 class JobsError(ShardworkerError):
@@ -146,3 +153,8 @@ class OutcomeRejected(DataRejected):
 class StepError(Exception):
     """A step was misused (``job.step``); the attempt fails (even when the handler catches
     this) and nothing of the step is recorded."""
+
+
+class EventTimeout(TimeoutError):
+    """No event came for a ``job.wait_event`` before its timeout; recorded like a step, so every
+    later run of the job gets this again at that wait."""

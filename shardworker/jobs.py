@@ -17,6 +17,7 @@ in the wrong state refuses the whole call with ``JobsError`` naming it.
   ``job.cancelled``, and past ``--cancel-grace`` its child is stopped), and its late outcome
   is never applied.
 * ``delete``: any job that is not ``running`` (the jobs waiting on it are cancelled).
+* ``wake``: a sleeping job (``job.sleep``) is queued now; its next run passes the sleep.
 * ``update``: a ``queued`` job's run_at (or a delay from now), priority or queue; refused
   for a job that runs, waits on others or has ended.
 """
@@ -24,7 +25,7 @@ in the wrong state refuses the whole call with ``JobsError`` naming it.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -108,7 +109,8 @@ def get_links(conn_or_dsn: Any, job_id: int) -> tuple[list[LinkInfo], list[LinkI
     return job_queries.get_links(conn_or_dsn, _id(job_id))
 
 
-def wait_for(conn_or_dsn: Any, job_id: int, timeout_s: float = 60.0) -> JobInfo:
+def wait_for(conn_or_dsn: Any, job_id: int, timeout_s: float = 60.0, *,
+             on_progress: Callable[[Any], Any] | None = None) -> JobInfo:
     """The job once it is ``done``, ``failed`` or ``cancelled``: it LISTENs for the end, and
     reads the job again every second all the same (through a transaction pool such as
     PgBouncer no notification comes). ``WaitTimeout`` (a ``TimeoutError``) when ``timeout_s`` runs out first,
@@ -118,21 +120,56 @@ def wait_for(conn_or_dsn: Any, job_id: int, timeout_s: float = 60.0) -> JobInfo:
     between transactions). It holds that connection while it waits: from a web request,
     prefer a connection of its own (pass the DSN) or a pool's. In asyncio code, await
     ``wait_for_async`` (this one refuses a ``psycopg.AsyncConnection``, naming it).
+
+    ``on_progress``: called with each new value the job reports (``job.progress``) while it
+    is waited on, read four times a second, and with the last one before the wait returns.
     """
     job_id, timeout_s = _id(job_id), _timeout(timeout_s)
+    _callable(on_progress)
     from shardworker.store import job_queries
 
-    return _ended(job_id, timeout_s, *job_queries.wait_job_end(conn_or_dsn, job_id, timeout_s))
+    return _ended(job_id, timeout_s, *job_queries.wait_job_end(conn_or_dsn, job_id, timeout_s, on_progress))
 
 
-async def wait_for_async(aconn_or_dsn: Any, job_id: int, timeout_s: float = 60.0) -> JobInfo:
+async def wait_for_async(aconn_or_dsn: Any, job_id: int, timeout_s: float = 60.0, *,
+                         on_progress: Callable[[Any], Any] | None = None) -> JobInfo:
     """``wait_for`` for asyncio code: ``await wait_for_async(aconn, job_id)`` on a
     ``psycopg.AsyncConnection`` (outside a transaction; held while it waits) or a DSN. The
-    event loop runs on while it waits; the same errors."""
+    event loop runs on while it waits; the same errors. ``on_progress`` may be a coroutine function."""
     job_id, timeout_s = _id(job_id), _timeout(timeout_s)
+    _callable(on_progress)
     from shardworker.store.wait_async import wait_job_end_async
 
-    return _ended(job_id, timeout_s, *await wait_job_end_async(aconn_or_dsn, job_id, timeout_s))
+    return _ended(job_id, timeout_s, *await wait_job_end_async(aconn_or_dsn, job_id, timeout_s, on_progress))
+
+
+def _callable(on_progress: Any) -> None:
+    if on_progress is not None and not callable(on_progress):
+        raise JobsError(f"on_progress must be a function of one value, got {type(on_progress).__name__}")
+
+
+def wake(conn_or_dsn: Any, job_ids: Sequence[int]) -> int:
+    """Wake sleeping jobs now (``job.sleep``): each is queued at once, and its next run passes
+    the sleep. All or nothing: a job that is not sleeping (one waiting on an event or on other
+    jobs, or not waiting) refuses the call with ``JobsError`` naming it; how many."""
+    ids = sorted({_id(i) for i in job_ids})
+    if not ids:
+        raise JobsError("wake: no job ids given")
+    from shardworker.store import event_queries
+
+    def check(found: dict[int, tuple[str, str | None]]) -> None:
+        missing = [i for i in ids if i not in found]
+        if missing:
+            raise JobsError(f"wake: no job {missing[0]}; nothing changed")
+        for job_id, (status, wait) in found.items():
+            if wait == "sleep":
+                continue
+            why = {"event": "it waits for an event: send it (shardworker events send) or cancel the job",
+                   "jobs": "it waits on the jobs it was enqueued after"}.get(wait or "", f"it is {status}")
+            raise JobsError(f"cannot wake job {job_id}: {why}; only a sleeping job (job.sleep) can be woken; "
+                            "nothing changed")
+
+    return event_queries.wake_jobs(conn_or_dsn, ids, check)
 
 
 def _timeout(timeout_s: Any) -> float:

@@ -1,7 +1,8 @@
 """The child's group commit, on a thread of its own.
 
-Handlers (whichever lane runs them) hand finished outcomes to ``add``, and the step records
-of ``job.step`` to ``add_step`` (an ``async def`` handler's) or ``commit_step`` (a thread's);
+Handlers (whichever lane runs them) hand finished outcomes to ``add``, the step records
+of ``job.step`` to ``add_step`` (an ``async def`` handler's) or ``commit_step`` (a thread's),
+and progress records to ``add_note`` (nobody waits for them);
 the committer writes the waiting ones with one write and one fdatasync
 (``ShardWriter.commit``) and only then wakes the steps' callers and reports the outcomes to
 the parent (``Done``). It commits as soon as
@@ -117,6 +118,17 @@ class Committer:
             self._waiting_bytes += len(record)
             self._step_waits = True
             self._cond.notify_all()
+
+    def add_note(self, record: bytes) -> None:
+        """A record nobody waits for (``job.progress``): it goes with the next commit, which the
+        usual deadline (``max_delay_s`` after it came) brings when nothing else does."""
+        with self._cond:
+            self._wait_for_room()
+            if not self._waiting:
+                self._oldest_start = self.clock()
+                self._cond.notify_all()  # the committer's wait now has a deadline
+            self._waiting.append(Entry(None, record, ()))
+            self._waiting_bytes += len(record)
 
     def commit_step(self, record: bytes, stats: Sequence[Stat] = ()) -> None:
         """A step's record from a handler thread, which commits it (with whatever else waits)

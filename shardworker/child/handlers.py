@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 import traceback
+from dataclasses import replace
 from typing import NamedTuple
 
 from shardworker.app import App, HandlerSpec
@@ -23,6 +24,7 @@ from shardworker.child.cancels import OPERATOR_CANCEL, Flag
 from shardworker.child.followups import FollowUps
 from shardworker.child.results import Unstorable, storable_json
 from shardworker.child.steps import AsyncSteps, StepLog, SyncSteps
+from shardworker.child.waits import Suspend, Waits
 from shardworker.control import Cancel, Fail, JobControl, Retry, Snooze
 from shardworker.core.limits import MAX_JOB_INPUT_BYTES, MAX_PAYLOAD_BYTES, MAX_TRACEBACK_BYTES
 from shardworker.core.model import ClaimedJob, Disposition, Outcome
@@ -63,13 +65,20 @@ def attempt_sync(app: App, job: ClaimedJob, steps: StepLog | None = None,
     if not_run is not None:
         return not_run
     followups = FollowUps()
+    waits = None
     if steps is not None:
         steps.cancel = cancel
+        waits = Waits(steps, steps.note)
     try:
-        result = spec.fn(job.to_job(None if steps is None else SyncSteps(steps), followups, cancel))
+        result = spec.fn(job.to_job(None if steps is None else SyncSteps(steps), followups, cancel, waits))
+    except Suspend:
+        return ended(spec, job, steps, waits=waits)
     except Exception as exc:
-        return ended(spec, job, steps, exc)
-    return ended(spec, job, steps, result=result, followups=followups)
+        return ended(spec, job, steps, exc, waits=waits)
+    finally:
+        if waits is not None:
+            waits.flush()
+    return ended(spec, job, steps, result=result, followups=followups, waits=waits)
 
 
 async def attempt_async(app: App, job: ClaimedJob, steps: StepLog | None = None,
@@ -85,11 +94,16 @@ async def attempt_async(app: App, job: ClaimedJob, steps: StepLog | None = None,
         return not_run
     deadline = asyncio.timeout(spec.timeout_s)
     followups = FollowUps()
+    waits = None
     if steps is not None:
         steps.cancel = cancel
+        waits = Waits(steps, steps.note, is_async=True)
     try:
         async with deadline:
-            result = await spec.fn(job.to_job(None if steps is None else AsyncSteps(steps), followups, cancel))
+            result = await spec.fn(job.to_job(None if steps is None else AsyncSteps(steps), followups, cancel,
+                                              waits))
+    except Suspend:
+        return ended(spec, job, steps, waits=waits)
     except asyncio.CancelledError:
         if cancel is None or not cancel.is_set():
             raise  # the loop is going away, not an operator's cancel
@@ -99,11 +113,14 @@ async def attempt_async(app: App, job: ClaimedJob, steps: StepLog | None = None,
         return Attempt(Outcome.cancelled(job.id, job.attempt, OPERATOR_CANCEL))
     except TimeoutError as exc:
         if not deadline.expired():  # the handler's own TimeoutError
-            return ended(spec, job, steps, exc)
+            return ended(spec, job, steps, exc, waits=waits)
         return Attempt(failure(spec, job, exc, error=f"timed out after {spec.timeout_s:g}s"), exc)
     except Exception as exc:
-        return ended(spec, job, steps, exc)
-    return ended(spec, job, steps, result=result, followups=followups)
+        return ended(spec, job, steps, exc, waits=waits)
+    finally:
+        if waits is not None:
+            waits.flush()
+    return ended(spec, job, steps, result=result, followups=followups, waits=waits)
 
 
 def cancelled_before(job: ClaimedJob, cancel: Flag | None) -> Attempt | None:
@@ -114,21 +131,29 @@ def cancelled_before(job: ClaimedJob, cancel: Flag | None) -> Attempt | None:
 
 
 def ended(spec: HandlerSpec, job: ClaimedJob, steps: StepLog | None, exc: Exception | None = None,
-          result: object = None, followups: FollowUps | None = None) -> Attempt:
+          result: object = None, followups: FollowUps | None = None, waits: Waits | None = None) -> Attempt:
     """The attempt of a handler that raised ``exc`` or returned ``result``. One that misused a
-    step failed, whatever it did after (caught the ``StepError``, returned, raised something else)."""
+    step failed, whatever it did after (caught the ``StepError``, returned, raised something else);
+    one that reached a wait is suspended, whatever it did after (caught the ``Suspend``)."""
     if steps is not None and steps.not_run == "cancelled":  # a step the cancel kept from starting
         return Attempt(Outcome.cancelled(job.id, job.attempt, OPERATOR_CANCEL))
     if steps is not None and steps.not_run == "held back":  # not the handler's doing: given back, uncharged
         return Attempt(Outcome.snoozed(job.id, job.attempt, 0.0))
     if steps is not None and steps.error is not None:
         return Attempt(failure(spec, job, steps.error), steps.error)
+    if waits is not None and waits.wait is not None:
+        return Attempt(Outcome.suspended(job.id, job.attempt, waits.extras(sends=True) or b"{}"))
     if isinstance(exc, JobControl):
         outcome = controlled(job, exc)
+        if outcome.disposition is Disposition.SNOOZED and waits is not None:
+            outcome = replace(outcome, extras_json=waits.extras(sends=True))
         return Attempt(outcome, exc if outcome.disposition in FAILURES else None)
     if exc is not None:
         return Attempt(failure(spec, job, exc), exc)
-    return success(job, result, followups)
+    attempt = success(job, result, followups)
+    if attempt.outcome.disposition is Disposition.DONE and waits is not None:
+        return attempt._replace(outcome=replace(attempt.outcome, extras_json=waits.extras(sends=True)))
+    return attempt
 
 
 def success(job: ClaimedJob, result: object, followups: FollowUps | None = None) -> Attempt:

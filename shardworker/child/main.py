@@ -137,7 +137,8 @@ class ShardRunner:
         """The step log of a run of ``job``: its records go to the committer, at once."""
         stat = ((job.kind, STEP_RECORDED, -1.0),)
         return StepLog(job, lambda record, on_durable: self.committer.add_step(record, on_durable, stat),
-                       lambda record: self.committer.commit_step(record, stat), self.gate, self._stopping.is_set)
+                       lambda record: self.committer.commit_step(record, stat), self.gate, self._stopping.is_set,
+                       self.committer.add_note)
 
     def _finished(self, slot: int, job: ClaimedJob, outcome: Outcome, started_at: float, steps: StepLog) -> None:
         seconds = time.monotonic() - started_at
@@ -147,7 +148,7 @@ class ShardRunner:
         replays = ((job.kind, STEP_REPLAYED, -1.0),) * steps.replayed
         self.committer.add((job.id, job.attempt), wire.encode_outcome(outcome.claimed_by(job)), started_at,
                            ((job.kind, OUTCOMES.index(label), seconds), *replays))
-        if outcome.disposition in (Disposition.SNOOZED, Disposition.CANCELLED):
+        if outcome.disposition in (Disposition.SNOOZED, Disposition.CANCELLED, Disposition.SUSPENDED):
             log_control(job, outcome)
         elif outcome.disposition is not Disposition.DONE:
             log_failure(job, outcome)
@@ -177,8 +178,11 @@ def log_failure(job: ClaimedJob, outcome: Outcome) -> None:
 
 
 def log_control(job: ClaimedJob, outcome: Outcome) -> None:
-    """One line for a job its handler snoozed or cancelled."""
-    if outcome.disposition is Disposition.SNOOZED:
+    """One line for a job its handler snoozed, suspended at a wait, or cancelled."""
+    if outcome.disposition is Disposition.SUSPENDED:
+        log.info("job %d (%s) attempt %d waits (its worker slot is free until it runs again)", job.id, job.kind,
+                 job.attempt, extra=logs.job_fields(job))
+    elif outcome.disposition is Disposition.SNOOZED:
         log.info("job %d (%s) attempt %d snoozed for %.1fs", job.id, job.kind, job.attempt, outcome.delay_s,
                  extra=logs.job_fields(job))
     elif outcome.error == OPERATOR_CANCEL:

@@ -57,8 +57,9 @@ class StepLog:
     it. Nor does a step run once ``cancel`` (the attempt's ``job.cancelled``) is set (``held``)."""
 
     def __init__(self, job: ClaimedJob, sink: Sink, commit: Commit, gate: StartGate | None = None,
-                 stopping: Callable[[], bool] = lambda: False) -> None:
+                 stopping: Callable[[], bool] = lambda: False, note: Callable[[bytes], None] | None = None) -> None:
         self.job, self.sink, self.commit, self.gate, self.stopping = job, sink, commit, gate, stopping
+        self.note = note  # appends a record without waiting for it (job.progress: shardworker.child.waits)
         self._earlier: dict[str, Any] | None = None  # decoded on first use
         self.used: set[str] = set()
         self.recorded = 0  # steps this run recorded

@@ -81,6 +81,9 @@ D = WorkerConfig.default
 @click.option("--retention-failed", type=Duration(), default=None,
               show_default=f"{duration_text(FAILED_RETENTION_S)}, or --retention when longer",
               help="Prune failed and cancelled jobs older than this; 0 keeps them all.")
+@click.option("--event-retention", type=Duration(), default=duration_text(D("event_retention_s")), show_default=True,
+              help="Keep sent events this long (1h, 7d), whether or not a job waited on them: a job.wait_event "
+                   "that starts after its event was sent still takes it.")
 @click.option("--segment-bytes", type=click.IntRange(min=4096), default=D("segment_bytes"), show_default=True,
               help="Outbox segment size: a segment is deleted once every outcome in it is applied, and the "
                    "reapply window has passed.")
@@ -154,7 +157,7 @@ def worker_config(app_ref: str, dsn: str | None, *, procs: int, outbox_dir: str,
                   rescue_after: float, release_slots_after: float, rescue_grace: float, backoff_cap: float,
                   network_timeout: int,
                   statement_timeout: float, min_free_mb: int, concurrency: int, prefetch: int, retention: float,
-                  retention_failed: float | None, segment_bytes: int, metrics_port: int | None, metrics_host: str,
+                  retention_failed: float | None, event_retention: float, segment_bytes: int, metrics_port: int | None, metrics_host: str,
                   metrics_token: str | None, listen_dsn: str | None, reapply_window: float,
                   reapply_max_mb: int) -> WorkerConfig:
     """The ``WorkerConfig`` of the command's options (``WorkerConfig`` checks each value)."""
@@ -168,6 +171,6 @@ def worker_config(app_ref: str, dsn: str | None, *, procs: int, outbox_dir: str,
         min_free_bytes=min_free_mb * MiB, network_timeout_s=network_timeout, statement_timeout_s=statement_timeout,
         connect_timeout_s=min(D("connect_timeout_s"), network_timeout), concurrency=concurrency,
         prefetch_batch=prefetch, segment_bytes=segment_bytes, retention_s=retention,
-        retention_failed_s=retention_failed, metrics_port=metrics_port,
+        retention_failed_s=retention_failed, event_retention_s=event_retention, metrics_port=metrics_port,
         metrics_host=metrics_host, metrics_token=metrics_token or None, listen_dsn=listen_dsn or None,
         reapply_window_s=reapply_window, reapply_max_bytes=reapply_max_mb * MiB)

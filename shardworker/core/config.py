@@ -185,6 +185,9 @@ class WorkerConfig:
     # failed_retention_s.
     retention_failed_s: float | None = None
     prune_interval_s: float = 60.0
+    # Events (send_event) are kept this long, whether or not a job waited on them: a wait that
+    # starts after its event was sent takes it (shardworker.child.waits).
+    event_retention_s: float = 7 * 86400.0
     # A periodic schedule no worker has checked for this long (removed from the code, or every
     # worker that declares it down) leaves `shardworker periodic`, and housekeeping forgets its
     # row: if it comes back, its ticks start afresh instead of catching up.
@@ -232,6 +235,7 @@ class WorkerConfig:
             ("retention_failed_s", (self.retention_failed_s or 0) >= 0,
              "must be >= 0 (0 keeps every failed and cancelled job)"),
             ("prune_interval_s", self.prune_interval_s > 0, "must be > 0"),
+            ("event_retention_s", self.event_retention_s > 0, "must be > 0 (events are kept this long)"),
             ("procs", self.procs < PARENT_SHARD, f"must be < {PARENT_SHARD}"),
             ("connect_timeout_s", self.connect_timeout_s >= 1, "must be >= 1"),
             ("statement_timeout_s", self.statement_timeout_s > 0, "must be > 0"),

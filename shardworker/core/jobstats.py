@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 from shardworker.core.model import ClaimedJob, Disposition, Outcome
 
-OUTCOMES = ("done", "failed", "retried", "snoozed", "cancelled")
+OUTCOMES = ("done", "failed", "retried", "snoozed", "cancelled", "suspended")
 # Handler seconds: Prometheus' default buckets, and two more for slow jobs.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 30.0, 60.0)
 

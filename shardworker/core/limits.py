@@ -36,6 +36,10 @@ third of an 8 KiB page less its headers, and a value that does not fit is refuse
 * ``MAX_DEDUPE_KEY_BYTES`` (1,024): ``jobs_dedupe_idx`` holds the whole key.
 * ``MAX_JOB_KEY_BYTES`` (255): a job's key (a tenant's), held whole by the key indexes of
   migration 0022 beside a queue's and a kind's name.
+* ``MAX_EVENT_KEY_BYTES`` (1,024): an event's key, held whole by ``jobs_wait_key_idx`` and
+  ``events_key_idx`` (migration 0025). An event's payload is at most ``MAX_EVENT_BYTES``
+  (1 MiB: it is recorded as a step of every job it wakes), a ``job.progress`` value at most
+  ``MAX_PROGRESS_BYTES`` (8 KiB: it is a note on the job's row, not a result).
 * ``MAX_WORKER_ID_BYTES`` (255): ``jobs_running_idx`` holds ``locked_by`` and the workers
   table's primary key the id. ``MAX_PERIODIC_NAME_BYTES`` (255): the periodic table's key.
 
@@ -86,6 +90,9 @@ MAX_DEDUPE_KEY_BYTES = 1024
 MAX_JOB_KEY_BYTES = 255
 MAX_WORKER_ID_BYTES = 255
 MAX_PERIODIC_NAME_BYTES = 255
+MAX_EVENT_KEY_BYTES = 1024
+MAX_EVENT_BYTES = 1 * MiB
+MAX_PROGRESS_BYTES = 8 * 1024
 
 # Shared by the API, the commands and the store.
 MAX_DELAY_S = 100 * 365.25 * 86400  # the longest delay, snooze or duration accepted: 100 years (36525d)

@@ -86,6 +86,7 @@ class Job:
     snoozes: int = 0
     _cancel: Any = field(default=None, repr=False, compare=False)  # a cancels.Flag an operator's cancel sets
     key: str | None = None  # whose job it is (enqueue's key=): a tenant's, an account's; None: no one's
+    _waits: Any = field(default=None, repr=False, compare=False)  # shardworker.child.waits.Waits
 
     @property
     def cancelled(self) -> bool:
@@ -100,6 +101,39 @@ class Job:
         if self._steps is None:
             raise RuntimeError("job.step works inside a worker's handler only (this Job was made by hand)")
         return self._steps.run(name, fn, args, kwargs)
+
+    def sleep(self, name: str, seconds: float) -> Any:
+        """A durable timer: the job gives up its worker now (the attempt ends uncharged, as a
+        snooze) and runs again once ``seconds`` have passed; that run replays the steps before
+        this line from their records, and ``sleep`` returns at once. ``name`` is a step's name
+        (unique within the job). In an ``async def`` handler, await it. See ``shardworker.child.waits``."""
+        return self._waiting("job.sleep").sleep(name, seconds)
+
+    def wait_event(self, name: str, key: str, timeout_s: float | None = None) -> Any:
+        """The payload of the event sent to ``key`` (``shardworker.send_event``, ``job.send_event``,
+        ``shardworker events send``): the job waits for it without holding a worker, and runs
+        again once it comes (one sent since the job was enqueued counts, even before this wait).
+        Recorded as step ``name``, so every later run gets the same payload. Past ``timeout_s``
+        (None: no limit) it raises ``shardworker.EventTimeout``. In an ``async def`` handler, await it."""
+        return self._waiting("job.wait_event").wait_event(name, key, timeout_s)
+
+    def send_event(self, key: str, payload: Any = None) -> None:
+        """Send an event to ``key`` with this run's outcome: it lands in the transaction that
+        applies the outcome when the run ends done, snoozed or waiting (not when it fails:
+        its retry sends it), once, even when a later run of the job sends it again."""
+        self._waiting("job.send_event").send_event(key, payload)
+
+    def progress(self, value: Any) -> None:
+        """Report how far the job got (a small JSON value: a fraction, a message, a count):
+        shown by ``jobs show``, ``jobs list``, the dashboard and ``wait_for(on_progress=)``.
+        Cheap: it goes through the outbox with the next commit, a record at most every 0.25 s
+        a job (the last value always lands), never a database write from the handler."""
+        self._waiting("job.progress").progress(value)
+
+    def _waiting(self, what: str) -> Any:
+        if self._waits is None:
+            raise RuntimeError(f"{what} works inside a worker's handler only (this Job was made by hand)")
+        return self._waits
 
     def enqueue(self, kind: str, payload: Any = None, *, queue: str = "default", priority: int = 0,
                 delay_s: float = 0.0, max_attempts: int = DEFAULT_MAX_ATTEMPTS, dedupe_key: str | None = None,
@@ -150,14 +184,15 @@ class ClaimedJob:
         """What it holds in memory and on a pipe, near enough: its JSON texts' lengths."""
         return len(self.payload_json) + len(self.steps_json or "") + len(self.dependencies_json or "")
 
-    def to_job(self, steps: Any = None, followups: Any = None, cancel: Any = None) -> Job:
+    def to_job(self, steps: Any = None, followups: Any = None, cancel: Any = None, waits: Any = None) -> Job:
         """The handler's view; ``steps`` runs its ``job.step`` calls (``shardworker.child.steps``),
         ``followups`` keeps its ``job.enqueue`` calls (``shardworker.core.followups``), ``cancel``
-        (its ``cancels.Flag``) tells ``job.cancelled``."""
+        (its ``cancels.Flag``) tells ``job.cancelled``, ``waits`` its sleeps, events and
+        progress (``shardworker.child.waits``)."""
         dependencies = {} if self.dependencies_json is None else {
             int(key): value for key, value in loads_exact(self.dependencies_json).items()}
         return Job(self.id, self.kind, self.queue, loads_exact(self.payload_json), self.attempt,
-                   self.max_attempts, steps, dependencies, followups, self.snoozes, cancel, self.key)
+                   self.max_attempts, steps, dependencies, followups, self.snoozes, cancel, self.key, waits)
 
 
 class Claim(NamedTuple):
@@ -178,6 +213,9 @@ class Disposition(enum.Enum):
     FAILED = "failed"  # for good, whatever attempts remain
     SNOOZED = "snoozed"
     CANCELLED = "cancelled"
+    # The handler waits (job.sleep, job.wait_event): the job waits in its row, no attempt used,
+    # until its time comes or its event is sent (Outcome.extras_json says which).
+    SUSPENDED = "suspended"
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +246,9 @@ class Outcome:
     reapplied: bool = False
     followup_ids: tuple[int | None, ...] | None = None
     followup_wait_s: float = 0.0
+    # What else lands with the outcome, as a JSON object (shardworker.child.waits): "wait", what a
+    # SUSPENDED attempt waits on; "events", the events the handler sent (job.send_event).
+    extras_json: bytes | None = None
 
     def claimed_by(self, job: ClaimedJob) -> Outcome:
         """This outcome, marked as the outcome of ``job``'s claim (its uid and token)."""
@@ -246,6 +287,10 @@ class Outcome:
     def cancelled(cls, job_id: int, attempt: int, error: str | None) -> Outcome:
         return cls(job_id, attempt, Disposition.CANCELLED, error=error)
 
+    @classmethod
+    def suspended(cls, job_id: int, attempt: int, extras_json: bytes) -> Outcome:
+        return cls(job_id, attempt, Disposition.SUSPENDED, extras_json=extras_json)
+
 
 @dataclass(frozen=True, slots=True)
 class StepRecord:
@@ -259,6 +304,19 @@ class StepRecord:
     result_json: bytes
     recorded_at: float
     uid: int | None = None  # the job's uid (ClaimedJob.uid); None: not checked
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressRecord:
+    """How far a running job got, as its handler reported it (``job.progress``): a small JSON
+    value in UTF-8 bytes, and when (Unix seconds, the child's clock). Only the attempt that
+    reported it shows it (``shardworker.store.worker_queries``)."""
+
+    job_id: int
+    attempt: int
+    value_json: bytes
+    reported_at: float
+    uid: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,18 +2,22 @@
 
 The outcome record (``encode_outcome`` / ``decode_outcome``): a fixed header, then the
 result's JSON bytes exactly as the child encoded them, then the error text, then (versions 4
-to 6) the follow-up jobs the handler enqueued (``shardworker.core.followups``, JSON), then
-(versions 5, 6) a failed attempt's traceback::
+to 6, 8) the follow-up jobs the handler enqueued (``shardworker.core.followups``, JSON), then
+(versions 5, 6, 8) a failed attempt's traceback, then (version 8) the outcome's extras (what a
+suspended attempt waits on, the events the handler sent: ``shardworker.child.waits``, JSON)::
 
-    u8 version (2, 4, 5 or 6) | i64 job id | i32 attempt | u8 code | f64 retry delay
+    u8 version (2, 4, 5, 6 or 8) | i64 job id | i32 attempt | u8 code | f64 retry delay
     | i32 result length (-1: none) | i32 error length (-1: none)
-    | (versions 4 to 6) i32 follow-ups length (-1: none)
-    | (versions 5, 6) f64 failed at (Unix s; NaN: unknown) | i32 traceback length (-1: none)
-    | (version 6) i64 job uid (0: unknown) | 16 bytes claim token (zeros: unknown)
-    | result | error (UTF-8) | follow-ups | traceback (UTF-8)
+    | (versions 4 to 8) i32 follow-ups length (-1: none)
+    | (versions 5 to 8) f64 failed at (Unix s; NaN: unknown) | i32 traceback length (-1: none)
+    | (versions 6, 8) i64 job uid (0: unknown) | 16 bytes claim token (zeros: unknown)
+    | (version 8) i32 extras length (-1: none)
+    | result | error (UTF-8) | follow-ups | traceback (UTF-8) | extras
 
 where code is the disposition (``_CODES``: 0 a failed attempt, retried after the delay, or for
-good when the delay is -1; 1 done; 2 snoozed; 3 cancelled): a result is never escaped, decoded
+good when the delay is -1; 1 done; 2 snoozed; 3 cancelled; 4, only in version 8, suspended):
+an outcome with extras is version 8, which a release before it refuses (``NewerRecord``)
+rather than mistakes for something else. A result is never escaped, decoded
 or re-encoded on its way to PostgreSQL. A failed attempt with a traceback or a time is written
 as version 5, any other outcome as version 4 with follow-ups and 2 without, as the release
 before version 5 wrote them all (its outboxes still drain); an outcome that knows the claim it
@@ -28,7 +32,12 @@ same flusher (``decode_record`` tells them apart, ``step_key`` reads its header)
     u8 version (3 or 7) | i64 job id | i32 attempt | f64 recorded at (Unix s)
     | i32 name length | i32 result length | (version 7) i64 job uid | name (UTF-8) | result (JSON, UTF-8)
 
-Version numbers are shared by both kinds of record (the first byte tells them apart).
+The progress record (``encode_progress``) is what ``job.progress`` appends, throttled::
+
+    u8 version (9) | i64 job id | i32 attempt | i64 job uid (0: unknown) | f64 reported at (Unix s)
+    | value (JSON, UTF-8, to the record's end)
+
+Version numbers are shared by every kind of record (the first byte tells them apart).
 """
 
 from __future__ import annotations
@@ -38,7 +47,7 @@ import struct
 from dataclasses import replace
 
 from outbox import MAX_RECORD_BYTES
-from shardworker.core.model import Disposition, Outcome, StepRecord
+from shardworker.core.model import Disposition, Outcome, ProgressRecord, StepRecord
 from shardworker.errors import NewerRecord
 
 JobKey = tuple[int, int]  # (job id, attempt)
@@ -52,35 +61,44 @@ _FAILURE = struct.Struct("<idi")  # version 5: follow-ups length, failed at, tra
 _RECORD_V5 = 5
 _ORIGIN = struct.Struct("<q16s")  # version 6: the job's uid and the claim's token, after the failure fields
 _RECORD_V6 = 6
+_EXTRAS = struct.Struct("<i")  # version 8: the extras' length, after the origin
+_RECORD_V8 = 8
+_OUTCOME_VERSIONS = (_RECORD_V2, _RECORD_V4, _RECORD_V5, _RECORD_V6, _RECORD_V8)
 _NO_TOKEN = bytes(16)
 _CODES = {Disposition.RETRY: 0, Disposition.FAILED: 0, Disposition.DONE: 1, Disposition.SNOOZED: 2,
-          Disposition.CANCELLED: 3}
+          Disposition.CANCELLED: 3, Disposition.SUSPENDED: 4}
 _FOR_GOOD = -1.0  # the delay of a code-0 record that is not to be retried
 _STEP = struct.Struct("<Bqidii")
 _STEP_V3 = 3
 _STEP_UID = struct.Struct("<q")  # version 7: the job's uid, after the lengths
 _STEP_V7 = 7
 _STEP_VERSIONS = (_STEP_V3, _STEP_V7)
-NEWEST_VERSION = _STEP_V7  # a record above it was written by a newer release (NewerRecord)
+_PROGRESS = struct.Struct("<Bqiqd")
+_PROGRESS_V9 = 9
+NEWEST_VERSION = _PROGRESS_V9  # a record above it was written by a newer release (NewerRecord)
 _VERSIONS_END = 32  # first bytes from here on are not versions: the unreleased JSON format began with "["
 
 
 def encode_outcome(outcome: Outcome) -> bytes:
     """The outbox record of ``outcome``; a too-large one becomes a final failure saying so."""
-    result, followups = outcome.result_json, outcome.followups_json
+    result, followups, extras = outcome.result_json, outcome.followups_json, outcome.extras_json
     error, traceback = _utf8(outcome.error), _utf8(outcome.traceback)
-    origin = outcome.uid is not None or outcome.token is not None
+    extended = extras is not None or outcome.disposition is Disposition.SUSPENDED
+    origin = extended or outcome.uid is not None or outcome.token is not None
     failure = origin or traceback is not None or outcome.failed_at is not None
-    extra = (_FAILURE.size + (_ORIGIN.size if origin else 0)) if failure else _FOLLOWUPS.size if followups else 0
-    size = _RECORD.size + extra + sum(len(part or b"") for part in (result, error, followups, traceback))
+    extra = ((_FAILURE.size + (_ORIGIN.size if origin else 0) + (_EXTRAS.size if extended else 0)) if failure
+             else _FOLLOWUPS.size if followups else 0)
+    size = _RECORD.size + extra + sum(len(part or b"") for part in (result, error, followups, traceback, extras))
     if size > MAX_RECORD_BYTES:
         what = ("handler result and follow-up jobs" if followups else "handler result" if result is not None
-                else "error and traceback")
+                else "events sent" if extras is not None else "error and traceback")
         message = f"{what} too large: {size} bytes > {MAX_RECORD_BYTES}"
         outcome = replace(Outcome.failed(outcome.job_id, outcome.attempt, message), uid=outcome.uid, token=outcome.token)
-        result, error, followups, traceback, failure = None, message.encode(), None, None, origin
+        result, error, followups, traceback, extras, failure = None, message.encode(), None, None, None, origin
+        extended = False
     delay = outcome.delay_s if outcome.disposition in (Disposition.RETRY, Disposition.SNOOZED) else _FOR_GOOD
-    version = _RECORD_V6 if origin else _RECORD_V5 if failure else _RECORD_V4 if followups else _RECORD_V2
+    version = (_RECORD_V8 if extended else _RECORD_V6 if origin else _RECORD_V5 if failure
+               else _RECORD_V4 if followups else _RECORD_V2)
     header = _RECORD.pack(version, outcome.job_id, outcome.attempt, _CODES[outcome.disposition], delay,
                           _length(result), _length(error))
     if failure:
@@ -88,17 +106,20 @@ def encode_outcome(outcome: Outcome) -> bytes:
         header += _FAILURE.pack(_length(followups), failed_at, _length(traceback))
         if origin:
             header += _ORIGIN.pack(outcome.uid or 0, _token_bytes(outcome.token))
+        if extended:
+            header += _EXTRAS.pack(_length(extras))
     elif followups:
         header += _FOLLOWUPS.pack(len(followups))
-    return b"".join((header, result or b"", error or b"", followups or b"", traceback or b""))
+    return b"".join((header, result or b"", error or b"", followups or b"", traceback or b"", extras or b""))
 
 
 def decode_outcome(record: bytes) -> Outcome:
     """The outcome in an outbox record; ``ValueError`` when it is not one."""
     version, job_id, attempt, code, delay, result_len, error_len = _header(record)
     at = _RECORD.size
-    followups_len, failed_at, traceback_len, uid, token = -1, math.nan, -1, 0, _NO_TOKEN
-    tail = {_RECORD_V4: _FOLLOWUPS.size, _RECORD_V5: _FAILURE.size, _RECORD_V6: _FAILURE.size + _ORIGIN.size}.get(version)
+    followups_len, failed_at, traceback_len, uid, token, extras_len = -1, math.nan, -1, 0, _NO_TOKEN, -1
+    tail = {_RECORD_V4: _FOLLOWUPS.size, _RECORD_V5: _FAILURE.size, _RECORD_V6: _FAILURE.size + _ORIGIN.size,
+            _RECORD_V8: _FAILURE.size + _ORIGIN.size + _EXTRAS.size}.get(version)
     if tail is not None:
         if len(record) < at + tail:
             raise ValueError("not an outcome record: truncated header")
@@ -106,20 +127,23 @@ def decode_outcome(record: bytes) -> Outcome:
             (followups_len,) = _FOLLOWUPS.unpack_from(record, at)
         else:
             followups_len, failed_at, traceback_len = _FAILURE.unpack_from(record, at)
-        if version == _RECORD_V6:
+        if version in (_RECORD_V6, _RECORD_V8):
             uid, token = _ORIGIN.unpack_from(record, at + _FAILURE.size)
+        if version == _RECORD_V8:
+            (extras_len,) = _EXTRAS.unpack_from(record, at + _FAILURE.size + _ORIGIN.size)
         at += tail
-    lengths = (result_len, error_len, followups_len, traceback_len)
-    if code > 3 or min(lengths) < -1 or at + sum(max(n, 0) for n in lengths) != len(record):
+    lengths = (result_len, error_len, followups_len, traceback_len, extras_len)
+    if (code > (4 if version == _RECORD_V8 else 3) or min(lengths) < -1
+            or at + sum(max(n, 0) for n in lengths) != len(record)):
         raise ValueError("not an outcome record: inconsistent header")
-    result, error, followups, traceback = _parts(record, at, lengths)
+    result, error, followups, traceback, extras = _parts(record, at, lengths)
     disposition = (Disposition.FAILED if delay < 0 else Disposition.RETRY, Disposition.DONE, Disposition.SNOOZED,
-                   Disposition.CANCELLED)[code]
+                   Disposition.CANCELLED, Disposition.SUSPENDED)[code]
     kept = delay if disposition in (Disposition.RETRY, Disposition.SNOOZED) else 0.0
     return Outcome(job_id, attempt, disposition, result, None if error is None else error.decode("utf-8"), kept,
                    followups or None, None if traceback is None else traceback.decode("utf-8"),
                    None if math.isnan(failed_at) else failed_at, uid or None,
-                   None if token == _NO_TOKEN else token.hex())
+                   None if token == _NO_TOKEN else token.hex(), extras_json=extras)
 
 
 def _parts(record: bytes, at: int, lengths: tuple[int, ...]) -> list[bytes | None]:
@@ -172,8 +196,19 @@ def encode_step(step: StepRecord) -> bytes:
     return b"".join((header, uid, name, step.result_json))
 
 
-def decode_record(record: bytes) -> Outcome | StepRecord:
-    """The outcome or the step in an outbox record; ``ValueError`` when it is neither."""
+def encode_progress(progress: ProgressRecord) -> bytes:
+    """The outbox record of a job's progress (the caller keeps the value small)."""
+    return _PROGRESS.pack(_PROGRESS_V9, progress.job_id, progress.attempt, progress.uid or 0,
+                          progress.reported_at) + progress.value_json
+
+
+def decode_record(record: bytes) -> Outcome | StepRecord | ProgressRecord:
+    """The outcome, the step or the progress in an outbox record; ``ValueError`` when it is none."""
+    if record and record[0] == _PROGRESS_V9:
+        if len(record) <= _PROGRESS.size:
+            raise ValueError("not a progress record: truncated")
+        _, job_id, attempt, uid, reported_at = _PROGRESS.unpack_from(record)
+        return ProgressRecord(job_id, attempt, bytes(record[_PROGRESS.size:]), reported_at, uid or None)
     if step_key(record) is None:
         return decode_outcome(record)  # or ValueError: neither
     version, job_id, attempt, recorded_at, name_len, result_len = _STEP.unpack_from(record)
@@ -188,6 +223,6 @@ def decode_record(record: bytes) -> Outcome | StepRecord:
 def _header(record: bytes) -> tuple[int, int, int, int, float, int, int]:
     if record and NEWEST_VERSION < record[0] < _VERSIONS_END:
         raise NewerRecord(f"record version {record[0]}; this release reads versions up to {NEWEST_VERSION}")
-    if len(record) < _RECORD.size or record[0] not in (_RECORD_V2, _RECORD_V4, _RECORD_V5, _RECORD_V6):
+    if len(record) < _RECORD.size or record[0] not in _OUTCOME_VERSIONS:
         raise ValueError(f"not an outcome record: {bytes(record[:16])!r}")
     return _RECORD.unpack_from(record)

@@ -67,6 +67,24 @@ class JobInfo:
     locked_by: str | None
     snoozes: int = 0  # runs that used no attempt (Snooze): ``attempt`` counts every run
     key: str | None = None  # whose job it is (enqueue's key=)
+    progress: Any = None  # the last value its handler reported (job.progress); None: none
+    # What a waiting job waits on: "sleep" (job.sleep, until wait_until), "event" (job.wait_event,
+    # sent to wait_key; until wait_until when the wait has a timeout), "jobs" (those it was
+    # enqueued after=); None when it is not waiting.
+    wait: str | None = None
+    wait_key: str | None = None
+    wait_until: datetime | None = None
+
+    @property
+    def waiting_on(self) -> str:
+        """What a waiting job waits on, in a few words: ``sleep until 12:00:05Z``, ``event
+        'order:42'``, ``event 'order:42' until …``, ``jobs``; empty when it is not waiting."""
+        until = "" if self.wait_until is None else f" until {self.wait_until.astimezone(UTC):%Y-%m-%d %H:%M:%SZ}"
+        if self.wait == "sleep":
+            return f"sleep{until}"
+        if self.wait == "event":
+            return f"event {self.wait_key!r}{until}"
+        return self.wait or ""
 
     @property
     def attempts_text(self) -> str:

@@ -45,7 +45,7 @@ from typing import Protocol
 from outbox import OutboxReader, Record
 from shardworker.core import layout, wire
 from shardworker.core.config import FlusherConfig
-from shardworker.core.model import ApplyResult, Mark, Outcome, StepRecord
+from shardworker.core.model import ApplyResult, Mark, Outcome, ProgressRecord, StepRecord
 from shardworker.core.retry import Backoff, Outage
 from shardworker.errors import DatabaseWentBack, NewerRecord, OutcomeRejected, StatementTimeout, StoreError
 from shardworker.flusher import kept
@@ -67,6 +67,7 @@ class OutcomeStore(Protocol):
     """What the flusher needs from a store (``PgStore`` provides it)."""
     def apply_outcomes(self, outcomes: Sequence[Outcome], steps: Sequence[StepRecord] = (),
                        mark: Mark | None = None) -> ApplyResult: ...
+    def apply_progress(self, progress: Sequence[ProgressRecord]) -> int: ...
     def mark_outbox(self, mark: Mark) -> None: ...
 
 
@@ -194,10 +195,13 @@ class Flusher:
         records, decoded = self._held[:count], self._decoded[:count]
         outcomes = [d for d in decoded if isinstance(d, Outcome)]
         steps = [d for d in decoded if isinstance(d, StepRecord)]
+        progress = [d for d in decoded if isinstance(d, ProgressRecord)]
         mark = self.marks.mark_for(records) if self.marks is not None else None
         if self.marks is not None:
             outcomes = self.marks.reapplied(outcomes)
         try:
+            if progress:  # first, in a transaction of its own: a replay of it writes the same values
+                self.store.apply_progress(progress)
             result = self._apply(outcomes, steps, mark)
         except DatabaseWentBack:
             self._went_back()
@@ -352,7 +356,7 @@ class Flusher:
             self.store.mark_outbox(mark)
         return result
 
-    def _decode(self, record: Record) -> Outcome | StepRecord | None:
+    def _decode(self, record: Record) -> Outcome | StepRecord | ProgressRecord | None:
         try:
             return wire.decode_record(record.payload)
         except NewerRecord as exc:  # a rolled-back release: stop, keep it (dead-lettered, its job would run again)

@@ -24,7 +24,7 @@ from outbox import Keep, OutboxLocked, Position
 from shardworker.core import binding, layout, wire
 from shardworker.core.config import FlusherConfig
 from shardworker.core.followups import decode as decode_followups
-from shardworker.core.model import Outcome, StepRecord
+from shardworker.core.model import Outcome, ProgressRecord, StepRecord
 from shardworker.core.retry import Backoff, retry_call
 from shardworker.errors import NewerRecord, OutboxBusy
 from shardworker.flusher.journal import Journal
@@ -102,7 +102,7 @@ def _count(outbox_dir: str, outcomes: list[Outcome], landing: set[int], records:
     return Preview(records, len(outcomes), len(changed), followups, steps)
 
 
-def _decode(payload: bytes, outbox_dir: str) -> Outcome | StepRecord | None:
+def _decode(payload: bytes, outbox_dir: str) -> Outcome | StepRecord | ProgressRecord | None:
     """A kept record, or None for one that is not ours (a drain dead-letters it; a dry run skips
     it); a record of a newer release is refused, as the drain does."""
     try:

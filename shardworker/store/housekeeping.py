@@ -87,6 +87,20 @@ class HousekeepingQueries(Session):
                                                "statuses": list(statuses)})
             return cur.rowcount
 
+    def wake_due(self, batch: int) -> int:
+        """Queue up to ``batch`` jobs whose sleep is over or whose wait for an event timed out
+        (``shardworker.wake_due``, migration 0025); how many."""
+        with self.cursor() as cur:
+            cur.execute(query("wake_due"), {"batch": batch})
+            row = cur.fetchone()
+        return int(row[0]) if row else 0
+
+    def prune_events(self, older_than_s: float) -> int:
+        """Delete the events sent more than ``older_than_s`` ago; how many."""
+        with self.cursor() as cur:
+            cur.execute(query("events_prune"), {"older_than_s": float(older_than_s)})
+            return max(0, cur.rowcount)
+
     def run_periodic(self, name: str, schedule: str,
                      plan: Callable[[datetime, datetime | None], tuple[list[dict[str, Any]], datetime]]) -> int:
         """Enqueue a schedule's due ticks, once across workers: lock its row (created on

@@ -162,7 +162,8 @@ def retry_failed(conn_or_dsn: Any, kind: str | None, queue: str | None, *, reset
         return cur.rowcount
 
 
-def wait_job_end(conn_or_dsn: Any, job_id: int, timeout_s: float) -> tuple[JobInfo | None, bool]:
+def wait_job_end(conn_or_dsn: Any, job_id: int, timeout_s: float,
+                 on_progress: Callable[[Any], Any] | None = None) -> tuple[JobInfo | None, bool]:
     """The job once it is done, failed or cancelled (or gone), and True; or the job as it
     was when ``timeout_s`` ran out first, and False.
 
@@ -171,40 +172,60 @@ def wait_job_end(conn_or_dsn: Any, job_id: int, timeout_s: float) -> tuple[JobIn
     statement runs waits in psycopg's backlog for ``notifies()``. On the caller's connection
     (outside a transaction: notifications arrive only between transactions) each
     statement is committed at once when it is not in autocommit, and the subscription is
-    undone before returning.
+    undone before returning. With ``on_progress``, it reads the row every ``PROGRESS_RECHECK_S``
+    and calls ``on_progress(value)`` with each new value the job reported (``job.progress``),
+    the last one before it returns.
     """
     if not isinstance(conn_or_dsn, str):
         conn = idle_connection(conn_or_dsn)
         try:
-            return _wait_on(conn, job_id, timeout_s)
+            return _wait_on(conn, job_id, timeout_s, on_progress)
         finally:
             with contextlib.suppress(psycopg.Error):
                 _run(conn, "unlisten_finished")
     session = Session(StoreConfig(dsn=conn_or_dsn))
     try:
         with translate_errors():
-            return _wait_on(session.connection(), job_id, timeout_s)
+            return _wait_on(session.connection(), job_id, timeout_s, on_progress)
     finally:
         session.close()
 
 
 RECHECK_S = 1.0  # wait_for reads the job again at least this often
+PROGRESS_RECHECK_S = 0.25  # and this often when it reports progress
 
 
-def _wait_on(conn: psycopg.Connection[Any], job_id: int, timeout_s: float) -> tuple[JobInfo | None, bool]:
+class ProgressSeen:
+    """The progress values a wait has passed on: each new one once."""
+
+    def __init__(self) -> None:
+        self.last: Any = None
+
+    def new(self, job: JobInfo | None) -> bool:
+        if job is None or job.progress is None or job.progress == self.last:
+            return False
+        self.last = job.progress
+        return True
+
+
+def _wait_on(conn: psycopg.Connection[Any], job_id: int, timeout_s: float,
+             on_progress: Callable[[Any], Any] | None = None) -> tuple[JobInfo | None, bool]:
     deadline = time.monotonic() + max(0.0, timeout_s)
+    seen = ProgressSeen()
     with translate_errors():
         _run(conn, "listen_finished")
         while True:
             row = _run(conn, "job_get", {"id": job_id})
             job = None if row is None else JobInfo(*row)
+            if on_progress is not None and seen.new(job):
+                on_progress(seen.last)
             if job is None or job.status in FINAL_STATUSES:
                 return job, True
             if time.monotonic() >= deadline:
                 return job, False
             # Read the row again within RECHECK_S even without a notification: none comes
             # through a transaction pool (PgBouncer), where LISTEN cannot work.
-            until = min(deadline, time.monotonic() + RECHECK_S)
+            until = min(deadline, time.monotonic() + (RECHECK_S if on_progress is None else PROGRESS_RECHECK_S))
             while (remaining := until - time.monotonic()) > 0:
                 if any(n.channel == "shardworker_finished" and str(job_id) in n.payload.split(",")
                        for n in conn.notifies(timeout=remaining, stop_after=1)):

@@ -5,7 +5,9 @@ its own to a DSN), so the event loop runs on while it waits."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -15,19 +17,20 @@ from shardworker.core.config import StoreConfig
 from shardworker.core.views import JobInfo
 from shardworker.errors import DatabaseUnavailable, JobsError
 from shardworker.store.connection import connect_async, translate_errors
-from shardworker.store.job_queries import FINAL_STATUSES, RECHECK_S
+from shardworker.store.job_queries import FINAL_STATUSES, PROGRESS_RECHECK_S, RECHECK_S, ProgressSeen
 from shardworker.store.sql import query
 
 
-async def wait_job_end_async(conn_or_dsn: Any, job_id: int, timeout_s: float) -> tuple[JobInfo | None, bool]:
+async def wait_job_end_async(conn_or_dsn: Any, job_id: int, timeout_s: float,
+                             on_progress: Callable[[Any], Any] | None = None) -> tuple[JobInfo | None, bool]:
     """The job once it is done, failed or cancelled (or gone), and True; or the job as it
     was when ``timeout_s`` ran out first, and False. It LISTENs before it reads the row, as
     ``wait_job_end`` does; on the caller's connection the subscription is undone before
-    returning."""
+    returning. ``on_progress`` as there; it may be a coroutine function."""
     if not isinstance(conn_or_dsn, str):
         aconn = idle_async_connection(conn_or_dsn)
         try:
-            return await _wait_on(aconn, job_id, timeout_s)
+            return await _wait_on(aconn, job_id, timeout_s, on_progress)
         finally:
             with contextlib.suppress(psycopg.Error):
                 await _run(aconn, "unlisten_finished")
@@ -35,24 +38,28 @@ async def wait_job_end_async(conn_or_dsn: Any, job_id: int, timeout_s: float) ->
     with translate_errors():
         aconn = await connect_async(config)
     try:
-        return await _wait_on(aconn, job_id, timeout_s)
+        return await _wait_on(aconn, job_id, timeout_s, on_progress)
     finally:
         await aconn.close()
 
 
-async def _wait_on(aconn: psycopg.AsyncConnection[Any], job_id: int,
-                   timeout_s: float) -> tuple[JobInfo | None, bool]:
+async def _wait_on(aconn: psycopg.AsyncConnection[Any], job_id: int, timeout_s: float,
+                   on_progress: Callable[[Any], Any] | None = None) -> tuple[JobInfo | None, bool]:
     deadline = time.monotonic() + max(0.0, timeout_s)
+    seen = ProgressSeen()
     with translate_errors():
         await _run(aconn, "listen_finished")
         while True:
             row = await _run(aconn, "job_get", {"id": job_id})
             job = None if row is None else JobInfo(*row)
+            if on_progress is not None and seen.new(job) and inspect.isawaitable(told := on_progress(seen.last)):
+                await told
             if job is None or job.status in FINAL_STATUSES:
                 return job, True
             if time.monotonic() >= deadline:
                 return job, False
-            await _finished_note(aconn, job_id, min(deadline, time.monotonic() + RECHECK_S))
+            again = RECHECK_S if on_progress is None else PROGRESS_RECHECK_S
+            await _finished_note(aconn, job_id, min(deadline, time.monotonic() + again))
 
 
 async def _finished_note(aconn: psycopg.AsyncConnection[Any], job_id: int, until: float) -> None:

@@ -10,13 +10,15 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import replace
 from typing import Any, NamedTuple, Protocol
 
+import orjson
 import psycopg
+from psycopg.types.json import Jsonb
 
 from shardworker.core import followups
 from shardworker.core.flow import Rate
 from shardworker.core.followups import DependentRow, followup_uid
 from shardworker.core.limits import ERRORS_KEPT, MAX_ERROR_CHARS
-from shardworker.core.model import ApplyResult, Mark, Outcome, StepRecord
+from shardworker.core.model import ApplyResult, Disposition, Mark, Outcome, ProgressRecord, StepRecord
 from shardworker.errors import EnqueueError, OutcomeRejected, SchemaMissing
 from shardworker.store.claiming import ClaimQueries
 from shardworker.store.connection import first_line, is_refusal, rollback
@@ -120,7 +122,7 @@ class WorkerQueries(ClaimQueries):
         longer than --statement-timeout to apply: a fan-out of many follow-ups). ``note_followups``
         is told the ids the follow-ups got before the transaction that inserts them commits (a
         commit whose reply is lost, then replayed, inserts nothing: the ids are known still)."""
-        if timeout_s is not None or any(o.followups_json for o in outcomes):
+        if timeout_s is not None or any(o.followups_json or o.extras_json for o in outcomes):
             return self._apply_settling(outcomes, steps, mark, timeout_s, note_followups)
         if not outcomes:
             return self._apply_steps(steps, mark)
@@ -175,6 +177,7 @@ class WorkerQueries(ClaimQueries):
                 if done := [i for i, s in ended if s == "done"]:
                     cur.execute(query("job_dependents_release"), {"ids": done})
                 made = insert_followups(cur, outcomes, rows) if has_followups else ()
+                apply_extras(cur, outcomes, rows)
                 if made and note_followups is not None:
                     note_followups(made)  # before the commit: its reply may be lost, and the ids with it
                 followups = sum(i is not None for _, _, ids in made for i in ids)
@@ -224,6 +227,16 @@ class WorkerQueries(ClaimQueries):
                            result.steps, result.followups + again.followups,
                            result.cancelled_ids + tuple(back[i] for i in again.cancelled_ids),
                            result.followup_ids + again.followup_ids, result.late_ids)
+
+    def apply_progress(self, progress: Sequence[ProgressRecord]) -> int:
+        """Show how far running jobs got (``job.progress``): each job's last value in the
+        batch, on the attempt that reported it only, never over a later report; rows changed."""
+        with self.cursor() as cur:
+            cur.execute(query("job_progress"), {
+                "ids": [p.job_id for p in progress], "attempts": [p.attempt for p in progress],
+                "uids": [p.uid for p in progress], "values": [p.value_json for p in progress],
+                "at": [p.reported_at for p in progress]})
+            return max(0, cur.rowcount)
 
     def _apply_steps(self, steps: Sequence[StepRecord], mark: Mark | None = None) -> ApplyResult:
         """Steps alone: one statement (with ``mark``); a mark alone when there are none."""
@@ -368,6 +381,34 @@ def insert_followups(cur: psycopg.Cursor[Any], outcomes: Sequence[Outcome],
         got.append((job_id, attempt, tuple(ids[at:at + count])))
         at += count
     return tuple(got)
+
+
+SENDS = (Disposition.DONE, Disposition.SNOOZED, Disposition.SUSPENDED)  # the outcomes whose events are sent
+
+
+def apply_extras(cur: psycopg.Cursor[Any], outcomes: Sequence[Outcome], applied: Sequence[tuple[Any, ...]]) -> None:
+    """In the apply's transaction, for the outcomes just applied (not a replay's, nor a stale
+    attempt's): send the events their runs sent (``shardworker.send_event``, once each by their
+    origin) when they ended done, snoozed or suspended, then begin the waits of the suspended
+    ones (``shardworker.begin_wait``): a wait whose event was sent in this same batch sees it."""
+    now = {(job_id, attempt): status for job_id, attempt, status, _ in applied}
+    sends: list[Any] = []
+    waits: list[tuple[int, int, Any]] = []
+    for outcome in outcomes:
+        if not outcome.extras_json or (outcome.job_id, outcome.attempt) not in now:
+            continue
+        extras = orjson.loads(outcome.extras_json)
+        if outcome.disposition in SENDS:
+            sends += extras.get("events", ())
+        if outcome.disposition is Disposition.SUSPENDED and "wait" in extras:
+            waits.append((outcome.job_id, outcome.attempt, extras["wait"]))
+    if sends:
+        cur.execute(query("events_send_many"), {"keys": [e[0] for e in sends],
+                                                "payloads": [Jsonb(e[1]) for e in sends],
+                                                "origins": [e[2] for e in sends]})
+    if waits:
+        cur.execute(query("job_waits_begin"), {"ids": [w[0] for w in waits], "attempts": [w[1] for w in waits],
+                                               "waits": [Jsonb(w[2]) for w in waits]})
 
 
 class JobNow(NamedTuple):

@@ -1,5 +1,6 @@
 """The parent's housekeeping thread: periodic jobs (and forgetting the schedules no worker
-checks any more), retention, (with metrics) the backlog report, on a connection of its own,
+checks any more), waking the jobs whose sleep or wait is over (``shardworker.wake_due``, every
+tick, by every worker: a wait ends within a tick of its time), retention (of jobs, and of events), (with metrics) the backlog report, on a connection of its own,
 and the watch for queued kinds no live worker serves (``shardworker.worker.unserved``, on
 connections of its own).
 
@@ -35,12 +36,15 @@ from shardworker.worker.unserved import UnservedWatch
 log = logging.getLogger(__name__)
 
 PRUNE_BATCH = 1000
+WAKE_BATCH = 1000  # waits ended a call; a full batch is followed at once by the next
 BACKLOG_INTERVAL_S = 5.0  # how often one worker recomputes the backlog report the metrics show
 FINISHED = ("done", "failed", "cancelled")
 
 
 class HousekeepingStore(PeriodicStore, Protocol):
     def prune_batch(self, older_than_s: float, limit: int, statuses: Sequence[str]) -> int | None: ...
+    def wake_due(self, batch: int) -> int: ...
+    def prune_events(self, older_than_s: float) -> int: ...
     def forget_schedules(self, older_than_s: float) -> list[str]: ...
     def backlog_report(self, interval_s: float) -> tuple[float, list[BacklogRow]]: ...
     def limits(self) -> list[LimitUse]: ...
@@ -101,6 +105,7 @@ class Housekeeper:
                  backoff: Backoff, *, retention_failed_s: float | None = None, prune_interval_s: float = 60.0,
                  tick_s: float = 1.0, backlog_interval_s: float | None = None,
                  forget_schedules_s: float = WorkerConfig.periodic_forget_s, unserved: UnservedWatch | None = None,
+                 event_retention_s: float = WorkerConfig.event_retention_s,
                  clock: Callable[[], float] = time.monotonic) -> None:
         """``retention_s`` for done jobs, ``retention_failed_s`` for failed and cancelled ones
         (None: the same); 0 keeps them. Schedules no worker checked for ``forget_schedules_s``
@@ -117,6 +122,9 @@ class Housekeeper:
         self._pass, self._pass_total = 0, 0  # the retention a round is at, and what it pruned so far
         self._next_round = clock() + min(5.0, prune_interval_s)  # let startup settle first
         self.forget_schedules_s, self._next_forget = forget_schedules_s, self._next_round
+        self.event_retention_s = event_retention_s
+        self.woken = 0  # jobs whose sleep or wait this worker ended
+        self._waking = False  # the last call ended a full batch: more are due
         self._pruning = False
         self.backlog_interval_s = backlog_interval_s
         self.backlog: Backlog | None = None  # the last report read, for the metrics
@@ -125,14 +133,10 @@ class Housekeeper:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    @property
-    def needed(self) -> bool:
-        return (bool(self.scheduler.schedules) or bool(self.retentions) or self.backlog_interval_s is not None
-                or self.unserved is not None)
-
     def run_once(self) -> float:
         """Check schedules, prune one batch if a round is on; seconds until the next turn."""
         try:
+            self._wake_step()
             self.scheduler.run_once()
             if self.unserved is not None:
                 self.unserved.run_once()
@@ -145,7 +149,13 @@ class Housekeeper:
                 return self._refused(exc)
             return self.outage.failed(exc)
         self.outage.recovered()
-        return 0.0 if self._pruning else self.tick_s
+        return 0.0 if self._pruning or self._waking else self.tick_s
+
+    def _wake_step(self) -> None:
+        """Queue the jobs whose sleep is over or whose wait for an event timed out."""
+        woken = self.store.wake_due(WAKE_BATCH)
+        self.woken += woken
+        self._waking = woken >= WAKE_BATCH
 
     def _refused(self, exc: StoreError) -> float:
         """The database refuses this turn's work for good (not an outage): say what at ERROR,
@@ -163,6 +173,9 @@ class Housekeeper:
         if now < self._next_forget:
             return
         self._next_forget = now + self.prune_interval_s
+        if pruned := self.store.prune_events(self.event_retention_s):
+            log.info("pruned %d events sent over %s ago (--event-retention)", pruned,
+                     duration_text(self.event_retention_s))
         for name in self.store.forget_schedules(self.forget_schedules_s):
             log.info("forgot periodic schedule %r: no worker has checked it for %s (removed from the code?)",
                      name, duration_text(self.forget_schedules_s))

@@ -37,7 +37,7 @@ def open_stores(config: WorkerConfig, app: App) -> ParentStores:
     housekeeper = Housekeeper(new_store(), list(app.schedules.values()), config.retention_s,
                               Backoff(config.backoff_base_s, config.backoff_cap_s),
                               retention_failed_s=config.failed_retention_s, prune_interval_s=config.prune_interval_s,
-                              forget_schedules_s=config.periodic_forget_s,
+                              forget_schedules_s=config.periodic_forget_s, event_retention_s=config.event_retention_s,
                               backlog_interval_s=None if config.metrics_port is None else BACKLOG_INTERVAL_S,
                               unserved=unserved)
     return ParentStores(new_store, new_store(), unserved, housekeeper)

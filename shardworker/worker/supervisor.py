@@ -178,8 +178,7 @@ class Supervisor:
                                     released=lambda: self.heartbeat.released if self.heartbeat is not None else ())
             dispatcher.wake_fds.append(self._signalled)
             self.dispatcher = dispatcher
-            if self.housekeeper.needed:
-                self.housekeeper.start()
+            self.housekeeper.start()  # always: it ends the waits (job.sleep, job.wait_event) that are over
             try:
                 while not self.stopping and not dispatcher.run_once():
                     pass

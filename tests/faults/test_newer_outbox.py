@@ -16,6 +16,7 @@ from shardworker.cli.main import main as cli
 from shardworker.core import layout
 from shardworker.core.config import StoreConfig
 from shardworker.core.model import Outcome
+from shardworker.core.records import NEWEST_VERSION
 from shardworker.core.wire import encode_outcome
 from shardworker.store.pg_store import PgStore
 from tests.helpers import enqueue, query, runs, start_worker, worker_log
@@ -26,7 +27,7 @@ NEWER_WORKER = "host-b-newer"
 def newer_record(job_id: int, attempt: int) -> bytes:
     """A CRC-valid record whose version byte is one this release has never written."""
     record = bytearray(encode_outcome(Outcome.done(job_id, attempt, b'{"from": "a newer release"}')))
-    record[0] = 9
+    record[0] = NEWEST_VERSION + 1
     return bytes(record)
 
 

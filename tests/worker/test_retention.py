@@ -69,7 +69,6 @@ def test_retention_zero_keeps_everything_and_a_round_prunes_in_batches(pg_dsn: s
     try:
         ticks = itertools.count(0, 10.0)  # a clock far past the first round's start
         keeper = Housekeeper(store, [], 0, Backoff(0.05, 1))
-        assert not keeper.needed
         keeper.run_once()
         assert count(pg_dsn) == 3000
         pruner = Housekeeper(store, [], 7 * 86400, Backoff(0.05, 1), prune_interval_s=0.01,

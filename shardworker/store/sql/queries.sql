@@ -524,7 +524,9 @@ WHERE (k.global_concurrency, k.rate_limit, k.rate_period_s, k.key_concurrency)
 -- disposition (shardworker.core.model.Disposition): 'done'; 'retry' (queued again after
 -- delay_s while attempts remain, else failed); 'failed' (for good: max_attempts becomes the
 -- attempts it used); 'snoozed' (queued again after delay_s; snoozes grows by one, so no
--- attempt is used: attempts used are attempt - snoozes); 'cancelled'. Jobs that reach an end (done, failed, cancelled) are
+-- attempt is used: attempts used are attempt - snoozes); 'suspended' (waiting, a snooze's
+-- attempt: a sleep or a wait for an event, written next by shardworker.begin_wait);
+-- 'cancelled'. Jobs that reach an end (done, failed, cancelled) are
 -- announced on the channel shardworker_finished (shardworker.jobs.wait_for listens), their
 -- ids comma-separated, up to 300 a notification (within the 8,000-byte payload limit).
 -- RETURNING has_dependents: whether job_dependents_cancel or job_dependents_release must look for jobs waiting on it.
@@ -553,6 +555,7 @@ WITH o AS (
     UPDATE shardworker.jobs j
     SET status = CASE WHEN o.disposition = 'done' THEN 'done'
                       WHEN o.disposition = 'snoozed' THEN 'queued'
+                      WHEN o.disposition = 'suspended' THEN 'waiting'
                       WHEN o.disposition = 'cancelled' THEN 'cancelled'
                       WHEN o.disposition = 'retry' AND o.attempt - j.snoozes < j.max_attempts THEN 'queued'
                       ELSE 'failed' END,
@@ -569,15 +572,18 @@ WITH o AS (
             WHERE n > jsonb_array_length(j.errors) + 1 - %(errors_kept)s::int) ELSE j.errors END,
         -- A snooze uses no attempt; a failure the handler ends (Fail) uses the job's last, so
         -- the row reads "3/3", not "3/25".
-        snoozes = CASE WHEN o.disposition = 'snoozed' THEN j.snoozes + 1 ELSE j.snoozes END,
+        snoozes = CASE WHEN o.disposition IN ('snoozed', 'suspended') THEN j.snoozes + 1 ELSE j.snoozes END,
         max_attempts = CASE WHEN o.disposition = 'failed' THEN LEAST(j.max_attempts, o.attempt - j.snoozes)
                             ELSE j.max_attempts END,
         run_at = CASE WHEN o.disposition = 'snoozed'
                            OR (o.disposition = 'retry' AND o.attempt - j.snoozes < j.max_attempts)
                       THEN now() + make_interval(secs => o.delay_s) ELSE j.run_at END,
-        finished_at = CASE WHEN o.disposition = 'snoozed'
+        finished_at = CASE WHEN o.disposition IN ('snoozed', 'suspended')
                                 OR (o.disposition = 'retry' AND o.attempt - j.snoozes < j.max_attempts)
                            THEN NULL ELSE now() END,
+        -- What a suspended job waits on is written next (shardworker.begin_wait); any other
+        -- outcome ends every wait.
+        wait_kind = NULL, wait_name = NULL, wait_key = NULL, wait_until = NULL,
         locked_by = NULL, applied_attempt = o.attempt, rescued_attempt = NULL, updated_at = now()
     FROM o
     WHERE j.id = o.id AND (o.uid IS NULL OR j.uid IS NULL OR j.uid = o.uid)
@@ -639,6 +645,63 @@ UPDATE shardworker.jobs j SET steps_ahead = true
 FROM unnest(%(job_ids)s::bigint[], %(attempts)s::int[], %(uids)s::bigint[]) AS s(job_id, attempt, uid)
 WHERE j.id = s.job_id AND s.attempt > j.attempt AND NOT j.steps_ahead
   AND (s.uid IS NULL OR j.uid IS NULL OR j.uid = s.uid);
+
+-- wake_due --
+-- Jobs whose sleep is over or whose wait for an event timed out, queued (migration 0025).
+SELECT shardworker.wake_due(%(batch)s::int);
+
+-- events_prune --
+-- Events past their retention (run --event-retention), a batch at a time by sent_at.
+DELETE FROM shardworker.events WHERE id IN (
+    SELECT id FROM shardworker.events WHERE sent_at < now() - make_interval(secs => %(older_than_s)s::float8)
+    ORDER BY sent_at LIMIT 10000);
+
+-- event_send --
+-- Send an event (shardworker.send_event, migration 0025), in the caller's transaction; how
+-- many waiting jobs it woke.
+SELECT shardworker.send_event(%(key)s::text, convert_from(%(payload)s::bytea, 'UTF8')::jsonb);
+
+-- job_lock_for_wake --
+-- The jobs `jobs wake` names, locked, with their status and what a waiting one waits on.
+SELECT id, status, CASE WHEN status = 'waiting' THEN coalesce(wait_kind, 'jobs') END
+FROM shardworker.jobs WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id FOR UPDATE;
+
+-- job_wake --
+-- Sleeping jobs queued now (their sleep is recorded: the next run passes it).
+WITH woken AS (
+    UPDATE shardworker.jobs
+    SET status = 'queued', run_at = now(), wait_kind = NULL, wait_name = NULL, wait_until = NULL, updated_at = now()
+    WHERE id = ANY(%(ids)s::bigint[]) AND status = 'waiting' AND wait_kind = 'sleep'
+    RETURNING id
+), announced AS (
+    SELECT pg_notify('shardworker_jobs', '') FROM woken LIMIT 1
+)
+SELECT id FROM woken WHERE (SELECT count(*) FROM announced) >= 0;
+
+-- job_progress --
+-- How far running jobs got (job.progress, through the outbox): each job's last value of the
+-- batch (its records in outbox order), on the attempt that reported it (of the same job: its
+-- uid), never over a value reported later (a batch applied again).
+UPDATE shardworker.jobs j SET progress = convert_from(p.value, 'UTF8')::jsonb, progress_at = to_timestamp(p.at)
+FROM (SELECT DISTINCT ON (id) id, attempt, uid, value, at
+      FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(uids)s::bigint[], %(values)s::bytea[], %(at)s::float8[])
+          WITH ORDINALITY AS p(id, attempt, uid, value, at, n)
+      ORDER BY id, n DESC) p
+WHERE j.id = p.id AND j.attempt = p.attempt AND (p.uid IS NULL OR j.uid IS NULL OR j.uid = p.uid)
+  AND (j.progress_at IS NULL OR j.progress_at <= to_timestamp(p.at));
+
+-- events_send_many --
+-- The events handlers sent (job.send_event), in the transaction that applies their outcomes,
+-- in order; each once by its origin (shardworker.send_event, migration 0025).
+SELECT shardworker.send_event(e.key, e.payload, e.origin)
+FROM unnest(%(keys)s::text[], %(payloads)s::jsonb[], %(origins)s::text[]) WITH ORDINALITY AS e(key, payload, origin, n)
+ORDER BY e.n;
+
+-- job_waits_begin --
+-- After job_apply_outcomes set suspended jobs waiting, in its transaction: what each waits on
+-- (shardworker.begin_wait, migration 0025).
+SELECT shardworker.begin_wait(w.id, w.attempt, w.wait)
+FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(waits)s::jsonb[]) AS w(id, attempt, wait);
 
 -- job_classify --
 -- For outcomes that matched no running attempt: which attempt's outcome each job last
@@ -968,7 +1031,8 @@ RETURNING id;
 -- job_list --
 -- Jobs for `shardworker jobs list`, newest first, with optional filters.
 SELECT id, kind, queue, status, attempt, max_attempts, priority, payload, result, last_error,
-       created_at, run_at, attempted_at, finished_at, locked_by, snoozes, key
+       created_at, run_at, attempted_at, finished_at, locked_by, snoozes, key, progress,
+       CASE WHEN status = 'waiting' THEN coalesce(wait_kind, 'jobs') END, wait_key, wait_until
 FROM shardworker.jobs
 WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
   AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
@@ -986,13 +1050,15 @@ SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('shardworker.jobs'
 -- job_list_after --
 -- Jobs with an id above `after`, in id order: those enqueued since job_id_mark said it.
 SELECT id, kind, queue, status, attempt, max_attempts, priority, payload, result, last_error,
-       created_at, run_at, attempted_at, finished_at, locked_by, snoozes, key
+       created_at, run_at, attempted_at, finished_at, locked_by, snoozes, key, progress,
+       CASE WHEN status = 'waiting' THEN coalesce(wait_kind, 'jobs') END, wait_key, wait_until
 FROM shardworker.jobs WHERE id > %(after)s ORDER BY id;
 
 -- job_get --
 -- One job, whole.
 SELECT id, kind, queue, status, attempt, max_attempts, priority, payload, result, last_error,
-       created_at, run_at, attempted_at, finished_at, locked_by, snoozes, key
+       created_at, run_at, attempted_at, finished_at, locked_by, snoozes, key, progress,
+       CASE WHEN status = 'waiting' THEN coalesce(wait_kind, 'jobs') END, wait_key, wait_until
 FROM shardworker.jobs WHERE id = %(id)s;
 
 -- job_errors --
@@ -1036,6 +1102,7 @@ WITH deps AS (
         last_error = CASE WHEN deps.job_id IS NOT NULL AND j.status = 'cancelled' THEN NULL ELSE j.last_error END,
         run_at = now(), max_attempts = greatest(max_attempts, attempt - snoozes + 1),
         finished_at = NULL, rescued_attempt = NULL, updated_at = now(),
+        wait_kind = NULL, wait_name = NULL, wait_key = NULL, wait_until = NULL,
         steps_reset_attempt = CASE WHEN %(reset_steps)s THEN attempt ELSE steps_reset_attempt END
     FROM unnest(%(ids)s::bigint[]) AS x(id) LEFT JOIN deps ON deps.job_id = x.id
     WHERE j.id = x.id AND j.status IN ('failed', 'cancelled') AND coalesce(deps.deleted, 0) = 0
@@ -1101,7 +1168,8 @@ SET run_at = CASE WHEN %(delay_s)s::float8 IS NOT NULL THEN now() + make_interva
 WHERE id = %(id)s AND status = 'queued'
   AND (rescued_attempt IS NULL OR (%(delay_s)s::float8 IS NULL AND %(run_at)s::timestamptz IS NULL))
 RETURNING id, kind, queue, status, attempt, max_attempts, priority, payload, result, last_error,
-          created_at, run_at, attempted_at, finished_at, locked_by, snoozes, key;
+          created_at, run_at, attempted_at, finished_at, locked_by, snoozes, key, progress, NULL::text,
+          NULL::text, NULL::timestamptz;
 
 -- job_cancelled_among --
 -- Which of the attempts a worker holds (ids and attempts, pairwise) an operator cancelled: the
