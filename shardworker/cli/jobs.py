@@ -1,4 +1,4 @@
-"""``shardworker jobs list|show|wait|retry|cancel|delete``: operating on jobs without SQL.
+"""``shardworker jobs list|show|wait|update|wake|retry|cancel|delete``: operating on jobs without SQL.
 
 Thin commands over ``shardworker.jobs``; each takes ``--json``. Bad input (an unknown id or
 status, a job in the wrong state, a bad ``--since``) is one line on stderr and exit 1,
@@ -59,18 +59,28 @@ def _echo_jobs(found: list[jobs_api.JobInfo], as_json: bool) -> None:
     keys = max((len(j.key) for j in found if j.key is not None), default=0)
     key_head = f"  {'key':<{max(keys, 3)}}" if keys else ""
     click.echo(f"{'id':>10}  {'status':<9}  {'kind':<20}  {'queue':<10}{key_head}  {'attempts':<{width}}  "
-               f"{'created (UTC)':<19}  last error")
+               f"{'created (UTC)':<19}  waits on, progress or last error")
     for j in found:
-        # A done job's last error is an earlier attempt's: beside `done` it reads as a failure.
-        error = (j.last_error or "").splitlines()[0][:60] if j.last_error and j.status != "done" else ""
         key = f"  {j.key or '-':<{max(keys, 3)}}" if keys else ""
         click.echo(f"{j.id:>10}  {j.status:<9}  {j.kind:<20}  {j.queue:<10}{key}  {j.attempts_text:<{width}}"
-                   f"  {in_utc(j.created_at):%Y-%m-%d %H:%M:%S}  {error}".rstrip())
+                   f"  {in_utc(j.created_at):%Y-%m-%d %H:%M:%S}  {_note(j)}".rstrip())
+
+
+def _note(job: jobs_api.JobInfo) -> str:
+    """The last column of a job's line: what a waiting job waits on (a sleep till when, an
+    event's key, other jobs), else how far a running or finished one got (job.progress), else
+    the last error of one that is not done (a done job's is an earlier attempt's: beside
+    `done` it reads as a failure)."""
+    if job.status == "waiting":
+        return job.waiting_on
+    if job.progress is not None:
+        return f"progress {jobs_api.dumps_json(job.progress)[:60]}"
+    return (job.last_error or "").splitlines()[0][:60] if job.last_error and job.status != "done" else ""
 
 
 @click.group()
 def jobs() -> None:
-    """List, show, wait for, retry, cancel and delete jobs."""
+    """List, show, wait for, update, wake, retry, cancel and delete jobs."""
 
 
 @jobs.command("list")
@@ -191,7 +201,7 @@ def _change_command(action: str, ids: tuple[int, ...], as_json: bool, dsn: str |
     _echo_changed(action, getattr(jobs_api, action)(resolve_dsn(dsn), list(ids)), as_json)
 
 
-_DONE = {"retry": "queued again", "cancel": "cancelled", "delete": "deleted"}
+_DONE = {"retry": "queued again", "cancel": "cancelled", "delete": "deleted", "wake": "woken"}
 
 
 def _echo_changed(action: str, changed: int, as_json: bool, *, steps_reset: bool = False) -> None:
@@ -266,6 +276,17 @@ def retry_command(job_ids: tuple[int, ...], failed: bool, kind: str | None, queu
 def cancel_command(job_ids: tuple[int, ...], as_json: bool, dsn: str | None) -> None:
     """Cancel queued, waiting or running jobs (a running one's handler is stopped)."""
     _change_command("cancel", job_ids, as_json, dsn)
+
+
+@jobs.command("wake")
+@click.argument("job_ids", type=JOB_ID, nargs=-1, required=True)
+@json_option
+@dsn_option
+@one_line_errors
+def wake_command(job_ids: tuple[int, ...], as_json: bool, dsn: str | None) -> None:
+    """Wake sleeping jobs (job.sleep) now: their next run passes the sleep. Refused, nothing
+    changed, for a job that does not sleep (one waiting on an event: send it, or cancel the job)."""
+    _change_command("wake", job_ids, as_json, dsn)
 
 
 @jobs.command("delete")

@@ -279,6 +279,7 @@ def _stats_json(split: dict[str, int]) -> dict[str, int]:
 from shardworker.cli.dashboard import dashboard  # noqa: E402
 from shardworker.cli.demo import demo  # noqa: E402
 from shardworker.cli.doctor import doctor  # noqa: E402
+from shardworker.cli.events import events  # noqa: E402
 from shardworker.cli.jobs import jobs  # noqa: E402
 from shardworker.cli.ops import embedded, periodic, prune, workers  # noqa: E402
 from shardworker.cli.outbox import outbox  # noqa: E402  (registers the outbox group)
@@ -289,6 +290,7 @@ main.add_command(run)
 main.add_command(outbox)
 main.add_command(demo)
 main.add_command(jobs)
+main.add_command(events)
 main.add_command(queues)
 main.add_command(prune)
 main.add_command(workers)

@@ -3,8 +3,8 @@
 Routes: ``/`` (queues with their counts and state, kinds, throughput, workers, failed and
 recent jobs), ``/jobs/{id}`` (one job, its recorded steps, and links to the jobs it waits on
 and to those waiting on it), ``/live/...`` (the same bodies alone, which
-``static/dashboard.js`` swaps in every few seconds), ``POST /jobs/{id}/retry`` and
-``/cancel``, and ``POST /queues/pause``, ``/resume``, ``/limit`` and ``/clear`` (the queue,
+``static/dashboard.js`` swaps in every few seconds), ``POST /jobs/{id}/retry``,
+``/cancel`` and ``/wake`` (a sleeping job), and ``POST /queues/pause``, ``/resume``, ``/limit`` and ``/clear`` (the queue,
 and a limit's concurrency and rate, in the form's fields). Database calls block, so each runs
 in Starlette's thread pool with a connection of its own (``data``); a database that is
 away, or a schema that is missing, becomes one banner on the page (503), never a traceback,
@@ -41,7 +41,7 @@ from shardworker.jobs import dumps_json
 
 HERE = Path(__file__).parent
 REFRESH_MS = 2000
-DONE = {"retry": "queued again", "cancel": "cancelled"}
+DONE = {"retry": "queued again", "cancel": "cancelled", "wake": "woken"}
 QUEUE_DONE = {"pause": "paused", "resume": "resumed"}  # limit and clear: the limits the queue has now
 MAX_JOB_ID = 2**63 - 1  # ids are bigint
 MAX_FORM_BYTES = 4096  # a queue's name (255 bytes, thrice that escaped) and its limits fit
@@ -119,7 +119,7 @@ class Dashboard:
                             db_error=db_error, notice=self._notice(request))
 
     async def change(self, request: Request) -> Response:
-        """A retry or cancel button: back where it was pressed, or the job's page with why not (409)."""
+        """A retry, cancel or wake button: back where it was pressed, or the job's page with why not (409)."""
         action, job_id = request.path_params["action"], path_job_id(request)
         if action not in DONE:
             raise HTTPException(404, f"no such button: {action}")

@@ -79,6 +79,7 @@ class Overview:
     workers: list[WorkerInfo]
     unserved: list[UnservedKind]  # queued kinds no live worker serves in their queue
     limits: list[LimitUse]  # every limit across workers, with what uses it now
+    waiting: list[JobInfo] = field(default_factory=list)  # sleeping, or waiting on an event or other jobs
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,7 @@ def overview(dsn: str) -> Overview:
         minutes = [Minute(*m) for m in job_queries.dashboard_finished_per_minute(conn)]
         failed = jobs.list_jobs(conn, status="failed", limit=FAILED_SHOWN)
         recent = jobs.list_jobs(conn, limit=RECENT_SHOWN)
+        waiting = jobs.list_jobs(conn, status="waiting", limit=FAILED_SHOWN)
         # The live, and the silent whose running jobs still hold slots (until a rescue or `workers forget`).
         workers = [w for w in store.workers() if w.silent_s <= LIVE_AFTER_S or w.slots]
         unserved = store.unserved_kinds()
@@ -147,7 +149,7 @@ def overview(dsn: str) -> Overview:
                                        strict=True))
     kinds = _group([*kind_backlog, *kind_rows], KIND_COUNTS)
     return Overview(queue_rows, counts.totals(split), estimated, kinds, minutes, failed, recent, workers, unserved,
-                    limits)
+                    limits, waiting)
 
 
 def job(dsn: str, job_id: int) -> JobPage | None:
@@ -163,9 +165,9 @@ def job(dsn: str, job_id: int) -> JobPage | None:
 
 
 def change(dsn: str, action: str, job_id: int) -> int:
-    """``retry`` or ``cancel`` one job (``JobsError`` says why not); how many changed."""
+    """``retry``, ``cancel`` or ``wake`` one job (``JobsError`` says why not); how many changed."""
     with connection(dsn) as (_, conn):
-        return int(jobs.retry(conn, [job_id]) if action == "retry" else jobs.cancel(conn, [job_id]))
+        return int({"retry": jobs.retry, "cancel": jobs.cancel, "wake": jobs.wake}[action](conn, [job_id]))
 
 
 def change_queue(dsn: str, action: str, name: str, concurrency: str, rate: str) -> QueueState:

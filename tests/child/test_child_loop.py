@@ -78,8 +78,8 @@ def test_each_report_carries_its_outcomes_by_kind_for_the_metrics(tmp_path: Path
     rows = counts.snapshot()
     assert sorted(rows) == ["boom", "ok"]
     by_outcome = {kind: dict(zip(OUTCOMES, row, strict=False)) for kind, row in rows.items()}
-    assert by_outcome["ok"] == {"done": 2, "failed": 0, "retried": 0, "snoozed": 0, "cancelled": 0}
-    assert by_outcome["boom"] == {"done": 0, "failed": 1, "retried": 1, "snoozed": 0, "cancelled": 0}
+    assert by_outcome["ok"] == {"done": 2, "failed": 0, "retried": 0, "snoozed": 0, "cancelled": 0, "suspended": 0}
+    assert by_outcome["boom"] == {"done": 0, "failed": 1, "retried": 1, "snoozed": 0, "cancelled": 0, "suspended": 0}
     # Every run lands in exactly one duration bucket; the seconds are real and small.
     buckets = rows["ok"][len(OUTCOMES) + 1:STEPS_AT]
     assert len(buckets) == len(DURATION_BUCKETS) + 1 and sum(buckets) == 2
