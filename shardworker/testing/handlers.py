@@ -29,7 +29,15 @@ from shardworker.child.steps import StepLog
 from shardworker.control import JobControl
 from shardworker.core import followups, records
 from shardworker.core.limits import DEFAULT_MAX_ATTEMPTS
-from shardworker.core.model import ClaimedJob, Disposition, Outcome, StepRecord, dumps_exact, loads_exact
+from shardworker.core.model import (
+    ClaimedJob,
+    Disposition,
+    Outcome,
+    ProgressRecord,
+    StepRecord,
+    dumps_exact,
+    loads_exact,
+)
 
 
 class HandlerFailed(AssertionError):
@@ -57,10 +65,17 @@ class FollowUpJob(NamedTuple):
 class HandlerRun:
     """How a run ended: ``status`` is ``done``, ``retry`` (run again after ``delay_s`` while
     attempts remain), ``failed`` (for good), ``snoozed`` (again after ``delay_s``, no attempt
-    used) or ``cancelled``; ``error`` the text a worker would store (``traceback``: a failed
+    used), ``suspended`` (at a ``job.sleep`` or ``job.wait_event``: ``wait`` says which, as
+    ``{"kind": "sleep", "name", "until"}`` or ``{"kind": "event", "name", "key", "until"}``)
+    or ``cancelled``; ``error`` the text a worker would store (``traceback``: a failed
     attempt's traceback, kept apart as the job's ``errors`` history keeps it); ``steps`` what this run
     recorded, ``replayed`` the names given back from ``steps=``; ``followups`` what lands with
-    a done outcome; ``outcome`` the record a child would write."""
+    a done outcome; ``events`` the (key, payload) it sent (``job.send_event``), ``progress`` every
+    value it reported (``job.progress``); ``outcome`` the record a child would write.
+
+    To run a handler past a wait, give the wait's end in ``steps=``, as the database records it:
+    ``{"nap": {"slept_until": 0}}`` for ``job.sleep("nap", …)``, ``{"approval": {"event": payload}}``
+    for ``job.wait_event("approval", …)`` (``{"timeout": true}``: it raises ``EventTimeout``)."""
 
     status: str
     error: str | None
@@ -70,6 +85,9 @@ class HandlerRun:
     followups: list[FollowUpJob]
     outcome: Outcome = field(repr=False)
     _result: Any = field(default=None, repr=False)
+    wait: dict[str, Any] | None = None
+    events: list[tuple[str, Any]] = field(default_factory=list)
+    progress: list[Any] = field(default_factory=list)
 
     @property
     def traceback(self) -> str | None:
@@ -127,7 +145,13 @@ class _Run:
                               None if not dependencies else dumps_exact({str(k): v for k, v in dependencies.items()})
                               .decode(), snoozes, key=key)
         self.recorded: list[StepRecord] = []
-        self.log = StepLog(self.job, self._sink, self._commit)
+        self.progress: list[Any] = []
+        self.log = StepLog(self.job, self._sink, self._commit, note=self._note)
+
+    def _note(self, record: bytes) -> None:
+        progress = records.decode_record(record)
+        assert isinstance(progress, ProgressRecord)
+        self.progress.append(loads_exact(progress.value_json.decode()))
 
     def _commit(self, record: bytes) -> None:
         step = records.decode_record(record)
@@ -143,14 +167,17 @@ class _Run:
         status = outcome.disposition.value
         if outcome.disposition is Disposition.RETRY and self.job.attempts_used >= self.job.max_attempts:
             status = "failed"  # as the row does: no attempt left (job_apply_outcomes)
-        asked = isinstance(self.trap.error, JobControl) and self.log.error is None
+        asked = ((isinstance(self.trap.error, JobControl) or outcome.disposition is Disposition.SUSPENDED)
+                 and self.log.error is None)
         if raises and outcome.disposition is not Disposition.DONE and not asked:
             raise self.log.error or self.trap.error or HandlerFailed(f"the run ended {status}: {outcome.error}")
         result = loads_exact(outcome.result_json.decode()) if outcome.result_json is not None else None
+        extras = loads_exact(outcome.extras_json.decode()) if outcome.extras_json else {}
         return HandlerRun(status, outcome.error, outcome.delay_s,
                           {s.name: loads_exact(s.result_json.decode()) for s in self.recorded},
                           [name for name in sorted(self.log.used) if name in self.log.earlier],
-                          _followups(outcome.followups_json), outcome, result)
+                          _followups(outcome.followups_json), outcome, result, extras.get("wait"),
+                          [(key, payload) for key, payload, _ in extras.get("events", ())], self.progress)
 
 
 def _followups(blob: bytes | None) -> list[FollowUpJob]:

@@ -16,10 +16,11 @@ from shardworker import App, EventTimeout, Job
 app = App()
 
 
-def step(job: Job, name: str) -> Any:
-    """A step that notes its runs and its return in the ledger."""
+def step(job: Job, name: str, seconds: float = 0.0) -> Any:
+    """A step (taking ``seconds``) that notes its runs and its return in the ledger."""
     def work() -> str:
         append("steps", f"{job.id} {name} run {time.time_ns()}\n")
+        time.sleep(seconds)
         return f"{name}-{job.id}"
     value = job.step(name, work)
     append("steps", f"{job.id} {name} returned {time.time_ns()}\n")
@@ -28,9 +29,9 @@ def step(job: Job, name: str) -> Any:
 
 @app.handler("nap", max_attempts=3)
 def nap(job: Job) -> dict[str, Any]:
-    """Steps, sleeps ``payload["sleep"]`` seconds, steps again."""
+    """Steps (for ``payload["step_s"]``), sleeps ``payload["sleep"]`` seconds, steps again."""
     record(job)
-    before = step(job, "before")
+    before = step(job, "before", (job.payload or {}).get("step_s", 0.0))
     job.sleep("nap", (job.payload or {}).get("sleep", 5))
     append("woke", f"{job.id} {time.time()}\n")
     after = step(job, "after")

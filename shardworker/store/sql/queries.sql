@@ -875,7 +875,8 @@ ORDER BY 1, 2;
 
 -- job_count_active --
 -- What --exit-when-idle waits on: jobs due now, jobs already attempted (a retry, a snooze,
--- a rescued job) that fall due within retry_horizon_s, and jobs running for this worker.
+-- a rescued job) that fall due within retry_horizon_s, and so do sleeps and waits for an event
+-- whose time (the wake, the timeout) comes within it; and jobs running for this worker.
 -- Jobs of a paused queue wait for an operator, not for this worker: they do not count.
 SELECT
   (SELECT count(*) FROM shardworker.jobs
@@ -884,6 +885,9 @@ SELECT
       AND queue <> ALL(ARRAY(SELECT name FROM shardworker.queues WHERE paused))
       AND (run_at <= now()
            OR (attempt > 0 AND run_at <= now() + make_interval(secs => %(retry_horizon_s)s::float8)))) +
+  (SELECT count(*) FROM shardworker.jobs
+    WHERE status = 'waiting' AND wait_until <= now() + make_interval(secs => %(retry_horizon_s)s::float8)
+      AND kind = ANY(%(kinds)s::text[]) AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))) +
   (SELECT count(*) FROM shardworker.jobs WHERE status = 'running' AND locked_by = %(worker_id)s);
 
 -- worker_heartbeat --

@@ -1,0 +1,69 @@
+"""``shardworker.testing.run_handler`` on handlers that sleep, wait for events, send them and
+report progress: a run stops at a wait not yet ended (``suspended``, and what it waits on), and
+goes past it when ``steps=`` holds the wait's end as the database records it."""
+
+from __future__ import annotations
+
+import pytest
+
+from shardworker import App, EventTimeout, Job
+from shardworker.errors import EventError
+from shardworker.testing import run_handler
+
+app = App()
+
+
+@app.handler("review")
+def review(job: Job) -> dict[str, object]:
+    job.progress("drafting")
+    draft = job.step("draft", lambda: "v1")
+    job.send_event("drafts", {"id": job.id})
+    job.sleep("cool-off", 60)
+    try:
+        verdict = job.wait_event("verdict", f"review:{job.id}", timeout_s=3600)
+    except EventTimeout:
+        verdict = "no answer"
+    job.progress("done")
+    return {"draft": draft, "verdict": verdict}
+
+
+def test_a_run_stops_at_its_first_wait_with_what_it_sent_and_reported() -> None:
+    run = run_handler(app, "review", job_id=7)
+    assert run.status == "suspended" and run.wait is not None
+    assert (run.wait["kind"], run.wait["name"]) == ("sleep", "cool-off")
+    assert run.steps == {"draft": "v1"} and run.events == [("drafts", {"id": 7})] and run.progress == ["drafting"]
+
+
+def test_a_run_past_the_sleep_waits_for_its_event_then_ends_with_it_or_its_timeout() -> None:
+    slept = {"draft": "v1", "cool-off": {"slept_until": 0}}
+    run = run_handler(app, "review", job_id=7, steps=slept, attempt=2)
+    assert run.status == "suspended" and run.wait is not None
+    assert (run.wait["kind"], run.wait["key"]) == ("event", "review:7") and run.wait["until"] is not None
+    ok = run_handler(app, "review", job_id=7, steps={**slept, "verdict": {"event": "ship it"}}, attempt=3)
+    assert ok.status == "done" and ok.result == {"draft": "v1", "verdict": "ship it"}
+    assert ok.replayed == ["cool-off", "draft", "verdict"] and ok.events == [("drafts", {"id": 7})]
+    late = run_handler(app, "review", job_id=7, steps={**slept, "verdict": {"timeout": True}}, attempt=3)
+    assert late.result == {"draft": "v1", "verdict": "no answer"}
+
+
+def test_bad_waits_and_events_fail_the_run_with_one_line() -> None:
+    bad = App()
+
+    @bad.handler("key")
+    def bad_key(job: Job) -> None:
+        job.wait_event("w", "")
+
+    @bad.handler("payload")
+    def bad_payload(job: Job) -> None:
+        job.send_event("k", {1, 2})
+
+    @bad.handler("seconds")
+    def bad_seconds(job: Job) -> None:
+        job.sleep("s", -1)
+
+    with pytest.raises(EventError, match="non-empty string"):
+        run_handler(bad, "key")
+    with pytest.raises(EventError, match="JSON-serializable"):
+        run_handler(bad, "payload")
+    with pytest.raises(ValueError, match="seconds >= 0"):
+        run_handler(bad, "seconds")
