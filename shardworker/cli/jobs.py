@@ -58,8 +58,10 @@ def _echo_jobs(found: list[jobs_api.JobInfo], as_json: bool) -> None:
     # A key column only when some job shown has a key (a tenant's): most queues have none.
     keys = max((len(j.key) for j in found if j.key is not None), default=0)
     key_head = f"  {'key':<{max(keys, 3)}}" if keys else ""
+    # The last column says what a waiting job waits on and how far a job got, when some job shown does.
+    noted = any(j.status == "waiting" or j.progress is not None for j in found)
     click.echo(f"{'id':>10}  {'status':<9}  {'kind':<20}  {'queue':<10}{key_head}  {'attempts':<{width}}  "
-               f"{'created (UTC)':<19}  waits on, progress or last error")
+               f"{'created (UTC)':<19}  {'waits on, progress or last error' if noted else 'last error'}")
     for j in found:
         key = f"  {j.key or '-':<{max(keys, 3)}}" if keys else ""
         click.echo(f"{j.id:>10}  {j.status:<9}  {j.kind:<20}  {j.queue:<10}{key}  {j.attempts_text:<{width}}"

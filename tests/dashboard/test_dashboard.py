@@ -329,3 +329,30 @@ def test_overview_shows_every_limit_across_workers_with_its_use(pg_dsn: str, das
     keys = re.search(r'<tr data-limit="kind/api/key_concurrency">(.*?)</tr>', html, re.DOTALL)
     assert keys and "(busiest key)" in keys[1] and "1 key at it" in keys[1]
     assert 'data-limit="queue/mail/paused"' in html
+
+
+def test_waiting_jobs_show_what_they_wait_on_and_a_sleeper_can_be_woken(pg_dsn: str, dashboard: Dashboard) -> None:
+    """The overview's Waiting jobs table and a job's page say what each waits on (a sleep till
+    when, an event's key: escaped) and how far a job got; Wake queues a sleeper now and refuses
+    an event's waiter (409, nothing changed)."""
+    sleeper, waiter, reporter = enqueue(pg_dsn, "count", 3)
+    execute(pg_dsn, "UPDATE shardworker.jobs SET status = 'waiting', attempt = 1, wait_kind = 'sleep', "
+                    "wait_name = 'nap', wait_until = now() + interval '1 hour' WHERE id = %s", sleeper)
+    execute(pg_dsn, "UPDATE shardworker.jobs SET status = 'waiting', attempt = 1, wait_kind = 'event', "
+                    "wait_name = 'ok', wait_key = 'order:<7>' WHERE id = %s", waiter)
+    execute(pg_dsn, "UPDATE shardworker.jobs SET status = 'running', attempt = 1, locked_by = 'w', "
+                    "progress = '{\"pages\": 3}' WHERE id = %s", reporter)
+    overview = httpx.get(dashboard.url).text
+    waiting = overview.split("<h2>Waiting jobs</h2>")[1].split("</section>")[0]
+    assert f'data-recent-job="{sleeper}"' in waiting and f'data-recent-job="{waiter}"' in waiting
+    assert "event &#39;order:&lt;7&gt;&#39;" in waiting and "sleep until " in waiting
+    assert 'data-progress>{&#34;pages&#34;: 3}</span>' in overview
+    assert "data-progress>" in httpx.get(f"{dashboard.url}/jobs/{reporter}").text
+    page = httpx.get(f"{dashboard.url}/jobs/{waiter}").text
+    assert "shardworker events send order:&lt;7&gt;" in page and 'data-action="wake"' not in page
+    assert 'data-action="wake"' in httpx.get(f"{dashboard.url}/jobs/{sleeper}").text
+    refused = post(dashboard, f"/jobs/{waiter}/wake", back="job")
+    assert refused.status_code == 409 and "it waits for an event" in refused.text and status(pg_dsn, waiter) == "waiting"
+    woken = post(dashboard, f"/jobs/{sleeper}/wake", back="overview")
+    assert woken.status_code == 303 and status(pg_dsn, sleeper) == "queued"
+    assert f"job {sleeper} woken" in httpx.get(dashboard.url + woken.headers["location"]).text
