@@ -24,7 +24,7 @@ from shardworker.child.cancels import OPERATOR_CANCEL, Flag
 from shardworker.child.followups import FollowUps
 from shardworker.child.results import Unstorable, storable_json
 from shardworker.child.steps import AsyncSteps, StepLog, SyncSteps
-from shardworker.child.waits import Suspend, Waits
+from shardworker.child.waits import Waits
 from shardworker.control import Cancel, Fail, JobControl, Retry, Snooze
 from shardworker.core.limits import MAX_JOB_INPUT_BYTES, MAX_PAYLOAD_BYTES, MAX_TRACEBACK_BYTES
 from shardworker.core.model import ClaimedJob, Disposition, Outcome
@@ -71,10 +71,12 @@ def attempt_sync(app: App, job: ClaimedJob, steps: StepLog | None = None,
         waits = Waits(steps, steps.note)
     try:
         result = spec.fn(job.to_job(None if steps is None else SyncSteps(steps), followups, cancel, waits))
-    except Suspend:
-        return ended(spec, job, steps, waits=waits)
     except Exception as exc:
         return ended(spec, job, steps, exc, waits=waits)
+    except BaseException:
+        if suspended(waits):  # the Suspend of a wait, maybe inside a BaseExceptionGroup
+            return ended(spec, job, steps, waits=waits)
+        raise
     finally:
         if waits is not None:
             waits.flush()
@@ -102,8 +104,6 @@ async def attempt_async(app: App, job: ClaimedJob, steps: StepLog | None = None,
         async with deadline:
             result = await spec.fn(job.to_job(None if steps is None else AsyncSteps(steps), followups, cancel,
                                               waits))
-    except Suspend:
-        return ended(spec, job, steps, waits=waits)
     except asyncio.CancelledError:
         if cancel is None or not cancel.is_set():
             raise  # the loop is going away, not an operator's cancel
@@ -117,10 +117,19 @@ async def attempt_async(app: App, job: ClaimedJob, steps: StepLog | None = None,
         return Attempt(failure(spec, job, exc, error=f"timed out after {spec.timeout_s:g}s"), exc)
     except Exception as exc:
         return ended(spec, job, steps, exc, waits=waits)
+    except BaseException:
+        if suspended(waits):  # the Suspend of a wait, maybe inside a BaseExceptionGroup (a TaskGroup's)
+            return ended(spec, job, steps, waits=waits)
+        raise
     finally:
         if waits is not None:
             waits.flush()
     return ended(spec, job, steps, result=result, followups=followups, waits=waits)
+
+
+def suspended(waits: Waits | None) -> bool:
+    """Whether the run reached a wait (``Suspend`` was raised, whoever caught or wrapped it)."""
+    return waits is not None and waits.wait is not None
 
 
 def cancelled_before(job: ClaimedJob, cancel: Flag | None) -> Attempt | None:

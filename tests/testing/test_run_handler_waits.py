@@ -67,3 +67,32 @@ def test_bad_waits_and_events_fail_the_run_with_one_line() -> None:
         run_handler(bad, "payload")
     with pytest.raises(ValueError, match="seconds >= 0"):
         run_handler(bad, "seconds")
+
+
+def test_a_wait_ends_the_run_whoever_catches_or_wraps_it() -> None:
+    """A bare except around a sleep, or a TaskGroup that wraps it in a BaseExceptionGroup: the run
+    still ends at the wait, and nothing after it counts (the returned value is not the result)."""
+    import asyncio
+
+    odd = App()
+
+    @odd.handler("swallow")
+    def swallow(job: Job) -> str:
+        try:
+            job.sleep("s", 10)
+        except BaseException:  # noqa: BLE001 (what a careless handler does)
+            pass
+        return "went on"
+
+    @odd.handler("grouped")
+    async def grouped(job: Job) -> str:
+        async def nap() -> None:
+            await job.sleep("s", 10)
+        async with asyncio.TaskGroup() as group:
+            group.create_task(nap())
+            group.create_task(asyncio.sleep(5))
+        return "went on"
+
+    for kind in ("swallow", "grouped"):
+        run = run_handler(odd, kind)
+        assert run.status == "suspended" and run.wait is not None and run.wait["name"] == "s", kind
