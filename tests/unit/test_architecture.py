@@ -23,7 +23,7 @@ FLOORS: list[tuple[str, list[list[str]]]] = [
     ("the worker: the parent, which starts the others", [["shardworker.worker"]]),
     ("the processes it starts", [["shardworker.child"], ["shardworker.flusher"]]),
     ("the public API", [["shardworker", "shardworker.app", "shardworker.client", "shardworker.jobs",
-                         "shardworker.queues", "shardworker.control"]]),
+                         "shardworker.queues", "shardworker.control", "shardworker.events", "shardworker.asgi"]]),
     ("PostgreSQL", [["shardworker.store"], ["shardworker.embedded"]]),
     ("the shared internals", [["shardworker.core"]]),
     ("the exceptions", [["shardworker.errors"]]),
