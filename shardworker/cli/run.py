@@ -118,7 +118,9 @@ def run(ctx: click.Context, app_ref: str, log_format: str, dsn: str | None, **op
         from shardworker.worker.supervisor import Supervisor
 
         refuse_bad_combinations(**options)
-        logs.configure(logs.LogSetup(log_format, (ctx.obj or {}).get("level", logging.INFO)), "parent")
+        app_logger = app_ref.split(":", 1)[0].split(".", 1)[0]  # the app's own lines, at the worker's level
+        logs.configure(logs.LogSetup(log_format, (ctx.obj or {}).get("level", logging.INFO),
+                                     loggers=("shardworker", app_logger)), "parent")
         app = load_app(app_ref)
         config = worker_config(app_ref, dsn, **options)
         started = time.monotonic()

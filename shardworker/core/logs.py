@@ -10,6 +10,11 @@ and the ``worker_id`` once it is known; a line about one job carries ``job_id`` 
 
 The parent configures itself with ``configure`` and hands ``current()`` to each process
 it spawns, which configures itself the same way with its own role.
+
+Only shardworker's own loggers, and the app's (``run --app myshop.jobs``: ``myshop``), log at
+the chosen level (INFO, DEBUG with ``-v``); every other library's log at WARNING, so a
+handler's HTTP client or ORM does not print a line per request. A handler that wants a
+library's INFO lines sets that logger's level itself (in ``app.on_startup``).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ class LogSetup:
     format: str = "text"
     level: int = logging.INFO
     worker_id: str | None = None
+    loggers: tuple[str, ...] = ("shardworker",)  # at ``level``; every other logger at WARNING or above
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -65,7 +71,9 @@ def configure(setup: LogSetup, role: str) -> None:
     for old in root.handlers[:]:
         root.removeHandler(old)
     root.addHandler(handler)
-    root.setLevel(setup.level)
+    root.setLevel(max(setup.level, logging.WARNING))
+    for name in setup.loggers:
+        logging.getLogger(name).setLevel(setup.level)
 
 
 def set_worker_id(worker_id: str) -> None:
