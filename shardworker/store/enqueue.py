@@ -5,6 +5,7 @@ INSERT, many with COPY, in the caller's transaction when one is open.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import Any
@@ -17,6 +18,8 @@ from shardworker.core.config import StoreConfig
 from shardworker.errors import DatabaseUnavailable, EnqueueError
 from shardworker.store.connection import Session, UnpreparedCursor, first_line, translate_errors
 from shardworker.store.sql import query
+
+log = logging.getLogger(__name__)
 
 # Bulk loads may take minutes: a connection of our own for COPY has no 30 s statement timeout.
 BULK_STATEMENT_TIMEOUT_S = 3600.0
@@ -77,8 +80,12 @@ def insert_job(cur: psycopg.Cursor[Any], kind: str, payload_json: str, **fields:
     commits first, with the WAL flush it needs, and the notification after it, in a
     transaction that writes no WAL. PostgreSQL holds one lock for the whole cluster from a
     notifying transaction's pre-commit to its end, so a NOTIFY in the insert's own transaction
-    would hold it across the flush and make concurrent enqueues commit one at a time.
+    would hold it across the flush and make concurrent enqueues commit one at a time. There
+    the two go in one round trip (``wake_in_pipeline``), and once the job is committed a
+    wake-up that fails is logged, not raised: the caller must not enqueue it again.
     """
+    if commits_alone(cur.connection):
+        return insert_and_wake(cur, kind, payload_json, fields)
     try:
         cur.execute(query(insert_query(fields)), insert_params(kind, payload_json, fields))
     except REFUSED as exc:
@@ -88,6 +95,47 @@ def insert_job(cur: psycopg.Cursor[Any], kind: str, payload_json: str, **fields:
         return None
     cur.execute(query("notify_queue"), {"queue": fields["queue"]})
     return int(row[0])
+
+
+def commits_alone(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """Whether each statement on ``conn`` is a transaction of its own (autocommit, none open)."""
+    return bool(conn.autocommit) and conn.info.transaction_status == TransactionStatus.IDLE
+
+
+def insert_and_wake(cur: psycopg.Cursor[Any], kind: str, payload_json: str, fields: dict[str, Any]) -> int | None:
+    """On an autocommit connection: the insert, a Sync (its transaction ends there), and the
+    NOTIFY, sent at once and read back together: one round trip, two transactions."""
+    conn = cur.connection
+    waking = type(cur)(conn)
+    try:
+        with conn.pipeline() as pipeline:
+            cur.execute(query(insert_query(fields)), insert_params(kind, payload_json, fields))
+            pipeline.sync()
+            waking.execute(query("notify_queue"), {"queue": fields["queue"]})
+    except REFUSED as exc:
+        raise EnqueueError(f"job rejected: {first_line(exc)}") from exc
+    except psycopg.Error as exc:
+        job_id = inserted_id(cur)
+        if job_id is None:
+            raise  # the insert's own failure, or no answer to it: whether it committed is unknown
+        wake_failed(job_id, exc)
+        return job_id
+    return inserted_id(cur)
+
+
+def inserted_id(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> int | None:
+    """The id the insert's answer holds; None when it holds none (a live dedupe key) or no
+    answer came."""
+    result = cur.pgresult
+    if result is None or result.status != psycopg.pq.ExecStatus.TUPLES_OK or result.ntuples == 0:
+        return None
+    value = result.get_value(0, 0)
+    return None if value is None else int(value)
+
+
+def wake_failed(job_id: int, exc: psycopg.Error) -> None:
+    log.warning("job %d is enqueued, but waking the workers failed (%s): they claim it at their next look, "
+                "within their poll interval", job_id, first_line(exc))
 
 
 def insert_query(fields: dict[str, Any]) -> str:

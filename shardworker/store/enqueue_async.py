@@ -5,6 +5,7 @@ own to a DSN. Nothing here blocks the event loop."""
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
@@ -17,12 +18,16 @@ from shardworker.store.enqueue import (
     BULK_STATEMENT_TIMEOUT_S,
     REFUSED,
     ROW_FIELDS,
+    commits_alone,
     insert_params,
     insert_query,
+    inserted_id,
     inserted_ids,
     needs_own_transaction,
 )
 from shardworker.store.sql import query
+
+log = logging.getLogger(__name__)
 
 
 async def enqueue_one_async(conn_or_dsn: Any, kind: str, payload_json: str, **fields: Any) -> int | None:
@@ -34,6 +39,8 @@ async def enqueue_one_async(conn_or_dsn: Any, kind: str, payload_json: str, **fi
 async def insert_job_async(cur: psycopg.AsyncCursor[Any], kind: str, payload_json: str,
                            fields: dict[str, Any]) -> int | None:
     """``insert_job`` on an async cursor."""
+    if commits_alone(cur.connection):
+        return await insert_and_wake_async(cur, kind, payload_json, fields)
     try:
         await cur.execute(query(insert_query(fields)), insert_params(kind, payload_json, fields))
     except REFUSED as exc:
@@ -43,6 +50,28 @@ async def insert_job_async(cur: psycopg.AsyncCursor[Any], kind: str, payload_jso
         return None
     await cur.execute(query("notify_queue"), {"queue": fields["queue"]})  # its own statement: see insert_job
     return int(row[0])
+
+
+async def insert_and_wake_async(cur: psycopg.AsyncCursor[Any], kind: str, payload_json: str,
+                                fields: dict[str, Any]) -> int | None:
+    """``insert_and_wake`` on an async cursor: one round trip, two transactions."""
+    conn = cur.connection
+    waking = type(cur)(conn)
+    try:
+        async with conn.pipeline() as pipeline:
+            await cur.execute(query(insert_query(fields)), insert_params(kind, payload_json, fields))
+            await pipeline.sync()
+            await waking.execute(query("notify_queue"), {"queue": fields["queue"]})
+    except REFUSED as exc:
+        raise EnqueueError(f"job rejected: {first_line(exc)}") from exc
+    except psycopg.Error as exc:
+        job_id = inserted_id(cur)
+        if job_id is None:
+            raise
+        log.warning("job %d is enqueued, but waking the workers failed (%s): they claim it at their next look, "
+                    "within their poll interval", job_id, first_line(exc))
+        return job_id
+    return inserted_id(cur)
 
 
 async def enqueue_each_async(conn_or_dsn: Any, jobs: Sequence[tuple[str, str, dict[str, Any]]]) -> list[int | None]:
