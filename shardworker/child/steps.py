@@ -43,6 +43,12 @@ Sink = Callable[[bytes, Callable[[], None]], None]
 Commit = Callable[[bytes], None]
 
 
+class Suspend(BaseException):  # noqa: N818 (a control flow, as GeneratorExit, not an error)
+    """The run ends at a wait (``job.sleep``, ``job.wait_event``: ``shardworker.child.waits``);
+    raised out of the handler, past ``except Exception``. Catching it does not help: the run
+    ends suspended all the same, and every step, wait or send it tries after is refused so."""
+
+
 class StepNotRun(Exception):
     """A step not recorded yet that this attempt may not run: an operator cancelled the attempt,
     or it waited for the start gate until the child stopped."""
@@ -60,6 +66,7 @@ class StepLog:
                  stopping: Callable[[], bool] = lambda: False, note: Callable[[bytes], None] | None = None) -> None:
         self.job, self.sink, self.commit, self.gate, self.stopping = job, sink, commit, gate, stopping
         self.note = note  # appends a record without waiting for it (job.progress: shardworker.child.waits)
+        self.suspended = False  # the run reached a wait: nothing more of it counts (Suspend again)
         self._earlier: dict[str, Any] | None = None  # decoded on first use
         self.used: set[str] = set()
         self.recorded = 0  # steps this run recorded
@@ -84,7 +91,10 @@ class StepLog:
 
     def begin(self, name: object) -> tuple[bool, Any]:
         """(True, result) for a step an earlier attempt recorded, else (False, None); raises
-        ``StepError`` for a bad or repeated name, or a step past ``MAX_STEPS``."""
+        ``StepError`` for a bad or repeated name, or a step past ``MAX_STEPS``, and ``Suspend``
+        once the run reached a wait (a ``finally`` that steps while the wait unwinds the handler)."""
+        if self.suspended:
+            raise Suspend(f"job {self.job.id}: the run ended at a wait; step {name!r:.80} is for its next run")
         if not isinstance(name, str) or not 1 <= len(name) <= MAX_STEP_NAME_CHARS or "\x00" in name:
             raise self.fail(f"job {self.job.id}: a step name must be a string of 1 to {MAX_STEP_NAME_CHARS} "
                             f"characters without NUL, not {name!r:.80}")

@@ -16,11 +16,17 @@ row, holding no child, thread or connection (``shardworker.begin_wait``, migrati
   this run and every later one).
 
 The next run replays every step before the wait from its records, and the wait returns at once.
+A wait whose end the database recorded is appended to the outbox too, as a step record, when a
+run passes it: a database that comes back older (a failover, a restore) gets it back with the
+steps after it, which the outbox keeps. Once a run reaches a wait nothing more of it counts: a
+step, a wait or a send in a ``finally`` that runs while the wait unwinds the handler raises
+``Suspend`` again, and progress is dropped.
 
 ``job.send_event(key, payload)`` keeps the event with the run's outcome: it is sent in the
 transaction that applies the outcome, when the run ends done, snoozed or suspended (not when it
-fails or is cancelled: its retry sends it). Each carries its place among the run's sends, so a
-run replayed after a wait sends the same events again without their landing twice.
+fails or is cancelled: its retry sends it). Each carries its place among the job's sends
+(``shardworker.job_sends``), so a run replayed after a wait sends each once; and the sends
+before a wait the run passed are not carried again (the run that reached that wait sent them).
 
 ``job.progress(value)`` appends a progress record to the outbox (no fsync of its own: it rides
 the next group commit), at most one per ``PROGRESS_EVERY_S`` for a job; a value reported
@@ -34,19 +40,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from shardworker.child.steps import StepLog
+from shardworker.child.steps import StepLog, Suspend
 from shardworker.core import events
 from shardworker.core.limits import MAX_DELAY_S, MAX_PROGRESS_BYTES
-from shardworker.core.model import ProgressRecord, dumps_exact, has_non_finite, loads_exact
-from shardworker.core.records import encode_progress
+from shardworker.core.model import ProgressRecord, StepRecord, dumps_exact, has_non_finite, loads_exact
+from shardworker.core.records import encode_progress, encode_step
 from shardworker.errors import EventError, EventTimeout
 
+__all__ = ["PROGRESS_EVERY_S", "Suspend", "Waits"]
+
 PROGRESS_EVERY_S = 0.25  # at most one progress record a job this often; the last always lands
-
-
-class Suspend(BaseException):  # noqa: N818 (a control flow, as GeneratorExit, not an error)
-    """The run ends at a wait (``job.sleep``, ``job.wait_event``); raised out of the handler,
-    past ``except Exception``. Catching it does not help: the run ends suspended all the same."""
 
 
 class Waits:
@@ -57,7 +60,8 @@ class Waits:
                  clock: Callable[[], float] = time.time) -> None:
         self.log, self.note, self.is_async, self.clock = log, note, is_async, clock
         self.wait: dict[str, Any] | None = None  # what the run waits on, once it reached a wait
-        self.sent: list[list[Any]] = []  # [key, payload, origin] of each job.send_event
+        self.sent: list[list[Any]] = []  # [key, payload, place] of each job.send_event since the last wait passed
+        self.sends = 0  # the run's job.send_event calls so far: the next one's place
         self._progress_at = -math.inf
         self._progress_held: bytes | None = None
 
@@ -65,9 +69,10 @@ class Waits:
 
     def sleep(self, name: str, seconds: Any) -> Any:
         seconds = _seconds("job.sleep", seconds)
-        found, _ = self.log.begin(name)
+        found, value = self.log.begin(name)
         if not found:
             self._suspend({"kind": "sleep", "name": name, "until": self.clock() + seconds})
+        self._passed(name, value)
         return self._returning(None)
 
     def wait_event(self, name: str, key: str, timeout_s: Any = None) -> Any:
@@ -77,6 +82,7 @@ class Waits:
         if not found:
             until = None if timeout is None else self.clock() + timeout
             self._suspend({"kind": "event", "name": name, "key": key, "until": until})
+        self._passed(name, value)
         if isinstance(value, dict) and "event" in value:
             return self._returning(value["event"])
         if isinstance(value, dict) and value.get("timeout"):
@@ -87,7 +93,17 @@ class Waits:
 
     def _suspend(self, wait: dict[str, Any]) -> None:
         self.wait = wait
+        self.log.suspended = True
         raise Suspend(f"job {self.log.job.id} waits: {wait['kind']} {wait['name']!r}")
+
+    def _passed(self, name: str, value: Any) -> None:
+        """A wait this run passes, its end recorded by the database (the sleep, the event, the
+        timeout): appended to the outbox as a step record (kept with the steps after it, for a
+        database that comes back older), and the sends before it dropped (sent already)."""
+        self.sent.clear()
+        if self.note is not None:
+            job = self.log.job
+            self.note(encode_step(StepRecord(job.id, job.attempt, name, dumps_exact(value), self.clock(), job.uid)))
 
     def _returning(self, value: Any) -> Any:
         if not self.is_async:
@@ -108,15 +124,18 @@ class Waits:
     # --- send_event ---------------------------------------------------------------------------
 
     def send_event(self, key: str, payload: Any = None) -> None:
+        if self.wait is not None:
+            raise Suspend(f"job {self.log.job.id}: the run ended at a wait; send_event({key!r:.80}) is for its next run")
         key = events.check_key(key)
         value = loads_exact(events.payload_json(payload).decode("utf-8"))
-        job = self.log.job
-        origin = f"{job.uid if job.uid is not None else f'id{job.id}'}:{len(self.sent)}"
-        self.sent.append([key, value, origin])
+        self.sent.append([key, value, self.sends])
+        self.sends += 1
 
     # --- progress -----------------------------------------------------------------------------
 
     def progress(self, value: Any) -> None:
+        if self.wait is not None:
+            return  # the run ended at a wait: what a finally reports while it unwinds is not progress
         try:
             encoded = dumps_exact(value)
         except (TypeError, ValueError) as exc:

@@ -95,11 +95,29 @@ class HousekeepingQueries(Session):
             row = cur.fetchone()
         return int(row[0]) if row else 0
 
-    def prune_events(self, older_than_s: float) -> int:
-        """Delete the events sent more than ``older_than_s`` ago; how many."""
+    def wake_sent(self, within_s: float, batch: int) -> int:
+        """Queue up to ``batch`` jobs whose wait for an event, begun within ``within_s``, has
+        its event sent (``shardworker.wake_sent``: the net under a race); how many."""
         with self.cursor() as cur:
-            cur.execute(query("events_prune"), {"older_than_s": float(older_than_s)})
-            return max(0, cur.rowcount)
+            cur.execute(query("wake_sent"), {"within_s": float(within_s), "batch": batch})
+            row = cur.fetchone()
+        return int(row[0]) if row else 0
+
+    def prune_events(self, older_than_s: float, batch: int) -> int:
+        """Delete the events sent more than ``older_than_s`` ago, ``batch`` a transaction until a
+        batch comes back short, unless another worker is at it (the prune lock); how many."""
+        total = 0
+        while True:
+            with self.cursor(transaction=True) as cur:
+                cur.execute(query("prune_lock"))
+                row = cur.fetchone()
+                if not (row and row[0]):
+                    return total
+                cur.execute(query("events_prune"), {"older_than_s": float(older_than_s), "limit": batch})
+                deleted = max(0, cur.rowcount)
+            total += deleted
+            if deleted < batch:
+                return total
 
     def run_periodic(self, name: str, schedule: str,
                      plan: Callable[[datetime, datetime | None], tuple[list[dict[str, Any]], datetime]]) -> int:

@@ -10,7 +10,6 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import replace
 from typing import Any, NamedTuple, Protocol
 
-import orjson
 import psycopg
 from psycopg.types.json import Jsonb
 
@@ -18,7 +17,16 @@ from shardworker.core import followups
 from shardworker.core.flow import Rate
 from shardworker.core.followups import DependentRow, followup_uid
 from shardworker.core.limits import ERRORS_KEPT, MAX_ERROR_CHARS
-from shardworker.core.model import ApplyResult, Disposition, Mark, Outcome, ProgressRecord, StepRecord
+from shardworker.core.model import (
+    ApplyResult,
+    Disposition,
+    Mark,
+    Outcome,
+    ProgressRecord,
+    StepRecord,
+    dumps_exact,
+    loads_exact,
+)
 from shardworker.errors import EnqueueError, OutcomeRejected, SchemaMissing
 from shardworker.store.claiming import ClaimQueries
 from shardworker.store.connection import first_line, is_refusal, rollback
@@ -383,32 +391,38 @@ def insert_followups(cur: psycopg.Cursor[Any], outcomes: Sequence[Outcome],
     return tuple(got)
 
 
+def dumps_text(value: Any) -> str:
+    """JSON text for ``Jsonb``: every integer exact (beyond 64 bits too)."""
+    return dumps_exact(value).decode("utf-8")
+
+
 SENDS = (Disposition.DONE, Disposition.SNOOZED, Disposition.SUSPENDED)  # the outcomes whose events are sent
 
 
 def apply_extras(cur: psycopg.Cursor[Any], outcomes: Sequence[Outcome], applied: Sequence[tuple[Any, ...]]) -> None:
     """In the apply's transaction, for the outcomes just applied (not a replay's, nor a stale
-    attempt's): send the events their runs sent (``shardworker.send_event``, once each by their
-    origin) when they ended done, snoozed or suspended, then begin the waits of the suspended
-    ones (``shardworker.begin_wait``): a wait whose event was sent in this same batch sees it."""
+    attempt's): send the events their runs sent when they ended done, snoozed or suspended
+    (``shardworker.send_job_event``: each once by its place among its job's sends), then begin
+    the waits of the suspended ones (``shardworker.begin_wait``): a wait whose event was sent in
+    this same batch sees it."""
     now = {(job_id, attempt): status for job_id, attempt, status, _ in applied}
     sends: list[Any] = []
     waits: list[tuple[int, int, Any]] = []
     for outcome in outcomes:
         if not outcome.extras_json or (outcome.job_id, outcome.attempt) not in now:
             continue
-        extras = orjson.loads(outcome.extras_json)
+        extras = loads_exact(outcome.extras_json.decode("utf-8"))
         if outcome.disposition in SENDS:
-            sends += extras.get("events", ())
+            sends += [(outcome.job_id, *event) for event in extras.get("events", ())]
         if outcome.disposition is Disposition.SUSPENDED and "wait" in extras:
             waits.append((outcome.job_id, outcome.attempt, extras["wait"]))
-    if sends:
-        cur.execute(query("events_send_many"), {"keys": [e[0] for e in sends],
-                                                "payloads": [Jsonb(e[1]) for e in sends],
-                                                "origins": [e[2] for e in sends]})
+    if sends:  # (job id, key, payload, place among the job's sends)
+        cur.execute(query("events_send_many"), {"job_ids": [e[0] for e in sends], "idxs": [e[3] for e in sends],
+                                                "keys": [e[1] for e in sends],
+                                                "payloads": [Jsonb(e[2], dumps=dumps_text) for e in sends]})
     if waits:
         cur.execute(query("job_waits_begin"), {"ids": [w[0] for w in waits], "attempts": [w[1] for w in waits],
-                                               "waits": [Jsonb(w[2]) for w in waits]})
+                                               "waits": [Jsonb(w[2], dumps=dumps_text) for w in waits]})
 
 
 class JobNow(NamedTuple):

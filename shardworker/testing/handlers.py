@@ -149,9 +149,12 @@ class _Run:
         self.log = StepLog(self.job, self._sink, self._commit, note=self._note)
 
     def _note(self, record: bytes) -> None:
-        progress = records.decode_record(record)
-        assert isinstance(progress, ProgressRecord)
-        self.progress.append(loads_exact(progress.value_json.decode()))
+        """A record the run appends without waiting: its progress, or a wait it passed (the
+        wait's end, given in ``steps=``, which a worker keeps in the outbox again: not a step
+        this run recorded)."""
+        noted = records.decode_record(record)
+        if isinstance(noted, ProgressRecord):
+            self.progress.append(loads_exact(noted.value_json.decode()))
 
     def _commit(self, record: bytes) -> None:
         step = records.decode_record(record)

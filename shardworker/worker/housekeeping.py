@@ -37,6 +37,10 @@ log = logging.getLogger(__name__)
 
 PRUNE_BATCH = 1000
 WAKE_BATCH = 1000  # waits ended a call; a full batch is followed at once by the next
+# How often the net under send_event and begin_wait looks at the waits for an event begun within
+# the last SENT_WITHIN_S (shardworker.wake_sent): a wake-up their race lost comes this late at worst.
+WAKE_SENT_EVERY_S = 5.0
+SENT_WITHIN_S = 3600.0
 BACKLOG_INTERVAL_S = 5.0  # how often one worker recomputes the backlog report the metrics show
 FINISHED = ("done", "failed", "cancelled")
 
@@ -44,7 +48,8 @@ FINISHED = ("done", "failed", "cancelled")
 class HousekeepingStore(PeriodicStore, Protocol):
     def prune_batch(self, older_than_s: float, limit: int, statuses: Sequence[str]) -> int | None: ...
     def wake_due(self, batch: int) -> int: ...
-    def prune_events(self, older_than_s: float) -> int: ...
+    def wake_sent(self, within_s: float, batch: int) -> int: ...
+    def prune_events(self, older_than_s: float, batch: int) -> int: ...
     def forget_schedules(self, older_than_s: float) -> list[str]: ...
     def backlog_report(self, interval_s: float) -> tuple[float, list[BacklogRow]]: ...
     def limits(self) -> list[LimitUse]: ...
@@ -125,6 +130,7 @@ class Housekeeper:
         self.event_retention_s = event_retention_s
         self.woken = 0  # jobs whose sleep or wait this worker ended
         self._waking = False  # the last call ended a full batch: more are due
+        self._next_sent_look = 0.0
         self._pruning = False
         self.backlog_interval_s = backlog_interval_s
         self.backlog: Backlog | None = None  # the last report read, for the metrics
@@ -156,6 +162,9 @@ class Housekeeper:
         woken = self.store.wake_due(WAKE_BATCH)
         self.woken += woken
         self._waking = woken >= WAKE_BATCH
+        if self.clock() >= self._next_sent_look:
+            self._next_sent_look = self.clock() + WAKE_SENT_EVERY_S
+            self.woken += self.store.wake_sent(SENT_WITHIN_S, WAKE_BATCH)
 
     def _refused(self, exc: StoreError) -> float:
         """The database refuses this turn's work for good (not an outage): say what at ERROR,
@@ -173,7 +182,7 @@ class Housekeeper:
         if now < self._next_forget:
             return
         self._next_forget = now + self.prune_interval_s
-        if pruned := self.store.prune_events(self.event_retention_s):
+        if pruned := self.store.prune_events(self.event_retention_s, PRUNE_BATCH * 10):
             log.info("pruned %d events sent over %s ago (--event-retention)", pruned,
                      duration_text(self.event_retention_s))
         for name in self.store.forget_schedules(self.forget_schedules_s):

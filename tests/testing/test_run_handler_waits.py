@@ -41,7 +41,8 @@ def test_a_run_past_the_sleep_waits_for_its_event_then_ends_with_it_or_its_timeo
     assert (run.wait["kind"], run.wait["key"]) == ("event", "review:7") and run.wait["until"] is not None
     ok = run_handler(app, "review", job_id=7, steps={**slept, "verdict": {"event": "ship it"}}, attempt=3)
     assert ok.status == "done" and ok.result == {"draft": "v1", "verdict": "ship it"}
-    assert ok.replayed == ["cool-off", "draft", "verdict"] and ok.events == [("drafts", {"id": 7})]
+    # The send before the sleep went with the run that reached the sleep: not carried again.
+    assert ok.replayed == ["cool-off", "draft", "verdict"] and ok.events == []
     late = run_handler(app, "review", job_id=7, steps={**slept, "verdict": {"timeout": True}}, attempt=3)
     assert late.result == {"draft": "v1", "verdict": "no answer"}
 
@@ -93,6 +94,27 @@ def test_a_wait_ends_the_run_whoever_catches_or_wraps_it() -> None:
             group.create_task(asyncio.sleep(5))
         return "went on"
 
-    for kind in ("swallow", "grouped"):
+    @odd.handler("finally")
+    def unwinding(job: Job) -> None:
+        try:
+            job.sleep("s", 10)
+        finally:  # runs as the wait unwinds the handler: none of it is this run's
+            job.progress("cleaning up")
+            job.step("cleanup", lambda: "cleaned")
+
+    for kind in ("swallow", "grouped", "finally"):
         run = run_handler(odd, kind)
         assert run.status == "suspended" and run.wait is not None and run.wait["name"] == "s", kind
+        assert run.steps == {} and run.progress == [], kind
+
+    @odd.handler("after-catch")
+    def after_catch(job: Job) -> str:
+        try:
+            job.sleep("s", 10)
+        except BaseException:  # noqa: BLE001
+            pass
+        job.send_event("too-early", 1)
+        return job.step("post", lambda: "ran")
+
+    run = run_handler(odd, "after-catch")
+    assert (run.status, run.steps, run.events) == ("suspended", {}, [])

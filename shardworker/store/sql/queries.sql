@@ -583,7 +583,7 @@ WITH o AS (
                            THEN NULL ELSE now() END,
         -- What a suspended job waits on is written next (shardworker.begin_wait); any other
         -- outcome ends every wait.
-        wait_kind = NULL, wait_name = NULL, wait_key = NULL, wait_until = NULL,
+        wait_kind = NULL, wait_name = NULL, wait_key = NULL, wait_until = NULL, wait_since = NULL,
         locked_by = NULL, applied_attempt = o.attempt, rescued_attempt = NULL, updated_at = now()
     FROM o
     WHERE j.id = o.id AND (o.uid IS NULL OR j.uid IS NULL OR j.uid = o.uid)
@@ -650,11 +650,16 @@ WHERE j.id = s.job_id AND s.attempt > j.attempt AND NOT j.steps_ahead
 -- Jobs whose sleep is over or whose wait for an event timed out, queued (migration 0025).
 SELECT shardworker.wake_due(%(batch)s::int);
 
+-- wake_sent --
+-- Waits for an event begun within `within_s` whose event is there, ended (migration 0025).
+SELECT shardworker.wake_sent(%(within_s)s::float8, %(batch)s::int);
+
 -- events_prune --
--- Events past their retention (run --event-retention), a batch at a time by sent_at.
+-- Events past their retention (run --event-retention), `limit` at a time by sent_at, under the
+-- prune lock (prune_lock, earlier in the transaction).
 DELETE FROM shardworker.events WHERE id IN (
     SELECT id FROM shardworker.events WHERE sent_at < now() - make_interval(secs => %(older_than_s)s::float8)
-    ORDER BY sent_at LIMIT 10000);
+    ORDER BY sent_at LIMIT %(limit)s);
 
 -- event_send --
 -- Send an event (shardworker.send_event, migration 0025), in the caller's transaction; how
@@ -670,7 +675,7 @@ FROM shardworker.jobs WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id FOR UPDATE;
 -- Sleeping jobs queued now (their sleep is recorded: the next run passes it).
 WITH woken AS (
     UPDATE shardworker.jobs
-    SET status = 'queued', run_at = now(), wait_kind = NULL, wait_name = NULL, wait_until = NULL, updated_at = now()
+    SET status = 'queued', run_at = now(), wait_kind = NULL, wait_until = NULL, wait_since = NULL, updated_at = now()
     WHERE id = ANY(%(ids)s::bigint[]) AND status = 'waiting' AND wait_kind = 'sleep'
     RETURNING id
 ), announced AS (
@@ -681,20 +686,24 @@ SELECT id FROM woken WHERE (SELECT count(*) FROM announced) >= 0;
 -- job_progress --
 -- How far running jobs got (job.progress, through the outbox): each job's last value of the
 -- batch (its records in outbox order), on the attempt that reported it (of the same job: its
--- uid), never over a value reported later (a batch applied again).
-UPDATE shardworker.jobs j SET progress = convert_from(p.value, 'UTF8')::jsonb, progress_at = to_timestamp(p.at)
+-- uid), never over a value its attempt reported later (a batch applied again; times compared
+-- within one attempt only: a later attempt may run on a host whose clock is behind).
+UPDATE shardworker.jobs j
+SET progress = convert_from(p.value, 'UTF8')::jsonb, progress_at = to_timestamp(p.at), progress_attempt = p.attempt
 FROM (SELECT DISTINCT ON (id) id, attempt, uid, value, at
       FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(uids)s::bigint[], %(values)s::bytea[], %(at)s::float8[])
           WITH ORDINALITY AS p(id, attempt, uid, value, at, n)
       ORDER BY id, n DESC) p
 WHERE j.id = p.id AND j.attempt = p.attempt AND (p.uid IS NULL OR j.uid IS NULL OR j.uid = p.uid)
-  AND (j.progress_at IS NULL OR j.progress_at <= to_timestamp(p.at));
+  AND (j.progress_attempt IS DISTINCT FROM p.attempt OR j.progress_at <= to_timestamp(p.at));
 
 -- events_send_many --
 -- The events handlers sent (job.send_event), in the transaction that applies their outcomes,
--- in order; each once by its origin (shardworker.send_event, migration 0025).
-SELECT shardworker.send_event(e.key, e.payload, e.origin)
-FROM unnest(%(keys)s::text[], %(payloads)s::jsonb[], %(origins)s::text[]) WITH ORDINALITY AS e(key, payload, origin, n)
+-- in order; each once by its job and its place among the job's sends (shardworker.send_job_event,
+-- migration 0025).
+SELECT shardworker.send_job_event(e.job_id, e.idx, e.key, e.payload)
+FROM unnest(%(job_ids)s::bigint[], %(idxs)s::int[], %(keys)s::text[], %(payloads)s::jsonb[])
+    WITH ORDINALITY AS e(job_id, idx, key, payload, n)
 ORDER BY e.n;
 
 -- job_waits_begin --
@@ -887,7 +896,8 @@ SELECT
            OR (attempt > 0 AND run_at <= now() + make_interval(secs => %(retry_horizon_s)s::float8)))) +
   (SELECT count(*) FROM shardworker.jobs
     WHERE status = 'waiting' AND wait_until <= now() + make_interval(secs => %(retry_horizon_s)s::float8)
-      AND kind = ANY(%(kinds)s::text[]) AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))) +
+      AND kind = ANY(%(kinds)s::text[]) AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+      AND queue <> ALL(ARRAY(SELECT name FROM shardworker.queues WHERE paused))) +
   (SELECT count(*) FROM shardworker.jobs WHERE status = 'running' AND locked_by = %(worker_id)s);
 
 -- worker_heartbeat --
@@ -1106,7 +1116,7 @@ WITH deps AS (
         last_error = CASE WHEN deps.job_id IS NOT NULL AND j.status = 'cancelled' THEN NULL ELSE j.last_error END,
         run_at = now(), max_attempts = greatest(max_attempts, attempt - snoozes + 1),
         finished_at = NULL, rescued_attempt = NULL, updated_at = now(),
-        wait_kind = NULL, wait_name = NULL, wait_key = NULL, wait_until = NULL,
+        wait_kind = NULL, wait_name = NULL, wait_key = NULL, wait_until = NULL, wait_since = NULL,
         steps_reset_attempt = CASE WHEN %(reset_steps)s THEN attempt ELSE steps_reset_attempt END
     FROM unnest(%(ids)s::bigint[]) AS x(id) LEFT JOIN deps ON deps.job_id = x.id
     WHERE j.id = x.id AND j.status IN ('failed', 'cancelled') AND coalesce(deps.deleted, 0) = 0
@@ -1606,7 +1616,7 @@ WITH released AS (
         deps_pending = w.deps_pending - r.n, deps_bytes = w.deps_bytes + coalesce(r.bytes, 0),
         updated_at = now()
     FROM released r
-    WHERE w.id = r.id AND w.status = 'waiting'
+    WHERE w.id = r.id AND w.status = 'waiting' AND w.wait_kind IS NULL  -- not one that sleeps or waits for an event
     RETURNING w.id, w.status
 ), woken AS (
     SELECT pg_notify('shardworker_jobs', '') AS sent FROM settled WHERE status = 'queued' LIMIT 1
