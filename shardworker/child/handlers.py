@@ -28,6 +28,7 @@ from shardworker.child.waits import Waits
 from shardworker.control import Cancel, Fail, JobControl, Retry, Snooze
 from shardworker.core.limits import MAX_JOB_INPUT_BYTES, MAX_PAYLOAD_BYTES, MAX_TRACEBACK_BYTES
 from shardworker.core.model import ClaimedJob, Disposition, Outcome
+from shardworker.errors import EventTimeout
 
 FAILURES = (Disposition.RETRY, Disposition.FAILED)  # the outcomes of a failed attempt
 
@@ -152,6 +153,9 @@ def ended(spec: HandlerSpec, job: ClaimedJob, steps: StepLog | None, exc: Except
         return Attempt(failure(spec, job, steps.error), steps.error)
     if waits is not None and waits.wait is not None:
         return Attempt(Outcome.suspended(job.id, job.attempt, waits.extras(sends=True) or b"{}"))
+    if isinstance(exc, EventTimeout):  # recorded: every retry would meet it again at the same wait
+        return Attempt(never_again(job, printable(f"EventTimeout: {exc} (it fails for good: every retry would time "
+                                                  "out again at the same wait; catch it to go on)")), exc)
     if isinstance(exc, JobControl):
         outcome = controlled(job, exc)
         if outcome.disposition is Disposition.SNOOZED and waits is not None:

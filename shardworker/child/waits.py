@@ -35,6 +35,8 @@ sooner waits for the next report or for the run's end, so the last value always 
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -50,6 +52,7 @@ from shardworker.errors import EventError, EventTimeout
 __all__ = ["PROGRESS_EVERY_S", "Suspend", "Waits"]
 
 PROGRESS_EVERY_S = 0.25  # at most one progress record a job this often; the last always lands
+log = logging.getLogger(__name__)
 
 
 class Waits:
@@ -64,6 +67,7 @@ class Waits:
         self.sends = 0  # the run's job.send_event calls so far: the next one's place
         self._progress_at = -math.inf
         self._progress_held: bytes | None = None
+        self._warned = False  # a progress value was dropped (said once a run)
 
     # --- sleep and wait_event -------------------------------------------------------------
 
@@ -123,33 +127,58 @@ class Waits:
 
     # --- send_event ---------------------------------------------------------------------------
 
-    def send_event(self, key: str, payload: Any = None) -> None:
+    def send_event(self, key: str, payload: Any = None) -> Any:
         if self.wait is not None:
             raise Suspend(f"job {self.log.job.id}: the run ended at a wait; send_event({key!r:.80}) is for its next run")
         key = events.check_key(key)
         value = loads_exact(events.payload_json(payload).decode("utf-8"))
         self.sent.append([key, value, self.sends])
         self.sends += 1
+        return self._done()
 
     # --- progress -----------------------------------------------------------------------------
 
-    def progress(self, value: Any) -> None:
+    def progress(self, value: Any) -> Any:
         if self.wait is not None:
-            return  # the run ended at a wait: what a finally reports while it unwinds is not progress
-        try:
-            encoded = dumps_exact(value)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"job.progress takes a JSON value: {exc}") from None
-        if len(encoded) > MAX_PROGRESS_BYTES:
-            raise ValueError(f"job.progress: {len(encoded)} bytes of JSON, the limit is {MAX_PROGRESS_BYTES} "
-                             "(shardworker.core.limits.MAX_PROGRESS_BYTES)")
-        if (b"null" in encoded and has_non_finite(value)) or b"\\u0000" in encoded:
-            raise ValueError("job.progress: the value holds nan, infinity or a NUL, which JSON in PostgreSQL cannot")
+            return self._done()  # the run ended at a wait: what a finally reports while it unwinds is not progress
+        encoded = self._progress_json(value)
+        if encoded is None:
+            return self._done()
         now = self.clock()
         if now - self._progress_at < PROGRESS_EVERY_S:
             self._progress_held = encoded
-            return
+            return self._done()
         self._write_progress(encoded, now)
+        return self._done()
+
+    def _progress_json(self, value: Any) -> bytes | None:
+        """The value as JSON, or None (and a warning, once a run) for one that cannot be shown: a
+        status report never fails the job it reports on."""
+        try:
+            encoded = dumps_exact(value)
+        except (TypeError, ValueError) as exc:
+            return self._unshown(f"not JSON ({exc})")
+        if len(encoded) > MAX_PROGRESS_BYTES:
+            return self._unshown(f"{len(encoded)} bytes of JSON, over the {MAX_PROGRESS_BYTES} a value may hold "
+                                 "(shardworker.core.limits.MAX_PROGRESS_BYTES)")
+        if (b"null" in encoded and has_non_finite(value)) or b"\\u0000" in encoded:
+            return self._unshown("it holds nan, infinity or a NUL, which JSON in PostgreSQL cannot")
+        return encoded
+
+    def _unshown(self, why: str) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning("job %d: job.progress value dropped: %s", self.log.job.id, why)
+        return None
+
+    def _done(self) -> Any:
+        """What ``send_event`` and ``progress`` return: nothing to wait for; in an ``async def``
+        handler a finished future, so ``await job.progress(...)`` works too."""
+        if not self.is_async:
+            return None
+        future = asyncio.get_running_loop().create_future()
+        future.set_result(None)
+        return future
 
     def flush(self) -> None:
         """At the run's end: the progress reported since the last record, written now."""

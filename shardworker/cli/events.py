@@ -23,10 +23,12 @@ def events() -> None:
 @dsn_option
 @one_line_errors
 def send_command(key: str, payload: str, as_json: bool, dsn: str | None) -> None:
-    """Send an event to KEY with PAYLOAD (JSON text; none: null). Every job waiting on KEY
-    runs again with it; a job that starts waiting on KEY later takes it too."""
+    """Send an event to KEY with PAYLOAD (JSON text; none: null; -: read it from stdin). Every
+    job waiting on KEY runs again with it; a job that starts waiting on KEY later takes it too."""
     from shardworker.events import send_event
 
+    if payload == "-":
+        payload = click.get_text_stream("stdin").read()
     try:
         value = orjson.loads(payload)
     except orjson.JSONDecodeError as exc:

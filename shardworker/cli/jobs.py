@@ -70,14 +70,15 @@ def _echo_jobs(found: list[jobs_api.JobInfo], as_json: bool) -> None:
 
 def _note(job: jobs_api.JobInfo) -> str:
     """The last column of a job's line: what a waiting job waits on (a sleep till when, an
-    event's key, other jobs), else how far a running or finished one got (job.progress), else
-    the last error of one that is not done (a done job's is an earlier attempt's: beside
-    `done` it reads as a failure)."""
+    event's key, other jobs); why a failed or cancelled one ended; how far a job got
+    (job.progress); else the last error of one that is not done (a done job's is an earlier
+    attempt's: beside `done` it reads as a failure)."""
+    error = (job.last_error or "").splitlines()[0][:60] if job.last_error and job.status != "done" else ""
     if job.status == "waiting":
         return job.waiting_on
-    if job.progress is not None:
-        return f"progress {jobs_api.dumps_json(job.progress)[:60]}"
-    return (job.last_error or "").splitlines()[0][:60] if job.last_error and job.status != "done" else ""
+    if error and job.status in ("failed", "cancelled"):
+        return error
+    return f"progress {jobs_api.dumps_json(job.progress)[:60]}" if job.progress is not None else error
 
 
 @click.group()
@@ -157,7 +158,7 @@ def _echo_job(job: jobs_api.JobInfo, as_json: bool) -> None:
         click.echo(jobs_api.dumps_json(job.to_json()))
         return
     for key, value in job.to_json().items():
-        if key in ("payload", "result"):
+        if key in ("payload", "result") or (key == "progress" and value is not None):
             value = jobs_api.dumps_json(value)
         first, *rest = str(value).splitlines() or [""]
         click.echo(f"{key:>13}: {first}")

@@ -207,7 +207,7 @@ def _enqueued_line(made: list[int], skipped: int, dedupe_key: str | None, dedupe
 @dsn_option
 @one_line_errors
 def stats(exact: bool, by: str, limit: int, as_json: bool, dsn: str | None) -> None:
-    """Job counts, in total and by queue: waiting (on dependencies), available (queued, due),
+    """Job counts, in total and by queue: waiting (on other jobs, a sleep or an event), available (queued, due),
     scheduled (queued for later), prefetched (claimed, not started), running (started), done,
     failed, cancelled. Above a million rows, done is estimated (~). --by key: the top keys by
     backlog (available, scheduled, claimed, the oldest available job's wait)."""

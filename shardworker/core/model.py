@@ -117,18 +117,21 @@ class Job:
         (None: no limit) it raises ``shardworker.EventTimeout``. In an ``async def`` handler, await it."""
         return self._waiting("job.wait_event").wait_event(name, key, timeout_s)
 
-    def send_event(self, key: str, payload: Any = None) -> None:
+    def send_event(self, key: str, payload: Any = None) -> Any:
         """Send an event to ``key`` with this run's outcome: it lands in the transaction that
         applies the outcome when the run ends done, snoozed or waiting (not when it fails:
-        its retry sends it), once, even when a later run of the job sends it again."""
-        self._waiting("job.send_event").send_event(key, payload)
+        its retry sends it), once, even when a later run of the job sends it again. Nothing to
+        wait for (in an ``async def`` handler, awaiting it is allowed and returns at once)."""
+        return self._waiting("job.send_event").send_event(key, payload)
 
-    def progress(self, value: Any) -> None:
+    def progress(self, value: Any) -> Any:
         """Report how far the job got (a small JSON value: a fraction, a message, a count):
         shown by ``jobs show``, ``jobs list``, the dashboard and ``wait_for(on_progress=)``.
         Cheap: it goes through the outbox with the next commit, a record at most every 0.25 s
-        a job (the last value always lands), never a database write from the handler."""
-        self._waiting("job.progress").progress(value)
+        a job (the last value always lands), never a database write from the handler. A value
+        that cannot be shown (not JSON, over 8 KiB) is dropped with a warning: a status report
+        never fails its job. Awaiting it is allowed, as for ``send_event``."""
+        return self._waiting("job.progress").progress(value)
 
     def _waiting(self, what: str) -> Any:
         if self._waits is None:

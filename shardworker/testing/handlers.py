@@ -97,7 +97,8 @@ class HandlerRun:
     def result(self) -> Any:
         """The handler's result as stored; ``HandlerFailed`` when the run did not end done."""
         if self.status != "done":
-            raise HandlerFailed(f"the run ended {self.status}, not done: {self.error}")
+            why = f": {self.error}" if self.error else f" (at its wait {self.wait['name']!r})" if self.wait else ""
+            raise HandlerFailed(f"the run ended {self.status}, not done{why}")
         return self._result
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from shardworker import App, EventTimeout, Job
 from shardworker.errors import EventError
-from shardworker.testing import run_handler
+from shardworker.testing import run_handler, run_handler_async
 
 app = App()
 
@@ -118,3 +118,35 @@ def test_a_wait_ends_the_run_whoever_catches_or_wraps_it() -> None:
 
     run = run_handler(odd, "after-catch")
     assert (run.status, run.steps, run.events) == ("suspended", {}, [])
+
+
+def test_an_uncaught_timeout_fails_for_good_and_bad_progress_never_fails_a_job() -> None:
+    """A recorded timeout would meet every retry at the same wait: the attempt fails for good.
+    A progress value that cannot be shown is dropped with a warning, the job goes on."""
+    import asyncio
+
+    more = App()
+
+    @more.handler("impatient")
+    def impatient(job: Job) -> None:
+        job.wait_event("w", "k", timeout_s=1)
+
+    @more.handler("chatty")
+    def chatty(job: Job) -> str:
+        job.progress({1, 2})             # not JSON
+        job.progress("x" * 10_000)       # over 8 KiB
+        job.progress(float("nan"))
+        job.progress("fine")
+        return "done"
+
+    @more.handler("awaiting")
+    async def awaiting(job: Job) -> str:
+        await job.progress("half")
+        await job.send_event("k", 1)
+        return "done"
+
+    timed_out = run_handler(more, "impatient", steps={"w": {"timeout": True}}, raises=False)
+    assert timed_out.status == "failed" and "fails for good" in (timed_out.error or "")
+    assert run_handler(more, "chatty").progress == ["fine"]
+    ran = asyncio.run(run_handler_async(more, "awaiting"))
+    assert (ran.status, ran.progress, ran.events) == ("done", ["half"], [("k", 1)])

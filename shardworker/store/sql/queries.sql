@@ -1157,6 +1157,7 @@ WITH target AS (
 ), cancelled AS (
     UPDATE shardworker.jobs j
     SET status = 'cancelled', finished_at = now(), rescued_attempt = NULL, locked_by = NULL, updated_at = now(),
+        wait_kind = NULL, wait_key = NULL, wait_until = NULL, wait_since = NULL,
         last_error = 'cancelled by an operator'
     FROM target t WHERE j.id = t.id
     RETURNING j.id, j.attempt, t.was
