@@ -190,3 +190,26 @@ def test_an_async_handler_awaits_its_sleep(pg_dsn: str, dirs: tuple[Path, Path])
     assert query(pg_dsn, "SELECT result FROM shardworker.jobs WHERE id = %s", job_id)[0][0] == {
         "before": f"before-{job_id}", "woke": True}
     assert runs_per_job(count_dir)[job_id] == 2
+
+
+def test_a_run_that_passes_a_wait_keeps_its_end_in_the_outbox(pg_dsn: str, dirs: tuple[Path, Path]) -> None:
+    """The database recorded the sleep's end; the run that passes it appends it to its outbox
+    too, before the steps after it, so a database that comes back older gets it back with them
+    (the kept tail: --reapply-window)."""
+    import outbox
+    from shardworker.core import records
+    from shardworker.core.model import Outcome, StepRecord
+
+    outbox_dir, count_dir = dirs
+    (job_id,) = enqueue(pg_dsn, "nap", 1, {"sleep": 0.5})
+    proc = start_worker(pg_dsn, outbox_dir, count_dir, procs=1, app="waits_app")
+    try:
+        wait_for(lambda: status(pg_dsn, job_id) == "done", 20, "the sleeper")
+    finally:
+        proc.terminate()
+        exit_code(proc, 30, count_dir)
+    kept = [records.decode_record(r) for r in outbox.records_since(str(outbox_dir), 0, 0.0)]
+    order = [(type(r).__name__, getattr(r, "name", None), r.attempt) for r in kept
+             if isinstance(r, StepRecord | Outcome) and r.job_id == job_id]
+    assert order == [("StepRecord", "before", 1), ("Outcome", None, 1), ("StepRecord", "nap", 2),
+                     ("StepRecord", "after", 2), ("Outcome", None, 2)]
