@@ -118,3 +118,20 @@ def test_a_wait_for_an_event_survives_an_outage_when_it_is_sent(private_pg: Embe
     ran = step_runs(count_dir)
     assert all(ran[(i, "draft")] == 1 and ran[(i, "ship")] == 1 for i in ids)
     assert all(runs_per_job(count_dir)[i] == 2 for i in ids)
+
+
+def test_progress_reported_during_an_outage_lands_when_the_database_returns(private_pg: EmbeddedPostgres,
+                                                                          dirs: tuple[Path, Path]) -> None:
+    """A job reports its progress and ends while PostgreSQL is stopped: its progress records wait
+    in the outbox with its outcome, and both land once the database is back."""
+    dsn, (outbox_dir, count_dir) = private_pg.dsn, dirs
+    (job_id,) = enqueue(dsn, "reporter", 1, {"steps": 8, "every": 0.25})
+    proc = start_worker(dsn, outbox_dir, count_dir, *FAST, "--exit-when-idle", procs=1, app="waits_app")
+    wait_for(lambda: runs_per_job(count_dir)[job_id] == 1, 30, "the reporter started")
+    private_pg.stop("immediate")
+    time.sleep(2.5)  # it reports and ends meanwhile
+    private_pg.start()
+    assert exit_code(proc, 60, count_dir) == 0
+    assert query(dsn, "SELECT status, progress, result FROM shardworker.jobs WHERE id = %s", job_id) == [
+        ("done", {"done": 8, "of": 8}, 8)]
+    assert runs_per_job(count_dir)[job_id] == 1
