@@ -43,7 +43,7 @@ Sink = Callable[[bytes, Callable[[], None]], None]
 Commit = Callable[[bytes], None]
 
 
-class Suspend(BaseException):  # noqa: N818 (a control flow, as GeneratorExit, not an error)
+class Suspend(BaseException):
     """The run ends at a wait (``job.sleep``, ``job.wait_event``: ``shardworker.child.waits``);
     raised out of the handler, past ``except Exception``. Catching it does not help: the run
     ends suspended all the same, and every step, wait or send it tries after is refused so."""

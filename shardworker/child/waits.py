@@ -129,7 +129,8 @@ class Waits:
 
     def send_event(self, key: str, payload: Any = None) -> Any:
         if self.wait is not None:
-            raise Suspend(f"job {self.log.job.id}: the run ended at a wait; send_event({key!r:.80}) is for its next run")
+            raise Suspend(f"job {self.log.job.id}: the run ended at a wait; send_event({key!r:.80}) is for its "
+                          "next run")
         key = events.check_key(key)
         value = loads_exact(events.payload_json(payload).decode("utf-8"))
         self.sent.append([key, value, self.sends])
@@ -165,7 +166,8 @@ class Waits:
             return self._unshown("it holds nan, infinity or a NUL, which JSON in PostgreSQL cannot")
         return encoded
 
-    def _unshown(self, why: str) -> None:
+    def _unshown(self, why: str) -> bytes | None:
+        """No value to show (None), said once a run."""
         if not self._warned:
             self._warned = True
             log.warning("job %d: job.progress value dropped: %s", self.log.job.id, why)

@@ -120,7 +120,8 @@ class Flusher:
                              tell_unreachable=report_outages)
         self.stats = FlushStats()
         self._held: list[Record] = []  # read but not yet applied (kept across failures)
-        self._decoded: list[Outcome | StepRecord | None] = []  # each of _held decoded, once (None: dead-lettered)
+        # each of _held decoded, once (None: dead-lettered)
+        self._decoded: list[Outcome | StepRecord | ProgressRecord | None] = []
         self._part: int | None = None  # after a statement timeout: apply only this many of _held at once
         self._timeout_s: float | None = None  # and for a single record, a longer statement timeout
         # Outcomes of jobs missing here, kept in setaside.jsonl and tried again while they may come.

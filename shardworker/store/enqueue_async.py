@@ -5,7 +5,6 @@ own to a DSN. Nothing here blocks the event loop."""
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
@@ -24,10 +23,9 @@ from shardworker.store.enqueue import (
     inserted_id,
     inserted_ids,
     needs_own_transaction,
+    wake_failed,
 )
 from shardworker.store.sql import query
-
-log = logging.getLogger(__name__)
 
 
 async def enqueue_one_async(conn_or_dsn: Any, kind: str, payload_json: str, **fields: Any) -> int | None:
@@ -68,8 +66,7 @@ async def insert_and_wake_async(cur: psycopg.AsyncCursor[Any], kind: str, payloa
         job_id = inserted_id(cur)
         if job_id is None:
             raise
-        log.warning("job %d is enqueued, but waking the workers failed (%s): they claim it at their next look, "
-                    "within their poll interval", job_id, first_line(exc))
+        wake_failed(job_id, exc)
         return job_id
     return inserted_id(cur)
 

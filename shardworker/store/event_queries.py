@@ -29,7 +29,8 @@ async def send_event_async(conn_or_dsn: Any, key: str, payload_json: bytes) -> i
     return int(row[0]) if row else 0
 
 
-def wake_jobs(conn_or_dsn: Any, job_ids: Sequence[int], check: Callable[[dict[int, tuple[str, str | None]]], None]) -> int:
+def wake_jobs(conn_or_dsn: Any, job_ids: Sequence[int],
+              check: Callable[[dict[int, tuple[str, str | None]]], None]) -> int:
     """Lock ``job_ids``, hand ``check`` their (status, what they wait on) to refuse with, then
     queue the sleeping ones now, in one transaction; how many."""
     with cursor_for(conn_or_dsn, transaction=True) as cur:

@@ -41,7 +41,7 @@ def test_the_async_enqueue_logs_a_failed_wake_up_too(pg_dsn: str, caplog: pytest
             await aconn.execute("SET search_path = sabotage, pg_catalog, public")
             return await shardworker.enqueue_async(aconn, "count", {"n": 2})
 
-    with caplog.at_level(logging.WARNING, logger="shardworker.store.enqueue_async"):
+    with caplog.at_level(logging.WARNING, logger="shardworker.store.enqueue"):
         job_id = asyncio.run(enqueue())
     assert job_id is not None and query(pg_dsn, "SELECT id FROM shardworker.jobs") == [(job_id,)]
     assert "waking the workers failed" in caplog.text

@@ -14,7 +14,6 @@ import pytest
 from tests.helpers import query, run_until_idle, runs_per_job
 
 
-
 def find_psql() -> str:
     """The system's psql, else the one the embedded server's package ships."""
     import importlib.util
@@ -68,9 +67,9 @@ def test_psql_enqueues_jobs_a_worker_runs(pg_dsn: str, dirs: tuple[Path, Path]) 
     ("shardworker.enqueue('k', delay_s => 'NaN')", "delay_s must be seconds from 0 to 100 years"),
 ])
 def test_bad_input_is_one_line_and_inserts_nothing(pg_dsn: str, call: str, says: str) -> None:
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        with pytest.raises(psycopg.errors.InvalidParameterValue) as caught:
-            conn.execute(f"SELECT {call}")
+    with psycopg.connect(pg_dsn, autocommit=True) as conn, \
+            pytest.raises(psycopg.errors.InvalidParameterValue) as caught:
+        conn.execute(f"SELECT {call}")
     message = caught.value.diag.message_primary or ""
     assert says in message and "\n" not in message
     assert query(pg_dsn, "SELECT count(*) FROM shardworker.jobs") == [(0,)]

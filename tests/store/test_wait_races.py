@@ -137,9 +137,10 @@ def test_deleting_a_done_dependency_leaves_a_sleeping_dependent_asleep(pg_dsn: s
 
 
 def test_big_integers_in_a_handlers_event_stay_exact(pg_dsn: str, store: PgStore) -> None:
-    (job_id,) = enqueue(pg_dsn, "sender", 1)
+    enqueue(pg_dsn, "sender", 1)
     job = claim_one(store, "sender")
-    done = replace(Outcome.done(job.id, job.attempt, b"1"), extras_json=dumps_exact({"events": [["big", {"n": 2**70}, 0]]}))
+    events = dumps_exact({"events": [["big", {"n": 2**70}, 0]]})
+    done = replace(Outcome.done(job.id, job.attempt, b"1"), extras_json=events)
     store.apply_outcomes([done.claimed_by(job)])
     assert query(pg_dsn, "SELECT payload::text FROM shardworker.events") == [('{"n": 1180591620717411303424}',)]
 
