@@ -17,6 +17,9 @@ path takes no lock of its own and no process shares a registry:
   says how old the numbers are. Every worker shows the same values: aggregate them across
   workers with ``max``, not ``sum``.
 
+* the CPU and memory of each process of the tree (the parent, each child, the flusher) are
+  read from ``/proc`` at scrape time (``process_metrics``).
+
 Nothing is a ``prometheus_client`` metric object: ``WorkerCollector.collect`` reads those
 values when Prometheus scrapes and builds the metric families then, on the server's
 thread. The outbox's per-shard counts come from reading its files (``outbox.status``),
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import os
 import socket
 import threading
 import time
@@ -71,6 +75,7 @@ class WorkerView(Protocol):
     def database_up(self) -> bool: ...
     def flusher_counters(self) -> dict[str, Any]: ...
     def backlog(self) -> Backlog | None: ...
+    def processes(self) -> list[tuple[str, int]]: ...
 
 
 class WorkerCollector(Collector):
@@ -99,6 +104,7 @@ class WorkerCollector(Collector):
         yield from self._flusher_metrics(v.flusher_counters())
         yield from self._outbox_metrics()
         yield from self._backlog_metrics(v.backlog())
+        yield from process_metrics(v.processes())
 
     def _backlog_metrics(self, backlog: Backlog | None) -> Iterator[Metric]:
         if backlog is None:
@@ -222,6 +228,29 @@ class WorkerCollector(Collector):
                 took = self.clock() - started
                 self._outbox_next = self.clock() + max(OUTBOX_REFRESH_S, 20 * took)
             return self._outbox
+
+
+def process_metrics(processes: Iterable[tuple[str, int]]) -> Iterator[Metric]:
+    """CPU and memory of each process of the worker's tree, by role (``parent``, ``shard-N``,
+    ``flusher``), read from ``/proc`` at scrape time: where the worker spends, process by process
+    (the client library's own process collector sees the parent alone). Nothing where there is
+    no ``/proc``, or for a process that has just gone."""
+    cpu = CounterMetricFamily("shardworker_process_cpu_seconds", "CPU time (user and system) each process of "
+                              "the worker has used, by role.", labels=["role"])
+    rss = GaugeMetricFamily("shardworker_process_resident_memory_bytes", "Resident memory of each process of the "
+                            "worker, by role.", labels=["role"])
+    ticks, page = os.sysconf("SC_CLK_TCK"), os.sysconf("SC_PAGE_SIZE")
+    for role, pid in processes:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as stat, open(f"/proc/{pid}/statm", "rb") as statm:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+                resident = int(statm.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        cpu.add_metric([role], (int(fields[11]) + int(fields[12])) / ticks)  # utime, stime (fields 14, 15)
+        rss.add_metric([role], resident * page)
+    yield cpu
+    yield rss
 
 
 def _bound(bound: float) -> str:

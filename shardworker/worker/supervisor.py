@@ -148,6 +148,15 @@ class Supervisor:
     def backlog(self) -> Backlog | None:
         return self.housekeeper.backlog
 
+    def processes(self) -> list[tuple[str, int]]:
+        """(role, pid) of every live process of the worker's tree: this one, the children, the flusher."""
+        found = [("parent", os.getpid())]
+        found += [(f"shard-{h.index}", h.process.pid) for h in self.pool.handles
+                  if h.process is not None and h.process.pid is not None]
+        if self.flusher.process is not None and self.flusher.process.pid is not None:
+            found.append(("flusher", self.flusher.process.pid))
+        return found
+
     def flusher_counters(self) -> dict[str, Any]:
         counters = self.flusher.counters()
         counters["db_errors"] += self.dispatcher.db_errors if self.dispatcher else 0

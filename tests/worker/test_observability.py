@@ -242,3 +242,26 @@ def test_the_metrics_server_on_ipv6_loopback_with_a_token() -> None:
         assert status("/other", "Bearer t0ken") == 404
     finally:
         server.stop()
+
+
+def test_each_process_of_the_tree_exports_its_cpu_and_memory(pg_dsn: str, tmp_path: Path) -> None:
+    """The parent, each child and the flusher: CPU seconds and resident memory by role, from the
+    processes themselves (a busy child's CPU grows)."""
+    count_dir, port = tmp_path / "counts", free_port()
+    count_dir.mkdir()
+    enqueue(pg_dsn, "count", 300)
+    proc = start_worker(pg_dsn, tmp_path / "outbox", count_dir, "--metrics-port", str(port), procs=2)
+    try:
+        scrape_when_up(port)
+        wait_for(lambda: status_counts(pg_dsn).get("done", 0) == 300, 60, "the jobs done")
+        samples = scrape(port)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    roles = {"parent", "shard-0", "shard-1", "flusher"}
+    cpu = {dict(labels)["role"]: v for (name, labels), v in samples.items()
+           if name == "shardworker_process_cpu_seconds_total"}
+    rss = {dict(labels)["role"]: v for (name, labels), v in samples.items()
+           if name == "shardworker_process_resident_memory_bytes"}
+    assert set(cpu) == roles and set(rss) == roles
+    assert all(v > 0 for v in cpu.values()) and all(v > 10 * 2**20 for v in rss.values()), (cpu, rss)
