@@ -28,6 +28,8 @@ from shardworker.core.limits import (
     MAX_KIND_BYTES,
     MAX_PAYLOAD_BYTES,
     MAX_QUEUE_BYTES,
+    MAX_TAG_BYTES,
+    MAX_TAGS,
     not_storable_text,
     too_long,
     unservable_queue_name,
@@ -66,9 +68,13 @@ class JobSpec:
     # the last enqueue, replacing the payload of the one still queued (docs/enqueue-and-results.md).
     dedupe_window: float | None = None
     debounce: float | None = None
+    # Labels to find the job by (``jobs list --tag``, bulk ``jobs retry|cancel|delete --tag``):
+    # kept sorted and without repeats.
+    tags: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "after", check_after(self.after))
+        object.__setattr__(self, "tags", check_tags(self.tags))
         if not isinstance(self.kind, str) or not self.kind:
             raise EnqueueError("kind must be a non-empty string")
         if not isinstance(self.queue, str) or not self.queue:
@@ -132,7 +138,7 @@ class JobSpec:
         if not isinstance(obj, Mapping):
             raise EnqueueError("expected a JSON object")
         unknown = set(obj) - {"kind", "payload", "queue", "priority", "max_attempts", "run_at", "dedupe_key", "after",
-                              "key", "dedupe_window", "debounce"}
+                              "key", "dedupe_window", "debounce", "tags"}
         if unknown:
             raise EnqueueError(f"unknown field(s) {', '.join(sorted(unknown))}")
         if "kind" not in obj:
@@ -146,9 +152,31 @@ class JobSpec:
                 run_at = datetime.fromisoformat(str(run_at))
             except ValueError as exc:
                 raise EnqueueError(f"run_at is not an ISO 8601 time: {run_at!r}") from exc
+        tags = obj.get("tags", [])
+        if not isinstance(tags, list):
+            raise EnqueueError(f"tags must be a list of strings (like [\"import\"]), got {orjson.dumps(tags).decode()}")
         return cls(obj["kind"], obj.get("payload"), obj.get("queue", "default"), obj.get("priority", 0),
                    obj.get("max_attempts", DEFAULT_MAX_ATTEMPTS), run_at, obj.get("dedupe_key"), after, obj.get("key"),
-                   obj.get("dedupe_window"), obj.get("debounce"))
+                   obj.get("dedupe_window"), obj.get("debounce"), tags)  # type: ignore[arg-type]
+
+
+def check_tags(tags: Any) -> tuple[str, ...]:
+    """``tags`` as a sorted tuple without repeats; ``EnqueueError`` saying what is wrong."""
+    if tags is None:
+        return ()
+    if isinstance(tags, str | bytes) or not isinstance(tags, Iterable):
+        raise EnqueueError(f"tags must be a list of strings, got {type(tags).__name__}")
+    found = set()
+    for tag in tags:
+        if not isinstance(tag, str) or not tag.strip():
+            raise EnqueueError(f"a tag must be a non-empty string, got {tag!r:.80}")
+        if why := too_long("tag", tag, MAX_TAG_BYTES) or not_storable_text("tag", tag):
+            raise EnqueueError(why)
+        found.add(tag)
+    if len(found) > MAX_TAGS:
+        raise EnqueueError(f"{len(found)} tags, the most a job may carry is {MAX_TAGS} "
+                           "(shardworker.core.limits.MAX_TAGS)")
+    return tuple(sorted(found))
 
 
 def loads_json(text: str | bytes) -> Any:
@@ -177,7 +205,8 @@ def _utc(run_at: datetime | None) -> datetime | None:
 def enqueue(conn_or_dsn: Any, kind: str, payload: Any = None, *, queue: str = "default", priority: int = 0,
             max_attempts: int = DEFAULT_MAX_ATTEMPTS, run_at: datetime | None = None, delay_s: float = 0.0,
             dedupe_key: str | None = None, after: Iterable[int] = (), strict: bool = False,
-            key: str | None = None, dedupe_window: float | None = None, debounce: float | None = None) -> int | None:
+            key: str | None = None, dedupe_window: float | None = None, debounce: float | None = None,
+            tags: Iterable[str] = ()) -> int | None:
     """Enqueue one job and wake idle workers; returns its id, or None if ``dedupe_key`` is live.
     With ``after=[ids]`` it waits (status ``waiting``) until those jobs are done; an id that
     does not exist refuses the call (``EnqueueError``), enqueueing nothing. With ``strict``, a
@@ -187,7 +216,8 @@ def enqueue(conn_or_dsn: Any, kind: str, payload: Any = None, *, queue: str = "d
     makes a job with the key enqueued or ended within the window a duplicate too (done and
     failed ones included), and ``debounce`` (seconds) runs the job that long after the last
     enqueue: one still queued with the key gets this payload and that run_at, and its id
-    comes back.
+    comes back. ``tags`` label the job (at most 20, each up to 255 bytes): ``jobs list --tag``
+    and the bulk ``jobs retry|cancel|delete --tag`` find it by them.
 
     ``conn_or_dsn`` is an open ``psycopg.Connection`` (the caller's: inside its open
     transaction the job commits or rolls back with it, and workers wake at its commit) or a
@@ -195,7 +225,7 @@ def enqueue(conn_or_dsn: Any, kind: str, payload: Any = None, *, queue: str = "d
     connection, or one from ``psycopg_pool.ConnectionPool.connection()``, for anything frequent.
     """
     spec, fields = _one_job(kind, payload, queue, priority, max_attempts, run_at, delay_s, dedupe_key, after, key,
-                            dedupe_window, debounce)
+                            dedupe_window, debounce, tags)
     if strict:
         from shardworker.store.serving import refuse_unserved
 
@@ -213,7 +243,7 @@ async def enqueue_async(aconn_or_dsn: Any, kind: str, payload: Any = None, *, qu
                         priority: int = 0, max_attempts: int = DEFAULT_MAX_ATTEMPTS, run_at: datetime | None = None,
                         delay_s: float = 0.0, dedupe_key: str | None = None, after: Iterable[int] = (),
                         strict: bool = False, key: str | None = None, dedupe_window: float | None = None,
-                        debounce: float | None = None) -> int | None:
+                        debounce: float | None = None, tags: Iterable[str] = ()) -> int | None:
     """``enqueue`` for asyncio code: ``await enqueue_async(aconn, "email", {...})``.
 
     ``aconn_or_dsn`` is an open ``psycopg.AsyncConnection`` (inside the caller's open
@@ -221,7 +251,7 @@ async def enqueue_async(aconn_or_dsn: Any, kind: str, payload: Any = None, *, qu
     closes an async connection per call. Nothing here blocks the event loop.
     """
     spec, fields = _one_job(kind, payload, queue, priority, max_attempts, run_at, delay_s, dedupe_key, after, key,
-                            dedupe_window, debounce)
+                            dedupe_window, debounce, tags)
     if strict:
         from shardworker.store.serving import refuse_unserved_async
 
@@ -237,10 +267,11 @@ async def enqueue_async(aconn_or_dsn: Any, kind: str, payload: Any = None, *, qu
 
 def _one_job(kind: str, payload: Any, queue: str, priority: int, max_attempts: int, run_at: datetime | None,
              delay_s: float, dedupe_key: str | None, after: Iterable[int], key: str | None,
-             dedupe_window: float | None = None, debounce: float | None = None) -> tuple[JobSpec, dict[str, Any]]:
+             dedupe_window: float | None = None, debounce: float | None = None,
+             tags: Iterable[str] = ()) -> tuple[JobSpec, dict[str, Any]]:
     """The validated spec and the insert's other fields, before anything is sent."""
     spec = JobSpec(kind, payload, queue, priority, max_attempts, run_at, dedupe_key, after, key,  # type: ignore[arg-type]
-                   dedupe_window, debounce)
+                   dedupe_window, debounce, tags)  # type: ignore[arg-type]
     return spec, _fields(spec, check_delay(delay_s))
 
 
@@ -248,7 +279,7 @@ def _fields(spec: JobSpec, delay_s: float = 0.0) -> dict[str, Any]:
     """The insert's fields of ``spec`` but its kind and payload."""
     return {"queue": spec.queue, "priority": spec.priority, "max_attempts": spec.max_attempts,
             "run_at": _utc(spec.run_at), "delay_s": delay_s, "dedupe_key": spec.dedupe_key, "key": spec.key,
-            "dedupe_window_s": spec.dedupe_window, "debounce_s": spec.debounce}
+            "dedupe_window_s": spec.dedupe_window, "debounce_s": spec.debounce, "tags": list(spec.tags) or None}
 
 
 def check_delay(delay_s: Any, name: str = "delay") -> float:
@@ -260,7 +291,7 @@ def check_delay(delay_s: Any, name: str = "delay") -> float:
 
 def _dependent_row(spec: JobSpec, delay_s: float = 0.0) -> DependentRow:
     return DependentRow(spec.kind, spec.queue, spec.payload_json(), spec.priority, spec.max_attempts,
-                        _utc(spec.run_at), delay_s, spec.dedupe_key, spec.after, key=spec.key)
+                        _utc(spec.run_at), delay_s, spec.dedupe_key, spec.after, key=spec.key, tags=spec.tags)
 
 
 def enqueue_many(conn_or_dsn: Any, jobs: Iterable[JobSpec], *, strict: bool = False) -> list[int | None]:
@@ -313,7 +344,8 @@ async def enqueue_many_async(aconn_or_dsn: Any, jobs: Iterable[JobSpec], *, stri
 
 
 def _copy_rows(jobs: Iterable[JobSpec]) -> list[tuple[Any, ...]]:
-    return [(j.kind, j.queue, j.payload_json(), j.priority, j.max_attempts, _utc(j.run_at), j.dedupe_key, j.key)
+    return [(j.kind, j.queue, j.payload_json(), j.priority, j.max_attempts, _utc(j.run_at), j.dedupe_key, j.key,
+             list(j.tags) or None)
             for j in jobs]
 
 

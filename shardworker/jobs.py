@@ -18,6 +18,9 @@ in the wrong state refuses the whole call with ``JobsError`` naming it.
   is never applied.
 * ``delete``: any job that is not ``running`` (the jobs waiting on it are cancelled).
 * ``wake``: a sleeping job (``job.sleep``) is queued now; its next run passes the sleep.
+* ``retry_matching``, ``cancel_matching``, ``delete_matching``: the same, for every job a set
+  of filters picks (status, kind, queue, key, since, tags, a text in the last error), with a
+  dry run that counts; the jobs the action does not apply to are left alone.
 * ``update``: a ``queued`` job's run_at (or a delay from now), priority or queue; refused
   for a job that runs, waits on others or has ended.
 """
@@ -56,18 +59,77 @@ def dumps_json(value: Any, *, indent: bool = False) -> str:
 
 def list_jobs(conn_or_dsn: Any, *, status: Sequence[str] | str | None = None, kind: str | None = None,
               queue: str | None = None, since: datetime | None = None, limit: int = 50,
-              key: str | None = None) -> list[JobInfo]:
-    """Jobs newest first, filtered by status (one or several), kind, queue, key and creation time."""
-    statuses = [status] if isinstance(status, str) else list(status or [])
-    unknown = [s for s in statuses if s not in STATUSES]
-    if unknown:
-        raise JobsError(f"unknown status {unknown[0]!r}; expected one of {', '.join(STATUSES)}")
+              key: str | None = None, tag: Sequence[str] | str | None = None,
+              error_contains: str | None = None) -> list[JobInfo]:
+    """Jobs newest first, filtered by status (one or several), kind, queue, key, creation time,
+    tags (a job holding every one given) and a text its last error contains (any case)."""
     if not isinstance(limit, int) or limit < 1:
         raise JobsError(f"limit must be a positive integer, got {limit!r}")
     from shardworker.store import job_queries
 
-    return job_queries.list_jobs(conn_or_dsn, statuses=statuses or None, kind=kind, queue=queue, since=since,
-                                 limit=limit, key=key)
+    return job_queries.list_jobs(conn_or_dsn, _filter(status, kind, queue, key, since, tag, error_contains), limit)
+
+
+def retry_matching(conn_or_dsn: Any, *, status: Sequence[str] | str | None = None, kind: str | None = None,
+                   queue: str | None = None, key: str | None = None, since: datetime | None = None,
+                   tag: Sequence[str] | str | None = None, error_contains: str | None = None,
+                   dry_run: bool = False, reset_steps: bool = False) -> int:
+    """Queue again every failed or cancelled job the filters pick (as ``list_jobs``'s; at least
+    one), keeping their steps unless ``reset_steps``; how many (with ``dry_run``: how many it
+    would, changing none). Jobs a worker or another change holds at that moment are left out.
+    At most 100,000 a call: call again."""
+    where = _filter(status, kind, queue, key, since, tag, error_contains)
+    return _change_matching(conn_or_dsn, "retry", where, dry_run, reset_steps)
+
+
+def cancel_matching(conn_or_dsn: Any, *, status: Sequence[str] | str | None = None, kind: str | None = None,
+                    queue: str | None = None, key: str | None = None, since: datetime | None = None,
+                    tag: Sequence[str] | str | None = None, error_contains: str | None = None,
+                    dry_run: bool = False) -> int:
+    """Cancel every queued, waiting or running job the filters pick (and the jobs waiting on
+    them), as ``cancel`` does; how many, as ``retry_matching`` counts."""
+    return _change_matching(conn_or_dsn, "cancel", _filter(status, kind, queue, key, since, tag, error_contains),
+                            dry_run)
+
+
+def delete_matching(conn_or_dsn: Any, *, status: Sequence[str] | str | None = None, kind: str | None = None,
+                    queue: str | None = None, key: str | None = None, since: datetime | None = None,
+                    tag: Sequence[str] | str | None = None, error_contains: str | None = None,
+                    dry_run: bool = False) -> int:
+    """Delete every job the filters pick that is not running (the jobs waiting on them are
+    cancelled); how many, as ``retry_matching`` counts."""
+    return _change_matching(conn_or_dsn, "delete", _filter(status, kind, queue, key, since, tag, error_contains),
+                            dry_run)
+
+
+def _filter(status: Sequence[str] | str | None, kind: str | None, queue: str | None, key: str | None,
+            since: datetime | None, tag: Sequence[str] | str | None, error_contains: str | None) -> Any:
+    from shardworker.store.job_queries import JobFilter
+
+    statuses = [status] if isinstance(status, str) else list(status or [])
+    unknown = [s for s in statuses if s not in STATUSES]
+    if unknown:
+        raise JobsError(f"unknown status {unknown[0]!r}; expected one of {', '.join(STATUSES)}")
+    tags = [tag] if isinstance(tag, str) else list(tag or [])
+    if any(not isinstance(t, str) or not t for t in tags):
+        raise JobsError("a tag to look for must be a non-empty string")
+    if error_contains is not None and (not isinstance(error_contains, str) or not error_contains):
+        raise JobsError("error_contains must be a non-empty string")
+    if since is not None and not isinstance(since, datetime):
+        raise JobsError(f"since must be a datetime, got {type(since).__name__}")
+    moment = None if since is None else since if since.tzinfo else since.replace(tzinfo=UTC)
+    return JobFilter(statuses or None, kind, queue, key, moment, tags or None, error_contains)
+
+
+def _change_matching(conn_or_dsn: Any, action: str, where: Any, dry_run: bool, reset_steps: bool = False) -> int:
+    if not any(value is not None for value in where):
+        raise JobsError(f"{action}: give at least one filter (a status, kind, queue, key, time, tag or error text): "
+                        "a bulk change of every job is refused")
+    from shardworker.store import job_queries
+
+    allowed = [s for s in _ALLOWED[action] if where.statuses is None or s in where.statuses]
+    return job_queries.change_matching(conn_or_dsn, action, where, allowed, dry_run=bool(dry_run),
+                                       reset_steps=bool(reset_steps))
 
 
 def get_job(conn_or_dsn: Any, job_id: int) -> JobInfo | None:

@@ -22,16 +22,19 @@ class FollowUps:
         self._by_key: dict[str, FollowUp] = {}
 
     def add(self, kind: str, payload: Any, *, queue: str, priority: int, delay_s: float, max_attempts: int,
-            dedupe_key: str | None, after: Iterable[Any] | None, key: str | None = None) -> FollowUp:
-        spec = JobSpec(kind, payload, queue, priority, max_attempts, None, dedupe_key, key=key)
+            dedupe_key: str | None, after: Iterable[Any] | None, key: str | None = None,
+            tags: Iterable[str] = ()) -> FollowUp:
+        spec = JobSpec(kind, payload, queue, priority, max_attempts, None, dedupe_key, key=key,
+                       tags=tags)  # type: ignore[arg-type]
         delay = check_delay(delay_s)
         refs = self._refs(after)
         if dedupe_key is not None and dedupe_key in self._by_key:
             return self._by_key[dedupe_key]  # the same key twice in one run: one job
         if len(self._encoded) >= MAX_FOLLOWUPS:
             raise EnqueueError(f"job.enqueue: more than {MAX_FOLLOWUPS} follow-up jobs in one run")
+        extra = [spec.key, list(spec.tags)] if spec.tags else [spec.key] if spec.key is not None else []
         entry = orjson.dumps([spec.kind, spec.payload_json(), spec.queue, spec.priority, spec.max_attempts, delay,
-                              spec.dedupe_key, refs, *([spec.key] if spec.key is not None else [])])
+                              spec.dedupe_key, refs, *extra])
         if self._bytes + len(entry) > MAX_FOLLOWUP_BYTES:
             raise EnqueueError(f"job.enqueue: the run's follow-up jobs exceed {MAX_FOLLOWUP_BYTES} bytes "
                                "encoded; enqueue fewer from one job, or chain jobs that enqueue the rest")

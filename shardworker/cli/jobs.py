@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import click
 import orjson
@@ -81,28 +82,65 @@ def _note(job: jobs_api.JobInfo) -> str:
     return f"progress {jobs_api.dumps_json(job.progress)[:60]}" if job.progress is not None else error
 
 
+def filter_options(fn: Any) -> Any:
+    """The filters that pick jobs, for `jobs list` and the bulk `jobs retry|cancel|delete`."""
+    for option in reversed([
+            click.option("--status", type=click.Choice(jobs_api.STATUSES), multiple=True, help="Only these statuses."),
+            click.option("--kind", type=UTF8, default=None, help="Only this kind."),
+            click.option("--queue", type=UTF8, default=None, help="Only this queue."),
+            click.option("--key", type=UTF8, default=None, help="Only jobs with this key (a tenant's)."),
+            click.option("--tag", "tags", type=UTF8, multiple=True,
+                         help="Only jobs with this tag (repeat: all of them)."),
+            click.option("--since", default=None, help="Created since: 30m, 2h, 7d, or an ISO 8601 time."),
+            click.option("--error-contains", default=None, type=UTF8,
+                         help="Only jobs whose last error contains this text (any case).")]):
+        fn = option(fn)
+    return fn
+
+
+def _filters(status: tuple[str, ...], kind: str | None, queue: str | None, key: str | None, tags: tuple[str, ...],
+             since: str | None, error_contains: str | None) -> dict[str, Any]:
+    if key is not None and not key.strip():
+        raise click.BadParameter("an empty key names no job (jobs without a key have none)", param_hint="--key")
+    return {"status": status or None, "kind": kind, "queue": queue, "key": key, "tag": list(tags) or None,
+            "since": parse_since(since), "error_contains": error_contains or None}
+
+
+def _bulk(action: str, ids: tuple[int, ...], filters: dict[str, Any], dry_run: bool, as_json: bool, dsn: str | None,
+          **extra: Any) -> bool:
+    """The bulk form of a change, when no ids are given and a filter is: True once it ran."""
+    given = any(v is not None for v in filters.values())
+    if ids and (given or dry_run):
+        raise jobs_api.JobsError(f"{action}: give job ids or filters (with --dry-run), not both")
+    if not given:
+        if dry_run:
+            raise jobs_api.JobsError(f"{action}: --dry-run goes with filters")
+        return False
+    count = getattr(jobs_api, f"{action}_matching")(resolve_dsn(dsn), **filters, dry_run=dry_run, **extra)
+    if dry_run:
+        click.echo(orjson.dumps({action: count, "dry_run": True}).decode() if as_json
+                   else f"would {action} {count} job{'' if count == 1 else 's'} (nothing changed: --dry-run)")
+    else:
+        _echo_changed(action, count, as_json, steps_reset=bool(extra.get("reset_steps")))
+    return True
+
+
 @click.group()
 def jobs() -> None:
     """List, show, wait for, update, wake, retry, cancel and delete jobs."""
 
 
 @jobs.command("list")
-@click.option("--status", type=click.Choice(jobs_api.STATUSES), multiple=True, help="Only these statuses.")
-@click.option("--kind", type=UTF8, default=None, help="Only this kind.")
-@click.option("--queue", type=UTF8, default=None, help="Only this queue.")
-@click.option("--key", type=UTF8, default=None, help="Only jobs with this key (a tenant's).")
-@click.option("--since", default=None, help="Created since: 30m, 2h, 7d, or an ISO 8601 time.")
+@filter_options
 @click.option("--limit", type=JOB_ID, default=50, show_default=True)
 @json_option
 @dsn_option
 @one_line_errors
-def list_command(status: tuple[str, ...], kind: str | None, queue: str | None, key: str | None, since: str | None,
-                 limit: int, as_json: bool, dsn: str | None) -> None:
+def list_command(status: tuple[str, ...], kind: str | None, queue: str | None, key: str | None, tags: tuple[str, ...],
+                 since: str | None, error_contains: str | None, limit: int, as_json: bool, dsn: str | None) -> None:
     """Jobs, newest first."""
-    if key is not None and not key.strip():
-        raise click.BadParameter("an empty key names no job (jobs without a key have none)", param_hint="--key")
-    found = jobs_api.list_jobs(resolve_dsn(dsn, start=False), status=status or None, kind=kind, queue=queue,
-                               since=parse_since(since), limit=limit, key=key)
+    found = jobs_api.list_jobs(resolve_dsn(dsn, start=False), limit=limit,
+                               **_filters(status, kind, queue, key, tags, since, error_contains))
     _echo_jobs(found, as_json)
 
 
@@ -242,43 +280,54 @@ def update_command(job_id: int, run_at: str | None, delay: float | None, priorit
 
 @jobs.command("retry")
 @click.argument("job_ids", type=JOB_ID, nargs=-1)
-@click.option("--failed", is_flag=True, help="Retry every failed job (with --kind / --queue).")
-@click.option("--kind", type=UTF8, default=None, help="With --failed: only this kind.")
-@click.option("--queue", type=UTF8, default=None, help="With --failed: only this queue.")
+@click.option("--failed", is_flag=True, help="Retry every failed job (with the filters below).")
+@filter_options
+@click.option("--dry-run", is_flag=True, help="With filters: say how many jobs it would retry, change nothing.")
 @click.option("--reset-steps", is_flag=True,
               help="Forget the jobs' recorded steps: their code runs again (by default they are kept and replayed).")
 @json_option
 @dsn_option
 @one_line_errors
-def retry_command(job_ids: tuple[int, ...], failed: bool, kind: str | None, queue: str | None, reset_steps: bool,
-                  as_json: bool, dsn: str | None) -> None:
-    """Queue failed or cancelled jobs again, keeping their recorded steps unless --reset-steps."""
-    if failed == bool(job_ids):
-        raise jobs_api.JobsError("give job ids or --failed, not both and not neither")
-    if not failed and (kind or queue):
-        raise jobs_api.JobsError("--kind and --queue go with --failed")
-    dsn = resolve_dsn(dsn)
-    if not failed:
-        changed = jobs_api.retry(dsn, list(job_ids), reset_steps=reset_steps)
+def retry_command(job_ids: tuple[int, ...], failed: bool, status: tuple[str, ...], kind: str | None,
+                  queue: str | None, key: str | None, tags: tuple[str, ...], since: str | None,
+                  error_contains: str | None, dry_run: bool, reset_steps: bool, as_json: bool, dsn: str | None) -> None:
+    """Queue failed or cancelled jobs again, keeping their recorded steps unless --reset-steps:
+    by id, every failed one (--failed), or every one the filters pick (--tag, --kind, ...)."""
+    if failed and job_ids:
+        raise jobs_api.JobsError("give job ids or --failed, not both")
+    filters = _filters(status or (("failed",) if failed else ()), kind, queue, key, tags, since, error_contains)
+    if failed and not dry_run and not any((status, key, tags, since, error_contains)):  # as before filters came
+        tty = sys.stderr.isatty()
+        if tty:  # one all-or-nothing statement: no count until it commits
+            click.echo("queueing failed jobs again…", nl=False, err=True)
+        changed = jobs_api.retry_failed(resolve_dsn(dsn), kind=kind, queue=queue, reset_steps=reset_steps)
+        if tty:
+            click.echo("\r\033[K", nl=False, err=True)
         _echo_changed("retry", changed, as_json, steps_reset=reset_steps)
         return
-    tty = sys.stderr.isatty()
-    if tty:  # one all-or-nothing statement: no count until it commits
-        click.echo("queueing failed jobs again…", nl=False, err=True)
-    changed = jobs_api.retry_failed(dsn, kind=kind, queue=queue, reset_steps=reset_steps)
-    if tty:
-        click.echo("\r\033[K", nl=False, err=True)
+    if _bulk("retry", job_ids, filters, dry_run, as_json, dsn, reset_steps=reset_steps):
+        return
+    if not job_ids:
+        raise jobs_api.JobsError("give job ids, --failed, or filters (--tag, --kind, --status, ...)")
+    changed = jobs_api.retry(resolve_dsn(dsn), list(job_ids), reset_steps=reset_steps)
     _echo_changed("retry", changed, as_json, steps_reset=reset_steps)
 
 
 @jobs.command("cancel")
-@click.argument("job_ids", type=JOB_ID, nargs=-1, required=True)
+@click.argument("job_ids", type=JOB_ID, nargs=-1)
+@filter_options
+@click.option("--dry-run", is_flag=True, help="With filters: say how many jobs it would cancel, change nothing.")
 @json_option
 @dsn_option
 @one_line_errors
-def cancel_command(job_ids: tuple[int, ...], as_json: bool, dsn: str | None) -> None:
-    """Cancel queued, waiting or running jobs (a running one's handler is stopped)."""
-    _change_command("cancel", job_ids, as_json, dsn)
+def cancel_command(job_ids: tuple[int, ...], status: tuple[str, ...], kind: str | None, queue: str | None,
+                   key: str | None, tags: tuple[str, ...], since: str | None, error_contains: str | None,
+                   dry_run: bool, as_json: bool, dsn: str | None) -> None:
+    """Cancel queued, waiting or running jobs (a running one's handler is stopped), by id or
+    every one the filters pick (--tag, --kind, --status, ...)."""
+    if not _bulk("cancel", job_ids, _filters(status, kind, queue, key, tags, since, error_contains), dry_run,
+                 as_json, dsn):
+        _change_command("cancel", _required(job_ids, "cancel"), as_json, dsn)
 
 
 @jobs.command("wake")
@@ -293,10 +342,22 @@ def wake_command(job_ids: tuple[int, ...], as_json: bool, dsn: str | None) -> No
 
 
 @jobs.command("delete")
-@click.argument("job_ids", type=JOB_ID, nargs=-1, required=True)
+@click.argument("job_ids", type=JOB_ID, nargs=-1)
+@filter_options
+@click.option("--dry-run", is_flag=True, help="With filters: say how many jobs it would delete, change nothing.")
 @json_option
 @dsn_option
 @one_line_errors
-def delete_command(job_ids: tuple[int, ...], as_json: bool, dsn: str | None) -> None:
-    """Delete jobs that are not running."""
-    _change_command("delete", job_ids, as_json, dsn)
+def delete_command(job_ids: tuple[int, ...], status: tuple[str, ...], kind: str | None, queue: str | None,
+                   key: str | None, tags: tuple[str, ...], since: str | None, error_contains: str | None,
+                   dry_run: bool, as_json: bool, dsn: str | None) -> None:
+    """Delete jobs that are not running, by id or every one the filters pick."""
+    if not _bulk("delete", job_ids, _filters(status, kind, queue, key, tags, since, error_contains), dry_run,
+                 as_json, dsn):
+        _change_command("delete", _required(job_ids, "delete"), as_json, dsn)
+
+
+def _required(ids: tuple[int, ...], action: str) -> tuple[int, ...]:
+    if not ids:
+        raise jobs_api.JobsError(f"{action}: give job ids, or filters (--tag, --kind, --status, ...)")
+    return ids

@@ -116,6 +116,8 @@ def migrate(print_sql: bool, after: int, bare: bool, dsn: str | None) -> None:
 @click.option("--debounce", type=Duration(), default=None,
               help="With --dedupe-key: run this long after the last enqueue; a job with the key still queued "
                    "takes this payload and is pushed back instead (its id printed).")
+@click.option("--tag", "tags", type=UTF8, multiple=True,
+              help="A label to find the job by (repeat for more): jobs list --tag, jobs retry|cancel|delete --tag.")
 @click.option("--after", default=None, callback=lambda _ctx, _param, value: _ids(value),
               help="Comma-separated job ids: the job waits until they are all done.")
 @click.option("--strict", is_flag=True,
@@ -125,7 +127,8 @@ def migrate(print_sql: bool, after: int, bare: bool, dsn: str | None) -> None:
 @one_line_errors
 def enqueue(kind: str | None, payload_json: str | None, count: int, file_: Any, queue: str, priority: int,
             max_attempts: int, delay: float, dedupe_key: str | None, key: str | None, dedupe_window: float | None,
-            debounce: float | None, after: tuple[int, ...], strict: bool, as_json: bool, dsn: str | None) -> None:
+            debounce: float | None, tags: tuple[str, ...], after: tuple[int, ...], strict: bool, as_json: bool,
+            dsn: str | None) -> None:
     """Enqueue KIND with PAYLOAD_JSON, or a bulk --file; prints how many jobs it enqueued and
     their ids (--json: {"enqueued": N, "ids": [...]})."""
     from datetime import UTC, datetime, timedelta
@@ -141,7 +144,8 @@ def enqueue(kind: str | None, payload_json: str | None, count: int, file_: Any, 
             raise click.UsageError("--dedupe-key, --dedupe-window and --debounce apply to one job; put dedupe_key, "
                                    "dedupe_window and debounce in the file's lines")
         defaults: dict[str, Any] = {"queue": queue, "priority": priority, "max_attempts": max_attempts,
-                                    **({"after": list(after)} if after else {}), **({"key": key} if key else {})}
+                                    **({"after": list(after)} if after else {}), **({"key": key} if key else {}),
+                                    **({"tags": list(tags)} if tags else {})}
         if delay:
             defaults["run_at"] = (datetime.now(UTC) + timedelta(seconds=delay)).isoformat()
         specs = parse_jsonl(file_, defaults)
@@ -156,14 +160,14 @@ def enqueue(kind: str | None, payload_json: str | None, count: int, file_: Any, 
         if count > 1 and dedupe_key:
             raise click.UsageError("--dedupe-key with --count > 1 would enqueue one job")
         specs = [JobSpec(kind, payload, queue, priority, max_attempts, run_at, dedupe_key, after, key,
-                         dedupe_window, debounce)] * count
+                         dedupe_window, debounce, tags)] * count
     dsn = resolve_dsn(dsn)
     if len(specs) == 1 and file_ is None:
         spec = specs[0]
         job_id = enqueue_one(dsn, spec.kind, spec.payload, queue=spec.queue, priority=spec.priority,
                              max_attempts=spec.max_attempts, run_at=spec.run_at, dedupe_key=spec.dedupe_key,
                              after=spec.after, strict=strict, key=spec.key, dedupe_window=spec.dedupe_window,
-                             debounce=spec.debounce)
+                             debounce=spec.debounce, tags=spec.tags)
         ids = [job_id]
     else:
         ids = enqueue_many(dsn, specs, strict=strict)

@@ -58,6 +58,7 @@ class DependentRow(NamedTuple):
     uid: int | None = None
     reinserted: bool = False  # inserted again after the database went back in time: findable by uid
     key: str | None = None  # whose job it is (a tenant's): JobSpec.key
+    tags: tuple[str, ...] = ()  # JobSpec.tags
 
 
 def followup_uid(parent_uid: int, attempt: int, index: int) -> int:
@@ -86,7 +87,8 @@ def check_after(after: Iterable[Any] | None) -> tuple[int, ...]:
 
 def decode(blob: bytes) -> list[DependentRow]:
     """The follow-ups an outcome record carries (``FollowUps.encode``)."""
-    # A key is the ninth field, when there is one (records of releases before keys have eight).
+    # A key is the ninth field and tags the tenth, when there are (records of releases before
+    # keys have eight fields, before tags nine).
     return [DependentRow(kind, queue, payload, priority, max_attempts, None, float(delay), dedupe_key, tuple(refs),
-                         key=key[0] if key else None)
-            for kind, payload, queue, priority, max_attempts, delay, dedupe_key, refs, *key in orjson.loads(blob)]
+                         key=rest[0] if rest else None, tags=tuple(rest[1]) if len(rest) > 1 else ())
+            for kind, payload, queue, priority, max_attempts, delay, dedupe_key, refs, *rest in orjson.loads(blob)]

@@ -36,6 +36,8 @@ third of an 8 KiB page less its headers, and a value that does not fit is refuse
 * ``MAX_DEDUPE_KEY_BYTES`` (1,024): ``jobs_dedupe_idx`` holds the whole key.
 * ``MAX_JOB_KEY_BYTES`` (255): a job's key (a tenant's), held whole by the key indexes of
   migration 0022 beside a queue's and a kind's name.
+* ``MAX_TAG_BYTES`` (255) and ``MAX_TAGS`` (20): a job's tags (``enqueue(..., tags=)``), which a
+  GIN index holds (migration 0026).
 * ``MAX_EVENT_KEY_BYTES`` (1,024): an event's key, held whole by ``jobs_wait_key_idx`` and
   ``events_key_idx`` (migration 0025). An event's payload is at most ``MAX_EVENT_BYTES``
   (1 MiB: it is recorded as a step of every job it wakes), a ``job.progress`` value at most
@@ -91,6 +93,8 @@ MAX_JOB_KEY_BYTES = 255
 MAX_WORKER_ID_BYTES = 255
 MAX_PERIODIC_NAME_BYTES = 255
 MAX_EVENT_KEY_BYTES = 1024
+MAX_TAGS = 20  # tags one job may carry
+MAX_TAG_BYTES = 255
 MAX_EVENT_BYTES = 1 * MiB
 MAX_PROGRESS_BYTES = 8 * 1024
 

@@ -140,14 +140,14 @@ class Job:
 
     def enqueue(self, kind: str, payload: Any = None, *, queue: str = "default", priority: int = 0,
                 delay_s: float = 0.0, max_attempts: int = DEFAULT_MAX_ATTEMPTS, dedupe_key: str | None = None,
-                after: Any = (), key: str | None = None) -> Any:
+                after: Any = (), key: str | None = None, tags: Any = ()) -> Any:
         """Enqueue a follow-up job, inserted only if this job's outcome is applied as done, in
         the same transaction, exactly once (``shardworker.core.followups``); returns its handle, which
-        ``after=`` of a later ``job.enqueue`` takes, as it takes job ids. ``key`` as ``enqueue``'s."""
+        ``after=`` of a later ``job.enqueue`` takes, as it takes job ids. ``key`` and ``tags`` as ``enqueue``'s."""
         if self._followups is None:
             raise RuntimeError("job.enqueue works inside a worker's handler only (this Job was made by hand)")
         return self._followups.add(kind, payload, queue=queue, priority=priority, delay_s=delay_s,
-                                   max_attempts=max_attempts, dedupe_key=dedupe_key, after=after, key=key)
+                                   max_attempts=max_attempts, dedupe_key=dedupe_key, after=after, key=key, tags=tags)
 
 
 @dataclass(frozen=True, slots=True)

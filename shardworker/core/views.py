@@ -74,6 +74,7 @@ class JobInfo:
     wait: str | None = None
     wait_key: str | None = None
     wait_until: datetime | None = None
+    tags: list[str] = field(default_factory=list)  # its labels (enqueue's tags=), sorted
 
     @property
     def waiting_on(self) -> str:

@@ -56,13 +56,50 @@ def cursor_for(conn_or_dsn: Any, *, transaction: bool) -> Iterator[psycopg.Curso
         session.close()
 
 
-def list_jobs(conn_or_dsn: Any, *, statuses: Sequence[str] | None, kind: str | None, queue: str | None,
-              since: datetime | None, limit: int, key: str | None = None) -> list[JobInfo]:
+class JobFilter(NamedTuple):
+    """Which jobs: each given field narrows (None: any). ``tags``: jobs holding all of them;
+    ``error``: a last error that contains it, whatever the case."""
+
+    statuses: Sequence[str] | None = None
+    kind: str | None = None
+    queue: str | None = None
+    key: str | None = None
+    since: datetime | None = None
+    tags: Sequence[str] | None = None
+    error: str | None = None
+
+    def params(self) -> dict[str, Any]:
+        return {"statuses": list(self.statuses) if self.statuses else None, "kind": self.kind, "queue": self.queue,
+                "key": self.key, "since": self.since, "tags": list(self.tags) if self.tags else None,
+                "error": self.error}
+
+
+def list_jobs(conn_or_dsn: Any, where: JobFilter, limit: int) -> list[JobInfo]:
     """Jobs newest first, filtered."""
     with cursor_for(conn_or_dsn, transaction=False) as cur:
-        cur.execute(query("job_list"), {"statuses": list(statuses) if statuses else None, "kind": kind,
-                                        "queue": queue, "key": key, "since": since, "limit": limit})
+        cur.execute(query("job_list"), {**where.params(), "limit": limit})
         return [JobInfo(*row) for row in cur.fetchall()]
+
+
+def change_matching(conn_or_dsn: Any, action: str, where: JobFilter, allowed: Sequence[str], *,
+                    dry_run: bool = False, reset_steps: bool = False, limit: int = 100_000) -> int:
+    """``retry``, ``cancel`` or ``delete`` the jobs ``where`` picks whose status the action
+    allows, at most ``limit``, in one transaction as ``change_jobs`` does (a job locked by a
+    claim or another change at that moment is left out); how many. ``dry_run``: how many it
+    would change, changing none."""
+    with cursor_for(conn_or_dsn, transaction=True) as cur:
+        cur.execute(query("job_ids_matching"), {**where.params(), "allowed": list(allowed), "limit": limit})
+        ids = [int(r[0]) for r in cur.fetchall()]
+        if dry_run or not ids:
+            return len(ids)
+        if action == "retry":
+            cur.execute(query("job_dependencies_lock"), {"ids": ids})
+        cur.execute(query(f"job_{action}"), {"ids": ids, "reset_steps": reset_steps})
+        changed = cur.rowcount
+        if action in ("cancel", "delete"):
+            why = "was cancelled" if action == "cancel" else "was deleted"
+            cur.execute(query("job_dependents_cancel"), {"ids": ids, "whys": [why] * len(ids)})
+        return changed
 
 
 def get_job(conn_or_dsn: Any, job_id: int) -> JobInfo | None:

@@ -765,10 +765,11 @@ RETURNING id;
 -- alike). The payload is typed text first, so payload_bytes is the size of the JSON text as
 -- sent. No NOTIFY here: the caller sends notify_queue next, in its own statement (see
 -- shardworker.store.enqueue).
-INSERT INTO shardworker.jobs (kind, queue, payload, payload_bytes, priority, max_attempts, run_at, dedupe_key, key)
+INSERT INTO shardworker.jobs (kind, queue, payload, payload_bytes, priority, max_attempts, run_at, dedupe_key, key,
+                              tags)
 SELECT %(kind)s, %(queue)s, %(payload)s::text::jsonb, octet_length(%(payload)s::text), %(priority)s,
        %(max_attempts)s, coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay_s)s),
-       %(dedupe_key)s, %(key)s
+       %(dedupe_key)s, %(key)s, %(tags)s::text[]
 WHERE %(dedupe_window_s)s::float8 IS NULL OR NOT EXISTS (
     SELECT FROM shardworker.jobs d
     WHERE d.dedupe_key = %(dedupe_key)s
@@ -787,11 +788,11 @@ RETURNING id;
 -- grace: its steps or a late outcome belong to the payload it ran with) stays as it is, and
 -- no row comes back (a duplicate). The holder's kind, queue and priority stay.
 INSERT INTO shardworker.jobs AS j (kind, queue, payload, payload_bytes, priority, max_attempts, run_at, dedupe_key,
-                                   key)
+                                   key, tags)
 VALUES (%(kind)s, %(queue)s, %(payload)s::text::jsonb, octet_length(%(payload)s::text), %(priority)s,
         %(max_attempts)s,
         coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay_s)s + %(debounce_s)s::float8),
-        %(dedupe_key)s, %(key)s)
+        %(dedupe_key)s, %(key)s, %(tags)s::text[])
 ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('waiting', 'queued', 'running')
 DO UPDATE SET payload = excluded.payload, payload_bytes = excluded.payload_bytes,
               run_at = greatest(j.run_at, excluded.run_at), updated_at = now()  -- never earlier than set
@@ -802,12 +803,12 @@ RETURNING id;
 -- A session-local staging table for bulk enqueue through COPY; ord is each row's position.
 CREATE TEMP TABLE shardworker_stage (
     kind text, queue text, payload text, priority int, max_attempts int,
-    run_at timestamptz, dedupe_key text, key text, ord int
+    run_at timestamptz, dedupe_key text, key text, tags text[], ord int
 ) ON COMMIT DROP;
 
 -- job_stage_copy --
 -- COPY rows into the staging table.
-COPY shardworker_stage (kind, queue, payload, priority, max_attempts, run_at, dedupe_key, key, ord) FROM STDIN;
+COPY shardworker_stage (kind, queue, payload, priority, max_attempts, run_at, dedupe_key, key, tags, ord) FROM STDIN;
 
 -- job_stage_insert --
 -- Move staged rows into the jobs table in their order (ord), skipping live dedupe-key
@@ -815,9 +816,9 @@ COPY shardworker_stage (kind, queue, payload, priority, max_attempts, run_at, de
 -- the rows' order, so shardworker.store.enqueue.inserted_ids gives each row its id, or None.
 WITH ins AS (
     INSERT INTO shardworker.jobs (kind, queue, payload, payload_bytes, priority, max_attempts, run_at, dedupe_key,
-                                  key)
+                                  key, tags)
     SELECT kind, queue, payload::jsonb, octet_length(payload), priority, max_attempts, coalesce(run_at, now()),
-           dedupe_key, key
+           dedupe_key, key, tags
     FROM shardworker_stage ORDER BY ord
     ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('waiting', 'queued', 'running') DO NOTHING
     RETURNING id, dedupe_key
@@ -1046,15 +1047,35 @@ RETURNING id;
 -- Jobs for `shardworker jobs list`, newest first, with optional filters.
 SELECT id, kind, queue, status, attempt, max_attempts, priority, payload, result, last_error,
        created_at, run_at, attempted_at, finished_at, locked_by, snoozes, key, progress,
-       CASE WHEN status = 'waiting' THEN coalesce(wait_kind, 'jobs') END, wait_key, wait_until
+       CASE WHEN status = 'waiting' THEN coalesce(wait_kind, 'jobs') END, wait_key, wait_until,
+       coalesce(tags, '{}'::text[])
 FROM shardworker.jobs
 WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
   AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
   AND (%(key)s::text IS NULL OR key = %(key)s::text)
   AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s::timestamptz)
+  AND (%(tags)s::text[] IS NULL OR tags @> %(tags)s::text[])
+  AND (%(error)s::text IS NULL OR strpos(lower(last_error), lower(%(error)s::text)) > 0)
 ORDER BY id DESC
 LIMIT %(limit)s;
+
+-- job_ids_matching --
+-- The jobs a bulk `jobs retry|cancel|delete` picks (the filters of job_list) whose status the
+-- action allows, at most `limit`, locked for the change unless it is a dry run (a job another
+-- transaction holds, a claim's, is left out: it will be in another state by its end).
+SELECT id FROM shardworker.jobs
+WHERE status = ANY(%(allowed)s::text[])
+  AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+  AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(key)s::text IS NULL OR key = %(key)s::text)
+  AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s::timestamptz)
+  AND (%(tags)s::text[] IS NULL OR tags @> %(tags)s::text[])
+  AND (%(error)s::text IS NULL OR strpos(lower(last_error), lower(%(error)s::text)) > 0)
+ORDER BY id
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
 
 -- job_id_mark --
 -- The last job id drawn so far (0: none), by any session, committed or not: a job enqueued
@@ -1065,14 +1086,16 @@ SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('shardworker.jobs'
 -- Jobs with an id above `after`, in id order: those enqueued since job_id_mark said it.
 SELECT id, kind, queue, status, attempt, max_attempts, priority, payload, result, last_error,
        created_at, run_at, attempted_at, finished_at, locked_by, snoozes, key, progress,
-       CASE WHEN status = 'waiting' THEN coalesce(wait_kind, 'jobs') END, wait_key, wait_until
+       CASE WHEN status = 'waiting' THEN coalesce(wait_kind, 'jobs') END, wait_key, wait_until,
+       coalesce(tags, '{}'::text[])
 FROM shardworker.jobs WHERE id > %(after)s ORDER BY id;
 
 -- job_get --
 -- One job, whole.
 SELECT id, kind, queue, status, attempt, max_attempts, priority, payload, result, last_error,
        created_at, run_at, attempted_at, finished_at, locked_by, snoozes, key, progress,
-       CASE WHEN status = 'waiting' THEN coalesce(wait_kind, 'jobs') END, wait_key, wait_until
+       CASE WHEN status = 'waiting' THEN coalesce(wait_kind, 'jobs') END, wait_key, wait_until,
+       coalesce(tags, '{}'::text[])
 FROM shardworker.jobs WHERE id = %(id)s;
 
 -- job_errors --
@@ -1184,7 +1207,7 @@ WHERE id = %(id)s AND status = 'queued'
   AND (rescued_attempt IS NULL OR (%(delay_s)s::float8 IS NULL AND %(run_at)s::timestamptz IS NULL))
 RETURNING id, kind, queue, status, attempt, max_attempts, priority, payload, result, last_error,
           created_at, run_at, attempted_at, finished_at, locked_by, snoozes, key, progress, NULL::text,
-          NULL::text, NULL::timestamptz;
+          NULL::text, NULL::timestamptz, coalesce(tags, '{}'::text[]);
 
 -- job_cancelled_among --
 -- Which of the attempts a worker holds (ids and attempts, pairwise) an operator cancelled: the
@@ -1497,16 +1520,17 @@ WITH f AS (
     FROM unnest(%(kinds)s::text[], %(queues)s::text[], %(payloads)s::text[], %(priorities)s::int[],
                 %(max_attempts)s::int[], %(run_ats)s::timestamptz[], %(delays)s::float8[],
                 %(dedupe_keys)s::text[], %(deps_total)s::int[], %(given_ids)s::bigint[], %(given_uids)s::bigint[],
-                %(reinserted)s::boolean[], %(keys)s::text[])
+                %(reinserted)s::boolean[], %(keys)s::text[], %(tags)s::jsonb[])
          WITH ORDINALITY AS f(kind, queue, payload, priority, max_attempts, run_at, delay_s, dedupe_key, deps_total,
-                              given_id, given_uid, reinserted, key, ord)
+                              given_id, given_uid, reinserted, key, tags, ord)
 ), ins AS (
     INSERT INTO shardworker.jobs (id, uid, reinserted, kind, queue, payload, payload_bytes, priority, max_attempts,
-                                  run_at, dedupe_key, status, deps_total, deps_pending, key)
+                                  run_at, dedupe_key, status, deps_total, deps_pending, key, tags)
     SELECT id, coalesce(given_uid, (random() * 9.2e18)::bigint), coalesce(reinserted, false), kind, queue,
            payload::jsonb, octet_length(payload), priority, max_attempts,
            coalesce(run_at, now()) + make_interval(secs => delay_s), dedupe_key,
-           CASE WHEN deps_total > 0 THEN 'waiting' ELSE 'queued' END, deps_total, deps_total, key
+           CASE WHEN deps_total > 0 THEN 'waiting' ELSE 'queued' END, deps_total, deps_total, key,
+           CASE WHEN tags IS NOT NULL THEN ARRAY(SELECT jsonb_array_elements_text(tags)) END
     FROM f ORDER BY ord
     ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('waiting', 'queued', 'running') DO NOTHING
     RETURNING id, dedupe_key
