@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
@@ -44,6 +44,26 @@ _WHO = {"retry": "only failed or cancelled jobs can be retried",
         "delete": "any job but a running one can be deleted"}
 _ALLOWED = {"retry": ("failed", "cancelled"), "cancel": ("queued", "waiting", "running"),
             "delete": ("waiting", "queued", "done", "failed", "cancelled")}
+
+
+def parse_since(text: str | None, what: str = "--since") -> datetime | None:
+    """``30m``, ``2h``, ``7d`` ago, or an ISO 8601 time (naive: UTC); None for None;
+    ``JobsError`` naming ``what`` for anything else."""
+    from shardworker.core.config import duration_seconds
+    from shardworker.core.limits import MAX_DELAY_S
+
+    if text is None:
+        return None
+    seconds = duration_seconds(text)
+    if seconds is not None:
+        if seconds > MAX_DELAY_S:
+            raise JobsError(f"{what} {text!r} is beyond the longest duration, 100 years (36525d)")
+        return datetime.now(UTC) - timedelta(seconds=seconds)
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise JobsError(f"{what} {text!r}: expected a duration (30m, 2h, 7d) or an ISO 8601 time") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def dumps_json(value: Any, *, indent: bool = False) -> str:

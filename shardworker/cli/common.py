@@ -18,7 +18,7 @@ import click
 
 from outbox import OutboxError
 from shardworker.core import logs
-from shardworker.core.config import WorkerConfig
+from shardworker.core.config import WorkerConfig, duration_seconds
 from shardworker.core.limits import MAX_DELAY_S
 from shardworker.errors import ShardworkerError
 
@@ -31,7 +31,6 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON."
 
 EMBEDDED_BASE = ".shardworker"  # the embedded server's directory, in the current directory
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 # The longest duration or timeout any option takes: far beyond any retention, look-back or
 # wait, and inside what everything downstream holds: Python's timedelta (999,999,999 days),
 # its waits (threading.TIMEOUT_MAX, about 292 years), PostgreSQL's intervals and now()
@@ -43,11 +42,7 @@ MAX_PG_TIMEOUT_S = 2_147_483  # statement_timeout: milliseconds in a C int
 MAX_NETWORK_TIMEOUT_S = 65_534  # keepalives idle at half of it: Linux takes up to 32767 s
 
 
-def duration_seconds(text: str) -> float | None:
-    """Seconds in ``90``, ``90s``, ``30m``, ``2h``, ``7d`` or ``1w``; None when it is not one.
-    May exceed ``MAX_DURATION_S`` (even be infinite): callers refuse that (``TOO_LONG``)."""
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)([smhdw]?)", text.strip())
-    return float(match[1]) * _UNITS[match[2] or "s"] if match else None
+
 
 
 class Duration(click.ParamType):

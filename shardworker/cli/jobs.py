@@ -8,7 +8,7 @@ and a refused bulk change changes nothing.
 from __future__ import annotations
 
 import sys
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import click
@@ -17,34 +17,15 @@ import orjson
 from shardworker import jobs as jobs_api
 from shardworker.cli.common import (
     JOB_ID,
-    MAX_DURATION_S,
-    TOO_LONG,
     UTF8,
     Duration,
     Seconds,
     dsn_option,
-    duration_seconds,
     json_option,
     one_line_errors,
     resolve_dsn,
 )
 from shardworker.core.views import in_utc
-
-
-def parse_since(text: str | None) -> datetime | None:
-    """``30m``, ``2h``, ``7d`` ago, or an ISO 8601 time (naive: UTC)."""
-    if text is None:
-        return None
-    seconds = duration_seconds(text)
-    if seconds is not None:
-        if seconds > MAX_DURATION_S:
-            raise jobs_api.JobsError(f"--since {text!r} {TOO_LONG}")
-        return datetime.now(UTC) - timedelta(seconds=seconds)
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        raise jobs_api.JobsError(f"--since {text!r}: expected a duration (30m, 2h, 7d) or an ISO 8601 time") from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def _echo_jobs(found: list[jobs_api.JobInfo], as_json: bool) -> None:
@@ -103,7 +84,7 @@ def _filters(status: tuple[str, ...], kind: str | None, queue: str | None, key: 
     if key is not None and not key.strip():
         raise click.BadParameter("an empty key names no job (jobs without a key have none)", param_hint="--key")
     return {"status": status or None, "kind": kind, "queue": queue, "key": key, "tag": list(tags) or None,
-            "since": parse_since(since), "error_contains": error_contains or None}
+            "since": jobs_api.parse_since(since), "error_contains": error_contains or None}
 
 
 def _bulk(action: str, ids: tuple[int, ...], filters: dict[str, Any], dry_run: bool, as_json: bool, dsn: str | None,
@@ -111,7 +92,8 @@ def _bulk(action: str, ids: tuple[int, ...], filters: dict[str, Any], dry_run: b
     """The bulk form of a change, when no ids are given and a filter is: True once it ran."""
     given = any(v is not None for v in filters.values())
     if ids and (given or dry_run):
-        raise jobs_api.JobsError(f"{action}: give job ids or filters (with --dry-run), not both")
+        also = "--failed or " if action == "retry" else ""
+        raise jobs_api.JobsError(f"{action}: give job ids, or {also}filters (with --dry-run), not both")
     if not given:
         if dry_run:
             raise jobs_api.JobsError(f"{action}: --dry-run goes with filters")
@@ -308,7 +290,7 @@ def retry_command(job_ids: tuple[int, ...], failed: bool, status: tuple[str, ...
     if _bulk("retry", job_ids, filters, dry_run, as_json, dsn, reset_steps=reset_steps):
         return
     if not job_ids:
-        raise jobs_api.JobsError("give job ids, --failed, or filters (--tag, --kind, --status, ...)")
+        raise jobs_api.JobsError("give job ids or --failed, or filters (--tag, --kind, --status, ...)")
     changed = jobs_api.retry(resolve_dsn(dsn), list(job_ids), reset_steps=reset_steps)
     _echo_changed("retry", changed, as_json, steps_reset=reset_steps)
 

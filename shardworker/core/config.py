@@ -9,6 +9,7 @@ shrink the backoff caps and timeouts to keep outages short.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -36,6 +37,16 @@ def duration_text(seconds: float) -> str:
         if seconds and seconds % size == 0:
             return f"{seconds / size:g}{unit}"
     return f"{seconds:g}s"
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def duration_seconds(text: str) -> float | None:
+    """Seconds in ``90``, ``90s``, ``30m``, ``2h``, ``7d`` or ``1w``; None when it is not one.
+    May exceed the longest duration the commands take (even be infinite): callers refuse that."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([smhdw]?)", text.strip())
+    return float(match[1]) * _UNITS[match[2] or "s"] if match else None
 
 
 @dataclass(frozen=True, kw_only=True)

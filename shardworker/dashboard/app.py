@@ -4,7 +4,9 @@ Routes: ``/`` (queues with their counts and state, kinds, throughput, workers, f
 recent jobs), ``/jobs/{id}`` (one job, its recorded steps, and links to the jobs it waits on
 and to those waiting on it), ``/live/...`` (the same bodies alone, which
 ``static/dashboard.js`` swaps in every few seconds), ``POST /jobs/{id}/retry``,
-``/cancel`` and ``/wake`` (a sleeping job), and ``POST /queues/pause``, ``/resume``, ``/limit`` and ``/clear`` (the queue,
+``/cancel`` and ``/wake`` (a sleeping job), ``GET /search`` (jobs by tag, kind, status, queue,
+key, error text, age) and its ``POST /bulk/retry``, ``/cancel`` and ``/delete``, and
+``POST /queues/pause``, ``/resume``, ``/limit`` and ``/clear`` (the queue,
 and a limit's concurrency and rate, in the form's fields). Database calls block, so each runs
 in Starlette's thread pool with a connection of its own (``data``); a database that is
 away, or a schema that is missing, becomes one banner on the page (503), never a traceback,
@@ -42,6 +44,7 @@ from shardworker.jobs import dumps_json
 HERE = Path(__file__).parent
 REFRESH_MS = 2000
 DONE = {"retry": "queued again", "cancel": "cancelled", "wake": "woken"}
+BULK_DONE = {"retry": "queued again", "cancel": "cancelled", "delete": "deleted"}
 QUEUE_DONE = {"pause": "paused", "resume": "resumed"}  # limit and clear: the limits the queue has now
 MAX_JOB_ID = 2**63 - 1  # ids are bigint
 MAX_FORM_BYTES = 4096  # a queue's name (255 bytes, thrice that escaped) and its limits fit
@@ -135,6 +138,40 @@ class Dashboard:
         if db_error:
             return self._render(request, "error.html", 503, db_error=db_error, notice=None)
         return RedirectResponse(f"{back}?done={action}&job={job_id}", status_code=303)
+
+    async def search(self, request: Request) -> Response:
+        """Jobs found by tag, kind, status, queue, key, error text or age, with bulk buttons."""
+        fields = {name: request.query_params.get(name, "") for name in data.SEARCH_FIELDS}
+        try:
+            found, db_error = await self._load(data.search, fields)
+        except JobsError as exc:
+            found, db_error, refused = None, None, str(exc)
+        else:
+            refused = None
+        action = request.query_params.get("done")
+        count = request.query_params.get("count", "")
+        notice = (f"{count} job{'' if count == '1' else 's'} {BULK_DONE[action]}"
+                  if action in BULK_DONE and count.isascii() and count.isdigit() else None)
+        return self._render(request, "search.html", 503 if db_error else 400 if refused else 200, found=found,
+                            fields=fields, query=urlencode({k: v for k, v in fields.items() if v}),
+                            db_error=db_error, notice=notice, refused=refused)
+
+    async def bulk(self, request: Request) -> Response:
+        """A search's Retry, Cancel or Delete all button: back to the search, saying how many."""
+        action = request.path_params["action"]
+        if action not in BULK_DONE:
+            raise HTTPException(404, f"no such button: {action}")
+        form = await read_form(request)
+        fields = {name: form.get(name, "") for name in data.SEARCH_FIELDS}
+        try:
+            count, db_error = await self._load(data.bulk, action, fields)
+        except JobsError as exc:
+            return self._render(request, "search.html", 400, found=None, fields=fields, query="", db_error=None,
+                                notice=None, refused=f"nothing changed: {exc}")
+        if db_error:
+            return self._render(request, "error.html", 503, db_error=db_error, notice=None)
+        kept = {k: v for k, v in fields.items() if v}
+        return RedirectResponse("/search?" + urlencode({**kept, "done": action, "count": count}), status_code=303)
 
     async def change_queue(self, request: Request) -> Response:
         """A queue's Pause, Resume, Set (limits) or Clear button: back to the overview, which
@@ -230,6 +267,8 @@ def create_app(dsn: str, *, token: str | None = None, action_token: str | None =
     routes = [
         Route("/", board.overview),
         Route("/live/overview", board.overview),
+        Route("/search", board.search),
+        Route("/bulk/{action}", board.bulk, methods=["POST"]),
         Route("/jobs/{job_id}", board.job),  # ids checked by path_job_id: 404, not a 500
         Route("/live/jobs/{job_id}", board.job),
         Route("/jobs/{job_id}/{action}", board.change, methods=["POST"]),

@@ -164,6 +164,47 @@ def job(dsn: str, job_id: int) -> JobPage | None:
     return JobPage(found, steps, total, Links.of(dependencies), Links.of(dependents), errors)
 
 
+SEARCH_SHOWN = 100
+SEARCH_FIELDS = ("status", "kind", "queue", "key", "tag", "error", "since")
+
+
+@dataclass(frozen=True)
+class Search:
+    """A search's jobs (the newest ``SEARCH_SHOWN``) and how many each bulk button would change."""
+
+    jobs: list[JobInfo]
+    would: dict[str, int]  # action -> jobs it would change (a dry run)
+
+
+def search_filters(fields: dict[str, str]) -> dict[str, Any]:
+    """The ``jobs`` filters of a search form's fields (empty ones left out; ``tag``: comma-separated,
+    all of them; ``since``: 30m, 2h, 7d or an ISO 8601 time); ``JobsError`` for a bad one."""
+    given = {name: fields.get(name, "").strip() for name in SEARCH_FIELDS}
+    if given["status"] and given["status"] not in jobs.STATUSES:
+        raise jobs.JobsError(f"no status {given['status']!r}; one of {', '.join(jobs.STATUSES)}")
+    return {"status": given["status"] or None, "kind": given["kind"] or None, "queue": given["queue"] or None,
+            "key": given["key"] or None,
+            "tag": [t.strip() for t in given["tag"].split(",") if t.strip()] or None,
+            "error_contains": given["error"] or None, "since": jobs.parse_since(given["since"] or None, "since")}
+
+
+def search(dsn: str, fields: dict[str, str]) -> Search:
+    """The jobs a search form picks, and what its bulk buttons would change."""
+    filters = search_filters(fields)
+    with connection(dsn) as (_, conn):
+        found = jobs.list_jobs(conn, limit=SEARCH_SHOWN, **filters)
+        would = {} if not any(v is not None for v in filters.values()) else {
+            action: getattr(jobs, f"{action}_matching")(conn, **filters, dry_run=True)
+            for action in ("retry", "cancel", "delete")}
+    return Search(found, would)
+
+
+def bulk(dsn: str, action: str, fields: dict[str, str]) -> int:
+    """A search's bulk button: ``retry``, ``cancel`` or ``delete`` every job it picks; how many."""
+    with connection(dsn) as (_, conn):
+        return int(getattr(jobs, f"{action}_matching")(conn, **search_filters(fields)))
+
+
 def change(dsn: str, action: str, job_id: int) -> int:
     """``retry``, ``cancel`` or ``wake`` one job (``JobsError`` says why not); how many changed."""
     with connection(dsn) as (_, conn):

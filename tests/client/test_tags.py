@@ -104,5 +104,5 @@ def test_bulk_actions_by_tag_and_error_with_a_dry_run_first(pg_dsn: str, dirs: t
     with pytest.raises(JobsError, match="give at least one filter"):
         jobs.cancel_matching(pg_dsn)
     both = cli("cancel", str(ana[0]), "--tag", "billing")
-    assert both.returncode == 1 and "give job ids or filters" in both.stderr
+    assert both.returncode == 1 and "give job ids, or filters" in both.stderr
     assert {runs_per_job(dirs[1])[i] for i in ana + bob} == {1}

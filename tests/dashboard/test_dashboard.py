@@ -356,3 +356,30 @@ def test_waiting_jobs_show_what_they_wait_on_and_a_sleeper_can_be_woken(pg_dsn: 
     woken = post(dashboard, f"/jobs/{sleeper}/wake", back="overview")
     assert woken.status_code == 303 and status(pg_dsn, sleeper) == "queued"
     assert f"job {sleeper} woken" in httpx.get(dashboard.url + woken.headers["location"]).text
+
+
+def test_search_finds_jobs_by_tag_and_error_and_its_bulk_buttons_act_on_all_of_them(
+        pg_dsn: str, dashboard: Dashboard) -> None:
+    """The search page lists the jobs its filters pick and counts what each bulk button would
+    change; a button acts on every one of them (same-origin and token checks as the others),
+    and comes back saying how many; a bad filter is one line, nothing changed."""
+    from shardworker import JobSpec, enqueue_many
+
+    tagged = enqueue_many(pg_dsn, [JobSpec("charge", tags=("billing", "customer:<1>")) for _ in range(3)])
+    other = enqueue_many(pg_dsn, [JobSpec("charge", tags=("billing",))])
+    for job_id in tagged[:2]:
+        fail(pg_dsn, job_id)
+    page = httpx.get(f"{dashboard.url}/search", params={"tag": "customer:<1>"}).text
+    assert all(f'data-recent-job="{i}"' in page for i in tagged) and f'data-recent-job="{other[0]}"' not in page
+    assert 'data-bulk-action="retry">Retry 2</button>' in page and 'data-bulk-action="cancel">Cancel 1</button>' in page
+    assert 'value="customer:&lt;1&gt;"' in page  # escaped, never markup
+    refused = httpx.post(f"{dashboard.url}/bulk/retry", data={"tag": "customer:<1>"}, follow_redirects=False,
+                         headers={"Origin": "https://elsewhere.example"}, auth=dashboard.acting)
+    assert refused.status_code == 403 and status(pg_dsn, tagged[0]) == "failed"
+    response = httpx.post(f"{dashboard.url}/bulk/retry", data={"tag": "customer:<1>"}, follow_redirects=False,
+                          headers={"Origin": dashboard.url}, auth=dashboard.acting)
+    assert response.status_code == 303 and status(pg_dsn, tagged[0]) == "queued" and status(pg_dsn, tagged[1]) == "queued"
+    assert "2 jobs queued again" in httpx.get(dashboard.url + response.headers["location"]).text
+    bad = httpx.get(f"{dashboard.url}/search", params={"since": "yesterday"})
+    assert bad.status_code == 400 and "expected a duration" in bad.text
+    assert "<h2>Find jobs</h2>" in httpx.get(dashboard.url).text
