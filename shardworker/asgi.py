@@ -47,6 +47,7 @@ from shardworker.errors import ConfigError
 from shardworker.jobs import dumps_json
 
 FINAL = ("done", "failed", "cancelled")
+KEEPALIVE_S = 15.0  # a comment line this often while nothing changes
 STATE_NAME = "shardworker_pool"
 
 
@@ -94,10 +95,13 @@ def pool(request: Any) -> Any:
     return found
 
 
-def transaction(request: Any) -> contextlib.AbstractAsyncContextManager[Any]:
-    """``async with transaction(request) as conn``: a pooled connection for one transaction,
-    committed when the block ends, rolled back on an exception."""
-    return pool(request).connection()
+@contextlib.asynccontextmanager
+async def transaction(request: Any) -> AsyncIterator[Any]:
+    """``async with transaction(request) as conn``: a pooled connection inside one transaction,
+    begun at once (an enqueue as the block's first statement joins it, not a transaction of its
+    own), committed when the block ends, rolled back on an exception."""
+    async with pool(request).connection() as conn, conn.transaction():
+        yield conn
 
 
 def job_events(request: Any, job_id: int, *, timeout_s: float = 3600.0, every_s: float = 0.5) -> Any:
@@ -117,8 +121,12 @@ async def follow(job_pool: Any, job_id: int, *, timeout_s: float, every_s: float
     deadline = time.monotonic() + timeout_s
     status: str | None = None
     progress: Any = None
+    said = time.monotonic()
     while True:
         job = await read_job(job_pool, job_id)
+        if time.monotonic() - said >= KEEPALIVE_S:  # a proxy drops a stream silent for a minute
+            said = time.monotonic()
+            yield ": still following\n\n"
         if job is None:
             yield _event("gone", {"id": job_id})
             return

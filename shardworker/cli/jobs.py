@@ -99,6 +99,10 @@ def _bulk(action: str, ids: tuple[int, ...], filters: dict[str, Any], dry_run: b
             raise jobs_api.JobsError(f"{action}: --dry-run goes with filters")
         return False
     count = getattr(jobs_api, f"{action}_matching")(resolve_dsn(dsn), **filters, dry_run=dry_run, **extra)
+    from shardworker.store.job_queries import BULK_LIMIT
+
+    if count >= BULK_LIMIT and not as_json:
+        click.echo(f"at most {BULK_LIMIT:,} jobs a call: run it again for the rest", err=True)
     if dry_run:
         click.echo(orjson.dumps({action: count, "dry_run": True}).decode() if as_json
                    else f"would {action} {count} job{'' if count == 1 else 's'} (nothing changed: --dry-run)")

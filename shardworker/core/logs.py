@@ -11,10 +11,11 @@ and the ``worker_id`` once it is known; a line about one job carries ``job_id`` 
 The parent configures itself with ``configure`` and hands ``current()`` to each process
 it spawns, which configures itself the same way with its own role.
 
-Only shardworker's own loggers, and the app's (``run --app myshop.jobs``: ``myshop``), log at
-the chosen level (INFO, DEBUG with ``-v``); every other library's log at WARNING, so a
-handler's HTTP client or ORM does not print a line per request. A handler that wants a
-library's INFO lines sets that logger's level itself (in ``app.on_startup``).
+Every logger logs at the chosen level (INFO, DEBUG with ``-v``), the app's own included, but
+the libraries that log a line per request or per call at INFO (``CHATTY``: HTTP clients, cloud
+SDKs) log from WARNING, so a handler's HTTP client does not fill the worker's log. A library's
+logger whose level the app set itself keeps it; one that wants those INFO lines sets it (in
+``app.on_startup``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 FORMATS = ("text", "json")
+# Libraries that log every request or call at INFO: kept to WARNING unless the app says otherwise.
+CHATTY = ("httpx", "httpcore", "urllib3", "requests", "botocore", "boto3", "s3transfer", "aiobotocore",
+          "openai", "anthropic", "google.auth", "googleapiclient", "azure", "kafka", "aiokafka", "elastic_transport",
+          "hpack", "h2", "websockets", "uvicorn.access")
 _TEXT = "%(asctime)s %(role)s %(levelname)s %(message)s"
 
 
@@ -71,9 +76,13 @@ def configure(setup: LogSetup, role: str) -> None:
     for old in root.handlers[:]:
         root.removeHandler(old)
     root.addHandler(handler)
-    root.setLevel(max(setup.level, logging.WARNING))
+    root.setLevel(setup.level)
     for name in setup.loggers:
         logging.getLogger(name).setLevel(setup.level)
+    for name in CHATTY:
+        chatty = logging.getLogger(name)
+        if chatty.level == logging.NOTSET:  # not one the app has set
+            chatty.setLevel(max(setup.level, logging.WARNING))
 
 
 def set_worker_id(worker_id: str) -> None:

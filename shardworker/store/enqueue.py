@@ -81,12 +81,11 @@ def insert_job(cur: psycopg.Cursor[Any], kind: str, payload_json: str, **fields:
     commits first, with the WAL flush it needs, and the notification after it, in a
     transaction that writes no WAL. PostgreSQL holds one lock for the whole cluster from a
     notifying transaction's pre-commit to its end, so a NOTIFY in the insert's own transaction
-    would hold it across the flush and make concurrent enqueues commit one at a time. There
-    the two go in one round trip (``wake_in_pipeline``), and once the job is committed a
-    wake-up that fails is logged, not raised: the caller must not enqueue it again.
+    would hold it across the flush and make concurrent enqueues commit one at a time. There,
+    once the insert has committed, a wake-up that fails is logged, not raised: the caller
+    must not enqueue the job again (the workers find it at their next look).
     """
-    if commits_alone(cur.connection):
-        return insert_and_wake(cur, kind, payload_json, fields)
+    committed_alone = commits_alone(cur.connection)
     try:
         cur.execute(query(insert_query(fields)), insert_params(kind, payload_json, fields))
     except REFUSED as exc:
@@ -94,44 +93,19 @@ def insert_job(cur: psycopg.Cursor[Any], kind: str, payload_json: str, **fields:
     row = cur.fetchone()
     if row is None:
         return None
-    cur.execute(query("notify_queue"), {"queue": fields["queue"]})
+    if not committed_alone:
+        cur.execute(query("notify_queue"), {"queue": fields["queue"]})
+        return int(row[0])
+    try:
+        cur.execute(query("notify_queue"), {"queue": fields["queue"]})
+    except psycopg.Error as exc:
+        wake_failed(int(row[0]), exc)
     return int(row[0])
 
 
 def commits_alone(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
     """Whether each statement on ``conn`` is a transaction of its own (autocommit, none open)."""
     return bool(conn.autocommit) and conn.info.transaction_status == TransactionStatus.IDLE
-
-
-def insert_and_wake(cur: psycopg.Cursor[Any], kind: str, payload_json: str, fields: dict[str, Any]) -> int | None:
-    """On an autocommit connection: the insert, a Sync (its transaction ends there), and the
-    NOTIFY, sent at once and read back together: one round trip, two transactions."""
-    conn = cur.connection
-    waking = type(cur)(conn)
-    try:
-        with conn.pipeline() as pipeline:
-            cur.execute(query(insert_query(fields)), insert_params(kind, payload_json, fields))
-            pipeline.sync()
-            waking.execute(query("notify_queue"), {"queue": fields["queue"]})
-    except REFUSED as exc:
-        raise EnqueueError(f"job rejected: {first_line(exc)}") from exc
-    except psycopg.Error as exc:
-        job_id = inserted_id(cur)
-        if job_id is None:
-            raise  # the insert's own failure, or no answer to it: whether it committed is unknown
-        wake_failed(job_id, exc)
-        return job_id
-    return inserted_id(cur)
-
-
-def inserted_id(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> int | None:
-    """The id the insert's answer holds; None when it holds none (a live dedupe key) or no
-    answer came."""
-    result = cur.pgresult
-    if result is None or result.status != psycopg.pq.ExecStatus.TUPLES_OK or result.ntuples == 0:
-        return None
-    value = result.get_value(0, 0)
-    return None if value is None else int(value)
 
 
 def wake_failed(job_id: int, exc: psycopg.Error) -> None:

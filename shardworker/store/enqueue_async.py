@@ -20,7 +20,6 @@ from shardworker.store.enqueue import (
     commits_alone,
     insert_params,
     insert_query,
-    inserted_id,
     inserted_ids,
     needs_own_transaction,
     wake_failed,
@@ -37,8 +36,7 @@ async def enqueue_one_async(conn_or_dsn: Any, kind: str, payload_json: str, **fi
 async def insert_job_async(cur: psycopg.AsyncCursor[Any], kind: str, payload_json: str,
                            fields: dict[str, Any]) -> int | None:
     """``insert_job`` on an async cursor."""
-    if commits_alone(cur.connection):
-        return await insert_and_wake_async(cur, kind, payload_json, fields)
+    committed_alone = commits_alone(cur.connection)
     try:
         await cur.execute(query(insert_query(fields)), insert_params(kind, payload_json, fields))
     except REFUSED as exc:
@@ -46,29 +44,13 @@ async def insert_job_async(cur: psycopg.AsyncCursor[Any], kind: str, payload_jso
     row = await cur.fetchone()
     if row is None:
         return None
-    await cur.execute(query("notify_queue"), {"queue": fields["queue"]})  # its own statement: see insert_job
-    return int(row[0])
-
-
-async def insert_and_wake_async(cur: psycopg.AsyncCursor[Any], kind: str, payload_json: str,
-                                fields: dict[str, Any]) -> int | None:
-    """``insert_and_wake`` on an async cursor: one round trip, two transactions."""
-    conn = cur.connection
-    waking = type(cur)(conn)
     try:
-        async with conn.pipeline() as pipeline:
-            await cur.execute(query(insert_query(fields)), insert_params(kind, payload_json, fields))
-            await pipeline.sync()
-            await waking.execute(query("notify_queue"), {"queue": fields["queue"]})
-    except REFUSED as exc:
-        raise EnqueueError(f"job rejected: {first_line(exc)}") from exc
+        await cur.execute(query("notify_queue"), {"queue": fields["queue"]})  # its own statement: see insert_job
     except psycopg.Error as exc:
-        job_id = inserted_id(cur)
-        if job_id is None:
+        if not committed_alone:
             raise
-        wake_failed(job_id, exc)
-        return job_id
-    return inserted_id(cur)
+        wake_failed(int(row[0]), exc)
+    return int(row[0])
 
 
 async def enqueue_each_async(conn_or_dsn: Any, jobs: Sequence[tuple[str, str, dict[str, Any]]]) -> list[int | None]:

@@ -25,6 +25,7 @@ from shardworker.store.enqueue import borrowed_cursor
 from shardworker.store.sql import query
 
 FINAL_STATUSES = ("done", "failed", "cancelled")
+BULK_LIMIT = 100_000  # jobs one bulk change acts on (the next call takes the rest)
 
 
 class KindCount(NamedTuple):
@@ -82,16 +83,22 @@ def list_jobs(conn_or_dsn: Any, where: JobFilter, limit: int) -> list[JobInfo]:
 
 
 def change_matching(conn_or_dsn: Any, action: str, where: JobFilter, allowed: Sequence[str], *,
-                    dry_run: bool = False, reset_steps: bool = False, limit: int = 100_000) -> int:
+                    dry_run: bool = False, reset_steps: bool = False, limit: int = BULK_LIMIT) -> int:
     """``retry``, ``cancel`` or ``delete`` the jobs ``where`` picks whose status the action
     allows, at most ``limit``, in one transaction as ``change_jobs`` does (a job locked by a
-    claim or another change at that moment is left out); how many. ``dry_run``: how many it
-    would change, changing none."""
+    claim or another change at that moment is left out; a delete leaves out the jobs live jobs
+    wait on); how many. ``dry_run``: how many it would change, locking and changing none."""
+    params = {**where.params(), "allowed": list(allowed), "limit": limit, "action": action}
+    if dry_run:
+        with cursor_for(conn_or_dsn, transaction=False) as cur:
+            cur.execute(query("job_count_matching"), params)
+            row = cur.fetchone()
+        return int(row[0]) if row else 0
     with cursor_for(conn_or_dsn, transaction=True) as cur:
-        cur.execute(query("job_ids_matching"), {**where.params(), "allowed": list(allowed), "limit": limit})
+        cur.execute(query("job_ids_matching"), params)
         ids = [int(r[0]) for r in cur.fetchall()]
-        if dry_run or not ids:
-            return len(ids)
+        if not ids:
+            return 0
         if action == "retry":
             cur.execute(query("job_dependencies_lock"), {"ids": ids})
         cur.execute(query(f"job_{action}"), {"ids": ids, "reset_steps": reset_steps})

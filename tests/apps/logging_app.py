@@ -9,7 +9,7 @@ from shardworker import App, Job
 
 app = App()
 log = logging.getLogger(__name__)
-library = logging.getLogger("chatty_http")
+library = logging.getLogger("httpx")  # as httpx logs each request at INFO
 
 
 @app.handler("fetch")
@@ -17,3 +17,4 @@ def fetch(job: Job) -> None:
     library.info("HTTP Request: GET https://example.com/%d", job.id)
     library.warning("retrying a slow request for job %d", job.id)
     log.info("fetched for job %d", job.id)
+    logging.getLogger("billing.tasks").info("a module of another package, job %d", job.id)

@@ -26,6 +26,15 @@ async def create_order(request: Request, email: str, fail: bool = False) -> dict
     return {"order": row[0], "job": job_id}
 
 
+@app.post("/reminders")
+async def remind(request: Request, email: str) -> dict[str, int]:
+    """The enqueue first, then a write that fails: the job goes with the rollback too."""
+    async with transaction(request) as conn:
+        job_id = await shardworker.enqueue_async(conn, "receipt", {"order": 0, "email": email})
+        await conn.execute("INSERT INTO orders (email) VALUES (NULL)")  # NOT NULL: fails
+    return {"job": job_id or 0}
+
+
 @app.get("/jobs/{job_id}/result")
 async def result(request: Request, job_id: int, timeout: float = 10.0) -> dict[str, object]:
     async with pool(request).connection() as conn:

@@ -62,6 +62,7 @@ def test_an_order_and_its_job_commit_together_and_the_browser_follows_it(
     outbox_dir, count_dir = dirs
     failed = httpx.post(f"{shop}/orders", params={"email": "x@example.com", "fail": "true"}, timeout=30)
     assert failed.status_code == 500
+    assert httpx.post(f"{shop}/reminders", params={"email": "y@example.com"}, timeout=30).status_code == 500
     assert query(pg_dsn, "SELECT count(*) FROM orders") == [(0,)]
     assert query(pg_dsn, "SELECT count(*) FROM shardworker.jobs") == [(0,)]  # rolled back with the order
     made = httpx.post(f"{shop}/orders", params={"email": "ana@example.com"}, timeout=30).json()

@@ -106,3 +106,26 @@ def test_bulk_actions_by_tag_and_error_with_a_dry_run_first(pg_dsn: str, dirs: t
     both = cli("cancel", str(ana[0]), "--tag", "billing")
     assert both.returncode == 1 and "give job ids, or filters" in both.stderr
     assert {runs_per_job(dirs[1])[i] for i in ana + bob} == {1}
+
+
+def test_a_debounced_enqueue_takes_the_new_tags_with_its_payload(pg_dsn: str) -> None:
+    first = shardworker.enqueue(pg_dsn, "k", {"v": 1}, dedupe_key="d", debounce=60, tags=["old"])
+    again = shardworker.enqueue(pg_dsn, "k", {"v": 2}, dedupe_key="d", debounce=60, tags=["new"])
+    assert first == again and query(pg_dsn, "SELECT payload, tags FROM shardworker.jobs") == [({"v": 2}, ["new"])]
+
+
+def test_a_bulk_delete_leaves_the_jobs_live_jobs_wait_on_and_a_dry_run_locks_nothing(pg_dsn: str) -> None:
+    """A done job another still waits on (after=) is left out of a bulk delete, as retention
+    leaves it, so the waiting job is not cancelled; a dry run counts while a claim holds a row."""
+    done, later = shardworker.enqueue_many(pg_dsn, [JobSpec("a", tags=("import",)),
+                                                    JobSpec("b", tags=("import",), run_at=None)])
+    waiter = shardworker.enqueue(pg_dsn, "c", after=[done, later])
+    query(pg_dsn, "UPDATE shardworker.jobs SET status = 'done', finished_at = now() WHERE id = %s RETURNING id", done)
+    lone = shardworker.enqueue(pg_dsn, "d", tags=["import"])
+    query(pg_dsn, "UPDATE shardworker.jobs SET status = 'done', finished_at = now() WHERE id = %s RETURNING id", lone)
+    with psycopg.connect(pg_dsn) as holder:
+        holder.execute("SELECT id FROM shardworker.jobs WHERE id = %s FOR UPDATE", (lone,))  # a claim's lock
+        assert jobs.delete_matching(pg_dsn, tag="import", status="done", dry_run=True) == 1  # not blocked
+    assert jobs.delete_matching(pg_dsn, tag="import", status="done") == 1
+    assert sorted(i for (i,) in query(pg_dsn, "SELECT id FROM shardworker.jobs")) == sorted([done, later, waiter])
+    assert query(pg_dsn, "SELECT status FROM shardworker.jobs WHERE id = %s", waiter) == [("waiting",)]
