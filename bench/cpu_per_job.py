@@ -20,6 +20,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
@@ -94,10 +95,8 @@ def one_round(dsn: str, jobs: int, work_dir: str) -> tuple[dict[str, float], flo
                                  "--metrics-port", str(port)], env=env, stdout=log, stderr=log, cwd=work_dir)
     last: dict[str, float] = {}
     while proc.poll() is None:
-        try:
+        with contextlib.suppress(OSError):  # not serving yet, or gone
             last = scrape(port) or last
-        except OSError:
-            pass
         time.sleep(0.1)
     wall = time.monotonic() - started
     if proc.returncode != 0:
