@@ -158,13 +158,13 @@ def ended(spec: HandlerSpec, job: ClaimedJob, steps: StepLog | None, exc: Except
                                                   "out again at the same wait; catch it to go on)")), exc)
     if isinstance(exc, JobControl):
         outcome = controlled(job, exc)
-        if outcome.disposition is Disposition.SNOOZED and waits is not None:
+        if outcome.disposition is Disposition.SNOOZED and waits is not None and waits.sent:
             outcome = replace(outcome, extras_json=waits.extras(sends=True))
         return Attempt(outcome, exc if outcome.disposition in FAILURES else None)
     if exc is not None:
         return Attempt(failure(spec, job, exc), exc)
     attempt = success(job, result, followups)
-    if attempt.outcome.disposition is Disposition.DONE and waits is not None:
+    if waits is not None and waits.sent and attempt.outcome.disposition is Disposition.DONE:  # events to send
         return attempt._replace(outcome=replace(attempt.outcome, extras_json=waits.extras(sends=True)))
     return attempt
 
