@@ -49,7 +49,8 @@ class StopRequest(enum.IntEnum):
     NOW = 2  # exit after the current batch, applied or not
 
 
-COUNTERS = ("applied", "stale", "missing", "deadlettered", "db_errors", "batch_sum", "followups", "regressions")
+COUNTERS = ("applied", "replayed", "stale", "missing", "deadlettered", "db_errors", "batch_sum", "followups",
+            "regressions")
 
 
 class SharedState(ctypes.Structure):

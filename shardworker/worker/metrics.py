@@ -176,6 +176,9 @@ class WorkerCollector(Collector):
 
     def _flusher_metrics(self, c: dict[str, Any]) -> Iterator[Metric]:
         yield _counter("shardworker_outcomes_applied", "Outcomes the flusher applied to PostgreSQL.", c["applied"])
+        yield _counter("shardworker_outcomes_replayed",
+                       "Outcomes found applied already: a batch whose commit's reply was lost (the database "
+                       "stopped as it committed) or read again after a lost checkpoint.", c["replayed"])
         yield _counter("shardworker_outcomes_stale",
                        "Outcomes kept in stale.jsonl, not applied: a newer attempt owned the job.", c["stale"])
         yield _counter("shardworker_outcomes_set_aside",
