@@ -89,13 +89,14 @@ def change_matching(conn_or_dsn: Any, action: str, where: JobFilter, allowed: Se
     claim or another change at that moment is left out; a delete leaves out the jobs live jobs
     wait on); how many. ``dry_run``: how many it would change, locking and changing none."""
     params = {**where.params(), "allowed": list(allowed), "limit": limit, "action": action}
+    picked = query("job_ids_matching").rstrip().rstrip(";")
     if dry_run:
         with cursor_for(conn_or_dsn, transaction=False) as cur:
-            cur.execute(query("job_count_matching"), params)
+            cur.execute(f"SELECT count(*) FROM ({picked}) picked", params)
             row = cur.fetchone()
         return int(row[0]) if row else 0
     with cursor_for(conn_or_dsn, transaction=True) as cur:
-        cur.execute(query("job_ids_matching"), params)
+        cur.execute(f"{picked} FOR UPDATE OF j SKIP LOCKED", params)
         ids = [int(r[0]) for r in cur.fetchall()]
         if not ids:
             return 0

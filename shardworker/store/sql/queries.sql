@@ -1062,9 +1062,10 @@ LIMIT %(limit)s;
 
 -- job_ids_matching --
 -- The jobs a bulk `jobs retry|cancel|delete` picks (the filters of job_list) whose status the
--- action allows, at most `limit`, locked for the change (a job another transaction holds, a
--- claim's, is left out: it will be in another state by its end). A delete leaves out the jobs
--- that live jobs wait on (as retention does): deleting one would cancel them.
+-- action allows, at most `limit`. A delete leaves out the jobs that live jobs wait on (as
+-- retention does): deleting one would cancel them. The change locks them (job_queries adds
+-- FOR UPDATE OF j SKIP LOCKED: a job a claim holds is left out); a dry run counts them,
+-- locking nothing.
 SELECT id FROM shardworker.jobs j
 WHERE status = ANY(%(allowed)s::text[])
   AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -1079,25 +1080,6 @@ WHERE status = ANY(%(allowed)s::text[])
       WHERE d.depends_on = j.id AND w.status IN ('waiting', 'queued', 'running')))
 ORDER BY id
 LIMIT %(limit)s
-FOR UPDATE OF j SKIP LOCKED;
-
--- job_count_matching --
--- How many jobs job_ids_matching would pick, up to `limit`, locking nothing and writing nothing
--- (a dry run, the dashboard's button labels); keep the two conditions in step.
-SELECT count(*) FROM (
-    SELECT FROM shardworker.jobs j
-    WHERE status = ANY(%(allowed)s::text[])
-      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
-      AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
-      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-      AND (%(key)s::text IS NULL OR key = %(key)s::text)
-      AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s::timestamptz)
-      AND (%(tags)s::text[] IS NULL OR tags @> %(tags)s::text[])
-      AND (%(error)s::text IS NULL OR strpos(lower(last_error), lower(%(error)s::text)) > 0)
-      AND (%(action)s::text <> 'delete' OR NOT EXISTS (
-          SELECT FROM shardworker.job_dependencies d JOIN shardworker.jobs w ON w.id = d.job_id
-          WHERE d.depends_on = j.id AND w.status IN ('waiting', 'queued', 'running')))
-    LIMIT %(limit)s) picked;
 
 -- job_id_mark --
 -- The last job id drawn so far (0: none), by any session, committed or not: a job enqueued
