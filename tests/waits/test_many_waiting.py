@@ -69,3 +69,26 @@ def test_a_thousand_waiting_jobs_hold_no_child_thread_or_connection(pg_dsn: str,
     assert {ran[i] for i in [*sleepers, *waiters]} == {2} and {ran[i] for i in [*warm, *fast]} == {1}
     assert query(pg_dsn, "SELECT count(*) FROM shardworker.jobs WHERE id = ANY(%s) AND result = "
                          "'{\"decision\": \"yes\"}'::jsonb", waiters) == [(500,)]
+
+
+def test_two_workers_wake_each_sleeper_and_waiter_once(pg_dsn: str, tmp_path: Path) -> None:
+    """Two live workers on one database, each with its housekeeping ending waits: 100 sleepers
+    (1 s) and 100 event waiters beside fast jobs; every sleeper and waiter runs exactly twice."""
+    count_dir = tmp_path / "counts"
+    count_dir.mkdir()
+    workers = [start_worker(pg_dsn, tmp_path / f"outbox-{n}", count_dir, procs=1, app="waits_app") for n in (1, 2)]
+    try:
+        sleepers = shardworker.enqueue_many(pg_dsn, [JobSpec("nap", {"sleep": 1}) for _ in range(100)])
+        waiters = shardworker.enqueue_many(pg_dsn, [JobSpec("approval", {"order": 7}) for _ in range(100)])
+        fast = shardworker.enqueue_many(pg_dsn, [JobSpec("fast") for _ in range(300)])
+        wait_for(lambda: query(pg_dsn, "SELECT count(*) FROM shardworker.jobs WHERE wait_kind = 'event'")[0][0]
+                 == 100, 60, "every waiter waiting")
+        assert shardworker.send_event(pg_dsn, "approve:7", "ok") == 100
+        wait_for(lambda: counts(pg_dsn) == {"done": 500}, 60, "every job done")
+    finally:
+        for proc in workers:
+            proc.terminate()
+        for proc in workers:
+            exit_code(proc, 30, count_dir)
+    ran = runs_per_job(count_dir)
+    assert {ran[i] for i in [*sleepers, *waiters]} == {2} and {ran[i] for i in fast} == {1}
