@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from shardworker.core import tracing
 from shardworker.core.followups import DependentRow, check_after
 from shardworker.core.limits import (
     DEFAULT_MAX_ATTEMPTS,
@@ -279,7 +280,8 @@ def _fields(spec: JobSpec, delay_s: float = 0.0) -> dict[str, Any]:
     """The insert's fields of ``spec`` but its kind and payload."""
     return {"queue": spec.queue, "priority": spec.priority, "max_attempts": spec.max_attempts,
             "run_at": _utc(spec.run_at), "delay_s": delay_s, "dedupe_key": spec.dedupe_key, "key": spec.key,
-            "dedupe_window_s": spec.dedupe_window, "debounce_s": spec.debounce, "tags": list(spec.tags) or None}
+            "dedupe_window_s": spec.dedupe_window, "debounce_s": spec.debounce, "tags": list(spec.tags) or None,
+            "trace": tracing.carrier()}
 
 
 def check_delay(delay_s: Any, name: str = "delay") -> float:
@@ -291,7 +293,8 @@ def check_delay(delay_s: Any, name: str = "delay") -> float:
 
 def _dependent_row(spec: JobSpec, delay_s: float = 0.0) -> DependentRow:
     return DependentRow(spec.kind, spec.queue, spec.payload_json(), spec.priority, spec.max_attempts,
-                        _utc(spec.run_at), delay_s, spec.dedupe_key, spec.after, key=spec.key, tags=spec.tags)
+                        _utc(spec.run_at), delay_s, spec.dedupe_key, spec.after, key=spec.key, tags=spec.tags,
+                        trace=tracing.carrier())
 
 
 def enqueue_many(conn_or_dsn: Any, jobs: Iterable[JobSpec], *, strict: bool = False) -> list[int | None]:
@@ -344,8 +347,9 @@ async def enqueue_many_async(aconn_or_dsn: Any, jobs: Iterable[JobSpec], *, stri
 
 
 def _copy_rows(jobs: Iterable[JobSpec]) -> list[tuple[Any, ...]]:
+    trace = tracing.carrier()  # the batch's enqueue: one context for all
     return [(j.kind, j.queue, j.payload_json(), j.priority, j.max_attempts, _utc(j.run_at), j.dedupe_key, j.key,
-             list(j.tags) or None)
+             list(j.tags) or None, trace)
             for j in jobs]
 
 

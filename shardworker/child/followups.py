@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 
 from shardworker.client import JobSpec, check_delay
+from shardworker.core import tracing
 from shardworker.core.followups import MAX_AFTER, MAX_FOLLOWUP_BYTES, MAX_FOLLOWUPS, FollowUp, check_after
 from shardworker.errors import EnqueueError
 
@@ -32,7 +33,9 @@ class FollowUps:
             return self._by_key[dedupe_key]  # the same key twice in one run: one job
         if len(self._encoded) >= MAX_FOLLOWUPS:
             raise EnqueueError(f"job.enqueue: more than {MAX_FOLLOWUPS} follow-up jobs in one run")
-        extra = [spec.key, list(spec.tags)] if spec.tags else [spec.key] if spec.key is not None else []
+        trace = tracing.followup(spec.kind, spec.queue)  # its enqueue's span, when the application traces
+        extra = ([spec.key, list(spec.tags), trace] if trace is not None else [spec.key, list(spec.tags)] if spec.tags
+                 else [spec.key] if spec.key is not None else [])
         entry = orjson.dumps([spec.kind, spec.payload_json(), spec.queue, spec.priority, spec.max_attempts, delay,
                               spec.dedupe_key, refs, *extra])
         if self._bytes + len(entry) > MAX_FOLLOWUP_BYTES:

@@ -26,6 +26,7 @@ from shardworker.child.results import Unstorable, storable_json
 from shardworker.child.steps import AsyncSteps, StepLog, SyncSteps
 from shardworker.child.waits import Waits
 from shardworker.control import Cancel, Fail, JobControl, Retry, Snooze
+from shardworker.core import tracing
 from shardworker.core.limits import MAX_JOB_INPUT_BYTES, MAX_PAYLOAD_BYTES, MAX_TRACEBACK_BYTES
 from shardworker.core.model import ClaimedJob, Disposition, Outcome
 from shardworker.errors import EventTimeout
@@ -58,7 +59,17 @@ def attempt_sync(app: App, job: ClaimedJob, steps: StepLog | None = None,
                  cancel: Flag | None = None) -> Attempt:
     """Run a sync handler to its end (timeouts of sync handlers, and cancels it does not
     heed, are the parent's to enforce); ``steps`` runs its ``job.step`` calls, ``cancel``
-    is its ``job.cancelled`` (already set: the handler is not called)."""
+    is its ``job.cancelled`` (already set: the handler is not called). When the application
+    traces, the run is a span (``shardworker.core.tracing``)."""
+    run = tracing.Run.start(job)
+    if run is None:
+        return _attempt_sync(app, job, steps, cancel)
+    with run.current():
+        attempt = _attempt_sync(app, job, steps, cancel)
+    return attempt._replace(outcome=run.end(attempt.outcome, attempt.error))
+
+
+def _attempt_sync(app: App, job: ClaimedJob, steps: StepLog | None, cancel: Flag | None) -> Attempt:
     spec = app.handlers.get(job.kind)
     if spec is None:
         return refused(job, f"no handler for kind {job.kind!r}")
@@ -88,7 +99,16 @@ async def attempt_async(app: App, job: ClaimedJob, steps: StepLog | None = None,
                         cancel: Flag | None = None) -> Attempt:
     """Await an ``async def`` handler; past its ``timeout_s`` it is cancelled and the attempt
     fails. An operator's cancel (``cancel`` set, then the task cancelled by its lane) ends
-    it as cancelled."""
+    it as cancelled. When the application traces, the run is a span."""
+    run = tracing.Run.start(job)
+    if run is None:
+        return await _attempt_async(app, job, steps, cancel)
+    with run.current():
+        attempt = await _attempt_async(app, job, steps, cancel)
+    return attempt._replace(outcome=run.end(attempt.outcome, attempt.error))
+
+
+async def _attempt_async(app: App, job: ClaimedJob, steps: StepLog | None, cancel: Flag | None) -> Attempt:
     spec = app.handlers.get(job.kind)
     if spec is None:
         return refused(job, f"no handler for kind {job.kind!r}")

@@ -29,7 +29,7 @@ from typing import Any
 from shardworker.child.cancels import Flag
 from shardworker.child.gate import GATE_POLL_S, StartGate
 from shardworker.child.results import Unstorable, storable_json
-from shardworker.core import wire
+from shardworker.core import tracing, wire
 from shardworker.core.model import ClaimedJob, StepRecord, loads_exact
 from shardworker.errors import StepError
 
@@ -159,7 +159,9 @@ class SyncSteps:
             return value
         while self.log.held(name):
             time.sleep(GATE_POLL_S)
-        record, value = self.log.encode(name, fn(*args, **kwargs))
+        with tracing.step(name):
+            result = fn(*args, **kwargs)
+        record, value = self.log.encode(name, result)
         self.log.commit(record)
         self.log.recorded += 1
         return value
@@ -178,9 +180,10 @@ class AsyncSteps:
             return value
         while self.log.held(name):
             await asyncio.sleep(GATE_POLL_S)
-        result = fn(*args, **kwargs)
-        if inspect.isawaitable(result):
-            result = await result
+        with tracing.step(name):
+            result = fn(*args, **kwargs)
+            if inspect.isawaitable(result):
+                result = await result
         record, value = self.log.encode(name, result)
         loop = asyncio.get_running_loop()
         durable = loop.create_future()

@@ -59,6 +59,7 @@ class DependentRow(NamedTuple):
     reinserted: bool = False  # inserted again after the database went back in time: findable by uid
     key: str | None = None  # whose job it is (a tenant's): JobSpec.key
     tags: tuple[str, ...] = ()  # JobSpec.tags
+    trace: str | None = None  # the trace its runs continue (jobs.trace as JSON text: shardworker.core.tracing)
 
 
 def followup_uid(parent_uid: int, attempt: int, index: int) -> int:
@@ -87,8 +88,9 @@ def check_after(after: Iterable[Any] | None) -> tuple[int, ...]:
 
 def decode(blob: bytes) -> list[DependentRow]:
     """The follow-ups an outcome record carries (``FollowUps.encode``)."""
-    # A key is the ninth field and tags the tenth, when there are (records of releases before
-    # keys have eight fields, before tags nine).
+    # A key is the ninth field, tags the tenth and the trace the eleventh, when there are
+    # (records of releases before keys have eight fields, before tags nine, before traces ten).
     return [DependentRow(kind, queue, payload, priority, max_attempts, None, float(delay), dedupe_key, tuple(refs),
-                         key=rest[0] if rest else None, tags=tuple(rest[1]) if len(rest) > 1 else ())
+                         key=rest[0] if rest else None, tags=tuple(rest[1]) if len(rest) > 1 else (),
+                         trace=rest[2] if len(rest) > 2 else None)
             for kind, payload, queue, priority, max_attempts, delay, dedupe_key, refs, *rest in orjson.loads(blob)]

@@ -176,6 +176,9 @@ class ClaimedJob:
     # None); the child fails the job for good, naming them. None: nothing was left behind.
     withheld: tuple[int, int] | None = None
     key: str | None = None  # the job's key (enqueue's key=)
+    # The job's trace (jobs.trace, JSON text; None: its enqueue traced nothing): the context its
+    # runs continue and the runs of earlier attempts they link to (shardworker.core.tracing).
+    trace_json: str | None = None
 
     @property
     def attempts_used(self) -> int:

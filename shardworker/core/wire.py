@@ -96,7 +96,7 @@ def encode(msg: Message) -> bytes:
     if isinstance(msg, Jobs):
         return orjson.dumps(["jobs", [[j.id, j.kind, j.queue, j.payload_json, j.attempt, j.max_attempts, slot,
                                        j.steps_json, j.dependencies_json, j.snoozes, j.uid, j.token, j.withheld,
-                                       j.key]
+                                       j.key, j.trace_json]
                                       for j, slot in zip(msg.jobs, msg.slots, strict=True)]])
     if isinstance(msg, Done):
         return orjson.dumps(["done", msg.finished, msg.stats])
@@ -119,7 +119,8 @@ def decode(data: bytes) -> Message:
     tag, body = value[0], value[1] if len(value) > 1 else ()
     if tag == "jobs":
         jobs = tuple(ClaimedJob(j[0], j[1], j[2], j[3], j[4], j[5], j[7], j[8], j[9], j[10], j[11],
-                                None if j[12] is None else (int(j[12][0]), int(j[12][1])), j[13]) for j in body)
+                                None if j[12] is None else (int(j[12][0]), int(j[12][1])), j[13], j[14])
+                     for j in body)
         return Jobs(jobs, tuple(int(j[6]) for j in body))
     if tag == "done":
         return Done(tuple((int(i), int(a)) for i, a in body), value[2] if len(value) > 2 else None)

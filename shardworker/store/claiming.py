@@ -86,7 +86,7 @@ class ClaimQueries(Session):
                 break
         paces = [row[7] for row in rows if row[7] is not None]
         jobs = [ClaimedJob(row[0], row[1], row[2], row[3], row[4], row[5], row[8], row[9], row[6], row[12], claim_token,
-                           None if row[13] is None else (row[13], row[14]), row[15])
+                           None if row[13] is None else (row[13], row[14]), row[15], row[19])
                 for row in rows]
         return Claim(jobs, min(paces) if paces else None)
 

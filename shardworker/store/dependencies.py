@@ -64,7 +64,8 @@ def plan_insert(rows: Sequence[DependentRow], *, refuse_missing: bool) -> Plan:
         "run_ats": [r.run_at for r in rows], "delays": [r.delay_s for r in rows],
         "dedupe_keys": [r.dedupe_key for r in rows], "deps_total": [len(r.after) for r in rows],
         "given_ids": given, "given_uids": [r.uid for r in rows], "reinserted": [r.reinserted for r in rows],
-        "keys": [r.key for r in rows], "tags": [Jsonb(list(r.tags)) if r.tags else None for r in rows]}
+        "keys": [r.key for r in rows], "tags": [Jsonb(list(r.tags)) if r.tags else None for r in rows],
+        "traces": [r.trace for r in rows]}
     ids: list[int | None] = [None if i is None else int(i) for _, i, _ in inserted]
     new = [bool(fresh) for _, _, fresh in inserted]
     edges = [(ids[n], ref if ref > 0 else ids[-ref - 1]) for n, row in enumerate(rows) if new[n]

@@ -25,8 +25,8 @@ log = logging.getLogger(__name__)
 BULK_STATEMENT_TIMEOUT_S = 3600.0
 REFUSED = (psycopg.DataError, psycopg.IntegrityError, pgerr.ProgramLimitExceeded)
 # A staged row's fields (job_stage_copy): kind, queue, payload, priority, max_attempts, run_at,
-# dedupe_key, key, tags; a row without the last ones (no key, no tags) is padded.
-ROW_FIELDS = 9
+# dedupe_key, key, tags, trace; a row without the last ones (no key, no tags, no trace) is padded.
+ROW_FIELDS = 10
 
 
 class EnqueueQueries(Session):
@@ -35,12 +35,12 @@ class EnqueueQueries(Session):
     def enqueue(self, kind: str, payload_json: str, *, queue: str, priority: int, max_attempts: int,
                 run_at: datetime | None, delay_s: float, dedupe_key: str | None, key: str | None = None,
                 dedupe_window_s: float | None = None, debounce_s: float | None = None,
-                tags: list[str] | None = None) -> int | None:
+                tags: list[str] | None = None, trace: str | None = None) -> int | None:
         """Insert one job and notify; its id, or None when the dedupe key is live."""
         with self.cursor() as cur:
             return insert_job(cur, kind, payload_json, queue=queue, priority=priority, max_attempts=max_attempts,
                               run_at=run_at, delay_s=delay_s, dedupe_key=dedupe_key, key=key,
-                              dedupe_window_s=dedupe_window_s, debounce_s=debounce_s, tags=tags)
+                              dedupe_window_s=dedupe_window_s, debounce_s=debounce_s, tags=tags, trace=trace)
 
     def enqueue_many(self, rows: Iterable[Sequence[Any]]) -> list[int | None]:
         """COPY rows (kind, queue, payload_json, priority, max_attempts, run_at, dedupe_key,
@@ -121,7 +121,7 @@ def insert_query(fields: dict[str, Any]) -> str:
 def insert_params(kind: str, payload_json: str, fields: dict[str, Any]) -> dict[str, Any]:
     """The insert's parameters: the fields, no key, window or debounce meaning none."""
     return {"kind": kind, "payload": payload_json, "key": None, "dedupe_window_s": None, "debounce_s": None,
-            "tags": None, **fields}
+            "tags": None, "trace": None, **fields}
 
 
 def insert_each(cur: psycopg.Cursor[Any], jobs: Iterable[tuple[str, str, dict[str, Any]]]) -> list[int | None]:

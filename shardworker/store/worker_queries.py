@@ -404,14 +404,17 @@ def apply_extras(cur: psycopg.Cursor[Any], outcomes: Sequence[Outcome], applied:
     attempt's): send the events their runs sent when they ended done, snoozed or suspended
     (``shardworker.send_job_event``: each once by its place among its job's sends), then begin
     the waits of the suspended ones (``shardworker.begin_wait``): a wait whose event was sent in
-    this same batch sees it."""
+    this same batch sees it; and keep the run spans of those that run again (``job_trace_runs``)."""
     now = {(job_id, attempt): status for job_id, attempt, status, _ in applied}
     sends: list[Any] = []
     waits: list[tuple[int, int, Any]] = []
+    runs: list[tuple[int, str]] = []
     for outcome in outcomes:
         if not outcome.extras_json or (outcome.job_id, outcome.attempt) not in now:
             continue
         extras = loads_exact(outcome.extras_json.decode("utf-8"))
+        if isinstance(extras.get("trace"), str):  # the run's span, which later runs link to
+            runs.append((outcome.job_id, extras["trace"]))
         if outcome.disposition in SENDS:
             sends += [(outcome.job_id, *event) for event in extras.get("events", ())]
         if outcome.disposition is Disposition.SUSPENDED and "wait" in extras:
@@ -423,6 +426,8 @@ def apply_extras(cur: psycopg.Cursor[Any], outcomes: Sequence[Outcome], applied:
     if waits:
         cur.execute(query("job_waits_begin"), {"ids": [w[0] for w in waits], "attempts": [w[1] for w in waits],
                                                "waits": [Jsonb(w[2], dumps=dumps_text) for w in waits]})
+    if runs:
+        cur.execute(query("job_trace_runs"), {"ids": [r[0] for r in runs], "runs": [r[1] for r in runs]})
 
 
 class JobNow(NamedTuple):

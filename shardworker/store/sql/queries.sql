@@ -313,7 +313,7 @@ WITH hold AS (
               j.priority, j.run_at,
               CASE WHEN j.attempt > 1 OR j.steps_ahead THEN shardworker.steps_bytes(j.id) END AS steps_bytes,
               CASE WHEN j.deps_total > 0 THEN j.deps_bytes END AS deps_bytes,
-              j.uid, j.key
+              j.uid, j.key, j.trace::text AS trace
 ), spent_kind AS (
     UPDATE shardworker.kinds k
     SET rate_tokens = l.tokens - (SELECT count(*) FROM claimed c WHERE c.kind = l.name),
@@ -334,7 +334,7 @@ SELECT c.id, c.kind, c.queue, c.payload, c.attempt, c.max_attempts, c.snoozes,
        CASE WHEN c.deps_bytes IS NOT NULL AND NOT c.over THEN shardworker.dependencies_json(c.id) END AS dependencies,
        c.priority, c.run_at, c.uid,
        CASE WHEN c.over THEN coalesce(c.steps_bytes, 0) END, CASE WHEN c.over THEN coalesce(c.deps_bytes, 0) END, c.key,
-       f.priority, f.run_at, f.id
+       f.priority, f.run_at, f.id, c.trace
 FROM (SELECT *, coalesce(steps_bytes, 0) + coalesce(deps_bytes, 0) > %(max_input_bytes)s AS over FROM claimed) c
 -- The first candidate's claim key: where the next claim may start when keys took turns (every
 -- job before it was claimed or locked by another claimer; shardworker.store.claim_floor).
@@ -472,20 +472,21 @@ WITH flow AS (
               NULL::numeric AS pace_s,
               CASE WHEN j.attempt > 1 OR j.steps_ahead THEN shardworker.steps_bytes(j.id) END AS steps_bytes,
               CASE WHEN j.deps_total > 0 THEN j.deps_bytes END AS deps_bytes,
-              j.priority, j.run_at, j.uid, j.key
+              j.priority, j.run_at, j.uid, j.key, j.trace::text AS trace
 )
 SELECT c.id, c.kind, c.queue, c.payload, c.attempt, c.max_attempts, c.snoozes, c.pace_s,
        CASE WHEN c.steps_bytes IS NOT NULL AND NOT c.over THEN shardworker.steps_json(c.id) END AS steps,
        CASE WHEN c.deps_bytes IS NOT NULL AND NOT c.over THEN shardworker.dependencies_json(c.id) END AS dependencies,
        c.priority, c.run_at, c.uid,
        CASE WHEN c.over THEN coalesce(c.steps_bytes, 0) END, CASE WHEN c.over THEN coalesce(c.deps_bytes, 0) END, c.key,
-       f.priority, f.run_at, f.id
+       f.priority, f.run_at, f.id, c.trace
 FROM (SELECT *, coalesce(steps_bytes, 0) + coalesce(deps_bytes, 0) > %(max_input_bytes)s AS over FROM claimed) c
 -- The first candidate's claim key: where the next claim may start when keys took turns (every
 -- job before it was claimed or locked by another claimer; shardworker.store.claim_floor).
 LEFT JOIN (SELECT priority, run_at, id FROM candidate ORDER BY priority, run_at, id LIMIT 1) f ON true
 UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       NULL
 WHERE (SELECT limited FROM flow);
 
 -- flow_register_kinds --
@@ -697,6 +698,21 @@ FROM (SELECT DISTINCT ON (id) id, attempt, uid, value, at
 WHERE j.id = p.id AND j.attempt = p.attempt AND (p.uid IS NULL OR j.uid IS NULL OR j.uid = p.uid)
   AND (j.progress_attempt IS DISTINCT FROM p.attempt OR j.progress_at <= to_timestamp(p.at));
 
+-- job_trace_runs --
+-- The run spans of attempts that ended to run again (a retry, a snooze, a wait), as W3C
+-- traceparents (shardworker.core.tracing): each job's trace keeps its newest 32, which its
+-- later runs link to. In the apply's transaction, for the outcomes it applied.
+UPDATE shardworker.jobs j
+SET trace = jsonb_set(coalesce(j.trace, '{}'), '{runs}', (
+        SELECT coalesce(jsonb_agg(r.run ORDER BY r.n), '[]') FROM (
+            SELECT e.run, e.n FROM jsonb_array_elements(coalesce(j.trace -> 'runs', '[]') || t.runs)
+                                   WITH ORDINALITY AS e(run, n)
+            ORDER BY e.n DESC LIMIT 32) r))
+FROM (SELECT u.id, jsonb_agg(to_jsonb(u.run) ORDER BY u.ord) AS runs
+      FROM unnest(%(ids)s::bigint[], %(runs)s::text[]) WITH ORDINALITY AS u(id, run, ord)
+      GROUP BY u.id) t
+WHERE j.id = t.id;
+
 -- events_send_many --
 -- The events handlers sent (job.send_event), in the transaction that applies their outcomes,
 -- in order; each once by its job and its place among the job's sends (shardworker.send_job_event,
@@ -766,10 +782,10 @@ RETURNING id;
 -- sent. No NOTIFY here: the caller sends notify_queue next, in its own statement (see
 -- shardworker.store.enqueue).
 INSERT INTO shardworker.jobs (kind, queue, payload, payload_bytes, priority, max_attempts, run_at, dedupe_key, key,
-                              tags)
+                              tags, trace)
 SELECT %(kind)s, %(queue)s, %(payload)s::text::jsonb, octet_length(%(payload)s::text), %(priority)s,
        %(max_attempts)s, coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay_s)s),
-       %(dedupe_key)s, %(key)s, %(tags)s::text[]
+       %(dedupe_key)s, %(key)s, %(tags)s::text[], %(trace)s::jsonb
 WHERE %(dedupe_window_s)s::float8 IS NULL OR NOT EXISTS (
     SELECT FROM shardworker.jobs d
     WHERE d.dedupe_key = %(dedupe_key)s
@@ -788,13 +804,14 @@ RETURNING id;
 -- grace: its steps or a late outcome belong to the payload it ran with) stays as it is, and
 -- no row comes back (a duplicate). The holder's kind, queue and priority stay.
 INSERT INTO shardworker.jobs AS j (kind, queue, payload, payload_bytes, priority, max_attempts, run_at, dedupe_key,
-                                   key, tags)
+                                   key, tags, trace)
 VALUES (%(kind)s, %(queue)s, %(payload)s::text::jsonb, octet_length(%(payload)s::text), %(priority)s,
         %(max_attempts)s,
         coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay_s)s + %(debounce_s)s::float8),
-        %(dedupe_key)s, %(key)s, %(tags)s::text[])
+        %(dedupe_key)s, %(key)s, %(tags)s::text[], %(trace)s::jsonb)
 ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('waiting', 'queued', 'running')
 DO UPDATE SET payload = excluded.payload, payload_bytes = excluded.payload_bytes, tags = excluded.tags,
+              trace = excluded.trace,  -- the run continues the last enqueue's trace, as it takes its payload
               run_at = greatest(j.run_at, excluded.run_at), updated_at = now()  -- never earlier than set
 WHERE j.status = 'queued' AND j.attempt = 0
 RETURNING id;
@@ -803,12 +820,12 @@ RETURNING id;
 -- A session-local staging table for bulk enqueue through COPY; ord is each row's position.
 CREATE TEMP TABLE shardworker_stage (
     kind text, queue text, payload text, priority int, max_attempts int,
-    run_at timestamptz, dedupe_key text, key text, tags text[], ord int
+    run_at timestamptz, dedupe_key text, key text, tags text[], trace text, ord int
 ) ON COMMIT DROP;
 
 -- job_stage_copy --
 -- COPY rows into the staging table.
-COPY shardworker_stage (kind, queue, payload, priority, max_attempts, run_at, dedupe_key, key, tags, ord) FROM STDIN;
+COPY shardworker_stage (kind, queue, payload, priority, max_attempts, run_at, dedupe_key, key, tags, trace, ord) FROM STDIN;
 
 -- job_stage_insert --
 -- Move staged rows into the jobs table in their order (ord), skipping live dedupe-key
@@ -816,9 +833,9 @@ COPY shardworker_stage (kind, queue, payload, priority, max_attempts, run_at, de
 -- the rows' order, so shardworker.store.enqueue.inserted_ids gives each row its id, or None.
 WITH ins AS (
     INSERT INTO shardworker.jobs (kind, queue, payload, payload_bytes, priority, max_attempts, run_at, dedupe_key,
-                                  key, tags)
+                                  key, tags, trace)
     SELECT kind, queue, payload::jsonb, octet_length(payload), priority, max_attempts, coalesce(run_at, now()),
-           dedupe_key, key, tags
+           dedupe_key, key, tags, trace::jsonb
     FROM shardworker_stage ORDER BY ord
     ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('waiting', 'queued', 'running') DO NOTHING
     RETURNING id, dedupe_key
@@ -1524,17 +1541,17 @@ WITH f AS (
     FROM unnest(%(kinds)s::text[], %(queues)s::text[], %(payloads)s::text[], %(priorities)s::int[],
                 %(max_attempts)s::int[], %(run_ats)s::timestamptz[], %(delays)s::float8[],
                 %(dedupe_keys)s::text[], %(deps_total)s::int[], %(given_ids)s::bigint[], %(given_uids)s::bigint[],
-                %(reinserted)s::boolean[], %(keys)s::text[], %(tags)s::jsonb[])
+                %(reinserted)s::boolean[], %(keys)s::text[], %(tags)s::jsonb[], %(traces)s::text[])
          WITH ORDINALITY AS f(kind, queue, payload, priority, max_attempts, run_at, delay_s, dedupe_key, deps_total,
-                              given_id, given_uid, reinserted, key, tags, ord)
+                              given_id, given_uid, reinserted, key, tags, trace, ord)
 ), ins AS (
     INSERT INTO shardworker.jobs (id, uid, reinserted, kind, queue, payload, payload_bytes, priority, max_attempts,
-                                  run_at, dedupe_key, status, deps_total, deps_pending, key, tags)
+                                  run_at, dedupe_key, status, deps_total, deps_pending, key, tags, trace)
     SELECT id, coalesce(given_uid, (random() * 9.2e18)::bigint), coalesce(reinserted, false), kind, queue,
            payload::jsonb, octet_length(payload), priority, max_attempts,
            coalesce(run_at, now()) + make_interval(secs => delay_s), dedupe_key,
            CASE WHEN deps_total > 0 THEN 'waiting' ELSE 'queued' END, deps_total, deps_total, key,
-           CASE WHEN tags IS NOT NULL THEN ARRAY(SELECT jsonb_array_elements_text(tags)) END
+           CASE WHEN tags IS NOT NULL THEN ARRAY(SELECT jsonb_array_elements_text(tags)) END, trace::jsonb
     FROM f ORDER BY ord
     ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('waiting', 'queued', 'running') DO NOTHING
     RETURNING id, dedupe_key
