@@ -22,6 +22,7 @@ FLOORS: list[tuple[str, list[list[str]]]] = [
                                  ["shardworker.testing"]]),
     ("the worker: the parent, which starts the others", [["shardworker.worker"]]),
     ("the processes it starts", [["shardworker.child"], ["shardworker.flusher"]]),
+    ("the integrations with other frameworks", [["shardworker.contrib"]]),
     ("the public API", [["shardworker", "shardworker.app", "shardworker.client", "shardworker.jobs",
                          "shardworker.queues", "shardworker.control", "shardworker.events", "shardworker.asgi"]]),
     ("PostgreSQL", [["shardworker.store"], ["shardworker.embedded"]]),

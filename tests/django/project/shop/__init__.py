@@ -1,0 +1,1 @@
+"""The shop: orders, and the tasks that follow them up."""
