@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 from psycopg import errors as pgerr
 from psycopg.pq import TransactionStatus
+from psycopg.types.json import JsonbLoader, JsonLoader
 
 from shardworker.core.config import StoreConfig
 from shardworker.errors import DatabaseUnavailable, EnqueueError
@@ -196,6 +197,10 @@ def borrowed_cursor(conn: Any, *, transaction: bool) -> Iterator[psycopg.Cursor[
         raise EnqueueError(f"expected a DSN string or an open psycopg connection, got {type(conn).__name__}")
     own = needs_own_transaction(conn, transaction)
     with translate_errors(), conn.transaction() if own else contextlib.nullcontext(), UnpreparedCursor(conn) as cur:
+        # JSON as Python values on this cursor only, whatever the connection's own loaders say
+        # (Django's load jsonb as text): the readers here expect what psycopg gives by default.
+        cur.adapters.register_loader("jsonb", JsonbLoader)
+        cur.adapters.register_loader("json", JsonLoader)
         yield cur
 
 

@@ -38,6 +38,25 @@ def test_an_enqueue_in_a_committed_transaction_lands_with_the_model_row(dsn: str
     assert result.status == "READY" and result.backend == "default" and result.args == [order.id]
 
 
+def test_a_result_reads_back_inside_the_transaction_that_enqueued_it(dsn: str) -> None:
+    """Inside atomic() (and so in every Django TestCase) the job exists for that transaction
+    only: get_result reads it there, on Django's connection, with its payload as JSON."""
+    from django.db import connection, transaction
+    from shop.models import Order
+    from shop.tasks import send_receipt
+
+    with transaction.atomic():
+        order = Order.objects.create(email="ana@example.com")
+        result = send_receipt.enqueue(order.id)
+        again = send_receipt.get_result(result.id)
+        assert again.status == "READY" and again.args == [order.id] and again.kwargs == {}
+        result.refresh()
+        assert result.status == "READY"
+        with connection.cursor() as cursor:  # Django's own loaders stay as Django set them
+            cursor.execute("SELECT '{\"a\": 1}'::jsonb")
+            assert cursor.fetchone()[0] == '{"a": 1}'
+
+
 def test_a_rolled_back_transaction_leaves_neither_the_row_nor_the_job(dsn: str) -> None:
     from django.db import transaction
     from shop.models import Order

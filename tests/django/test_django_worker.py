@@ -122,6 +122,22 @@ def test_a_persistent_connection_is_kept_as_django_keeps_it(dsn: str, tmp_path: 
     assert len({run["backend_pid"] for run in runs}) == 1
 
 
+def test_an_async_task_s_connection_is_closed_at_its_end_whatever_conn_max_age(dsn: str, tmp_path: Path) -> None:
+    """An async task's database work runs on a thread made for that task alone: a connection
+    kept there could never serve another task, so it is closed when the task ends, even with
+    CONN_MAX_AGE set (else each async task left one open until garbage collection)."""
+    from shop.tasks import total
+
+    worker = start_worker(dsn, tmp_path, env={"SW_DJANGO_CONN_MAX_AGE": "600"})
+    results = [total.enqueue(n, 1) for n in range(3)]
+    wait_for(lambda: all(total.get_result(r.id).is_finished for r in results), 30, "the async tasks to finish")
+    pids = [run["backend_pid"] for run in ledger(tmp_path)]
+    assert len(pids) == 3
+    wait_for(lambda: not query(dsn, "SELECT 1 FROM pg_stat_activity WHERE pid = ANY(%s)", pids), 10,
+             f"the async tasks' connections (server processes {pids}) to close")
+    assert worker.poll() is None
+
+
 def test_the_worker_needs_the_settings_module(dsn: str, tmp_path: Path) -> None:
     code = run_worker(dsn, tmp_path, env={"DJANGO_SETTINGS_MODULE": ""})
     log = worker_log(tmp_path / "counts")

@@ -5,9 +5,9 @@ A task is a job of kind ``task.module_path`` (``shop.tasks.send_receipt``) whose
 ``{"args": [...], "kwargs": {...}}``; its id, as a string, is the ``TaskResult``'s. The job
 is inserted on Django's own connection for the backend's database alias: inside
 ``transaction.atomic`` (or ``ATOMIC_REQUESTS``) it commits or rolls back with the request's
-writes, and outside one it commits at once. ``get_result`` reads the row on a connection of
-its own (the DSN of that alias, or ``OPTIONS["DSN"]``): Django's connection loads ``jsonb``
-as text, which the store's readers do not expect.
+writes, and outside one it commits at once. ``get_result`` reads the row on Django's
+connection inside a transaction of Django's (it sees what that transaction enqueued), else on
+a connection of its own (the DSN of that alias, or ``OPTIONS["DSN"]``).
 
 Mapping (Django → shardworker): ``queue_name`` → ``queue``; ``priority`` (-100..100, larger
 first) → ``-priority`` (smaller first); ``run_after`` → ``run_at`` (a naive one in Django's
@@ -146,7 +146,7 @@ class Backend(BaseTaskBackend):
         """The ``TaskResult`` of job ``result_id`` as its row reads now; ``TaskResultDoesNotExist``
         for an id with no job, or a job that is not one of this backend's tasks."""
         job_id = parse_id(result_id)
-        source = self.read_dsn()
+        source = self.read_source()
         job = get_job(source, job_id)
         if job is None:
             raise TaskResultDoesNotExist(f"no job {result_id}")
@@ -156,8 +156,13 @@ class Backend(BaseTaskBackend):
         errors = get_errors(source, job_id) if job.last_error is not None else []
         return result_of(job, errors, task, self.alias)
 
-    def read_dsn(self) -> str:
-        """Where ``get_result`` reads: ``OPTIONS["DSN"]``, else the database alias's own."""
+    def read_source(self) -> Any:
+        """Where ``get_result`` reads: ``OPTIONS["DSN"]``; inside a transaction of Django's
+        (``atomic()``, a ``TestCase``), Django's own connection, which sees the jobs that
+        transaction enqueued; else a connection of its own to the alias's database (Django's
+        connection outside a transaction would be left holding one)."""
+        if self.settings.dsn is None and connections[self.settings.database].in_atomic_block:
+            return django_connection(self.settings.database)
         if self._read_dsn is None:
             self._read_dsn = database_dsn(self.settings.database)
         return self._read_dsn

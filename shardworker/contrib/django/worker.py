@@ -189,9 +189,11 @@ def sync_handler(task: Any, sender: type) -> Handler:
 
 
 def async_handler(task: Any, sender: type) -> Handler:
-    """A handler that awaits an ``async def`` task in a thread-sensitive context of its own."""
+    """A handler that awaits an ``async def`` task in a thread-sensitive context of its own.
+    That context's thread is new for each task, so the connections the task opened there are
+    closed at its end, whatever ``CONN_MAX_AGE`` says (no later task could reuse them)."""
     from asgiref.sync import ThreadSensitiveContext, sync_to_async
-    from django.db import close_old_connections, reset_queries
+    from django.db import close_old_connections, connections, reset_queries
 
     async def run(job: Job) -> Any:
         args, kwargs = arguments(job)
@@ -208,6 +210,6 @@ def async_handler(task: Any, sender: type) -> Handler:
                     raise
                 return await sync_to_async(finish)(result, sender, value)
             finally:
-                await sync_to_async(close_old_connections)()
+                await sync_to_async(connections.close_all)()
 
     return run

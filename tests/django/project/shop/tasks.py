@@ -53,9 +53,18 @@ def charge(context: Any, order_id: int, amount: int) -> None:
     raise PaymentDeclined(f"card refused for order {order_id} ({amount} cents)")
 
 
+def backend_pid() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return int(cursor.fetchone()[0])
+
+
 @task(takes_context=True)
 async def total(context: Any, *amounts: int) -> dict[str, int]:
-    record(context, orders=await Order.objects.acount())
+    from asgiref.sync import sync_to_async
+
+    orders = await Order.objects.acount()
+    record(context, orders=orders, backend_pid=await sync_to_async(backend_pid)())
     return {"total": sum(amounts)}
 
 
