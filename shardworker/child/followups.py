@@ -33,17 +33,19 @@ class FollowUps:
             return self._by_key[dedupe_key]  # the same key twice in one run: one job
         if len(self._encoded) >= MAX_FOLLOWUPS:
             raise EnqueueError(f"job.enqueue: more than {MAX_FOLLOWUPS} follow-up jobs in one run")
-        trace = tracing.followup(spec.kind, spec.queue)  # its enqueue's span, when the application traces
-        extra = ([spec.key, list(spec.tags), trace] if trace is not None else [spec.key, list(spec.tags)] if spec.tags
-                 else [spec.key] if spec.key is not None else [])
-        entry = orjson.dumps([spec.kind, spec.payload_json(), spec.queue, spec.priority, spec.max_attempts, delay,
-                              spec.dedupe_key, refs, *extra])
+        fields = [spec.kind, spec.payload_json(), spec.queue, spec.priority, spec.max_attempts, delay,
+                  spec.dedupe_key, refs]
+        entry = orjson.dumps([*fields, *([spec.key, list(spec.tags)] if spec.tags else
+                                         [spec.key] if spec.key is not None else [])])
         if self._bytes + len(entry) > MAX_FOLLOWUP_BYTES:
             raise EnqueueError(f"job.enqueue: the run's follow-up jobs exceed {MAX_FOLLOWUP_BYTES} bytes "
                                "encoded; enqueue fewer from one job, or chain jobs that enqueue the rest")
+        self._bytes += len(entry)  # (a trace is not counted: tracing never refuses a follow-up)
+        trace = tracing.followup(spec.kind, spec.queue)  # its enqueue's span, when the application traces
+        if trace is not None:
+            entry = orjson.dumps([*fields, spec.key, list(spec.tags), trace])
         handle = FollowUp(len(self._encoded), spec.kind, self)
         self._encoded.append(entry)
-        self._bytes += len(entry)
         if dedupe_key is not None:
             self._by_key[dedupe_key] = handle
         return handle

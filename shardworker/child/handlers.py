@@ -64,9 +64,13 @@ def attempt_sync(app: App, job: ClaimedJob, steps: StepLog | None = None,
     run = tracing.Run.start(job)
     if run is None:
         return _attempt_sync(app, job, steps, cancel)
-    with run.current():
-        attempt = _attempt_sync(app, job, steps, cancel)
-    return attempt._replace(outcome=run.end(attempt.outcome, attempt.error))
+    try:
+        with run.current():
+            attempt = _attempt_sync(app, job, steps, cancel)
+    except BaseException as exc:  # a SystemExit, a KeyboardInterrupt: the span ends all the same
+        run.interrupted(exc)
+        raise
+    return attempt._replace(outcome=run.end(job, attempt.outcome, attempt.error))
 
 
 def _attempt_sync(app: App, job: ClaimedJob, steps: StepLog | None, cancel: Flag | None) -> Attempt:
@@ -103,9 +107,13 @@ async def attempt_async(app: App, job: ClaimedJob, steps: StepLog | None = None,
     run = tracing.Run.start(job)
     if run is None:
         return await _attempt_async(app, job, steps, cancel)
-    with run.current():
-        attempt = await _attempt_async(app, job, steps, cancel)
-    return attempt._replace(outcome=run.end(attempt.outcome, attempt.error))
+    try:
+        with run.current():
+            attempt = await _attempt_async(app, job, steps, cancel)
+    except BaseException as exc:  # the loop going away (CancelledError), a SystemExit
+        run.interrupted(exc)
+        raise
+    return attempt._replace(outcome=run.end(job, attempt.outcome, attempt.error))
 
 
 async def _attempt_async(app: App, job: ClaimedJob, steps: StepLog | None, cancel: Flag | None) -> Attempt:

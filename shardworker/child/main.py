@@ -33,7 +33,7 @@ from shardworker.child.hooks import EventLoop, HookFailed, Hooks
 from shardworker.child.lanes import AsyncLane, Lane, ThreadLane
 from shardworker.child.progress import Progress, ProgressFile
 from shardworker.child.steps import StepLog
-from shardworker.core import logs, procs, wire
+from shardworker.core import logs, procs, tracing, wire
 from shardworker.core.config import ChildConfig
 from shardworker.core.jobstats import OUTCOMES, STEP_RECORDED, STEP_REPLAYED, outcome_label, summarize
 from shardworker.core.model import ClaimedJob, Disposition, Outcome
@@ -93,6 +93,7 @@ class ShardRunner:
         for lane in self.lanes.values():
             lane.join()
         self.hooks.shutdown()
+        tracing.flush()  # the spans the app's processors still hold: no atexit runs in a child
         self.events.stop()
         self.committer.stop()
         if msg is not None:

@@ -15,18 +15,24 @@ What a traced job records:
 * Each attempt's run (``Run``) is a ``CONSUMER`` span ``run <kind>`` whose parent is that
   context, so the run continues the enqueuer's trace, with the job's id, kind, queue and
   attempt, and its outcome when it ends (``shardworker.job.outcome``: done, retry, failed,
-  cancelled, snoozed, suspended); a failed attempt's span has an error status and the
+  cancelled, snoozed, suspended; ``interrupted`` when something else stopped it, such as
+  the worker's event loop going away); a failed attempt's span has an error status and the
   exception. An attempt that ends to run again (a retry, a snooze, a wait) leaves its span's
   ``traceparent`` with its outcome; the flusher adds it to the job's ``"runs"`` (the newest
   32), and each later run links to those spans.
 * Each step a handler runs (not one an earlier attempt recorded) is an ``INTERNAL`` span
   ``step <name>`` inside the run, and each follow-up job (``job.enqueue``) a ``PRODUCER`` span
   ``enqueue <kind>`` whose context the follow-up carries: its run continues from there.
+
+Tracing never fails a job: an error of the SDK or the propagator, or a ``trace`` column an
+application wrote by hand, is logged once and the run goes on untraced. A child exports what
+its span processors still hold before it exits (``flush``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 from dataclasses import replace
@@ -43,7 +49,10 @@ TRACER = "shardworker"
 MAX_RUNS = 32  # earlier runs a job's trace keeps (jobs.trace "runs"), so a retry links to them
 AGAIN = (Disposition.RETRY, Disposition.SNOOZED, Disposition.SUSPENDED)  # outcomes after which it runs again
 _OFF: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+FLUSH_MS = 2000  # how long a child waits at its end for the spans the app's processors still hold
+log = logging.getLogger(__name__)
 _tracers: dict[int, Any] = {}  # the tracer of each provider seen (by id), made once
+_warned: set[str] = set()
 _UNREAD = object()
 # A provider named in the environment, which the API loads at its first use.
 _PROVIDER_FROM_ENV = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
@@ -66,6 +75,15 @@ def api() -> ModuleType | None:
     return trace
 
 
+def _failed(what: str, exc: Exception) -> None:
+    """Tracing never fails a job: what went wrong is logged once per place, and the run goes on
+    untraced (a trace column an application wrote by hand, a propagator that raises)."""
+    if what not in _warned:
+        _warned.add(what)
+        log.warning("tracing: %s failed (%s: %s); runs go on, untraced where this happens", what,
+                    type(exc).__name__, exc)
+
+
 def _tracer(trace: ModuleType) -> Any:
     provider = trace.get_tracer_provider()
     tracer = _tracers.get(id(provider))
@@ -84,13 +102,33 @@ def carrier() -> str | None:
     """The job's ``trace`` (JSON text) for an enqueue made now: the current context, as the
     application's propagator writes it; None when nothing is traced here."""
     trace = api()
-    if trace is None or not trace.get_current_span().get_span_context().is_valid:
+    if trace is None:
         return None
-    from opentelemetry import propagate
+    try:
+        if not trace.get_current_span().get_span_context().is_valid:
+            return None
+        from opentelemetry import propagate
 
-    found: dict[str, str] = {}
-    propagate.inject(found)
-    return orjson.dumps({"carrier": found}).decode() if found else None
+        found: dict[str, str] = {}
+        propagate.inject(found)
+        return orjson.dumps({"carrier": found}).decode() if found else None
+    except Exception as exc:  # the job is enqueued, untraced
+        _failed("keeping the trace context at enqueue", exc)
+        return None
+
+
+def flush() -> None:
+    """Export what the application's span processors still hold (a batch processor's queue),
+    at most ``FLUSH_MS``: a child ends with ``os._exit``, where no ``atexit`` of the SDK runs."""
+    trace = api()
+    if trace is None:
+        return
+    try:
+        force = getattr(trace.get_tracer_provider(), "force_flush", None)
+        if force is not None:
+            force(FLUSH_MS)
+    except Exception as exc:
+        _failed("exporting the last spans", exc)
 
 
 def traceparent(context: Any) -> str:
@@ -126,6 +164,14 @@ class Run:
         trace = api()
         if trace is None:
             return None
+        try:
+            return cls._start(trace, job)
+        except Exception as exc:  # the job runs, untraced
+            _failed(f"starting the span of a run (job {job.id}, {job.kind})", exc)
+            return None
+
+    @classmethod
+    def _start(cls, trace: ModuleType, job: ClaimedJob) -> Run:
         saved: dict[str, Any] = {}
         if job.trace_json:
             try:
@@ -137,7 +183,9 @@ class Run:
         if isinstance(saved.get("carrier"), dict):
             from opentelemetry import propagate
 
-            parent = propagate.extract(saved["carrier"])
+            # Text keys and values only: the row may have been written by hand.
+            found = {k: v for k, v in saved["carrier"].items() if isinstance(k, str) and isinstance(v, str)}
+            parent = propagate.extract(found)
         runs = saved.get("runs")
         span = _tracer(trace).start_span(
             f"run {job.kind}", context=parent, kind=trace.SpanKind.CONSUMER,
@@ -152,20 +200,37 @@ class Run:
         return self.trace.use_span(self.span, end_on_exit=False, record_exception=False,
                                    set_status_on_exception=False)
 
-    def end(self, outcome: Outcome, error: BaseException | None) -> Outcome:
+    def end(self, job: ClaimedJob, outcome: Outcome, error: BaseException | None) -> Outcome:
         """End the span with ``outcome``; the outcome, carrying the span's ``traceparent`` in
-        its extras when the job runs again (for the next run's link)."""
-        self.span.set_attribute("shardworker.job.outcome", outcome.disposition.value)
-        if outcome.disposition in (Disposition.RETRY, Disposition.FAILED):
-            if error is not None:
-                self.span.record_exception(error)
-            self.span.set_status(self.trace.Status(self.trace.StatusCode.ERROR, (outcome.error or "")[:1024]))
-        self.span.end()
-        if outcome.disposition not in AGAIN:
+        its extras when the job runs again (for the next run's link). A failed attempt that
+        was the job's last is ``failed``, as its row will say, and carries nothing."""
+        last = outcome.disposition is Disposition.RETRY and job.attempts_used >= job.max_attempts
+        try:
+            self.span.set_attribute("shardworker.job.outcome", "failed" if last else outcome.disposition.value)
+            if outcome.disposition in (Disposition.RETRY, Disposition.FAILED):
+                if error is not None:
+                    self.span.record_exception(error)
+                self.span.set_status(self.trace.Status(self.trace.StatusCode.ERROR, (outcome.error or "")[:1024]))
+            self.span.end()
+            if outcome.disposition not in AGAIN or last:
+                return outcome
+            extras = loads_exact(outcome.extras_json.decode("utf-8")) if outcome.extras_json else {}
+            extras["trace"] = traceparent(self.span.get_span_context())
+            return replace(outcome, extras_json=dumps_exact(extras))
+        except Exception as exc:
+            _failed(f"ending the span of a run (job {job.id}, {job.kind})", exc)
             return outcome
-        extras = loads_exact(outcome.extras_json.decode("utf-8")) if outcome.extras_json else {}
-        extras["trace"] = traceparent(self.span.get_span_context())
-        return replace(outcome, extras_json=dumps_exact(extras))
+
+    def interrupted(self, exc: BaseException) -> None:
+        """End the span of a run that something other than its handler stopped (its event loop
+        went away, a ``SystemExit``): outcome ``interrupted``, with the exception."""
+        try:
+            self.span.set_attribute("shardworker.job.outcome", "interrupted")
+            self.span.record_exception(exc)
+            self.span.set_status(self.trace.Status(self.trace.StatusCode.ERROR, type(exc).__name__))
+            self.span.end()
+        except Exception as error:
+            _failed("ending the span of an interrupted run", error)
 
 
 def step(name: str) -> contextlib.AbstractContextManager[Any]:
@@ -173,8 +238,12 @@ def step(name: str) -> contextlib.AbstractContextManager[Any]:
     trace = api()
     if trace is None:
         return _OFF
-    return _tracer(trace).start_as_current_span(
-        f"step {name}", kind=trace.SpanKind.INTERNAL, attributes={"shardworker.step.name": name})
+    try:
+        return _tracer(trace).start_as_current_span(
+            f"step {name}", kind=trace.SpanKind.INTERNAL, attributes={"shardworker.step.name": name})
+    except Exception as exc:
+        _failed("starting the span of a step", exc)
+        return _OFF
 
 
 def followup(kind: str, queue: str) -> str | None:
@@ -183,9 +252,13 @@ def followup(kind: str, queue: str) -> str | None:
     trace = api()
     if trace is None:
         return None
-    with _tracer(trace).start_as_current_span(
-            f"enqueue {kind}", kind=trace.SpanKind.PRODUCER,
-            attributes={"messaging.system": "shardworker", "shardworker.job.kind": kind,
-                        "shardworker.job.queue": queue}):
-        return carrier()
+    try:
+        with _tracer(trace).start_as_current_span(
+                f"enqueue {kind}", kind=trace.SpanKind.PRODUCER,
+                attributes={"messaging.system": "shardworker", "shardworker.job.kind": kind,
+                            "shardworker.job.queue": queue}):
+            return carrier()
+    except Exception as exc:
+        _failed("the span of a follow-up's enqueue", exc)
+        return None
 

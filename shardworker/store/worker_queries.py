@@ -130,20 +130,25 @@ class WorkerQueries(ClaimQueries):
         longer than --statement-timeout to apply: a fan-out of many follow-ups). ``note_followups``
         is told the ids the follow-ups got before the transaction that inserts them commits (a
         commit whose reply is lost, then replayed, inserts nothing: the ids are known still)."""
-        if timeout_s is not None or any(o.followups_json or o.extras_json for o in outcomes):
+        extras = [(o, loads_exact(o.extras_json.decode("utf-8"))) for o in outcomes if o.extras_json]
+        if timeout_s is not None or any(o.followups_json for o in outcomes) or any(
+                not isinstance(e, dict) or set(e) != {"trace"} for _, e in extras):
             return self._apply_settling(outcomes, steps, mark, timeout_s, note_followups)
         if not outcomes:
             return self._apply_steps(steps, mark)
+        runs = [(o.job_id, e["trace"]) for o, e in extras if isinstance(e["trace"], str)]  # traced runs to link
         with self.cursor() as cur, cur.connection.cursor() as stepping, psycopg.RawCursor(cur.connection) as applying:
             conn = cur.connection
             prepare = self.prepares(conn)  # before BEGIN: what it sets is the session's
-            if not steps:  # the apply alone: a transaction of its own
+            if not steps and not runs:  # the apply alone: a transaction of its own
                 with refusals(conn):
                     execute_apply(applying, outcomes, prepare=prepare, settles=False, mark=mark, mark_write="if_all")
             else:
                 with refusals(conn), conn.pipeline():
                     send_apply(cur, stepping, applying, outcomes, steps, prepare=prepare, settles=False, mark=mark,
                                mark_write="if_all")
+                    if runs:  # (a stale attempt's run is kept too: it ran, and a later run may link to it)
+                        cur.execute(query("job_trace_runs"), runs_params(runs))
                     cur.execute("COMMIT")
             applied = {(job_id, attempt) for job_id, attempt, _, _ in applying.fetchall()}
             landed = max(0, stepping.rowcount) if steps else 0
@@ -427,7 +432,12 @@ def apply_extras(cur: psycopg.Cursor[Any], outcomes: Sequence[Outcome], applied:
         cur.execute(query("job_waits_begin"), {"ids": [w[0] for w in waits], "attempts": [w[1] for w in waits],
                                                "waits": [Jsonb(w[2], dumps=dumps_text) for w in waits]})
     if runs:
-        cur.execute(query("job_trace_runs"), {"ids": [r[0] for r in runs], "runs": [r[1] for r in runs]})
+        cur.execute(query("job_trace_runs"), runs_params(runs))
+
+
+def runs_params(runs: Sequence[tuple[int, str]]) -> dict[str, Any]:
+    """``job_trace_runs``' arrays: each (job id, its run span's traceparent)."""
+    return {"ids": [r[0] for r in runs], "runs": [r[1] for r in runs]}
 
 
 class JobNow(NamedTuple):

@@ -5,6 +5,8 @@ transaction that settles those (released, or cancelled), as do batches with foll
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import orjson
 
 from shardworker.client import enqueue
@@ -78,3 +80,21 @@ def test_results_travel_as_the_bytes_the_child_encoded(store: PgStore, pg_dsn: s
     bind = max(size for kind, size in sent if kind == "Bind")
     assert len(result) < bind < len(result) + 10_000, sent
     assert row(pg_dsn, job.id)["result"] == {"text": "x" * 1_000_000}
+
+
+def test_a_traced_retry_keeps_its_run_span_in_the_same_round_trip(store: PgStore, pg_dsn: str) -> None:
+    """An outcome whose only extra is its run's span (the application traces: shardworker.core.tracing)
+    is applied as any other, one round trip, and its span kept on the row for the next run's
+    link; the batch replayed (its reply lost) keeps it once."""
+    for _ in range(2):
+        add_id(store)
+        store.apply_outcomes([done(claim_one(store))])
+    job_id = add_id(store, max_attempts=3)
+    job = claim_one(store)
+    span = "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"
+    traced = replace(Outcome.retry(job.id, job.attempt, "boom", 0.0).claimed_by(job),
+                     extras_json=orjson.dumps({"trace": span}))
+    sent = frontend_messages(store, lambda: store.apply_outcomes([traced]))
+    assert sent.count("Sync") + sent.count("Query") == 1, sent
+    assert store.apply_outcomes([traced]).replayed == 1
+    assert (row(pg_dsn, job_id)["status"], row(pg_dsn, job_id)["trace"]) == ("queued", {"runs": [span]})

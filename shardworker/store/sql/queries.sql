@@ -701,7 +701,8 @@ WHERE j.id = p.id AND j.attempt = p.attempt AND (p.uid IS NULL OR j.uid IS NULL 
 -- job_trace_runs --
 -- The run spans of attempts that ended to run again (a retry, a snooze, a wait), as W3C
 -- traceparents (shardworker.core.tracing): each job's trace keeps its newest 32, which its
--- later runs link to. In the apply's transaction, for the outcomes it applied.
+-- later runs link to. In the apply's transaction; a run already kept (a batch applied again
+-- after its reply was lost) is not added twice, and writes nothing.
 UPDATE shardworker.jobs j
 SET trace = jsonb_set(coalesce(j.trace, '{}'), '{runs}', (
         SELECT coalesce(jsonb_agg(r.run ORDER BY r.n), '[]') FROM (
@@ -711,7 +712,7 @@ SET trace = jsonb_set(coalesce(j.trace, '{}'), '{runs}', (
 FROM (SELECT u.id, jsonb_agg(to_jsonb(u.run) ORDER BY u.ord) AS runs
       FROM unnest(%(ids)s::bigint[], %(runs)s::text[]) WITH ORDINALITY AS u(id, run, ord)
       GROUP BY u.id) t
-WHERE j.id = t.id;
+WHERE j.id = t.id AND NOT coalesce(j.trace -> 'runs', '[]') @> t.runs;
 
 -- events_send_many --
 -- The events handlers sent (job.send_event), in the transaction that applies their outcomes,
