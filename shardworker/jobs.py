@@ -270,10 +270,11 @@ def _ended(job_id: int, timeout_s: float, job: JobInfo | None, ended: bool) -> J
     return job
 
 
-def retry(conn_or_dsn: Any, job_ids: Sequence[int], reset_steps: bool = False) -> int:
+def retry(conn_or_dsn: Any, job_ids: Sequence[int], reset_steps: bool = False) -> Changed:
     """Queue failed or cancelled jobs again, keeping their recorded steps, or forgetting them
     when ``reset_steps`` (in the same transaction); a job that waited on others goes back to
-    waiting on those not done now. How many (not one whose dependency was deleted)."""
+    waiting on those not done now. How many (not one whose dependency was deleted); the ids
+    it left, and why, in ``.skipped`` (``Changed``); ``JobsError`` when none can be."""
     return _change(conn_or_dsn, "retry", job_ids, reset_steps=reset_steps)
 
 
@@ -286,16 +287,18 @@ def retry_failed(conn_or_dsn: Any, *, kind: str | None = None, queue: str | None
     return job_queries.retry_failed(conn_or_dsn, kind, queue, reset_steps=bool(reset_steps))
 
 
-def cancel(conn_or_dsn: Any, job_ids: Sequence[int]) -> int:
+def cancel(conn_or_dsn: Any, job_ids: Sequence[int]) -> Changed:
     """Cancel queued, waiting or running jobs, and (transitively) the jobs waiting on them;
-    how many of ``job_ids``. A running job ends ``cancelled`` at once: its worker stops the
+    how many of ``job_ids`` (the others, and why, in ``.skipped``; ``JobsError`` when none can
+    be). A running job ends ``cancelled`` at once: its worker stops the
     handler (an ``async def`` one is cancelled, a sync one sees ``job.cancelled``; past the
     worker's ``--cancel-grace`` its child is stopped), and its late outcome is never applied."""
     return _change(conn_or_dsn, "cancel", job_ids)
 
 
-def delete(conn_or_dsn: Any, job_ids: Sequence[int]) -> int:
-    """Delete jobs that are not running (the jobs waiting on them are cancelled); how many."""
+def delete(conn_or_dsn: Any, job_ids: Sequence[int]) -> Changed:
+    """Delete jobs that are not running (the jobs waiting on them are cancelled); how many
+    (the others, and why, in ``.skipped``; ``JobsError`` when none can be)."""
     return _change(conn_or_dsn, "delete", job_ids)
 
 
@@ -337,24 +340,50 @@ def update(conn_or_dsn: Any, job_id: int, *, run_at: datetime | None = None, del
     return job
 
 
-def _change(conn_or_dsn: Any, action: str, job_ids: Sequence[int], *, reset_steps: bool = False) -> int:
+class Changed(int):
+    """How many jobs ``retry``, ``cancel`` or ``delete`` changed (an ``int``), and
+    ``skipped``: the ids it left as they were, each with why ((id, "no such job"), (id, "it
+    is done"), ...), in id order."""
+
+    skipped: tuple[tuple[int, str], ...]
+
+    def __new__(cls, changed: int, skipped: Sequence[tuple[int, str]] = ()) -> Changed:
+        made = super().__new__(cls, changed)
+        made.skipped = tuple(skipped)
+        return made
+
+
+def _change(conn_or_dsn: Any, action: str, job_ids: Sequence[int], *, reset_steps: bool = False) -> Changed:
+    """``action`` on each of ``job_ids`` whose status allows it, in one transaction; the others
+    are left as they are and reported (``Changed.skipped``): a job that finished or was deleted
+    meanwhile does not hold up the rest. When none of them allows it, ``JobsError`` says why
+    (the first one's reason), nothing changed."""
     ids = sorted({_id(i) for i in job_ids})
     if not ids:
         raise JobsError(f"{action}: no job ids given")
     from shardworker.store import job_queries
 
-    def check(found: dict[int, str]) -> None:
-        missing = [i for i in ids if i not in found]
-        if missing:
-            more = f" (and {len(missing) - 1} more)" if missing[1:] else ""
-            raise JobsError(f"{action}: no job {missing[0]}{more}; nothing changed")
-        refused = [(i, s) for i, s in found.items() if s not in _ALLOWED[action]]
-        if refused:
-            job_id, status = refused[0]
-            why = " (its handler is running; its outcome will land)" if status == "running" else ""
-            raise JobsError(f"cannot {action} job {job_id}: it is {status}{why}; {_WHO[action]}; nothing changed")
+    skipped: list[tuple[int, str]] = []
 
-    return job_queries.change_jobs(conn_or_dsn, action, ids, check, reset_steps=bool(reset_steps))
+    def check(found: dict[int, str]) -> list[int]:
+        for job_id in ids:
+            status = found.get(job_id)
+            if status is None:
+                skipped.append((job_id, "no such job"))
+            elif status not in _ALLOWED[action]:
+                why = " (its handler is running; its outcome will land)" if status == "running" else ""
+                skipped.append((job_id, f"it is {status}{why}"))
+        if len(skipped) == len(ids):
+            job_id, why = skipped[0]
+            more = f" (and {len(ids) - 1} more: none can be)" if ids[1:] else ""
+            if why == "no such job":
+                raise JobsError(f"{action}: no job {job_id}{more}; nothing changed")
+            raise JobsError(f"cannot {action} job {job_id}: {why}{more}; {_WHO[action]}; nothing changed")
+        left = {job_id for job_id, _ in skipped}
+        return [job_id for job_id in ids if job_id not in left]
+
+    changed = job_queries.change_jobs(conn_or_dsn, action, ids, check, reset_steps=bool(reset_steps))
+    return Changed(changed, skipped)
 
 
 def _id(value: Any) -> int:

@@ -228,12 +228,24 @@ def _change_command(action: str, ids: tuple[int, ...], as_json: bool, dsn: str |
     _echo_changed(action, getattr(jobs_api, action)(resolve_dsn(dsn), list(ids)), as_json)
 
 
+def _skipped(action: str, changed: int) -> list[tuple[int, str]]:
+    """The ids a change by id left as they were (``jobs.Changed.skipped``), said on stderr."""
+    skipped = list(getattr(changed, "skipped", ()))
+    if skipped:
+        shown = "; ".join(f"job {job_id}: {why}" for job_id, why in skipped[:10])
+        more = f"; and {len(skipped) - 10} more" if len(skipped) > 10 else ""
+        click.echo(f"not {_DONE[action]} ({len(skipped)}): {shown}{more}", err=True)
+    return skipped
+
+
 _DONE = {"retry": "queued again", "cancel": "cancelled", "delete": "deleted", "wake": "woken"}
 
 
 def _echo_changed(action: str, changed: int, as_json: bool, *, steps_reset: bool = False) -> None:
     forgotten = f", {'its' if changed == 1 else 'their'} steps forgotten" if steps_reset and changed else ""
-    click.echo(orjson.dumps({action: changed}).decode() if as_json
+    skipped = _skipped(action, changed)
+    click.echo(orjson.dumps({action: int(changed), **({"skipped": [{"id": i, "why": w} for i, w in skipped]}
+                                                      if skipped else {})}).decode() if as_json
                else f"{changed} job{'' if changed == 1 else 's'} {_DONE[action]}{forgotten}")
 
 

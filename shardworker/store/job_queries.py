@@ -160,14 +160,17 @@ def get_links(conn_or_dsn: Any, job_id: int) -> tuple[list[LinkInfo], list[LinkI
 
 
 def change_jobs(conn_or_dsn: Any, action: str, job_ids: Sequence[int],
-                check: Callable[[dict[int, str]], None], *, reset_steps: bool = False) -> int:
+                check: Callable[[dict[int, str]], Sequence[int]], *, reset_steps: bool = False) -> int:
     """Lock ``job_ids``, hand their statuses (the ones that exist) to ``check``, which
-    raises to refuse, then run ``job_retry`` (forgetting the steps of the jobs it queues
-    again when ``reset_steps``), ``job_cancel`` or ``job_delete`` on them, in one
-    transaction (a cancel or delete also cancels the jobs waiting on them); rows changed."""
+    raises to refuse or returns the ids to change, then run ``job_retry`` (forgetting the
+    steps of the jobs it queues again when ``reset_steps``), ``job_cancel`` or ``job_delete``
+    on those, in one transaction (a cancel or delete also cancels the jobs waiting on them);
+    rows changed."""
     with cursor_for(conn_or_dsn, transaction=True) as cur:
         cur.execute(query("job_lock_for_change"), {"ids": list(job_ids)})
-        check({int(i): str(s) for i, s in cur.fetchall()})
+        job_ids = list(check({int(i): str(s) for i, s in cur.fetchall()}))
+        if not job_ids:
+            return 0
         if action == "retry":
             cur.execute(query("job_dependencies_lock"), {"ids": list(job_ids)})
         cur.execute(query(f"job_{action}"), {"ids": list(job_ids), "reset_steps": reset_steps})

@@ -123,13 +123,26 @@ def test_bad_input_is_one_line(pg_dsn: str, args: list[str], fragments: tuple[st
     assert_one_line_error(invoke(pg_dsn, *args), *fragments)
 
 
-def test_a_refused_bulk_change_changes_nothing(pg_dsn: str) -> None:
-    ids = enqueue(pg_dsn, "a", 3)
+def test_a_change_by_ids_acts_on_those_it_can_and_reports_the_others(pg_dsn: str) -> None:
+    """A job that finished or was deleted meanwhile does not hold up the rest of the list: the
+    others change, and the command says which it left and why (exit 0). Only a list that none
+    of can change is refused, one line, nothing changed."""
+    ids = enqueue(pg_dsn, "a", 4)
     execute(pg_dsn, "UPDATE shardworker.jobs SET status = 'done' WHERE id = %s", ids[2])
-    assert_one_line_error(invoke(pg_dsn, "cancel", str(ids[0]), str(ids[1]), str(ids[2])),
-                          f"cannot cancel job {ids[2]}", "done", "nothing changed")
-    assert_one_line_error(invoke(pg_dsn, "delete", str(ids[0]), "424242"), "no job 424242")
-    assert statuses(pg_dsn) == {ids[0]: "queued", ids[1]: "queued", ids[2]: "done"}
+    result = invoke(pg_dsn, "cancel", str(ids[0]), str(ids[1]), str(ids[2]), "424242")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "2 jobs cancelled\n"
+    assert result.stderr == f"not cancelled (2): job {ids[2]}: it is done; job 424242: no such job\n"
+    assert statuses(pg_dsn) == {ids[0]: "cancelled", ids[1]: "cancelled", ids[2]: "done", ids[3]: "queued"}
+    deleted = invoke(pg_dsn, "delete", str(ids[0]), str(ids[3]), "424242", "--json")
+    assert deleted.exit_code == 0 and json.loads(deleted.stdout) == {
+        "delete": 2, "skipped": [{"id": 424242, "why": "no such job"}]}
+    assert_one_line_error(invoke(pg_dsn, "cancel", str(ids[2])), f"cannot cancel job {ids[2]}", "done",
+                          "nothing changed")
+    assert_one_line_error(invoke(pg_dsn, "delete", "424242", "424243"), "no job 424242", "nothing changed")
+    assert statuses(pg_dsn) == {ids[1]: "cancelled", ids[2]: "done"}
+    retried = jobs.retry(pg_dsn, [ids[1], ids[2]])
+    assert retried == 1 and retried.skipped == ((ids[2], "it is done"),)
     with pytest.raises(jobs.JobsError, match="it is done"):
         jobs.retry(pg_dsn, [ids[2]])
 

@@ -109,11 +109,12 @@ def test_retry_reset_steps_forgets_the_steps_of_the_jobs_it_queues_again(pg_dsn:
     fail(pg_dsn, b, 2)
     fail(pg_dsn, other, 1)
     execute(pg_dsn, "UPDATE shardworker.jobs SET status = 'done', attempt = 1 WHERE id = %s", done_job)
-    refused = shardworker(pg_dsn, "jobs", "retry", str(a), str(done_job), "--reset-steps")
+    refused = shardworker(pg_dsn, "jobs", "retry", str(done_job), "--reset-steps")
     assert refused.returncode == 1 and "nothing changed" in refused.stderr
-    assert step_names(pg_dsn, a) == ["chunk", "ocr"] and reset_attempts(pg_dsn)[a] == 0
-    reset = shardworker(pg_dsn, "jobs", "retry", str(a), str(b), "--reset-steps", "--json")
-    assert reset.returncode == 0 and json.loads(reset.stdout) == {"retry": 2}, reset.stderr
+    assert step_names(pg_dsn, done_job) == ["ocr"] and reset_attempts(pg_dsn)[done_job] == 0
+    reset = shardworker(pg_dsn, "jobs", "retry", str(a), str(b), str(done_job), "--reset-steps", "--json")
+    assert reset.returncode == 0, reset.stderr
+    assert json.loads(reset.stdout) == {"retry": 2, "skipped": [{"id": done_job, "why": "it is done"}]}
     assert step_names(pg_dsn, a) == [] and step_names(pg_dsn, b) == []
     assert step_names(pg_dsn, other) == ["ocr"] and step_names(pg_dsn, done_job) == ["ocr"]
     assert reset_attempts(pg_dsn) == {a: 3, b: 2, other: 0, done_job: 0}
