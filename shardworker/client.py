@@ -10,6 +10,7 @@ only then (``shardworker.store.serving``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -197,6 +198,19 @@ def _checked_int(digits: str) -> int:
     return int(digits)
 
 
+def using_schema(name: str | None) -> contextlib.AbstractContextManager[None]:
+    """Within the block (this thread or asyncio task only), every call of this library reads
+    and writes the jobs of schema ``name``: an app with a schema of its own on a shared
+    database (``shardworker migrate --schema NAME`` creates it; None: the process's schema,
+    ``SHARDWORKER_SCHEMA`` or ``shardworker``). The enqueue functions, ``get_job``,
+    ``wait_for`` and ``send_event`` also take ``schema=`` for one call."""
+    if name is None:
+        return contextlib.nullcontext()
+    from shardworker.store.sql import using_schema as block  # (psycopg only when a schema is named)
+
+    return block(name)
+
+
 def _utc(run_at: datetime | None) -> datetime | None:
     """A naive time is UTC, everywhere (as ``jobs list --since`` reads one), never the
     database session's time zone."""
@@ -207,7 +221,7 @@ def enqueue(conn_or_dsn: Any, kind: str, payload: Any = None, *, queue: str = "d
             max_attempts: int = DEFAULT_MAX_ATTEMPTS, run_at: datetime | None = None, delay_s: float = 0.0,
             dedupe_key: str | None = None, after: Iterable[int] = (), strict: bool = False,
             key: str | None = None, dedupe_window: float | None = None, debounce: float | None = None,
-            tags: Iterable[str] = ()) -> int | None:
+            tags: Iterable[str] = (), schema: str | None = None) -> int | None:
     """Enqueue one job and wake idle workers; returns its id, or None if ``dedupe_key`` is live.
     With ``after=[ids]`` it waits (status ``waiting``) until those jobs are done; an id that
     does not exist refuses the call (``EnqueueError``), enqueueing nothing. With ``strict``, a
@@ -225,45 +239,47 @@ def enqueue(conn_or_dsn: Any, kind: str, payload: Any = None, *, queue: str = "d
     DSN string, which opens and closes a connection per call (milliseconds): pass a
     connection, or one from ``psycopg_pool.ConnectionPool.connection()``, for anything frequent.
     """
-    spec, fields = _one_job(kind, payload, queue, priority, max_attempts, run_at, delay_s, dedupe_key, after, key,
-                            dedupe_window, debounce, tags)
-    if strict:
-        from shardworker.store.serving import refuse_unserved
+    with using_schema(schema):
+        spec, fields = _one_job(kind, payload, queue, priority, max_attempts, run_at, delay_s, dedupe_key, after, key,
+                                dedupe_window, debounce, tags)
+        if strict:
+            from shardworker.store.serving import refuse_unserved
 
-        refuse_unserved(conn_or_dsn, [(spec.queue, spec.kind)])
-    if spec.after:
-        from shardworker.store.dependencies import enqueue_dependents
+            refuse_unserved(conn_or_dsn, [(spec.queue, spec.kind)])
+        if spec.after:
+            from shardworker.store.dependencies import enqueue_dependents
 
-        return enqueue_dependents(conn_or_dsn, [_dependent_row(spec, fields["delay_s"])])[0]
-    from shardworker.store.enqueue import enqueue_one
+            return enqueue_dependents(conn_or_dsn, [_dependent_row(spec, fields["delay_s"])])[0]
+        from shardworker.store.enqueue import enqueue_one
 
-    return enqueue_one(conn_or_dsn, spec.kind, spec.payload_json(), **fields)
+        return enqueue_one(conn_or_dsn, spec.kind, spec.payload_json(), **fields)
 
 
 async def enqueue_async(aconn_or_dsn: Any, kind: str, payload: Any = None, *, queue: str = "default",
                         priority: int = 0, max_attempts: int = DEFAULT_MAX_ATTEMPTS, run_at: datetime | None = None,
                         delay_s: float = 0.0, dedupe_key: str | None = None, after: Iterable[int] = (),
                         strict: bool = False, key: str | None = None, dedupe_window: float | None = None,
-                        debounce: float | None = None, tags: Iterable[str] = ()) -> int | None:
+                        debounce: float | None = None, tags: Iterable[str] = (), schema: str | None = None) -> int | None:
     """``enqueue`` for asyncio code: ``await enqueue_async(aconn, "email", {...})``.
 
     ``aconn_or_dsn`` is an open ``psycopg.AsyncConnection`` (inside the caller's open
     transaction the job commits or rolls back with it) or a DSN string, which opens and
     closes an async connection per call. Nothing here blocks the event loop.
     """
-    spec, fields = _one_job(kind, payload, queue, priority, max_attempts, run_at, delay_s, dedupe_key, after, key,
-                            dedupe_window, debounce, tags)
-    if strict:
-        from shardworker.store.serving import refuse_unserved_async
+    with using_schema(schema):
+        spec, fields = _one_job(kind, payload, queue, priority, max_attempts, run_at, delay_s, dedupe_key, after, key,
+                                dedupe_window, debounce, tags)
+        if strict:
+            from shardworker.store.serving import refuse_unserved_async
 
-        await refuse_unserved_async(aconn_or_dsn, [(spec.queue, spec.kind)])
-    if spec.after:
-        from shardworker.store.dependencies import enqueue_dependents_async
+            await refuse_unserved_async(aconn_or_dsn, [(spec.queue, spec.kind)])
+        if spec.after:
+            from shardworker.store.dependencies import enqueue_dependents_async
 
-        return (await enqueue_dependents_async(aconn_or_dsn, [_dependent_row(spec, fields["delay_s"])]))[0]
-    from shardworker.store.enqueue_async import enqueue_one_async
+            return (await enqueue_dependents_async(aconn_or_dsn, [_dependent_row(spec, fields["delay_s"])]))[0]
+        from shardworker.store.enqueue_async import enqueue_one_async
 
-    return await enqueue_one_async(aconn_or_dsn, spec.kind, spec.payload_json(), **fields)
+        return await enqueue_one_async(aconn_or_dsn, spec.kind, spec.payload_json(), **fields)
 
 
 def _one_job(kind: str, payload: Any, queue: str, priority: int, max_attempts: int, run_at: datetime | None,
@@ -297,7 +313,7 @@ def _dependent_row(spec: JobSpec, delay_s: float = 0.0) -> DependentRow:
                         trace=tracing.carrier())
 
 
-def enqueue_many(conn_or_dsn: Any, jobs: Iterable[JobSpec], *, strict: bool = False) -> list[int | None]:
+def enqueue_many(conn_or_dsn: Any, jobs: Iterable[JobSpec], *, strict: bool = False, schema: str | None = None) -> list[int | None]:
     """Enqueue many jobs in one transaction (with COPY when none has ``after``); returns
     their ids in the order given, with None for a job not inserted because a live job holds
     its ``dedupe_key`` (as ``enqueue`` returns None), so ``len`` is always ``len(jobs)`` and
@@ -307,43 +323,45 @@ def enqueue_many(conn_or_dsn: Any, jobs: Iterable[JobSpec], *, strict: bool = Fa
     the batch commits as one transaction of its own. With ``strict``, one job of a kind no
     live worker serves in its queue refuses the batch (``KindNotServed``).
     """
-    specs = list(jobs)
-    if strict:
-        from shardworker.store.serving import refuse_unserved
+    with using_schema(schema):
+        specs = list(jobs)
+        if strict:
+            from shardworker.store.serving import refuse_unserved
 
-        refuse_unserved(conn_or_dsn, [(spec.queue, spec.kind) for spec in specs])
-    if any(spec.after for spec in specs):
-        from shardworker.store.dependencies import enqueue_dependents
+            refuse_unserved(conn_or_dsn, [(spec.queue, spec.kind) for spec in specs])
+        if any(spec.after for spec in specs):
+            from shardworker.store.dependencies import enqueue_dependents
 
-        return enqueue_dependents(conn_or_dsn, [_dependent_row(s) for s in specs])
-    if any(spec.dedupe_window is not None or spec.debounce is not None for spec in specs):
-        from shardworker.store.enqueue import enqueue_each
+            return enqueue_dependents(conn_or_dsn, [_dependent_row(s) for s in specs])
+        if any(spec.dedupe_window is not None or spec.debounce is not None for spec in specs):
+            from shardworker.store.enqueue import enqueue_each
 
-        return enqueue_each(conn_or_dsn, [(s.kind, s.payload_json(), _fields(s)) for s in specs])
-    from shardworker.store.enqueue import enqueue_rows
+            return enqueue_each(conn_or_dsn, [(s.kind, s.payload_json(), _fields(s)) for s in specs])
+        from shardworker.store.enqueue import enqueue_rows
 
-    return enqueue_rows(conn_or_dsn, _copy_rows(specs))
+        return enqueue_rows(conn_or_dsn, _copy_rows(specs))
 
 
-async def enqueue_many_async(aconn_or_dsn: Any, jobs: Iterable[JobSpec], *, strict: bool = False) -> list[int | None]:
+async def enqueue_many_async(aconn_or_dsn: Any, jobs: Iterable[JobSpec], *, strict: bool = False, schema: str | None = None) -> list[int | None]:
     """``enqueue_many`` for asyncio code, on a ``psycopg.AsyncConnection`` or a DSN: the
     same ids, the same ``strict``."""
-    specs = list(jobs)
-    if strict:
-        from shardworker.store.serving import refuse_unserved_async
+    with using_schema(schema):
+        specs = list(jobs)
+        if strict:
+            from shardworker.store.serving import refuse_unserved_async
 
-        await refuse_unserved_async(aconn_or_dsn, [(spec.queue, spec.kind) for spec in specs])
-    if any(spec.after for spec in specs):
-        from shardworker.store.dependencies import enqueue_dependents_async
+            await refuse_unserved_async(aconn_or_dsn, [(spec.queue, spec.kind) for spec in specs])
+        if any(spec.after for spec in specs):
+            from shardworker.store.dependencies import enqueue_dependents_async
 
-        return await enqueue_dependents_async(aconn_or_dsn, [_dependent_row(s) for s in specs])
-    if any(spec.dedupe_window is not None or spec.debounce is not None for spec in specs):
-        from shardworker.store.enqueue_async import enqueue_each_async
+            return await enqueue_dependents_async(aconn_or_dsn, [_dependent_row(s) for s in specs])
+        if any(spec.dedupe_window is not None or spec.debounce is not None for spec in specs):
+            from shardworker.store.enqueue_async import enqueue_each_async
 
-        return await enqueue_each_async(aconn_or_dsn, [(s.kind, s.payload_json(), _fields(s)) for s in specs])
-    from shardworker.store.enqueue_async import enqueue_rows_async
+            return await enqueue_each_async(aconn_or_dsn, [(s.kind, s.payload_json(), _fields(s)) for s in specs])
+        from shardworker.store.enqueue_async import enqueue_rows_async
 
-    return await enqueue_rows_async(aconn_or_dsn, _copy_rows(specs))
+        return await enqueue_rows_async(aconn_or_dsn, _copy_rows(specs))
 
 
 def _copy_rows(jobs: Iterable[JobSpec]) -> list[tuple[Any, ...]]:

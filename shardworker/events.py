@@ -18,21 +18,24 @@ from __future__ import annotations
 
 from typing import Any
 
+from shardworker.client import using_schema
 from shardworker.core import events
 
 
-def send_event(conn_or_dsn: Any, key: str, payload: Any = None) -> int:
+def send_event(conn_or_dsn: Any, key: str, payload: Any = None, *, schema: str | None = None) -> int:
     """Send an event to ``key`` on an open psycopg connection (in its transaction, if one is
     open) or a DSN; how many waiting jobs it woke. ``EventError`` for a bad key or payload."""
-    key, payload_json = events.check_key(key), events.payload_json(payload)
-    from shardworker.store import event_queries
+    with using_schema(schema):
+        key, payload_json = events.check_key(key), events.payload_json(payload)
+        from shardworker.store import event_queries
 
-    return event_queries.send_event(conn_or_dsn, key, payload_json)
+        return event_queries.send_event(conn_or_dsn, key, payload_json)
 
 
-async def send_event_async(aconn_or_dsn: Any, key: str, payload: Any = None) -> int:
+async def send_event_async(aconn_or_dsn: Any, key: str, payload: Any = None, *, schema: str | None = None) -> int:
     """``send_event`` on a ``psycopg.AsyncConnection`` (in its transaction, if one is open) or a DSN."""
-    key, payload_json = events.check_key(key), events.payload_json(payload)
-    from shardworker.store import event_queries
+    with using_schema(schema):
+        key, payload_json = events.check_key(key), events.payload_json(payload)
+        from shardworker.store import event_queries
 
-    return await event_queries.send_event_async(aconn_or_dsn, key, payload_json)
+        return await event_queries.send_event_async(aconn_or_dsn, key, payload_json)

@@ -34,6 +34,7 @@ from typing import Any
 
 import orjson
 
+from shardworker.client import using_schema
 from shardworker.core.views import ErrorInfo, JobInfo, LinkInfo, StepInfo
 from shardworker.errors import JobsError, ShardworkerError, WaitTimeout
 
@@ -152,11 +153,12 @@ def _change_matching(conn_or_dsn: Any, action: str, where: Any, dry_run: bool, r
                                        reset_steps=bool(reset_steps))
 
 
-def get_job(conn_or_dsn: Any, job_id: int) -> JobInfo | None:
+def get_job(conn_or_dsn: Any, job_id: int, *, schema: str | None = None) -> JobInfo | None:
     """One job, or None when no job has that id."""
-    from shardworker.store import job_queries
+    with using_schema(schema):
+        from shardworker.store import job_queries
 
-    return job_queries.get_job(conn_or_dsn, _id(job_id))
+        return job_queries.get_job(conn_or_dsn, _id(job_id))
 
 
 def get_errors(conn_or_dsn: Any, job_id: int) -> list[ErrorInfo]:
@@ -192,7 +194,7 @@ def get_links(conn_or_dsn: Any, job_id: int) -> tuple[list[LinkInfo], list[LinkI
 
 
 def wait_for(conn_or_dsn: Any, job_id: int, timeout_s: float = 60.0, *,
-             on_progress: Callable[[Any], Any] | None = None) -> JobInfo:
+             on_progress: Callable[[Any], Any] | None = None, schema: str | None = None) -> JobInfo:
     """The job once it is ``done``, ``failed`` or ``cancelled``: it LISTENs for the end, and
     reads the job again every second all the same (through a transaction pool such as
     PgBouncer no notification comes). ``WaitTimeout`` (a ``TimeoutError``) when ``timeout_s`` runs out first,
@@ -206,23 +208,25 @@ def wait_for(conn_or_dsn: Any, job_id: int, timeout_s: float = 60.0, *,
     ``on_progress``: called with each new value the job reports (``job.progress``) while it
     is waited on, read four times a second, and with the last one before the wait returns.
     """
-    job_id, timeout_s = _id(job_id), _timeout(timeout_s)
-    _callable(on_progress)
-    from shardworker.store import job_queries
+    with using_schema(schema):
+        job_id, timeout_s = _id(job_id), _timeout(timeout_s)
+        _callable(on_progress)
+        from shardworker.store import job_queries
 
-    return _ended(job_id, timeout_s, *job_queries.wait_job_end(conn_or_dsn, job_id, timeout_s, on_progress))
+        return _ended(job_id, timeout_s, *job_queries.wait_job_end(conn_or_dsn, job_id, timeout_s, on_progress))
 
 
 async def wait_for_async(aconn_or_dsn: Any, job_id: int, timeout_s: float = 60.0, *,
-                         on_progress: Callable[[Any], Any] | None = None) -> JobInfo:
+                         on_progress: Callable[[Any], Any] | None = None, schema: str | None = None) -> JobInfo:
     """``wait_for`` for asyncio code: ``await wait_for_async(aconn, job_id)`` on a
     ``psycopg.AsyncConnection`` (outside a transaction; held while it waits) or a DSN. The
     event loop runs on while it waits; the same errors. ``on_progress`` may be a coroutine function."""
-    job_id, timeout_s = _id(job_id), _timeout(timeout_s)
-    _callable(on_progress)
-    from shardworker.store.wait_async import wait_job_end_async
+    with using_schema(schema):
+        job_id, timeout_s = _id(job_id), _timeout(timeout_s)
+        _callable(on_progress)
+        from shardworker.store.wait_async import wait_job_end_async
 
-    return _ended(job_id, timeout_s, *await wait_job_end_async(aconn_or_dsn, job_id, timeout_s, on_progress))
+        return _ended(job_id, timeout_s, *await wait_job_end_async(aconn_or_dsn, job_id, timeout_s, on_progress))
 
 
 def _callable(on_progress: Any) -> None:

@@ -22,8 +22,31 @@ from shardworker.core.config import WorkerConfig, duration_seconds
 from shardworker.core.limits import MAX_DELAY_S
 from shardworker.errors import ShardworkerError
 
-dsn_option = click.option("--dsn", envvar="SHARDWORKER_DSN", default=None,
-                          help="PostgreSQL DSN (env SHARDWORKER_DSN). Default: embedded server in .shardworker/.")
+
+
+def _use_schema(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    """--schema: the jobs' schema for this command and the processes it starts."""
+    if value is None:
+        return
+    from shardworker.store.sql import set_schema
+
+    try:
+        set_schema(value)
+    except ShardworkerError as exc:
+        raise click.BadParameter(str(exc).partition(": ")[2] or str(exc)) from None
+
+
+_dsn = click.option("--dsn", envvar="SHARDWORKER_DSN", default=None,
+                    help="PostgreSQL DSN (env SHARDWORKER_DSN). Default: embedded server in .shardworker/.")
+_schema = click.option("--schema", envvar="SHARDWORKER_SCHEMA", default=None, expose_value=False, is_eager=True,
+                       callback=_use_schema, metavar="NAME",
+                       help="The PostgreSQL schema of this app's jobs (env SHARDWORKER_SCHEMA; default shardworker): "
+                            "apps with schemas of their own share a database and never see each other's jobs.")
+
+
+def dsn_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--dsn, and --schema beside it: every command that reaches the database takes both."""
+    return _dsn(_schema(fn))
 outbox_dir_option = click.option("--outbox-dir", envvar="SHARDWORKER_OUTBOX_DIR",
                                  default=WorkerConfig.default("outbox_dir"),
                                  show_default=True, help="Outbox directory (env SHARDWORKER_OUTBOX_DIR).")

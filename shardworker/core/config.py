@@ -30,6 +30,24 @@ FAILED_RETENTION_S = 30 * 86400.0
 # doctor --horizon-age: a transaction open longer holds the xmin horizon too long (vacuum waits).
 HORIZON_WARN_S = 300.0
 
+# The PostgreSQL schema that holds the jobs; an application of its own on a shared database
+# names another (--schema, SHARDWORKER_SCHEMA), at most 40 bytes so that its channels
+# ("<schema>_finished") stay within PostgreSQL's 63-byte names.
+DEFAULT_SCHEMA = "shardworker"
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,39}")
+
+
+def check_schema(name: object, what: str = "schema") -> str:
+    """``name`` when it can name the jobs' schema: lowercase letters, digits and underscores,
+    a letter or underscore first, up to 40 characters, and not one of PostgreSQL's own
+    (``pg_*``, ``information_schema``, ``public``); ``ConfigError`` saying so otherwise."""
+    if not isinstance(name, str) or not _SCHEMA_NAME.fullmatch(name):
+        raise ConfigError(f"{what}: {name!r} is not a schema name shardworker takes: lowercase letters, digits and "
+                          "underscores, a letter or underscore first, at most 40 characters (like app2)")
+    if name.startswith("pg_") or name in ("information_schema", "public"):
+        raise ConfigError(f"{what}: {name!r} is PostgreSQL's own schema; name one for the jobs (like app2)")
+    return name
+
 
 def duration_text(seconds: float) -> str:
     """``seconds`` in the largest unit up to days that divides it (1800 -> ``30m``, 604800 -> ``7d``)."""

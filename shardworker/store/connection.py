@@ -36,6 +36,7 @@ from shardworker.errors import (
     TransientConflict,
 )
 from shardworker.store.plans import Plans
+from shardworker.store.sql import current_schema
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ def translate(exc: psycopg.Error) -> StoreError:
         return DataRejected(f"database refused: {first_line(exc)}")
     if isinstance(exc, pgerr.UndefinedTable | pgerr.InvalidSchemaName | pgerr.UndefinedColumn):
         return SchemaMissing()
-    if isinstance(exc, pgerr.UndefinedFunction) and "shardworker." in (exc.diag.message_primary or ""):
+    if isinstance(exc, pgerr.UndefinedFunction) and current_schema() in (exc.diag.message_primary or ""):
         return SchemaMissing()  # a function of a newer migration: the library was upgraded first
     if isinstance(exc, pgerr.QueryCanceled) and "statement timeout" in str(exc):
         return StatementTimeout(f"statement timeout: {first_line(exc)}")

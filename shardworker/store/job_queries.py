@@ -22,7 +22,7 @@ from shardworker.core.views import ErrorInfo, JobInfo, LinkInfo, StepInfo
 from shardworker.errors import DatabaseUnavailable, JobsError
 from shardworker.store.connection import Session, translate_errors
 from shardworker.store.enqueue import borrowed_cursor
-from shardworker.store.sql import query
+from shardworker.store.sql import channel, query
 
 FINAL_STATUSES = ("done", "failed", "cancelled")
 BULK_LIMIT = 100_000  # jobs one bulk change acts on (the next call takes the rest)
@@ -275,7 +275,7 @@ def _wait_on(conn: psycopg.Connection[Any], job_id: int, timeout_s: float,
             # through a transaction pool (PgBouncer), where LISTEN cannot work.
             until = min(deadline, time.monotonic() + (RECHECK_S if on_progress is None else PROGRESS_RECHECK_S))
             while (remaining := until - time.monotonic()) > 0:
-                if any(n.channel == "shardworker_finished" and str(job_id) in n.payload.split(",")
+                if any(n.channel == channel("finished") and str(job_id) in n.payload.split(",")
                        for n in conn.notifies(timeout=remaining, stop_after=1)):
                     break
 

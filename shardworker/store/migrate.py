@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from shardworker.store.pg_store import PgStore, StoreConfig
 from shardworker.store.schema import available_migrations
+from shardworker.store.sql import current_schema, in_schema
 
 
 def apply_migrations(dsn: str) -> list[str]:
@@ -31,7 +32,7 @@ def migration_script(after: int = 0, *, transactions: bool = True) -> str:
         if m.version <= after:
             continue
         name = m.name.replace("'", "''")
-        parts.append(f"\n-- {m.name}\n{begin}{m.sql().rstrip()}\n"
-                     f"INSERT INTO shardworker.migrations (version, name) VALUES ({m.version}, '{name}');\n"
-                     f"{commit}")
+        record = in_schema(f"INSERT INTO shardworker.migrations (version, name) VALUES ({m.version}, '{name}');",
+                           current_schema())
+        parts.append(f"\n-- {m.name}\n{begin}{m.sql().rstrip()}\n{record}\n{commit}")
     return "".join(parts)

@@ -24,7 +24,7 @@ import psycopg
 
 from shardworker.core.records import CancelKey
 from shardworker.store.connection import Session, connect, translate_errors
-from shardworker.store.sql import query
+from shardworker.store.sql import channel, query
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ class Notifications(Session):
     def _take_notifies(self, conn: psycopg.Connection[Any]) -> bool:
         enqueued = False
         for note in conn.notifies(timeout=0, stop_after=1000):
-            if note.channel == "shardworker_cancel":
+            if note.channel == channel("cancel"):
                 self._cancelled.update(cancel_keys(note.payload))
             else:
                 enqueued = True

@@ -15,6 +15,7 @@ from importlib.resources import files
 from importlib.resources.abc import Traversable
 
 from shardworker.errors import SchemaMissing
+from shardworker.store.sql import current_schema, in_schema
 
 MIGRATIONS_PACKAGE = "shardworker.migrations"
 _NAME = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
@@ -30,7 +31,8 @@ class Migration:
         return self.path.name
 
     def sql(self) -> str:
-        return self.path.read_text(encoding="utf-8")
+        """The migration's SQL, in the schema in use (``shardworker.store.sql.in_schema``)."""
+        return in_schema(self.path.read_text(encoding="utf-8"), current_schema())
 
 
 def available_migrations() -> list[Migration]:

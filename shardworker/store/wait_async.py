@@ -18,7 +18,7 @@ from shardworker.core.views import JobInfo
 from shardworker.errors import DatabaseUnavailable, JobsError
 from shardworker.store.connection import connect_async, translate_errors
 from shardworker.store.job_queries import FINAL_STATUSES, PROGRESS_RECHECK_S, RECHECK_S, ProgressSeen
-from shardworker.store.sql import query
+from shardworker.store.sql import channel, query
 
 
 async def wait_job_end_async(conn_or_dsn: Any, job_id: int, timeout_s: float,
@@ -66,7 +66,7 @@ async def _finished_note(aconn: psycopg.AsyncConnection[Any], job_id: int, until
     """Return when ``job_id``'s end is announced, or at ``until`` (monotonic) at the latest."""
     while (remaining := until - time.monotonic()) > 0:
         async for note in aconn.notifies(timeout=remaining, stop_after=1):
-            if note.channel == "shardworker_finished" and str(job_id) in note.payload.split(","):
+            if note.channel == channel("finished") and str(job_id) in note.payload.split(","):
                 return
 
 

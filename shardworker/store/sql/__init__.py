@@ -1,19 +1,91 @@
-"""Named runtime queries, loaded once from ``queries.sql``.
+"""Named runtime queries, loaded once from ``queries.sql``, in the schema in use.
 
 Each block starts with a ``-- name --`` line and a one-line ``-- description``; the SQL
-runs to the next header. No runtime SQL is built with string formatting.
+runs to the next header. No runtime SQL is built with string formatting but one rewrite:
+the queries and the migrations name the schema ``shardworker``, and an application that
+keeps its jobs in a schema of its own (``--schema``, ``SHARDWORKER_SCHEMA``, the client's
+``schema=``: several apps on one database) gets them with that name instead, in its
+tables' names (``app2.jobs``), its notification channels (``app2_jobs``) and its lock
+keys (``in_schema``). The schema in use is the process's (``set_schema``, read from
+``SHARDWORKER_SCHEMA`` at start) unless a block says otherwise (``using_schema``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+from collections.abc import Iterator
+from contextvars import ContextVar
 from functools import cache
 from pathlib import Path
 
 import psycopg
 from psycopg.types.array import ListBinaryDumper
 
+from shardworker.core.config import DEFAULT_SCHEMA, check_schema
+
 _HEADER = re.compile(r"^-- ([a-z0-9_]+) --$", re.MULTILINE)
+SCHEMA_ENV = "SHARDWORKER_SCHEMA"
+_process_schema: list[str | None] = [None]  # set_schema's, else the environment's, else the default
+_block_schema: ContextVar[str | None] = ContextVar("shardworker_schema", default=None)
+# The schema's name where the SQL says it: a table or function ("shardworker.jobs", quoted
+# when renamed, so that any checked name parses), a channel or lock key ("shardworker_jobs"),
+# a catalog lookup ('shardworker'), and migration 0001's CREATE SCHEMA.
+_NAMED = re.compile(r"\bshardworker(\.|_|')|(?<=SCHEMA IF NOT EXISTS )shardworker\b")
+
+
+def current_schema() -> str:
+    """The schema this code's SQL names now: a ``using_schema`` block's, else the process's."""
+    block = _block_schema.get()
+    if block is not None:
+        return block
+    chosen = _process_schema[0]
+    if chosen is None:
+        chosen = _process_schema[0] = check_schema(os.environ.get(SCHEMA_ENV) or DEFAULT_SCHEMA,
+                                                   f"{SCHEMA_ENV}")
+    return chosen
+
+
+def set_schema(name: str) -> str:
+    """Use schema ``name`` in this process and the processes it starts (through the
+    environment); the name checked (``ConfigError`` otherwise)."""
+    checked = check_schema(name)
+    _process_schema[0] = checked
+    os.environ[SCHEMA_ENV] = checked
+    return checked
+
+
+@contextlib.contextmanager
+def using_schema(name: str | None) -> Iterator[None]:
+    """Within the block (this thread or task only), SQL names schema ``name`` (None: as before)."""
+    if name is None:
+        yield
+        return
+    token = _block_schema.set(check_schema(name))
+    try:
+        yield
+    finally:
+        _block_schema.reset(token)
+
+
+def in_schema(sql: str, schema: str) -> str:
+    """``sql``, written for the schema ``shardworker``, for ``schema``: its tables, functions,
+    channels and lock keys renamed (a checked name: lowercase letters, digits, underscores)."""
+    if schema == DEFAULT_SCHEMA:
+        return sql
+
+    def renamed(found: re.Match[str]) -> str:
+        if found[1] is None:  # CREATE SCHEMA
+            return f'"{schema}"'
+        return f'"{schema}".' if found[1] == "." else schema + found[1]
+
+    return _NAMED.sub(renamed, sql)
+
+
+def channel(name: str) -> str:
+    """A notification channel of the schema in use: ``shardworker_jobs`` for ``jobs``."""
+    return f"{current_schema()}_{name}"
 
 
 def parse_queries(text: str) -> dict[str, str]:
@@ -28,22 +100,27 @@ def parse_queries(text: str) -> dict[str, str]:
 
 
 @cache
-def queries() -> dict[str, str]:
-    return parse_queries((Path(__file__).parent / "queries.sql").read_text(encoding="utf-8"))
+def queries(schema: str = DEFAULT_SCHEMA) -> dict[str, str]:
+    text = (Path(__file__).parent / "queries.sql").read_text(encoding="utf-8")
+    return parse_queries(in_schema(text, schema))
 
 
 def query(name: str) -> str:
-    """The SQL of one named query; KeyError names the missing query."""
-    return queries()[name]
+    """The SQL of one named query, in the schema in use; KeyError names the missing query."""
+    return queries(current_schema())[name]
 
 
 _PLACEHOLDER = re.compile(r"%(?:\((\w+)\)[sbt]|(%))")
 
 
-@cache
 def native(name: str) -> tuple[str, tuple[str, ...]]:
-    """One named query with PostgreSQL's own placeholders (``to_native``)."""
-    return to_native(query(name))
+    """One named query with PostgreSQL's own placeholders (``to_native``), in the schema in use."""
+    return _native(name, current_schema())
+
+
+@cache
+def _native(name: str, schema: str) -> tuple[str, tuple[str, ...]]:
+    return to_native(queries(schema)[name])
 
 
 def to_native(sql: str) -> tuple[str, tuple[str, ...]]:
