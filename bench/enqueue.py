@@ -53,7 +53,8 @@ BULK = 10_000
 def single_calls(conn: psycopg.Connection[Any]) -> dict[str, Callable[[], object]]:
     """The single-row variants, cheapest first; each inserts one row (but the last)."""
     params = {"kind": KIND, "queue": "default", "payload": PAYLOAD_JSON, "priority": 0, "max_attempts": 25,
-              "run_at": None, "delay_s": 0.0, "dedupe_key": None, "key": None, "dedupe_window_s": None}
+              "run_at": None, "delay_s": 0.0, "dedupe_key": None, "key": None, "dedupe_window_s": None,
+              "tags": None, "trace": None}
     job_insert = query("job_insert")
     return {
         "plain INSERT": lambda: conn.execute(PLAIN_INSERT, ROW),

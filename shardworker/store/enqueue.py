@@ -115,8 +115,11 @@ def wake_failed(job_id: int, exc: psycopg.Error) -> None:
 
 
 def insert_query(fields: dict[str, Any]) -> str:
-    """``job_insert_debounced`` for an enqueue with ``debounce_s``, else ``job_insert``."""
-    return "job_insert_debounced" if fields.get("debounce_s") is not None else "job_insert"
+    """``job_insert_debounced`` for an enqueue with ``debounce_s``, ``job_insert_windowed`` for
+    one with ``dedupe_window_s``, else ``job_insert``."""
+    if fields.get("debounce_s") is not None:
+        return "job_insert_debounced"
+    return "job_insert_windowed" if fields.get("dedupe_window_s") is not None else "job_insert"
 
 
 def insert_params(kind: str, payload_json: str, fields: dict[str, Any]) -> dict[str, Any]:

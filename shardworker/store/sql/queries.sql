@@ -777,11 +777,22 @@ WHERE status = 'running' AND locked_by = %(worker_id)s
 RETURNING id;
 
 -- job_insert --
--- Enqueue one job; no row when a live job already holds the dedupe key, or, given a dedupe
--- window, when a job with the key was enqueued or ended within it (done, failed or cancelled
--- alike). The payload is typed text first, so payload_bytes is the size of the JSON text as
--- sent. No NOTIFY here: the caller sends notify_queue next, in its own statement (see
--- shardworker.store.enqueue).
+-- Enqueue one job; no row when a live job already holds the dedupe key. The payload is typed
+-- text first, so payload_bytes is the size of the JSON text as sent. A plain VALUES row: on a
+-- caller's connection nothing is server-prepared (PgBouncer), so each enqueue is planned, and
+-- this plans in a third less time than job_insert_windowed. No NOTIFY here: the caller sends
+-- notify_queue next, in its own statement (see shardworker.store.enqueue).
+INSERT INTO shardworker.jobs (kind, queue, payload, payload_bytes, priority, max_attempts, run_at, dedupe_key, key,
+                              tags, trace)
+VALUES (%(kind)s, %(queue)s, %(payload)s::text::jsonb, octet_length(%(payload)s::text), %(priority)s,
+        %(max_attempts)s, coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay_s)s),
+        %(dedupe_key)s, %(key)s, %(tags)s::text[], %(trace)s::jsonb)
+ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('waiting', 'queued', 'running') DO NOTHING
+RETURNING id;
+
+-- job_insert_windowed --
+-- job_insert with a dedupe window: no row also when a job with the key was enqueued or ended
+-- within it (done, failed or cancelled alike).
 INSERT INTO shardworker.jobs (kind, queue, payload, payload_bytes, priority, max_attempts, run_at, dedupe_key, key,
                               tags, trace)
 SELECT %(kind)s, %(queue)s, %(payload)s::text::jsonb, octet_length(%(payload)s::text), %(priority)s,
