@@ -104,26 +104,36 @@ async def transaction(request: Any) -> AsyncIterator[Any]:
         yield conn
 
 
-def job_events(request: Any, job_id: int, *, timeout_s: float = 3600.0, every_s: float = 0.5) -> Any:
+def job_events(request: Any, job_id: int, *, timeout_s: float = 3600.0, every_s: float = 0.5,
+               schema: str | None = None) -> Any:
     """A ``text/event-stream`` response that follows job ``job_id`` (read every ``every_s``)
-    until it ends, ``timeout_s`` passes, or the client goes away."""
+    until it ends, ``timeout_s`` passes, or the client goes away. The job is read in
+    ``schema``, else in the schema in use when this is called (a ``using_schema`` block
+    around the route's return has ended by the time the stream is read)."""
     from starlette.responses import StreamingResponse
 
-    return StreamingResponse(follow(pool(request), job_id, timeout_s=timeout_s, every_s=every_s),
+    from shardworker.store.sql import current_schema, using_schema
+
+    with using_schema(schema):
+        chosen = current_schema()  # (checked)
+    return StreamingResponse(follow(pool(request), job_id, timeout_s=timeout_s, every_s=every_s, schema=chosen),
                              media_type="text/event-stream",
                              headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
 
-async def follow(job_pool: Any, job_id: int, *, timeout_s: float, every_s: float) -> AsyncIterator[str]:
-    """The server-sent events of ``job_events``, as text."""
+async def follow(job_pool: Any, job_id: int, *, timeout_s: float, every_s: float,
+                 schema: str | None = None) -> AsyncIterator[str]:
+    """The server-sent events of ``job_events``, as text; the job read in ``schema``."""
     from shardworker.store.pool import read_job
+    from shardworker.store.sql import using_schema
 
     deadline = time.monotonic() + timeout_s
     status: str | None = None
     progress: Any = None
     said = time.monotonic()
     while True:
-        job = await read_job(job_pool, job_id)
+        with using_schema(schema):  # (around the read alone: a block never spans a yield)
+            job = await read_job(job_pool, job_id)
         if time.monotonic() - said >= KEEPALIVE_S:  # a proxy drops a stream silent for a minute
             said = time.monotonic()
             yield ": still following\n\n"

@@ -277,8 +277,9 @@ def _ended(job_id: int, timeout_s: float, job: JobInfo | None, ended: bool) -> J
 def retry(conn_or_dsn: Any, job_ids: Sequence[int], reset_steps: bool = False) -> Changed:
     """Queue failed or cancelled jobs again, keeping their recorded steps, or forgetting them
     when ``reset_steps`` (in the same transaction); a job that waited on others goes back to
-    waiting on those not done now. How many (not one whose dependency was deleted); the ids
-    it left, and why, in ``.skipped`` (``Changed``); ``JobsError`` when none can be."""
+    waiting on those not done now. How many; the ids it left, and why, in ``.skipped``
+    (``Changed``: one whose dependency was deleted can never run, and stays); ``JobsError``
+    when none can be."""
     return _change(conn_or_dsn, "retry", job_ids, reset_steps=reset_steps)
 
 
@@ -367,27 +368,40 @@ def _change(conn_or_dsn: Any, action: str, job_ids: Sequence[int], *, reset_step
         raise JobsError(f"{action}: no job ids given")
     from shardworker.store import job_queries
 
-    skipped: list[tuple[int, str]] = []
+    skipped: dict[int, str] = {}
+
+    def refuse_if_none_changed() -> None:
+        if len(skipped) < len(ids):
+            return
+        if len(ids) == 1:
+            (job_id, why), = skipped.items()
+            if why == "no such job":
+                raise JobsError(f"{action}: no job {job_id}; nothing changed")
+            raise JobsError(f"cannot {action} job {job_id}: {why}; {_WHO[action]}; nothing changed")
+        reasons = "; ".join(f"job {job_id}: {why}" for job_id, why in list(skipped.items())[:10])
+        more = f"; and {len(skipped) - 10} more" if len(skipped) > 10 else ""
+        raise JobsError(f"cannot {action} any of the {len(ids)} jobs ({reasons}{more}); {_WHO[action]}; "
+                        "nothing changed")
 
     def check(found: dict[int, str]) -> list[int]:
         for job_id in ids:
             status = found.get(job_id)
             if status is None:
-                skipped.append((job_id, "no such job"))
+                skipped[job_id] = "no such job"
             elif status not in _ALLOWED[action]:
                 why = " (its handler is running; its outcome will land)" if status == "running" else ""
-                skipped.append((job_id, f"it is {status}{why}"))
-        if len(skipped) == len(ids):
-            job_id, why = skipped[0]
-            more = f" (and {len(ids) - 1} more: none can be)" if ids[1:] else ""
-            if why == "no such job":
-                raise JobsError(f"{action}: no job {job_id}{more}; nothing changed")
-            raise JobsError(f"cannot {action} job {job_id}: {why}{more}; {_WHO[action]}; nothing changed")
-        left = {job_id for job_id, _ in skipped}
-        return [job_id for job_id in ids if job_id not in left]
+                skipped[job_id] = f"it is {status}{why}"
+        refuse_if_none_changed()
+        return [job_id for job_id in ids if job_id not in skipped]
 
-    changed = job_queries.change_jobs(conn_or_dsn, action, ids, check, reset_steps=bool(reset_steps))
-    return Changed(changed, skipped)
+    def done(changed: set[int]) -> None:
+        for job_id in ids:  # allowed, yet not changed: a retry of a job whose dependency was deleted
+            if job_id not in skipped and job_id not in changed:
+                skipped[job_id] = "a job it waited on was deleted: it can never run"
+        refuse_if_none_changed()
+
+    changed = job_queries.change_jobs(conn_or_dsn, action, ids, check, done, reset_steps=bool(reset_steps))
+    return Changed(changed, sorted(skipped.items()))
 
 
 def _id(value: Any) -> int:

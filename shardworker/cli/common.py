@@ -23,7 +23,6 @@ from shardworker.core.limits import MAX_DELAY_S
 from shardworker.errors import ShardworkerError
 
 
-
 def _use_schema(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
     """--schema: the jobs' schema for this command and the processes it starts."""
     if value is None:
@@ -31,7 +30,7 @@ def _use_schema(ctx: click.Context, param: click.Parameter, value: str | None) -
     from shardworker.store.sql import set_schema
 
     try:
-        set_schema(value)
+        ctx.call_on_close(set_schema(value))  # (in-process, as in tests: the process goes back after)
     except ShardworkerError as exc:
         raise click.BadParameter(str(exc).partition(": ")[2] or str(exc)) from None
 
@@ -159,14 +158,16 @@ def resolve_dsn(dsn: str | None, *, migrate: bool = True, start: bool = True) ->
                                      "postgresql://user:password@host:port/dbname, or key=value pairs)",
                                      param_hint="--dsn")
         return dsn
+    from shardworker.core.config import DEFAULT_SCHEMA
     from shardworker.core.dsn import redact_dsn
     from shardworker.embedded import ensure_embedded, running_embedded
     from shardworker.store.migrate import apply_migrations
+    from shardworker.store.sql import current_schema
 
     dsn = ensure_embedded(EMBEDDED_BASE) if start else running_embedded(EMBEDDED_BASE)
     note(f"using embedded PostgreSQL {redact_dsn(dsn)} (data in .shardworker/)")
-    if migrate:
-        apply_migrations(dsn)
+    if migrate and current_schema() == DEFAULT_SCHEMA:  # another is made by `migrate --schema` only: a typo
+        apply_migrations(dsn)                           # would otherwise make a schema no worker reads
     return dsn
 
 

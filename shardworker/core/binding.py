@@ -67,6 +67,11 @@ def bind(directory: str, store: IdentityStore, *, embedded: bool = False) -> Bin
     here = current(store, embedded=embedded)
     recorded = bound_to(directory)
     if recorded is not None and not recorded.same_database(here):
+        if (recorded.database, recorded.server) == (here.database, here.server):  # another schema of it, likely
+            raise WrongDatabase(f"the outbox {directory} belongs to the jobs of instance {recorded.instance[:8]} in "
+                                f"database {here.database!r} on {here.server}, not to those of instance "
+                                f"{here.instance[:8]}: another schema of the same database (give the --schema its "
+                                "jobs are in), or a database made anew")
         raise WrongDatabase(f"the outbox {directory} belongs to {recorded.describe()}, not {here.describe()}: "
                             "point --dsn at the database it belongs to")
     # Marked embedded by whoever knows it is (a bind that does not know never unmarks it).

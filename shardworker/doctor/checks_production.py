@@ -66,11 +66,14 @@ def check_horizon(holders: list[HorizonHolder], slots: list[SlotHolder], warn_s:
 def check_dead_tuples(tuples: JobsTuples) -> Check:
     data = {"live": tuples.live, "dead": tuples.dead,
             "last_vacuum": tuples.last_vacuum.isoformat() if tuples.last_vacuum else None}
-    text = f"shardworker.jobs: {tuples.dead} dead rows, {tuples.live} live"
+    from shardworker.store.sql import current_schema
+
+    table = f"{current_schema()}.jobs"
+    text = f"{table}: {tuples.dead} dead rows, {tuples.live} live"
     if tuples.dead > max(tuples.live, DEAD_TUPLES_FLOOR):
         return Check("dead-rows", Status.WARN, text + " (more dead than live: claims walk the dead ones)",
-                     "check the horizon check above; VACUUM shardworker.jobs; make autovacuum visit it sooner "
-                     "(ALTER TABLE shardworker.jobs SET (autovacuum_vacuum_scale_factor = 0.01)); prune finished "
+                     f"check the horizon check above; VACUUM {table}; make autovacuum visit it sooner "
+                     f"(ALTER TABLE {table} SET (autovacuum_vacuum_scale_factor = 0.01)); prune finished "
                      "jobs (--retention)", data)
     return Check("dead-rows", Status.OK, text, None, data)
 

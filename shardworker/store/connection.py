@@ -23,7 +23,7 @@ import psycopg
 from psycopg import errors as pgerr
 from psycopg.pq import TransactionStatus
 
-from shardworker.core.config import StoreConfig
+from shardworker.core.config import DEFAULT_SCHEMA, StoreConfig
 from shardworker.core.dsn import redact_dsn
 from shardworker.errors import (
     DatabaseUnavailable,
@@ -59,6 +59,14 @@ def translate_errors() -> Iterator[None]:
         raise translate(exc) from exc
 
 
+def schema_missing() -> str:
+    """What to do when the schema in use is missing or behind, naming it."""
+    schema = current_schema()
+    if schema == DEFAULT_SCHEMA:
+        return "the shardworker schema is missing or out of date: run `shardworker migrate`"
+    return f"schema {schema} is missing or out of date: run `shardworker migrate --schema {schema}`"
+
+
 def translate(exc: psycopg.Error) -> StoreError:
     """The shardworker error for a psycopg one. A refusal the server would repeat (a value
     over an index's limit, bad data, a failed check) is ``DataRejected`` before anything
@@ -69,9 +77,11 @@ def translate(exc: psycopg.Error) -> StoreError:
     if is_refusal(exc):
         return DataRejected(f"database refused: {first_line(exc)}")
     if isinstance(exc, pgerr.UndefinedTable | pgerr.InvalidSchemaName | pgerr.UndefinedColumn):
-        return SchemaMissing()
-    if isinstance(exc, pgerr.UndefinedFunction) and current_schema() in (exc.diag.message_primary or ""):
-        return SchemaMissing()  # a function of a newer migration: the library was upgraded first
+        return SchemaMissing(schema_missing())
+    schema = current_schema()
+    if isinstance(exc, pgerr.UndefinedFunction) and any(
+            f"{name}." in (exc.diag.message_primary or "") for name in (f" {schema}", f' "{schema}"')):
+        return SchemaMissing(schema_missing())  # a function of a newer migration: the library was upgraded first
     if isinstance(exc, pgerr.QueryCanceled) and "statement timeout" in str(exc):
         return StatementTimeout(f"statement timeout: {first_line(exc)}")
     if isinstance(exc, pgerr.SerializationFailure | pgerr.DeadlockDetected | pgerr.QueryCanceled):

@@ -160,12 +160,13 @@ def get_links(conn_or_dsn: Any, job_id: int) -> tuple[list[LinkInfo], list[LinkI
 
 
 def change_jobs(conn_or_dsn: Any, action: str, job_ids: Sequence[int],
-                check: Callable[[dict[int, str]], Sequence[int]], *, reset_steps: bool = False) -> int:
+                check: Callable[[dict[int, str]], Sequence[int]], done: Callable[[set[int]], None], *,
+                reset_steps: bool = False) -> int:
     """Lock ``job_ids``, hand their statuses (the ones that exist) to ``check``, which
     raises to refuse or returns the ids to change, then run ``job_retry`` (forgetting the
     steps of the jobs it queues again when ``reset_steps``), ``job_cancel`` or ``job_delete``
-    on those, in one transaction (a cancel or delete also cancels the jobs waiting on them);
-    rows changed."""
+    on those, and hand the ids it changed to ``done``, which may raise to roll it all back, in
+    one transaction (a cancel or delete also cancels the jobs waiting on them); rows changed."""
     with cursor_for(conn_or_dsn, transaction=True) as cur:
         cur.execute(query("job_lock_for_change"), {"ids": list(job_ids)})
         job_ids = list(check({int(i): str(s) for i, s in cur.fetchall()}))
@@ -174,11 +175,12 @@ def change_jobs(conn_or_dsn: Any, action: str, job_ids: Sequence[int],
         if action == "retry":
             cur.execute(query("job_dependencies_lock"), {"ids": list(job_ids)})
         cur.execute(query(f"job_{action}"), {"ids": list(job_ids), "reset_steps": reset_steps})
-        changed = cur.rowcount
+        changed = {int(row[0]) for row in cur.fetchall()}
+        done(changed)
         if action in ("cancel", "delete"):  # the jobs waiting on them can never run now
             why = "was cancelled" if action == "cancel" else "was deleted"
             cur.execute(query("job_dependents_cancel"), {"ids": list(job_ids), "whys": [why] * len(job_ids)})
-        return changed
+        return len(changed)
 
 
 def update_job(conn_or_dsn: Any, job_id: int, fields: dict[str, Any]) -> tuple[JobInfo | None, str | None]:

@@ -11,10 +11,11 @@ from typing import Any
 
 import psycopg
 
+from shardworker.core.config import DEFAULT_SCHEMA
 from shardworker.errors import SchemaMissing
-from shardworker.store.connection import Session
+from shardworker.store.connection import Session, schema_missing
 from shardworker.store.schema import Migration, latest_version
-from shardworker.store.sql import query
+from shardworker.store.sql import current_schema, query
 
 
 @dataclass(frozen=True)
@@ -54,11 +55,13 @@ class SchemaQueries(Session):
         latest = latest_version()
         done = self.schema_versions()
         if done is None:
-            raise SchemaMissing()
+            raise SchemaMissing(schema_missing())
         current = max(done, default=None)
         if current is None or current < latest:
-            raise SchemaMissing(f"the shardworker schema is at version {current}, "
-                                f"the code needs {latest}: run `shardworker migrate`")
+            schema = current_schema()
+            command = "shardworker migrate" + ("" if schema == DEFAULT_SCHEMA else f" --schema {schema}")
+            raise SchemaMissing(f"the {schema} schema is at version {current}, the code needs {latest}: "
+                                f"run `{command}`")
 
     def schema_versions(self) -> set[int] | None:
         """Migration versions recorded as applied; None when the ledger table does not exist."""

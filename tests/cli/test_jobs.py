@@ -139,12 +139,37 @@ def test_a_change_by_ids_acts_on_those_it_can_and_reports_the_others(pg_dsn: str
         "delete": 2, "skipped": [{"id": 424242, "why": "no such job"}]}
     assert_one_line_error(invoke(pg_dsn, "cancel", str(ids[2])), f"cannot cancel job {ids[2]}", "done",
                           "nothing changed")
-    assert_one_line_error(invoke(pg_dsn, "delete", "424242", "424243"), "no job 424242", "nothing changed")
+    assert_one_line_error(invoke(pg_dsn, "delete", "424242", "424243"), "cannot delete any of the 2 jobs",
+                          "job 424242: no such job; job 424243: no such job", "nothing changed")
     assert statuses(pg_dsn) == {ids[1]: "cancelled", ids[2]: "done"}
     retried = jobs.retry(pg_dsn, [ids[1], ids[2]])
     assert retried == 1 and retried.skipped == ((ids[2], "it is done"),)
     with pytest.raises(jobs.JobsError, match="it is done"):
         jobs.retry(pg_dsn, [ids[2]])
+
+
+def test_a_retry_that_cannot_run_its_job_says_so(pg_dsn: str) -> None:
+    """A job cancelled because a job it waited on was cancelled, then that job deleted: it can
+    never run again, and a retry of it is reported as such, never counted as done."""
+    [first, other] = enqueue(pg_dsn, "a", 2)
+    waiting = jobs_enqueue_after(pg_dsn, first)
+    assert invoke(pg_dsn, "cancel", str(first), str(other)).exit_code == 0
+    assert invoke(pg_dsn, "delete", str(first)).exit_code == 0
+    assert statuses(pg_dsn) == {other: "cancelled", waiting: "cancelled"}
+    assert_one_line_error(invoke(pg_dsn, "retry", str(waiting)), f"cannot retry job {waiting}",
+                          "a job it waited on was deleted", "nothing changed")
+    result = invoke(pg_dsn, "retry", str(waiting), str(other), "--json")
+    assert result.exit_code == 0 and json.loads(result.stdout) == {
+        "retry": 1, "skipped": [{"id": waiting, "why": "a job it waited on was deleted: it can never run"}]}
+    assert statuses(pg_dsn) == {other: "queued", waiting: "cancelled"}
+
+
+def jobs_enqueue_after(dsn: str, job_id: int) -> int:
+    from shardworker import enqueue as enqueue_one
+
+    found = enqueue_one(dsn, "b", after=[job_id])
+    assert found is not None
+    return found
 
 
 def test_a_running_job_can_be_cancelled_but_not_deleted(pg_dsn: str) -> None:

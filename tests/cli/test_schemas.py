@@ -44,7 +44,7 @@ def test_two_apps_on_one_database_never_see_each_other(empty_dsn: str, tmp_path:
     assert query(dsn, "SELECT count(*) FROM pg_namespace WHERE nspname = 'shardworker'") == [(0,)]
 
     dirs = {app: (tmp_path / app / "outbox", tmp_path / app / "counts") for app in ("a", "b")}
-    for outbox, counts in dirs.values():
+    for _, counts in dirs.values():
         counts.mkdir(parents=True)
     worker_a = start_worker(dsn, *dirs["a"], "--schema", "app_a", procs=2)
     try:
@@ -92,3 +92,56 @@ def test_a_schema_name_is_checked_in_one_line(empty_dsn: str) -> None:
     assert "PostgreSQL's own" in sw(empty_dsn, "jobs", "list", "--schema", "pg_catalog", code=2)
     with pytest.raises(ConfigError, match="not a schema name"):
         enqueue(empty_dsn, "count", schema="x;drop")
+
+
+def test_a_command_run_in_process_leaves_its_process_in_the_schema_it_found(empty_dsn: str, monkeypatch:
+                                                                             pytest.MonkeyPatch) -> None:
+    """--schema holds for the command and the processes it starts; a command run in-process (as
+    tests and embedding code run them) gives its process back as it was."""
+    import os
+
+    from click.testing import CliRunner
+
+    from shardworker.cli.main import main
+    from shardworker.store.sql import current_schema
+
+    monkeypatch.delenv("SHARDWORKER_SCHEMA", raising=False)
+    result = CliRunner().invoke(main, ["migrate", "--schema", "app_c", "--dsn", empty_dsn])
+    assert result.exit_code == 0, result.output
+    assert current_schema() == "shardworker" and "SHARDWORKER_SCHEMA" not in os.environ
+    monkeypatch.setenv("SHARDWORKER_SCHEMA", "app_c")  # read when it is used, not once
+    assert current_schema() == "app_c"
+
+
+def test_a_missing_schema_says_which_and_how_to_make_it(empty_dsn: str) -> None:
+    err = sw(empty_dsn, "jobs", "list", "--schema", "nosuch", code=1)
+    assert "schema nosuch is missing or out of date: run `shardworker migrate --schema nosuch`" in err, err
+
+
+def test_a_job_s_event_stream_reads_the_schema_it_was_made_in(empty_dsn: str) -> None:
+    """job_events is read after the route returned: it keeps the schema in use when it was made."""
+    import asyncio
+
+    pytest.importorskip("psycopg_pool")
+    from shardworker.asgi import follow
+    from shardworker.store.pool import make_pool
+
+    sw(empty_dsn, "migrate", "--schema", "app_d")
+    sw(empty_dsn, "migrate", "--schema", "app_e")
+    assert enqueue(empty_dsn, "count", schema="app_d") == 1
+    assert enqueue(empty_dsn, "count", schema="app_e") == 1
+    query(empty_dsn, "UPDATE app_d.jobs SET status = 'done', result = '1', finished_at = now() RETURNING id")
+
+    async def events(schema: str) -> list[str]:
+        pool = make_pool(empty_dsn, min_size=1, max_size=1, application_name="test")
+        await pool.open(wait=True)
+        try:
+            seen = []
+            async for event in follow(pool, 1, timeout_s=1.5, every_s=0.1, schema=schema):
+                seen.append(event.split("\n", 1)[0])
+            return seen
+        finally:
+            await pool.close()
+
+    assert asyncio.run(events("app_d"))[-1] == "event: end"
+    assert "event: end" not in asyncio.run(events("app_e"))  # still queued there

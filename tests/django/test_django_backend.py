@@ -203,6 +203,23 @@ def test_with_a_dsn_of_its_own_the_job_is_not_in_django_s_transaction(dsn: str) 
     assert [row[1] for row in job_rows(dsn)] == ["shop.tasks.send_receipt"]
 
 
+def test_a_backend_with_a_schema_of_its_own_enqueues_and_reads_there(dsn: str) -> None:
+    """OPTIONS["SCHEMA"]: another app's schema on the same database (docs/operating.md)."""
+    from shop.tasks import send_receipt
+
+    from shardworker import using_schema
+    from shardworker.contrib.django import Backend
+    from shardworker.store.migrate import apply_migrations
+
+    with using_schema("shop_jobs"):
+        apply_migrations(dsn)
+    backend = Backend("default", {"OPTIONS": {"DSN": dsn, "SCHEMA": "shop_jobs"}})
+    result = backend.enqueue(send_receipt, [5], {})
+    assert job_rows(dsn) == []  # not in the shardworker schema
+    assert query(dsn, "SELECT id, kind FROM shop_jobs.jobs") == [(int(result.id), "shop.tasks.send_receipt")]
+    assert backend.get_result(result.id).status == "READY"
+
+
 @pytest.mark.parametrize(("options", "message"), [
     ({"DATABSE": "default"}, "TASKS['t']['OPTIONS']: unknown option 'DATABSE' (expected one of DATABASE, DSN, "),
     ({"DATABASE": "replica"}, "TASKS['t']['OPTIONS']['DATABASE']: 'replica' is not an alias of settings.DATABASES"),
@@ -212,6 +229,7 @@ def test_with_a_dsn_of_its_own_the_job_is_not_in_django_s_transaction(dsn: str) 
     ({"THREADS": "yes"}, "['THREADS'] must be True or False, got 'yes'"),
     ({"TASK_MODULES": "shop.jobs"}, "['TASK_MODULES'] must be a list of module names, got 'shop.jobs'"),
     ([], "TASKS['t']['OPTIONS'] must be a dict, got list"),
+    ({"SCHEMA": "Shop"}, "TASKS['t']['OPTIONS']['SCHEMA']: 'Shop' is not a schema name"),
 ])
 def test_bad_options_are_refused_in_one_line(dsn: str, options: Any, message: str) -> None:
     from django.core.exceptions import ImproperlyConfigured

@@ -102,7 +102,8 @@ def test_cancel_or_delete_of_a_dependency_cancels_its_dependents(pg_dsn: str) ->
     assert row(pg_dsn, wa) == ("cancelled", f"waited on job {a}, which was cancelled")
     assert jobs.delete(pg_dsn, [b]) == 1
     assert row(pg_dsn, wb) == ("cancelled", f"waited on job {b}, which was deleted")
-    assert jobs.retry(pg_dsn, [wb]) == 0  # its dependency is gone: it stays cancelled
+    with pytest.raises(jobs.JobsError, match="a job it waited on was deleted"):  # it stays cancelled
+        jobs.retry(pg_dsn, [wb])
 
 
 def test_follow_ups_land_with_a_done_outcome_once_with_their_edges(pg_dsn: str, store: PgStore) -> None:

@@ -26,7 +26,7 @@ from django.db import connections, transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from shardworker.client import JobSpec, enqueue
+from shardworker.client import JobSpec, enqueue, using_schema
 from shardworker.contrib.django.api import (
     BaseTaskBackend,
     InvalidTask,
@@ -38,12 +38,13 @@ from shardworker.contrib.django.api import (
     normalize_json,
     task_enqueued,
 )
+from shardworker.core.config import check_schema
 from shardworker.core.views import ErrorInfo, JobInfo
 from shardworker.errors import ConfigError, EnqueueError
 from shardworker.jobs import get_errors, get_job
 from shardworker.queues import check_name
 
-OPTIONS = ("DATABASE", "DSN", "MAX_ATTEMPTS", "THREADS", "TASK_MODULES")
+OPTIONS = ("DATABASE", "DSN", "MAX_ATTEMPTS", "THREADS", "TASK_MODULES", "SCHEMA")
 STATUSES = {"waiting": "READY", "queued": "READY", "running": "RUNNING", "done": "SUCCESSFUL", "failed": "FAILED",
             "cancelled": "FAILED"}
 # Keyword arguments of Django's connection that are not libpq's (``get_connection_params``).
@@ -58,6 +59,7 @@ class Settings(NamedTuple):
     max_attempts: int
     threads: bool  # the worker runs sync tasks on its thread pool (threads=True handlers)
     task_modules: tuple[str, ...]  # modules holding tasks besides every installed app's ``tasks``
+    schema: str | None = None  # the jobs' schema (docs/operating.md: several apps on one database)
 
 
 def parse_options(alias: str, options: Any) -> Settings:
@@ -91,7 +93,13 @@ def parse_options(alias: str, options: Any) -> Settings:
     if dsn is None and connections[database].vendor != "postgresql":
         raise ImproperlyConfigured(f"{where}: database {database!r} is {connections[database].vendor}, "
                                    "not PostgreSQL (shardworker's jobs live in PostgreSQL)")
-    return Settings(database, dsn, attempts, threads, tuple(modules))
+    schema = options.get("SCHEMA")
+    if schema is not None:
+        try:
+            check_schema(schema)
+        except ConfigError as exc:
+            raise ImproperlyConfigured(f"{where}['SCHEMA']: {str(exc).partition(': ')[2]}") from None
+    return Settings(database, dsn, attempts, threads, tuple(modules), schema)
 
 
 class Backend(BaseTaskBackend):
@@ -134,11 +142,11 @@ class Backend(BaseTaskBackend):
         """The job's id, inserted on Django's connection (or, with ``OPTIONS["DSN"]``, on one
         of its own to that database)."""
         if self.settings.dsn is not None:
-            job_id = enqueue(self.settings.dsn, kind, payload, **spec)
+            job_id = enqueue(self.settings.dsn, kind, payload, schema=self.settings.schema, **spec)
         else:
             conn = django_connection(self.settings.database)
             with transaction.mark_for_rollback_on_error(using=self.settings.database):
-                job_id = enqueue(conn, kind, payload, **spec)
+                job_id = enqueue(conn, kind, payload, schema=self.settings.schema, **spec)
         assert job_id is not None  # no dedupe_key: every enqueue inserts
         return job_id
 
@@ -147,13 +155,14 @@ class Backend(BaseTaskBackend):
         for an id with no job, or a job that is not one of this backend's tasks."""
         job_id = parse_id(result_id)
         source = self.read_source()
-        job = get_job(source, job_id)
-        if job is None:
-            raise TaskResultDoesNotExist(f"no job {result_id}")
-        task = task_at(job.kind, self.settings)
-        if task is None or task.backend != self.alias:
-            raise TaskResultDoesNotExist(f"job {job_id} ({job.kind}) is not a task of backend {self.alias!r}")
-        errors = get_errors(source, job_id) if job.last_error is not None else []
+        with using_schema(self.settings.schema):
+            job = get_job(source, job_id)
+            if job is None:
+                raise TaskResultDoesNotExist(f"no job {result_id}")
+            task = task_at(job.kind, self.settings)
+            if task is None or task.backend != self.alias:
+                raise TaskResultDoesNotExist(f"job {job_id} ({job.kind}) is not a task of backend {self.alias!r}")
+            errors = get_errors(source, job_id) if job.last_error is not None else []
         return result_of(job, errors, task, self.alias)
 
     def read_source(self) -> Any:

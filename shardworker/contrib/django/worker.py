@@ -58,6 +58,13 @@ def build_app() -> App:
     if not tasks:
         raise AppLoadError(f"no task of backend(s) {', '.join(sorted(backends))} found: define them in the tasks "
                            "module of an INSTALLED_APPS app, or list their modules in OPTIONS['TASK_MODULES']")
+    from shardworker.store.sql import current_schema
+
+    for alias, backend in sorted(backends.items()):
+        wanted = backend.settings.schema
+        if wanted is not None and wanted != current_schema():
+            raise AppLoadError(f"TASKS[{alias!r}]['OPTIONS']['SCHEMA'] is {wanted}, this worker's schema is "
+                               f"{current_schema()}: run it with --schema {wanted} (or SHARDWORKER_SCHEMA)")
     app = App()
     for path, task in sorted(tasks.items()):
         backend = backends[task.backend]

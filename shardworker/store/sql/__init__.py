@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from functools import cache
 from pathlib import Path
@@ -27,7 +27,8 @@ from shardworker.core.config import DEFAULT_SCHEMA, check_schema
 
 _HEADER = re.compile(r"^-- ([a-z0-9_]+) --$", re.MULTILINE)
 SCHEMA_ENV = "SHARDWORKER_SCHEMA"
-_process_schema: list[str | None] = [None]  # set_schema's, else the environment's, else the default
+_process_schema: list[str | None] = [None]  # set_schema's; None: the environment's, else the default
+_checked: dict[str, str] = {}  # the environment's values checked so far
 _block_schema: ContextVar[str | None] = ContextVar("shardworker_schema", default=None)
 # The schema's name where the SQL says it: a table or function ("shardworker.jobs", quoted
 # when renamed, so that any checked name parses), a channel or lock key ("shardworker_jobs"),
@@ -41,19 +42,34 @@ def current_schema() -> str:
     if block is not None:
         return block
     chosen = _process_schema[0]
-    if chosen is None:
-        chosen = _process_schema[0] = check_schema(os.environ.get(SCHEMA_ENV) or DEFAULT_SCHEMA,
-                                                   f"{SCHEMA_ENV}")
-    return chosen
+    if chosen is not None:
+        return chosen
+    named = os.environ.get(SCHEMA_ENV) or DEFAULT_SCHEMA
+    found = _checked.get(named)
+    if found is None:
+        found = _checked[named] = check_schema(named, SCHEMA_ENV)
+    return found
 
 
-def set_schema(name: str) -> str:
+def set_schema(name: str | None) -> Callable[[], None]:
     """Use schema ``name`` in this process and the processes it starts (through the
-    environment); the name checked (``ConfigError`` otherwise)."""
-    checked = check_schema(name)
+    environment; None: as the environment says); the name is checked (``ConfigError``).
+    Returns what puts back the schema and the environment as they were (a command run
+    in-process, as tests run them, must not leave its process in another schema)."""
+    before, before_env = _process_schema[0], os.environ.get(SCHEMA_ENV)
+    checked = None if name is None else check_schema(name)
     _process_schema[0] = checked
-    os.environ[SCHEMA_ENV] = checked
-    return checked
+    if checked is not None:
+        os.environ[SCHEMA_ENV] = checked
+
+    def restore() -> None:
+        _process_schema[0] = before
+        if before_env is None:
+            os.environ.pop(SCHEMA_ENV, None)
+        else:
+            os.environ[SCHEMA_ENV] = before_env
+
+    return restore
 
 
 @contextlib.contextmanager
