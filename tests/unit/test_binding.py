@@ -39,3 +39,15 @@ def test_a_bind_without_the_flag_never_unmarks_it(tmp_path: Path) -> None:
 def test_the_flusher_knows_its_database_is_the_embedded_one() -> None:
     config = WorkerConfig(dsn="postgresql://127.0.0.1/postgres", app_ref="app:app", embedded_db=True)
     assert config.flusher_config().embedded_db
+
+
+def test_an_outbox_of_another_schema_of_the_same_database_says_so(tmp_path: Path) -> None:
+    """Same database and server, another instance: most likely another app's schema (--schema),
+    which "point --dsn at the database it belongs to" would not mend."""
+    import pytest
+
+    binding.bind(str(tmp_path), Identity(instance="aaaa1111-app-a"))
+    with pytest.raises(binding.WrongDatabase, match=r"another schema of the same database \(give the --schema"):
+        binding.bind(str(tmp_path), Identity(instance="bbbb2222-app-b"))
+    with pytest.raises(binding.WrongDatabase, match="point --dsn at the database it belongs to"):
+        binding.bind(str(tmp_path), Identity(instance="cccc3333", database="other"))
