@@ -130,6 +130,10 @@ class App:
         self.failure_hooks: list[FailureHook] = []
         # What the startup hooks make for the handlers (a client, a pool): one per process.
         self.state = SimpleNamespace()
+        # The database of this app's jobs when `run` is given no --dsn (nor SHARDWORKER_DSN),
+        # instead of the embedded server: set by an integration that knows it (the Django
+        # backend's app: Django's own database).
+        self.dsn: str | None = None
 
     def on_startup(self, fn: Hook) -> Hook:
         """Run ``fn()`` in each child before its first job (an ``async def`` on the child's

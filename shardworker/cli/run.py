@@ -122,7 +122,7 @@ def run(ctx: click.Context, app_ref: str, log_format: str, dsn: str | None, **op
         logs.configure(logs.LogSetup(log_format, (ctx.obj or {}).get("level", logging.INFO),
                                      loggers=("shardworker", app_logger)), "parent")
         app = load_app(app_ref)
-        config = worker_config(app_ref, dsn, **options)
+        config = worker_config(app_ref, dsn or app.dsn, **options)  # (the app's own: the Django backend's)
         started = time.monotonic()
         summary = Supervisor(config, app).run()
         elapsed = time.monotonic() - started

@@ -17,6 +17,7 @@ from typing import Protocol
 import orjson
 
 from outbox import atomic_write, read_small
+from shardworker.core.config import DEFAULT_SCHEMA
 from shardworker.core.layout import DATABASE_FILE
 from shardworker.errors import ShardworkerError
 
@@ -35,19 +36,38 @@ class Binding:
     database: str
     server: str
     embedded: bool = False
+    schema: str | None = None  # the jobs' schema (--schema); None: recorded before schemas were
 
     def describe(self) -> str:
-        return f"database {self.database!r} on {self.server} (instance {self.instance[:8]})"
+        schema = "" if self.schema in (None, DEFAULT_SCHEMA) else f", schema {self.schema}"
+        return f"database {self.database!r} on {self.server} (instance {self.instance[:8]}{schema})"
 
     def same_database(self, other: Binding) -> bool:
         return (self.instance, self.database) == (other.instance, other.database)
+
+    def mend(self, other: Binding) -> str:
+        """What to do when the outbox of this binding is pointed at ``other``."""
+        if self.schema is not None and other.schema is not None and self.schema != other.schema \
+                and (self.database, self.server) == (other.database, other.server):
+            return f"give --schema {self.schema}: this outbox holds the outcomes of that schema's jobs"
+        if (self.database, self.server) == (other.database, other.server):
+            return ("another schema of the same database (give the --schema its jobs are in), or a database "
+                    "made anew")
+        return "point --dsn at the database it belongs to"
+
+
+def schema_in_use() -> str:
+    """The jobs' schema of this process, as the worker's commands set it (``--schema``)."""
+    return os.environ.get("SHARDWORKER_SCHEMA") or DEFAULT_SCHEMA
 
 
 def bound_to(directory: str) -> Binding | None:
     """The binding recorded in ``directory``, or None before its first use."""
     try:
         doc = orjson.loads(read_small(os.path.join(directory, DATABASE_FILE)))
-        return Binding(str(doc["instance"]), str(doc["database"]), str(doc["server"]), bool(doc["embedded"]))
+        schema = doc.get("schema")
+        return Binding(str(doc["instance"]), str(doc["database"]), str(doc["server"]), bool(doc["embedded"]),
+                       None if schema is None else str(schema))
     except FileNotFoundError:
         return None
     except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
@@ -58,7 +78,7 @@ def bound_to(directory: str) -> Binding | None:
 
 def current(store: IdentityStore, *, embedded: bool = False) -> Binding:
     instance, database, server = store.identity()
-    return Binding(instance, database, server, embedded)
+    return Binding(instance, database, server, embedded, schema_in_use())
 
 
 def bind(directory: str, store: IdentityStore, *, embedded: bool = False) -> Binding:
@@ -67,18 +87,14 @@ def bind(directory: str, store: IdentityStore, *, embedded: bool = False) -> Bin
     here = current(store, embedded=embedded)
     recorded = bound_to(directory)
     if recorded is not None and not recorded.same_database(here):
-        if (recorded.database, recorded.server) == (here.database, here.server):  # another schema of it, likely
-            raise WrongDatabase(f"the outbox {directory} belongs to the jobs of instance {recorded.instance[:8]} in "
-                                f"database {here.database!r} on {here.server}, not to those of instance "
-                                f"{here.instance[:8]}: another schema of the same database (give the --schema its "
-                                "jobs are in), or a database made anew")
         raise WrongDatabase(f"the outbox {directory} belongs to {recorded.describe()}, not {here.describe()}: "
-                            "point --dsn at the database it belongs to")
+                            f"{recorded.mend(here)}")
     # Marked embedded by whoever knows it is (a bind that does not know never unmarks it).
     if recorded is None or (embedded and not recorded.embedded):
-        marked = Binding(here.instance, here.database, here.server, embedded)
+        schema = recorded.schema if recorded is not None else here.schema
+        marked = Binding(here.instance, here.database, here.server, embedded, schema)
         atomic_write(directory, DATABASE_FILE, orjson.dumps({
             "instance": marked.instance, "database": marked.database, "server": marked.server,
-            "embedded": marked.embedded}))
+            "embedded": marked.embedded, "schema": marked.schema}))
         return marked
     return recorded

@@ -187,12 +187,15 @@ class Run:
             found = {k: v for k, v in saved["carrier"].items() if isinstance(k, str) and isinstance(v, str)}
             parent = propagate.extract(found)
         runs = saved.get("runs")
+        attributes = {"messaging.system": "shardworker", "shardworker.job.id": job.id,
+                      "shardworker.job.kind": job.kind, "shardworker.job.queue": job.queue,
+                      "shardworker.job.attempt": job.attempt}
+        schema = os.environ.get("SHARDWORKER_SCHEMA")  # (the worker's, inherited: several apps on one database)
+        if schema:
+            attributes["shardworker.schema"] = schema
         span = _tracer(trace).start_span(
             f"run {job.kind}", context=parent, kind=trace.SpanKind.CONSUMER,
-            links=_linked(trace, runs) if isinstance(runs, list) else None,
-            attributes={"messaging.system": "shardworker", "shardworker.job.id": job.id,
-                        "shardworker.job.kind": job.kind, "shardworker.job.queue": job.queue,
-                        "shardworker.job.attempt": job.attempt})
+            links=_linked(trace, runs) if isinstance(runs, list) else None, attributes=attributes)
         return cls(trace, span)
 
     def current(self) -> contextlib.AbstractContextManager[Any]:

@@ -179,7 +179,7 @@ def check_binding(facts: OutboxFacts, here: Binding | None, reachable: bool) -> 
                      "run `shardworker migrate` if --dsn is the right database", data)
     if not bound.same_database(here):
         return Check("bound-to", Status.FAIL, f"{bound.describe()}, but --dsn reaches {here.describe()}",
-                     "point --dsn at the database this outbox belongs to (or use another --outbox-dir)", data)
+                     f"{bound.mend(here)} (or use another --outbox-dir)", data)
     return Check("bound-to", Status.OK, f"{bound.describe()}, the database checked above", None, data)
 
 

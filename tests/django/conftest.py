@@ -72,7 +72,8 @@ def console_script() -> str:
     return str(path)
 
 
-def start_worker(dsn: str, tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+def start_worker(dsn: str, tmp_path: Path, *args: str, env: dict[str, str] | None = None,
+                 give_dsn: bool = True) -> subprocess.Popen[bytes]:
     """``shardworker run --app shardworker.contrib.django:app --procs 1`` on ``dsn``, as an
     operator starts it (the console script, DJANGO_SETTINGS_MODULE, the project on PYTHONPATH),
     in its own process group (killed after the test). Its log goes to ``tmp_path/counts/worker.log``."""
@@ -84,7 +85,7 @@ def start_worker(dsn: str, tmp_path: Path, *args: str, env: dict[str, str] | Non
                    **(env or {})}
     environment.pop("SHARDWORKER_DSN", None)
     cmd = [console_script(), "run", "--app", "shardworker.contrib.django:app", "--procs", "1",
-           "--outbox-dir", str(tmp_path / "outbox"), "--dsn", dsn, *args]
+           "--outbox-dir", str(tmp_path / "outbox"), *(("--dsn", dsn) if give_dsn else ()), *args]
     with open(counts / "worker.log", "ab") as log:
         proc = subprocess.Popen(cmd, env=environment, stdout=log, stderr=log, start_new_session=True,
                                 cwd=tmp_path)

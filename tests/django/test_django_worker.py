@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.django.conftest import run_worker, start_worker
-from tests.helpers import query, wait_for, worker_log
+from tests.helpers import exit_code, query, wait_for, worker_log
 
 
 def ledger(tmp_path: Path) -> list[dict[str, Any]]:
@@ -136,6 +136,18 @@ def test_an_async_task_s_connection_is_closed_at_its_end_whatever_conn_max_age(d
     wait_for(lambda: not query(dsn, "SELECT 1 FROM pg_stat_activity WHERE pid = ANY(%s)", pids), 10,
              f"the async tasks' connections (server processes {pids}) to close")
     assert worker.poll() is None
+
+
+def test_without_a_dsn_the_worker_runs_on_django_s_database(dsn: str, tmp_path: Path) -> None:
+    """`run` with no --dsn takes the database Django's settings name (the backend's), never an
+    embedded server of its own, which would hold none of the project's jobs."""
+    from shop.tasks import send_receipt
+
+    [(_, result)] = place_orders(1)
+    worker = start_worker(dsn, tmp_path, "--exit-when-idle", give_dsn=False)
+    assert exit_code(worker, 90, tmp_path / "counts") == 0, worker_log(tmp_path / "counts")
+    assert send_receipt.get_result(result.id).status == "SUCCESSFUL"
+    assert not (tmp_path / ".shardworker").exists() and "embedded" not in worker_log(tmp_path / "counts")
 
 
 def test_the_worker_needs_the_settings_module(dsn: str, tmp_path: Path) -> None:

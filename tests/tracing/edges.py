@@ -55,6 +55,7 @@ def main() -> None:
                      spans[0].attributes["shardworker.job.outcome"]]
     found["again"] = [again.disposition.value, json.loads(again.extras_json or b"{}").get("trace", "")[:3],
                       spans[1].attributes["shardworker.job.outcome"]]
+    found["schema"] = spans[1].attributes.get("shardworker.schema")
     exporter.clear()
     try:
         attempt_sync(app, ClaimedJob(60, "leaves", "default", "{}", 1, 3))

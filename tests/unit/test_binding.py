@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from shardworker.core import binding
 from shardworker.core.config import WorkerConfig
 
@@ -44,10 +46,16 @@ def test_the_flusher_knows_its_database_is_the_embedded_one() -> None:
 def test_an_outbox_of_another_schema_of_the_same_database_says_so(tmp_path: Path) -> None:
     """Same database and server, another instance: most likely another app's schema (--schema),
     which "point --dsn at the database it belongs to" would not mend."""
-    import pytest
-
     binding.bind(str(tmp_path), Identity(instance="aaaa1111-app-a"))
     with pytest.raises(binding.WrongDatabase, match=r"another schema of the same database \(give the --schema"):
         binding.bind(str(tmp_path), Identity(instance="bbbb2222-app-b"))
     with pytest.raises(binding.WrongDatabase, match="point --dsn at the database it belongs to"):
         binding.bind(str(tmp_path), Identity(instance="cccc3333", database="other"))
+
+
+def test_an_outbox_names_the_schema_it_belongs_to(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHARDWORKER_SCHEMA", "billing")
+    binding.bind(str(tmp_path), Identity(instance="aaaa1111-app-a"))
+    monkeypatch.setenv("SHARDWORKER_SCHEMA", "mail")
+    with pytest.raises(binding.WrongDatabase, match=r"schema billing\), not .*schema mail\): give --schema billing"):
+        binding.bind(str(tmp_path), Identity(instance="bbbb2222-app-b"))

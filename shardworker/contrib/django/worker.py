@@ -28,7 +28,7 @@ from shardworker.app import App, Handler
 from shardworker.contrib.django.api import TaskContext, TaskError, TaskResult, TaskResultStatus, normalize_json
 from shardworker.contrib.django.api import task_finished as finished_signal
 from shardworker.contrib.django.api import task_started as started_signal
-from shardworker.contrib.django.backend import Backend, is_discoverable, task_roots
+from shardworker.contrib.django.backend import Backend, database_dsn, is_discoverable, task_roots
 from shardworker.core.model import Job
 from shardworker.errors import AppLoadError
 
@@ -70,6 +70,11 @@ def build_app() -> App:
         backend = backends[task.backend]
         run = async_handler(task, type(backend)) if task_is_async(task) else sync_handler(task, type(backend))
         app.handler(path, threads=backend.settings.threads and not task_is_async(task))(run)
+    # Where the jobs are when `run` is given no --dsn: the backends' database, when they agree
+    # (else the embedded server would be used, which holds none of the project's jobs).
+    databases = {backend.settings.dsn or database_dsn(backend.settings.database) for backend in backends.values()}
+    if len(databases) == 1:
+        app.dsn = databases.pop()
     connections.close_all()  # the children are forked from this process: none may inherit a connection
     return app
 
