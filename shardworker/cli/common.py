@@ -171,6 +171,22 @@ def resolve_dsn(dsn: str | None, *, migrate: bool = True, start: bool = True) ->
     return dsn
 
 
+def schema_hint(dsn: str) -> str:
+    """When a command found nothing: the other schemas of the database that hold jobs, in case
+    its --schema is missing or wrong (" (schema shardworker; ...: give --schema)"); else ""."""
+    from shardworker.store.sql import current_schema
+
+    try:
+        from shardworker.store.job_queries import other_schemas
+
+        found = other_schemas(dsn)
+    except Exception:  # only a hint: never in the way of the command's own answer
+        return ""
+    if not found:
+        return ""
+    return f" (in schema {current_schema()}; this database holds others: {', '.join(found)}: give --schema)"
+
+
 def note(message: str, **fields: Any) -> None:
     """A line for the operator on stderr: a log record when logs are JSON (so every line
     parses), a plain line otherwise."""

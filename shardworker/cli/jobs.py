@@ -24,17 +24,18 @@ from shardworker.cli.common import (
     json_option,
     one_line_errors,
     resolve_dsn,
+    schema_hint,
 )
 from shardworker.core.views import in_utc
 
 
-def _echo_jobs(found: list[jobs_api.JobInfo], as_json: bool) -> None:
+def _echo_jobs(found: list[jobs_api.JobInfo], as_json: bool, dsn: str | None = None) -> None:
     """The jobs as JSON, or a table under a header (times in UTC, as every command prints them)."""
     if as_json:
         click.echo(jobs_api.dumps_json([j.to_json() for j in found]))
         return
     if not found:
-        click.echo("no jobs match", err=True)
+        click.echo("no jobs match" + (schema_hint(dsn) if dsn is not None else ""), err=True)
         return
     width = max(len("attempts"), *(len(j.attempts_text) for j in found))
     # A key column only when some job shown has a key (a tenant's): most queues have none.
@@ -125,9 +126,9 @@ def jobs() -> None:
 def list_command(status: tuple[str, ...], kind: str | None, queue: str | None, key: str | None, tags: tuple[str, ...],
                  since: str | None, error_contains: str | None, limit: int, as_json: bool, dsn: str | None) -> None:
     """Jobs, newest first."""
-    found = jobs_api.list_jobs(resolve_dsn(dsn, start=False), limit=limit,
-                               **_filters(status, kind, queue, key, tags, since, error_contains))
-    _echo_jobs(found, as_json)
+    dsn = resolve_dsn(dsn, start=False)
+    found = jobs_api.list_jobs(dsn, limit=limit, **_filters(status, kind, queue, key, tags, since, error_contains))
+    _echo_jobs(found, as_json, dsn)
 
 
 @jobs.command("show")
@@ -142,7 +143,7 @@ def show_command(job_id: int, as_json: bool, dsn: str | None) -> None:
     dsn = resolve_dsn(dsn, start=False)
     job = jobs_api.get_job(dsn, job_id)
     if job is None:
-        raise jobs_api.JobsError(f"no job {job_id}")
+        raise jobs_api.JobsError(f"no job {job_id}{schema_hint(dsn)}")
     dependencies, dependents = jobs_api.get_links(dsn, job_id)
     errors = jobs_api.get_errors(dsn, job_id)
     if as_json:
@@ -225,7 +226,14 @@ def _echo_steps(steps: list[jobs_api.StepInfo], total: int) -> None:
 
 
 def _change_command(action: str, ids: tuple[int, ...], as_json: bool, dsn: str | None) -> None:
-    _echo_changed(action, getattr(jobs_api, action)(resolve_dsn(dsn), list(ids)), as_json)
+    dsn = resolve_dsn(dsn)
+    try:
+        changed = getattr(jobs_api, action)(dsn, list(ids))
+    except jobs_api.JobsError as exc:
+        if "no job " in str(exc) or "no such job" in str(exc):
+            raise jobs_api.JobsError(f"{exc}{schema_hint(dsn)}") from None
+        raise
+    _echo_changed(action, changed, as_json)
 
 
 def _skipped(action: str, changed: int) -> list[tuple[int, str]]:

@@ -10,7 +10,16 @@ from typing import Any
 import click
 import orjson
 
-from shardworker.cli.common import EMBEDDED_BASE, Duration, dsn_option, json_option, note, one_line_errors, resolve_dsn
+from shardworker.cli.common import (
+    EMBEDDED_BASE,
+    Duration,
+    dsn_option,
+    json_option,
+    note,
+    one_line_errors,
+    resolve_dsn,
+    schema_hint,
+)
 from shardworker.core.config import WorkerConfig
 from shardworker.core.limits import SILENT_AFTER_S
 from shardworker.core.views import in_utc, json_value
@@ -92,7 +101,8 @@ def workers(ctx: click.Context, show_all: bool, silent_after: float, as_json: bo
     silent past its --release-slots-after). `workers forget ID` gives a dead worker's jobs back."""
     if ctx.invoked_subcommand is not None:
         return
-    store = _store(resolve_dsn(dsn, start=False))
+    dsn = resolve_dsn(dsn, start=False)
+    store = _store(dsn)
     try:
         rows = store.workers()
     finally:
@@ -104,7 +114,8 @@ def workers(ctx: click.Context, show_all: bool, silent_after: float, as_json: bo
         return
     if not shown:
         silent = len(rows) - len(shown)
-        click.echo("no live workers" + (f" ({silent} silent: --all shows them)" if silent else ""))
+        click.echo("no live workers" + (f" ({silent} silent: --all shows them)" if silent else "")
+                   + schema_hint(dsn))
         return
     click.echo(f"{'worker':<28} {'host':<20} {'pid':>7}  {'started (UTC)':<19}  {'heartbeat':<10} {'running':>7} "
                f"{'pending':>8}  slots")

@@ -22,7 +22,7 @@ from shardworker.core.views import ErrorInfo, JobInfo, LinkInfo, StepInfo
 from shardworker.errors import DatabaseUnavailable, JobsError
 from shardworker.store.connection import Session, translate_errors
 from shardworker.store.enqueue import borrowed_cursor
-from shardworker.store.sql import channel, query
+from shardworker.store.sql import channel, current_schema, query
 
 FINAL_STATUSES = ("done", "failed", "cancelled")
 BULK_LIMIT = 100_000  # jobs one bulk change acts on (the next call takes the rest)
@@ -157,6 +157,13 @@ def get_links(conn_or_dsn: Any, job_id: int) -> tuple[list[LinkInfo], list[LinkI
         rows = cur.fetchall()
     return ([LinkInfo(i, k, s) for side, i, k, s, _ in rows if side == "dependency"],
             [LinkInfo(i, k, s) for side, i, k, s, _ in rows if side == "dependent"])
+
+
+def other_schemas(conn_or_dsn: Any) -> list[str]:
+    """The other schemas of this database that hold shardworker's jobs (``other_schemas``)."""
+    with cursor_for(conn_or_dsn, transaction=False) as cur:
+        cur.execute(query("other_schemas"), {"schema": current_schema()})
+        return [str(row[0]) for row in cur.fetchall()]
 
 
 def change_jobs(conn_or_dsn: Any, action: str, job_ids: Sequence[int],

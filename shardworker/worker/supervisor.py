@@ -55,6 +55,14 @@ from shardworker.worker.pool import ChildPool
 from shardworker.worker.startup import Startup, wait_for_writers_gone
 from shardworker.worker.unserved import UnservedWatch
 
+
+def in_schema_note() -> str:
+    """", in schema NAME" for the ready line of a worker of a schema of its own; else nothing."""
+    from shardworker.core.config import DEFAULT_SCHEMA
+    from shardworker.store.sql import current_schema
+
+    return "" if current_schema() == DEFAULT_SCHEMA else f", in schema {current_schema()}"
+
 if TYPE_CHECKING:
     from shardworker.store.pg_store import PgStore
     from shardworker.worker.metrics import MetricsServer
@@ -179,8 +187,8 @@ class Supervisor:
             if not self._start():
                 self._raise_if_id_lost()
                 return RunSummary()
-            log.info("ready: claiming %s from %s (children: %d)", ", ".join(self.app.kinds) or "nothing",
-                     ", ".join(self.config.queues or ["every queue"]), self.config.procs)
+            log.info("ready: claiming %s from %s (children: %d)%s", ", ".join(self.app.kinds) or "nothing",
+                     ", ".join(self.config.queues or ["every queue"]), self.config.procs, in_schema_note())
             dispatcher = Dispatcher(self.config, self.worker_id, self.app.kinds, self.store, self.pool,
                                     self.flusher, self.parent_outcomes, stopping=lambda: self.stopping,
                                     heard=lambda: self.heartbeat.server if self.heartbeat is not None else "",

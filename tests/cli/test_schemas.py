@@ -145,3 +145,23 @@ def test_a_job_s_event_stream_reads_the_schema_it_was_made_in(empty_dsn: str) ->
 
     assert asyncio.run(events("app_d"))[-1] == "event: end"
     assert "event: end" not in asyncio.run(events("app_e"))  # still queued there
+
+
+def test_a_command_that_finds_nothing_names_the_other_schemas(empty_dsn: str) -> None:
+    """A user who forgot --schema (or gave the wrong one) learns where the jobs are."""
+    sw(empty_dsn, "migrate", "--schema", "app_f")
+    sw(empty_dsn, "migrate", "--schema", "app_g")
+    assert enqueue(empty_dsn, "count", schema="app_f") == 1
+    hint = "(in schema app_g; this database holds others: app_f: give --schema)"
+    assert hint in sw_err(empty_dsn, "jobs", "list", "--schema", "app_g")
+    assert hint in sw(empty_dsn, "workers", "--schema", "app_g")
+    assert hint in sw(empty_dsn, "jobs", "cancel", "1", "--schema", "app_g", code=1)
+    assert hint in sw(empty_dsn, "jobs", "show", "1", "--schema", "app_g", code=1)
+    assert "holds others" not in sw(empty_dsn, "jobs", "show", "1", "--schema", "app_f")
+
+
+def sw_err(dsn: str, *args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "shardworker", *args, "--dsn", dsn], capture_output=True, text=True,
+                          env=worker_env(Path.cwd()), timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stderr

@@ -879,6 +879,18 @@ SELECT pg_backend_pid();
 -- Does a NOTIFY reach this worker's LISTEN? Workers ignore a cancel whose payload holds no ids.
 SELECT pg_notify('shardworker_cancel', %(token)s);
 
+-- other_schemas --
+-- The other schemas of this database that hold shardworker's tables (its ledger, its instance
+-- row, its jobs): named when a command finds nothing, in case it was given no --schema, or the
+-- wrong one. (No schema's name is written here: this text is the same in every schema.)
+SELECT n.nspname FROM pg_namespace n
+WHERE n.nspname <> %(schema)s
+  AND to_regclass(quote_ident(n.nspname) || '.migrations') IS NOT NULL
+  AND to_regclass(quote_ident(n.nspname) || '.instance') IS NOT NULL
+  AND to_regclass(quote_ident(n.nspname) || '.jobs') IS NOT NULL
+ORDER BY 1
+LIMIT 10;
+
 -- job_stats --
 -- Job counts by queue and status.
 SELECT queue, status, count(*) FROM shardworker.jobs GROUP BY queue, status ORDER BY queue, status;
