@@ -59,12 +59,17 @@ def translate_errors() -> Iterator[None]:
         raise translate(exc) from exc
 
 
+def migrate_command() -> str:
+    """The command that migrates the schema in use: ``shardworker migrate [--schema NAME]``."""
+    schema = current_schema()
+    return "shardworker migrate" + ("" if schema == DEFAULT_SCHEMA else f" --schema {schema}")
+
+
 def schema_missing() -> str:
     """What to do when the schema in use is missing or behind, naming it."""
     schema = current_schema()
-    if schema == DEFAULT_SCHEMA:
-        return "the shardworker schema is missing or out of date: run `shardworker migrate`"
-    return f"schema {schema} is missing or out of date: run `shardworker migrate --schema {schema}`"
+    named = "the shardworker schema" if schema == DEFAULT_SCHEMA else f"schema {schema}"
+    return f"{named} is missing or out of date: run `{migrate_command()}`"
 
 
 def translate(exc: psycopg.Error) -> StoreError:

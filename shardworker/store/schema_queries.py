@@ -11,9 +11,8 @@ from typing import Any
 
 import psycopg
 
-from shardworker.core.config import DEFAULT_SCHEMA
 from shardworker.errors import SchemaMissing
-from shardworker.store.connection import Session, schema_missing
+from shardworker.store.connection import Session, migrate_command, schema_missing
 from shardworker.store.schema import Migration, latest_version
 from shardworker.store.sql import current_schema, query
 
@@ -58,10 +57,8 @@ class SchemaQueries(Session):
             raise SchemaMissing(schema_missing())
         current = max(done, default=None)
         if current is None or current < latest:
-            schema = current_schema()
-            command = "shardworker migrate" + ("" if schema == DEFAULT_SCHEMA else f" --schema {schema}")
-            raise SchemaMissing(f"the {schema} schema is at version {current}, the code needs {latest}: "
-                                f"run `{command}`")
+            raise SchemaMissing(f"the {current_schema()} schema is at version {current}, the code needs {latest}: "
+                                f"run `{migrate_command()}`")
 
     def schema_versions(self) -> set[int] | None:
         """Migration versions recorded as applied; None when the ledger table does not exist."""

@@ -14,7 +14,6 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from shardworker.core import followups
-from shardworker.core.config import DEFAULT_SCHEMA
 from shardworker.core.flow import Rate
 from shardworker.core.followups import DependentRow, followup_uid
 from shardworker.core.limits import ERRORS_KEPT, MAX_ERROR_CHARS
@@ -30,7 +29,7 @@ from shardworker.core.model import (
 )
 from shardworker.errors import EnqueueError, OutcomeRejected, SchemaMissing
 from shardworker.store.claiming import ClaimQueries
-from shardworker.store.connection import first_line, is_refusal, rollback
+from shardworker.store.connection import first_line, is_refusal, migrate_command, rollback
 from shardworker.store.dependencies import plan_insert, run_plan
 from shardworker.store.sql import BinaryList, current_schema, native, native_params, query
 
@@ -280,8 +279,7 @@ class WorkerQueries(ClaimQueries):
             row = cur.fetchone()
             info = cur.connection.info
         if row is None:
-            raise SchemaMissing(f"the {current_schema()}.instance row is missing: run `shardworker migrate`"
-                                + ("" if current_schema() == DEFAULT_SCHEMA else f" --schema {current_schema()}"))
+            raise SchemaMissing(f"the {current_schema()}.instance row is missing: run `{migrate_command()}`")
         return DatabaseIdentity(str(row[0]), str(row[1]), f"{info.host}:{info.port}")
 
 

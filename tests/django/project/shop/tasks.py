@@ -1,16 +1,16 @@
 """The shop's tasks. Each run appends "result_id attempt" to a ledger file under
-$SW_TEST_COUNT_DIR and fsyncs it before anything else (as tests/apps/run_ledger.py does), and
+$SW_TEST_COUNT_DIR and fsyncs it before anything else (tests/apps/run_ledger.py's ledger), and
 notes whether Django's connection was closed when it started."""
 
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 from django.db import connection
 
 from shop.models import Order
+from tests.apps.run_ledger import append
 
 try:
     from django.tasks import task
@@ -24,14 +24,7 @@ class PaymentDeclined(Exception):
 
 def record(context: Any, **facts: Any) -> None:
     """One line for this run, durably: its result id, its attempt, and ``facts``."""
-    line = json.dumps({"id": context.task_result.id, "attempt": context.attempt, **facts}) + "\n"
-    path = os.path.join(os.environ["SW_TEST_COUNT_DIR"], f"runs-{os.getpid()}.log")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    try:
-        os.write(fd, line.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    append("runs", json.dumps({"id": context.task_result.id, "attempt": context.attempt, **facts}) + "\n")
 
 
 @task(takes_context=True)
