@@ -249,7 +249,7 @@ def enqueue(conn_or_dsn: Any, kind: str, payload: Any = None, *, queue: str = "d
         if spec.after:
             from shardworker.store.dependencies import enqueue_dependents
 
-            return enqueue_dependents(conn_or_dsn, [_dependent_row(spec, fields["delay_s"])])[0]
+            return enqueue_dependents(conn_or_dsn, [_dependent_row(spec, fields["trace"], fields["delay_s"])])[0]
         from shardworker.store.enqueue import enqueue_one
 
         return enqueue_one(conn_or_dsn, spec.kind, spec.payload_json(), **fields)
@@ -259,7 +259,8 @@ async def enqueue_async(aconn_or_dsn: Any, kind: str, payload: Any = None, *, qu
                         priority: int = 0, max_attempts: int = DEFAULT_MAX_ATTEMPTS, run_at: datetime | None = None,
                         delay_s: float = 0.0, dedupe_key: str | None = None, after: Iterable[int] = (),
                         strict: bool = False, key: str | None = None, dedupe_window: float | None = None,
-                        debounce: float | None = None, tags: Iterable[str] = (), schema: str | None = None) -> int | None:
+                        debounce: float | None = None, tags: Iterable[str] = (),
+                        schema: str | None = None) -> int | None:
     """``enqueue`` for asyncio code: ``await enqueue_async(aconn, "email", {...})``.
 
     ``aconn_or_dsn`` is an open ``psycopg.AsyncConnection`` (inside the caller's open
@@ -276,7 +277,8 @@ async def enqueue_async(aconn_or_dsn: Any, kind: str, payload: Any = None, *, qu
         if spec.after:
             from shardworker.store.dependencies import enqueue_dependents_async
 
-            return (await enqueue_dependents_async(aconn_or_dsn, [_dependent_row(spec, fields["delay_s"])]))[0]
+            row = _dependent_row(spec, fields["trace"], fields["delay_s"])
+            return (await enqueue_dependents_async(aconn_or_dsn, [row]))[0]
         from shardworker.store.enqueue_async import enqueue_one_async
 
         return await enqueue_one_async(aconn_or_dsn, spec.kind, spec.payload_json(), **fields)
@@ -289,15 +291,16 @@ def _one_job(kind: str, payload: Any, queue: str, priority: int, max_attempts: i
     """The validated spec and the insert's other fields, before anything is sent."""
     spec = JobSpec(kind, payload, queue, priority, max_attempts, run_at, dedupe_key, after, key,  # type: ignore[arg-type]
                    dedupe_window, debounce, tags)  # type: ignore[arg-type]
-    return spec, _fields(spec, check_delay(delay_s))
+    return spec, _fields(spec, tracing.carrier(), check_delay(delay_s))
 
 
-def _fields(spec: JobSpec, delay_s: float = 0.0) -> dict[str, Any]:
-    """The insert's fields of ``spec`` but its kind and payload."""
+def _fields(spec: JobSpec, trace: str | None, delay_s: float = 0.0) -> dict[str, Any]:
+    """The insert's fields of ``spec`` but its kind and payload; ``trace``: the enqueue's
+    (``tracing.carrier``, taken once for a batch)."""
     return {"queue": spec.queue, "priority": spec.priority, "max_attempts": spec.max_attempts,
             "run_at": _utc(spec.run_at), "delay_s": delay_s, "dedupe_key": spec.dedupe_key, "key": spec.key,
             "dedupe_window_s": spec.dedupe_window, "debounce_s": spec.debounce, "tags": list(spec.tags) or None,
-            "trace": tracing.carrier()}
+            "trace": trace}
 
 
 def check_delay(delay_s: Any, name: str = "delay") -> float:
@@ -307,13 +310,16 @@ def check_delay(delay_s: Any, name: str = "delay") -> float:
     return float(delay_s)
 
 
-def _dependent_row(spec: JobSpec, delay_s: float = 0.0) -> DependentRow:
+def _dependent_row(spec: JobSpec, trace: str | None, delay_s: float = 0.0) -> DependentRow:
+    """The row of a job that may wait on others; ``trace``: the enqueue's (``tracing.carrier``,
+    taken once for a batch)."""
     return DependentRow(spec.kind, spec.queue, spec.payload_json(), spec.priority, spec.max_attempts,
                         _utc(spec.run_at), delay_s, spec.dedupe_key, spec.after, key=spec.key, tags=spec.tags,
-                        trace=tracing.carrier())
+                        trace=trace)
 
 
-def enqueue_many(conn_or_dsn: Any, jobs: Iterable[JobSpec], *, strict: bool = False, schema: str | None = None) -> list[int | None]:
+def enqueue_many(conn_or_dsn: Any, jobs: Iterable[JobSpec], *, strict: bool = False,
+                 schema: str | None = None) -> list[int | None]:
     """Enqueue many jobs in one transaction (with COPY when none has ``after``); returns
     their ids in the order given, with None for a job not inserted because a live job holds
     its ``dedupe_key`` (as ``enqueue`` returns None), so ``len`` is always ``len(jobs)`` and
@@ -325,6 +331,7 @@ def enqueue_many(conn_or_dsn: Any, jobs: Iterable[JobSpec], *, strict: bool = Fa
     """
     with using_schema(schema):
         specs = list(jobs)
+        trace = tracing.carrier()  # the batch's enqueue: one context for all
         if strict:
             from shardworker.store.serving import refuse_unserved
 
@@ -332,21 +339,23 @@ def enqueue_many(conn_or_dsn: Any, jobs: Iterable[JobSpec], *, strict: bool = Fa
         if any(spec.after for spec in specs):
             from shardworker.store.dependencies import enqueue_dependents
 
-            return enqueue_dependents(conn_or_dsn, [_dependent_row(s) for s in specs])
+            return enqueue_dependents(conn_or_dsn, [_dependent_row(s, trace) for s in specs])
         if any(spec.dedupe_window is not None or spec.debounce is not None for spec in specs):
             from shardworker.store.enqueue import enqueue_each
 
-            return enqueue_each(conn_or_dsn, [(s.kind, s.payload_json(), _fields(s)) for s in specs])
+            return enqueue_each(conn_or_dsn, [(s.kind, s.payload_json(), _fields(s, trace)) for s in specs])
         from shardworker.store.enqueue import enqueue_rows
 
-        return enqueue_rows(conn_or_dsn, _copy_rows(specs))
+        return enqueue_rows(conn_or_dsn, _copy_rows(specs, trace))
 
 
-async def enqueue_many_async(aconn_or_dsn: Any, jobs: Iterable[JobSpec], *, strict: bool = False, schema: str | None = None) -> list[int | None]:
+async def enqueue_many_async(aconn_or_dsn: Any, jobs: Iterable[JobSpec], *, strict: bool = False,
+                             schema: str | None = None) -> list[int | None]:
     """``enqueue_many`` for asyncio code, on a ``psycopg.AsyncConnection`` or a DSN: the
     same ids, the same ``strict``."""
     with using_schema(schema):
         specs = list(jobs)
+        trace = tracing.carrier()  # the batch's enqueue: one context for all
         if strict:
             from shardworker.store.serving import refuse_unserved_async
 
@@ -354,18 +363,18 @@ async def enqueue_many_async(aconn_or_dsn: Any, jobs: Iterable[JobSpec], *, stri
         if any(spec.after for spec in specs):
             from shardworker.store.dependencies import enqueue_dependents_async
 
-            return await enqueue_dependents_async(aconn_or_dsn, [_dependent_row(s) for s in specs])
+            return await enqueue_dependents_async(aconn_or_dsn, [_dependent_row(s, trace) for s in specs])
         if any(spec.dedupe_window is not None or spec.debounce is not None for spec in specs):
             from shardworker.store.enqueue_async import enqueue_each_async
 
-            return await enqueue_each_async(aconn_or_dsn, [(s.kind, s.payload_json(), _fields(s)) for s in specs])
+            rows = [(s.kind, s.payload_json(), _fields(s, trace)) for s in specs]
+            return await enqueue_each_async(aconn_or_dsn, rows)
         from shardworker.store.enqueue_async import enqueue_rows_async
 
-        return await enqueue_rows_async(aconn_or_dsn, _copy_rows(specs))
+        return await enqueue_rows_async(aconn_or_dsn, _copy_rows(specs, trace))
 
 
-def _copy_rows(jobs: Iterable[JobSpec]) -> list[tuple[Any, ...]]:
-    trace = tracing.carrier()  # the batch's enqueue: one context for all
+def _copy_rows(jobs: Iterable[JobSpec], trace: str | None) -> list[tuple[Any, ...]]:
     return [(j.kind, j.queue, j.payload_json(), j.priority, j.max_attempts, _utc(j.run_at), j.dedupe_key, j.key,
              list(j.tags) or None, trace)
             for j in jobs]
